@@ -1,0 +1,70 @@
+# meshfast — one Makefile for setup, build, test, lint, bench.
+SHELL := /bin/bash
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PORT ?= 8080
+WORKERS ?= 2
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+.PHONY: setup
+setup: $(BIN)/python ## create .venv, install pinned dependencies and build meshfast (release, thin LTO)
+	$(BIN)/pip install -q -r requirements-lock.txt
+	$(BIN)/pip install -q --no-deps --force-reinstall .
+
+.PHONY: build
+build: $(BIN)/python ## rebuild and reinstall the Rust core and the package
+	$(BIN)/pip install -q --no-deps --force-reinstall .
+
+.PHONY: run
+run: setup ## set up and run the gateway on $(PORT) with $(WORKERS) workers
+	$(BIN)/meshfast serve --host 127.0.0.1 --port $(PORT) --workers $(WORKERS)
+
+.PHONY: test
+test: setup ## set up and run every test: Rust unit tests, Python tests, benchmark gates
+	cargo test --locked -p meshfast-core
+	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests
+	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
+
+.PHONY: test-rust
+test-rust: ## Rust unit and property tests only
+	cargo test --locked -p meshfast-core
+
+.PHONY: test-py
+test-py: ## Python tests only (assumes `make setup`)
+	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests
+
+.PHONY: bench-gates
+bench-gates: ## pytest-benchmark gates on the in-process path
+	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
+
+.PHONY: bench
+bench: setup ## authenticated GET /v1/models vs a Granian hello-world, with wrk (needs wrk)
+	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+	PATH=$(BIN):$$PATH $(BIN)/python bench/models_bench.py --workers $(WORKERS)
+
+.PHONY: build-bench
+build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for published numbers
+	MATURIN_PEP517_ARGS="--profile bench-release" MESHFAST_BUILD_PROFILE=bench-release \
+		$(BIN)/pip install -q --no-deps --force-reinstall .
+
+.PHONY: stubtest
+stubtest: ## check meshfast/_core.pyi against the built module
+	$(BIN)/python -m mypy.stubtest meshfast._core
+
+.PHONY: lock
+lock: $(BIN)/python ## refresh requirements-lock.txt from the current environment
+	$(BIN)/pip freeze --exclude meshfast > requirements-lock.txt
+
+.PHONY: clean
+clean: ## remove build outputs
+	rm -rf target build dist $(VENV) .pytest_cache .hypothesis .benchmarks

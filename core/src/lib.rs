@@ -1,0 +1,16 @@
+//! The Rust core of meshfast: config snapshots and the key index, shared-memory counters and
+//! reservations, policy, and the JSON views. Everything here is plain Rust that `cargo test`
+//! exercises without Python; `bindings` (feature `python`) is the only PyO3 module.
+
+pub mod error;
+pub mod ids;
+pub mod keyindex;
+pub mod policy;
+pub mod shm;
+pub mod snapshot;
+pub mod views;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+pub use error::{Error, Result};

@@ -1,0 +1,791 @@
+//! One shared-memory segment per meshfast instance: counters, CAS reservations ("leases") and
+//! a process table, shared by every worker process through a `MAP_SHARED` file mapping.
+//!
+//! Every field is an atomic and every state change is a single compare-and-swap, so a worker
+//! killed at any instruction leaves nothing locked. Layout (all words little-endian `u64`):
+//!
+//! ```text
+//! header   128 B   magic, version, slot/lease/proc capacities, generation, lease_seq, lease_hint
+//! slots    32 B ×  [key_hi, key_lo, value, _]          open addressing, linear probing
+//! leases   32 B ×  [tag, owner, slot, amount]
+//! procs    32 B ×  [state = pid<<2|st, start_time, generation, _]
+//! ```
+//!
+//! **Slot claims.** `key_hi == 0` is empty, `u64::MAX` a tombstone. A process claims an empty
+//! slot by CAS `key_hi: 0 -> hi`, then CAS `key_lo: 0 -> lo`. Anyone whose key has the same `hi`
+//! does the same `key_lo` CAS *cooperatively*: whoever wins defines the low word, and a process
+//! whose `lo` matches (won or found) uses the slot. A half-written key (`hi` set, `lo` still 0)
+//! is therefore never mistaken and never blocks anyone, even if its writer was killed: the next
+//! process with that key finishes the claim. Keys are normalised so that `hi` avoids 0 and
+//! `u64::MAX` and `lo` avoids 0.
+//!
+//! **Tombstones.** [`Segment::remove`] turns a slot into a tombstone, which probes skip. A
+//! tombstone is not reused by other keys (reusing one concurrently can split a key over two
+//! slots); capacity therefore only comes back with a fresh segment. See `stats()["tombstones"]`.
+//!
+//! **Leases.** A lease entry is claimed (`RESERVING`, with its owner written) *before* the
+//! counter CAS and published `HELD` right after it. The one window a `SIGKILL` can hit is between
+//! the counter CAS and the `HELD` store (two instructions): [`Segment::reclaim_dead`] treats a
+//! dead owner's `RESERVING` entry as *not* counted and only frees it, so that window can leave
+//! `amount` over-reserved on that period's counter (fail closed), never under-counted. For the
+//! same reason a dead owner's `SETTLING` entry (counter already adjusted or about to be) is freed
+//! without touching the counter.
+
+use std::fs::OpenOptions;
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
+
+use memmap2::{MmapOptions, MmapRaw};
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::error::{Error, Result};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"MESHFSHM");
+/// Bumped whenever the byte layout changes; `open` refuses other versions.
+pub const LAYOUT_VERSION: u64 = 1;
+const HEADER_BYTES: usize = 128;
+const ENTRY_BYTES: usize = 32;
+
+const EMPTY: u64 = 0;
+const TOMBSTONE: u64 = u64::MAX;
+
+const LEASE_FREE: u64 = 0;
+const LEASE_RESERVING: u64 = 1;
+const LEASE_HELD: u64 = 2;
+const LEASE_SETTLING: u64 = 3;
+
+const PROC_FREE: u64 = 0;
+const PROC_CLAIMING: u64 = 1;
+const PROC_LIVE: u64 = 2;
+
+/// Counter kind: nano-USD spent by a principal on a model in one UTC day.
+pub const SPEND_DAY: u8 = 1;
+/// Counter kind: calls by a principal to a model in one UTC hour.
+pub const CALLS_HOUR: u8 = 2;
+/// Counter kind: calls to a provider in one UTC hour (principal part is the zero id).
+pub const PROVIDER_CALLS_HOUR: u8 = 3;
+
+/// UTC day number of `unix_ms`, the period of [`SPEND_DAY`].
+#[must_use]
+pub fn utc_day(unix_ms: i64) -> u32 {
+    unix_ms.div_euclid(86_400_000) as u32
+}
+
+/// UTC hour number of `unix_ms`, the period of [`CALLS_HOUR`] and [`PROVIDER_CALLS_HOUR`].
+#[must_use]
+pub fn utc_hour(unix_ms: i64) -> u32 {
+    unix_ms.div_euclid(3_600_000) as u32
+}
+
+/// 16 bytes for an id: the UUID's bytes when `id` is a UUID (with or without hyphens),
+/// otherwise xxh3-128 of the text, so any id gives a stable counter key.
+#[must_use]
+pub fn id_bytes(id: &str) -> [u8; 16] {
+    let hex: Vec<u8> = id.bytes().filter(|&b| b != b'-').collect();
+    let is_uuid = hex.len() == 32
+        && (id.len() == 32 || id.len() == 36)
+        && hex.iter().all(u8::is_ascii_hexdigit);
+    if !is_uuid {
+        return xxh3_128(id.as_bytes()).to_be_bytes();
+    }
+    let nibble = |b: u8| (b as char).to_digit(16).unwrap_or(0) as u8;
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks_exact(2).enumerate() {
+        out[i] = (nibble(pair[0]) << 4) | nibble(pair[1]);
+    }
+    out
+}
+
+/// The fixed byte layout a counter key hashes: `kind ‖ a ‖ b ‖ period (u32 LE)`, with its
+/// period left to fill per call, so a snapshot precomputes everything but the period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyTemplate([u8; 37]);
+
+impl KeyTemplate {
+    /// The template for `kind` over ids `a` and `b`.
+    #[must_use]
+    pub fn new(kind: u8, a: &[u8; 16], b: &[u8; 16]) -> Self {
+        let mut bytes = [0u8; 37];
+        bytes[0] = kind;
+        bytes[1..17].copy_from_slice(a);
+        bytes[17..33].copy_from_slice(b);
+        Self(bytes)
+    }
+
+    /// The counter key for `period`.
+    #[must_use]
+    pub fn at(&self, period: u32) -> u128 {
+        let mut bytes = self.0;
+        bytes[33..].copy_from_slice(&period.to_le_bytes());
+        xxh3_128(&bytes)
+    }
+}
+
+/// `xxh3_128(kind ‖ a ‖ b ‖ period)`; see [`SPEND_DAY`], [`CALLS_HOUR`], [`PROVIDER_CALLS_HOUR`].
+#[must_use]
+pub fn counter_key(kind: u8, a: &[u8; 16], b: &[u8; 16], period: u32) -> u128 {
+    KeyTemplate::new(kind, a, b).at(period)
+}
+
+/// Reads counters; implemented by [`Segment`] and by `()` (every counter is 0).
+pub trait CounterRead {
+    /// The counter's value, 0 when absent.
+    fn counter(&self, key: u128) -> i64;
+}
+
+impl CounterRead for () {
+    fn counter(&self, _key: u128) -> i64 {
+        0
+    }
+}
+
+/// No segment: every counter is 0.
+impl<T: CounterRead> CounterRead for Option<T> {
+    fn counter(&self, key: u128) -> i64 {
+        self.as_ref().map_or(0, |inner| inner.counter(key))
+    }
+}
+
+impl<T: CounterRead + ?Sized> CounterRead for std::sync::Arc<T> {
+    fn counter(&self, key: u128) -> i64 {
+        (**self).counter(key)
+    }
+}
+
+/// A reservation against a counter, recorded in the segment's lease table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    entry: u32,
+    tag: u64,
+    slot: u32,
+    /// The amount reserved.
+    pub amount: i64,
+}
+
+/// Counts from [`Segment::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub slots: u64,
+    pub slots_used: u64,
+    pub tombstones: u64,
+    pub leases: u64,
+    pub leases_held: u64,
+    pub procs: u64,
+    pub procs_registered: u64,
+    pub generation: u64,
+}
+
+/// A mapped segment. Cheap to share between threads; each process maps its own.
+pub struct Segment {
+    map: MmapRaw,
+    slot_mask: usize,
+    slots: usize,
+    leases: usize,
+    procs: usize,
+    /// This process's registration, `pid << 32 | proc entry index`, 0 when none.
+    registration: AtomicU64,
+    registered_generation: AtomicU64,
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { path: path.display().to_string(), source }
+}
+
+fn split_key(key: u128) -> (u64, u64) {
+    let mut hi = (key >> 64) as u64;
+    let mut lo = key as u64;
+    if hi == EMPTY {
+        hi = 1;
+    } else if hi == TOMBSTONE {
+        hi = TOMBSTONE - 1;
+    }
+    if lo == 0 {
+        lo = 1;
+    }
+    (hi, lo)
+}
+
+fn current_pid() -> u32 {
+    std::process::id()
+}
+
+/// Field 22 of `/proc/<pid>/stat` (start time in clock ticks since boot), if readable.
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm (field 2) may contain spaces and parentheses; fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `pid` still runs the process that registered with `start_time`.
+fn process_alive(pid: u32, start_time: u64) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    match process_start_time(pid) {
+        Some(now) => start_time == 0 || now == start_time,
+        None => rc == 0,
+    }
+}
+
+impl Segment {
+    fn layout_len(slots: usize, leases: usize, procs: usize) -> usize {
+        HEADER_BYTES + (slots + leases + procs) * ENTRY_BYTES
+    }
+
+    /// Creates (or re-initialises) the segment file at `path`. The file is built beside `path`
+    /// and renamed over it, so workers still mapping an old segment never see a torn one.
+    /// `slots` is rounded up to a power of two.
+    pub fn create(path: impl AsRef<Path>, slots: usize, leases: usize, procs: usize) -> Result<Self> {
+        let path = path.as_ref();
+        if slots == 0 || leases == 0 || procs == 0 || procs > 0xFFFF || leases > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "segment capacities out of range: slots={slots} leases={leases} procs={procs}"
+            )));
+        }
+        let slots = slots.next_power_of_two();
+        let len = Self::layout_len(slots, leases, procs);
+        let tmp = path.with_extension(format!("tmp{}", current_pid()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_error(&tmp))?;
+        file.set_len(len as u64).map_err(io_error(&tmp))?;
+        let map = MmapOptions::new().len(len).map_raw(&file).map_err(io_error(&tmp))?;
+        let segment = Self::from_map(map, slots, leases, procs);
+        segment.header(1).store(LAYOUT_VERSION, Relaxed);
+        segment.header(2).store(slots as u64, Relaxed);
+        segment.header(3).store(leases as u64, Relaxed);
+        segment.header(4).store(procs as u64, Relaxed);
+        segment.header(0).store(MAGIC, Release);
+        segment.map.flush().map_err(io_error(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(io_error(path))?;
+        Ok(segment)
+    }
+
+    /// Maps an existing segment, checking its magic, layout version and size.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
+        let len = file.metadata().map_err(io_error(path))?.len() as usize;
+        if len < HEADER_BYTES {
+            return Err(Error::ShmLayout(format!("{} is {len} bytes, shorter than a header", path.display())));
+        }
+        let map = MmapOptions::new().len(len).map_raw(&file).map_err(io_error(path))?;
+        let probe = Self::from_map(map, 1, 0, 0);
+        if probe.header(0).load(Acquire) != MAGIC {
+            return Err(Error::ShmLayout(format!("{}: bad magic", path.display())));
+        }
+        let version = probe.header(1).load(Relaxed);
+        if version != LAYOUT_VERSION {
+            return Err(Error::ShmLayout(format!(
+                "{}: layout version {version}, expected {LAYOUT_VERSION}",
+                path.display()
+            )));
+        }
+        let [slots, leases, procs] = [2, 3, 4].map(|i| probe.header(i).load(Relaxed) as usize);
+        if !slots.is_power_of_two() || Self::layout_len(slots, leases, procs) != len {
+            return Err(Error::ShmLayout(format!("{}: sizes do not match the file", path.display())));
+        }
+        Ok(Self::from_map(probe.map, slots, leases, procs))
+    }
+
+    fn from_map(map: MmapRaw, slots: usize, leases: usize, procs: usize) -> Self {
+        Self {
+            map,
+            slot_mask: slots - 1,
+            slots,
+            leases,
+            procs,
+            registration: AtomicU64::new(0),
+            registered_generation: AtomicU64::new(0),
+        }
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset + 8 <= self.map.len() && offset.is_multiple_of(8));
+        // SAFETY: offsets are 8-aligned inside the mapping (page-aligned base), which lives as
+        // long as `self`; all access to the mapping goes through atomics.
+        unsafe { &*self.map.as_mut_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    fn header(&self, index: usize) -> &AtomicU64 {
+        self.word(index * 8)
+    }
+
+    fn slot_word(&self, slot: usize, field: usize) -> &AtomicU64 {
+        self.word(HEADER_BYTES + slot * ENTRY_BYTES + field * 8)
+    }
+
+    fn slot_value(&self, slot: usize) -> &AtomicI64 {
+        // SAFETY: AtomicI64 and AtomicU64 have the same size and alignment.
+        unsafe { &*(self.slot_word(slot, 2) as *const AtomicU64).cast::<AtomicI64>() }
+    }
+
+    fn lease_word(&self, entry: usize, field: usize) -> &AtomicU64 {
+        self.word(HEADER_BYTES + (self.slots + entry) * ENTRY_BYTES + field * 8)
+    }
+
+    fn proc_word(&self, entry: usize, field: usize) -> &AtomicU64 {
+        self.word(HEADER_BYTES + (self.slots + self.leases + entry) * ENTRY_BYTES + field * 8)
+    }
+
+    /// Matches `lo` in a slot whose `hi` is ours, finishing a half-written claim if needed.
+    fn claim_lo(&self, slot: usize, lo: u64) -> bool {
+        match self.slot_word(slot, 1).compare_exchange(0, lo, AcqRel, Acquire) {
+            Ok(_) => true,
+            Err(current) => current == lo,
+        }
+    }
+
+    /// The slot holding `key`, claiming an empty one if the key is new.
+    fn find_or_claim(&self, key: u128) -> Result<usize> {
+        let (hi, lo) = split_key(key);
+        let mut slot = lo as usize & self.slot_mask;
+        for _ in 0..self.slots {
+            let word = self.slot_word(slot, 0);
+            let mut current = word.load(Acquire);
+            if current == EMPTY {
+                current = match word.compare_exchange(EMPTY, hi, AcqRel, Acquire) {
+                    Ok(_) => hi,
+                    Err(winner) => winner,
+                };
+            }
+            if current == hi && self.claim_lo(slot, lo) {
+                return Ok(slot);
+            }
+            slot = (slot + 1) & self.slot_mask;
+        }
+        Err(Error::ShmFull("slot table"))
+    }
+
+    /// The slot holding `key`, without claiming.
+    fn find(&self, key: u128) -> Option<usize> {
+        let (hi, lo) = split_key(key);
+        let mut slot = lo as usize & self.slot_mask;
+        for _ in 0..self.slots {
+            match self.slot_word(slot, 0).load(Acquire) {
+                EMPTY => return None,
+                current if current == hi => match self.slot_word(slot, 1).load(Acquire) {
+                    found if found == lo => return Some(slot),
+                    // A claim of this `hi` is half-written: the key cannot be further along
+                    // (nobody has seen a different `lo` here yet) and its value is still 0.
+                    0 => return None,
+                    _ => {}
+                },
+                _ => {}
+            }
+            slot = (slot + 1) & self.slot_mask;
+        }
+        None
+    }
+
+    /// Adds `delta` to the counter at `key`, returning the new value.
+    pub fn add(&self, key: u128, delta: i64) -> Result<i64> {
+        let slot = self.find_or_claim(key)?;
+        Ok(self.slot_value(slot).fetch_add(delta, AcqRel).wrapping_add(delta))
+    }
+
+    /// The counter at `key`, 0 when absent.
+    #[must_use]
+    pub fn get(&self, key: u128) -> i64 {
+        self.find(key).map_or(0, |slot| self.slot_value(slot).load(Acquire))
+    }
+
+    /// Turns `key`'s slot into a tombstone (for cleaning up past periods); true if it existed.
+    /// Adds racing with the removal of their own key may be lost, so remove only keys of
+    /// periods nobody writes any more.
+    pub fn remove(&self, key: u128) -> bool {
+        let (hi, _) = split_key(key);
+        match self.find(key) {
+            Some(slot) => self.slot_word(slot, 0).compare_exchange(hi, TOMBSTONE, AcqRel, Acquire).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Registers this process in the process table (idempotent per pid and start time) and
+    /// returns its generation, which tags the leases it takes.
+    pub fn register(&self) -> Result<u64> {
+        Ok(self.ensure_registered()?.1)
+    }
+
+    /// `(proc entry, generation)` for this process, registering after a fork.
+    fn ensure_registered(&self) -> Result<(usize, u64)> {
+        let pid = current_pid();
+        let registration = self.registration.load(Acquire);
+        if registration != 0 && (registration >> 32) as u32 == pid {
+            return Ok(((registration & 0xFFFF_FFFF) as usize, self.registered_generation.load(Acquire)));
+        }
+        let start_time = process_start_time(pid).unwrap_or(0);
+        let mine = (u64::from(pid) << 2) | PROC_LIVE;
+        for entry in 0..self.procs {
+            if self.proc_word(entry, 0).load(Acquire) == mine
+                && self.proc_word(entry, 1).load(Acquire) == start_time
+            {
+                return Ok(self.remember(pid, entry, self.proc_word(entry, 2).load(Acquire)));
+            }
+        }
+        for entry in 0..self.procs {
+            let state = self.proc_word(entry, 0);
+            let claiming = (u64::from(pid) << 2) | PROC_CLAIMING;
+            if state.compare_exchange(PROC_FREE, claiming, AcqRel, Relaxed).is_ok() {
+                let generation = self.header(5).fetch_add(1, AcqRel) + 1;
+                self.proc_word(entry, 1).store(start_time, Release);
+                self.proc_word(entry, 2).store(generation, Release);
+                state.store(mine, Release);
+                return Ok(self.remember(pid, entry, generation));
+            }
+        }
+        Err(Error::ShmFull("process table"))
+    }
+
+    fn remember(&self, pid: u32, entry: usize, generation: u64) -> (usize, u64) {
+        self.registered_generation.store(generation, Release);
+        self.registration.store((u64::from(pid) << 32) | entry as u64, Release);
+        (entry, generation)
+    }
+
+    /// Reserves `amount` on the counter at `key` if `counter + amount <= cap`. The counter holds
+    /// committed plus reserved amounts; the lease records the reservation for crash recovery.
+    pub fn reserve(&self, key: u128, amount: i64, cap: i64) -> Result<Option<Lease>> {
+        if amount < 0 {
+            return Err(Error::InvalidArgument(format!("reserve amount {amount} is negative")));
+        }
+        let (proc_entry, generation) = self.ensure_registered()?;
+        let slot = self.find_or_claim(key)?;
+        let value = self.slot_value(slot);
+        if value.load(Acquire).saturating_add(amount) > cap {
+            return Ok(None);
+        }
+        // Claim and describe the lease entry before touching the counter (see module docs).
+        let seq = self.header(6).fetch_add(1, AcqRel) + 1;
+        let start = self.header(7).fetch_add(1, Relaxed) as usize;
+        let entry = (0..self.leases)
+            .map(|i| (start + i) % self.leases)
+            .find(|&entry| {
+                self.lease_word(entry, 0)
+                    .compare_exchange(LEASE_FREE, (seq << 2) | LEASE_RESERVING, AcqRel, Relaxed)
+                    .is_ok()
+            })
+            .ok_or(Error::ShmFull("lease table"))?;
+        self.lease_word(entry, 1).store(((proc_entry as u64) << 48) | (generation & 0xFFFF_FFFF_FFFF), Release);
+        self.lease_word(entry, 2).store(slot as u64, Release);
+        self.lease_word(entry, 3).store(amount as u64, Release);
+        let mut current = value.load(Acquire);
+        loop {
+            if current.saturating_add(amount) > cap {
+                self.free_lease(entry);
+                return Ok(None);
+            }
+            match value.compare_exchange_weak(current, current + amount, AcqRel, Acquire) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        if self.lease_word(entry, 0)
+            .compare_exchange((seq << 2) | LEASE_RESERVING, (seq << 2) | LEASE_HELD, AcqRel, Relaxed)
+            .is_err()
+        {
+            // Only reclaim_dead frees another process's entry, and only for a dead owner; undo.
+            value.fetch_sub(amount, AcqRel);
+            return Err(Error::ShmLayout("lease entry reclaimed while reserving".into()));
+        }
+        Ok(Some(Lease { entry: entry as u32, tag: seq, slot: slot as u32, amount }))
+    }
+
+    /// Frees a lease entry; the owner word is cleared first so that a newly claimed entry
+    /// never shows its previous owner to `reclaim_dead` (owner 0 matches no process).
+    fn free_lease(&self, entry: usize) {
+        self.lease_word(entry, 1).store(0, Release);
+        self.lease_word(entry, 0).store(LEASE_FREE, Release);
+    }
+
+    /// Moves `lease` from held to settling; false if it was already released, settled or reclaimed.
+    fn begin_settle(&self, lease: &Lease) -> bool {
+        self.lease_word(lease.entry as usize, 0)
+            .compare_exchange((lease.tag << 2) | LEASE_HELD, (lease.tag << 2) | LEASE_SETTLING, AcqRel, Relaxed)
+            .is_ok()
+    }
+
+    /// Returns the reserved amount to the counter. A second call is a no-op.
+    pub fn release(&self, lease: &Lease) {
+        self.settle(lease, 0);
+    }
+
+    /// Replaces the reservation with the `actual` amount (`counter += actual - amount`).
+    /// A second call (or one after `release`) is a no-op.
+    pub fn settle(&self, lease: &Lease, actual: i64) {
+        if self.begin_settle(lease) {
+            self.slot_value(lease.slot as usize).fetch_add(actual - lease.amount, AcqRel);
+            self.free_lease(lease.entry as usize);
+        }
+    }
+
+    /// Frees the table entries and leases of every registered process that has exited (or
+    /// whose pid now belongs to another process); returns how many processes were reclaimed.
+    pub fn reclaim_dead(&self) -> usize {
+        let mut reclaimed = 0;
+        for entry in 0..self.procs {
+            let state_word = self.proc_word(entry, 0);
+            let state = state_word.load(Acquire);
+            if state == PROC_FREE {
+                continue;
+            }
+            let pid = (state >> 2) as u32;
+            let start_time = self.proc_word(entry, 1).load(Acquire);
+            if (state & 3 == PROC_LIVE && process_alive(pid, start_time))
+                || (state & 3 == PROC_CLAIMING && process_alive(pid, 0))
+            {
+                continue;
+            }
+            if state & 3 == PROC_LIVE {
+                let owner = ((entry as u64) << 48) | (self.proc_word(entry, 2).load(Acquire) & 0xFFFF_FFFF_FFFF);
+                self.reclaim_leases(owner);
+            }
+            if state_word.compare_exchange(state, PROC_FREE, AcqRel, Relaxed).is_ok() {
+                reclaimed += 1;
+            }
+        }
+        reclaimed
+    }
+
+    fn reclaim_leases(&self, owner: u64) {
+        for entry in 0..self.leases {
+            let tag_word = self.lease_word(entry, 0);
+            let tag = tag_word.load(Acquire);
+            if tag == LEASE_FREE || self.lease_word(entry, 1).load(Acquire) != owner {
+                continue;
+            }
+            match tag & 3 {
+                LEASE_HELD => {
+                    if tag_word.compare_exchange(tag, (tag & !3) | LEASE_SETTLING, AcqRel, Relaxed).is_ok() {
+                        let slot = self.lease_word(entry, 2).load(Acquire) as usize;
+                        let amount = self.lease_word(entry, 3).load(Acquire) as i64;
+                        self.slot_value(slot).fetch_sub(amount, AcqRel);
+                        self.free_lease(entry);
+                    }
+                }
+                // RESERVING: assume the counter CAS did not happen; SETTLING: assume it did.
+                // Either way the error can only over-reserve (fail closed); see module docs.
+                _ => {
+                    if tag_word.load(Acquire) == tag {
+                        self.free_lease(entry);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Table occupancy.
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats {
+            slots: self.slots as u64,
+            leases: self.leases as u64,
+            procs: self.procs as u64,
+            generation: self.header(5).load(Acquire),
+            ..Stats::default()
+        };
+        for slot in 0..self.slots {
+            match self.slot_word(slot, 0).load(Relaxed) {
+                EMPTY => {}
+                TOMBSTONE => stats.tombstones += 1,
+                _ => stats.slots_used += 1,
+            }
+        }
+        stats.leases_held = (0..self.leases).filter(|&e| self.lease_word(e, 0).load(Relaxed) & 3 != 0).count() as u64;
+        stats.procs_registered =
+            (0..self.procs).filter(|&e| self.proc_word(e, 0).load(Relaxed) & 3 == PROC_LIVE).count() as u64;
+        stats
+    }
+}
+
+impl CounterRead for Segment {
+    fn counter(&self, key: u128) -> i64 {
+        self.get(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("meshfast-test-{}-{name}", current_pid()))
+    }
+
+    /// Runs `child` in `n` forked processes and waits for all; panics if any failed.
+    fn fork_children(n: usize, child: impl Fn(usize)) {
+        let mut pids = Vec::new();
+        for i in 0..n {
+            // SAFETY: the child only touches the mapping and exits without unwinding.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child(i))).is_ok();
+                // SAFETY: _exit skips the test harness's atexit handlers in the child.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            pids.push(pid);
+        }
+        for pid in pids {
+            let mut status = 0;
+            // SAFETY: waiting on our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed");
+        }
+    }
+
+    #[test]
+    fn test_forked_processes_increment_to_exact_total() {
+        let path = temp_path("add");
+        let segment = Segment::create(&path, 1024, 64, 64).unwrap();
+        let keys: Vec<u128> = (0..8u32).map(|p| counter_key(CALLS_HOUR, &[1; 16], &[2; 16], p)).collect();
+        fork_children(4, |_| {
+            let mine = Segment::open(&path).unwrap();
+            for i in 0..2000 {
+                mine.add(keys[i % keys.len()], 1).unwrap();
+            }
+        });
+        let total: i64 = keys.iter().map(|&k| segment.get(k)).sum();
+        assert_eq!(total, 4 * 2000);
+        assert_eq!(segment.stats().slots_used, 8);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_concurrent_reservations_across_processes_never_exceed_cap() {
+        let path = temp_path("cap");
+        let segment = Segment::create(&path, 64, 256, 16).unwrap();
+        let key = counter_key(SPEND_DAY, &[3; 16], &[4; 16], 7);
+        fork_children(4, |_| {
+            let mine = Segment::open(&path).unwrap();
+            let mut held = Vec::new();
+            for _ in 0..500 {
+                if let Some(lease) = mine.reserve(key, 7, 1000).unwrap() {
+                    assert!(mine.get(key) <= 1000);
+                    held.push(lease);
+                }
+                if held.len() > 10 {
+                    let lease = held.remove(0);
+                    mine.settle(&lease, 3);
+                }
+            }
+            for lease in held {
+                mine.release(&lease);
+            }
+        });
+        let value = segment.get(key);
+        assert!(value <= 1000 && value % 3 == 0, "value {value}");
+        assert_eq!(segment.stats().leases_held, 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_killed_lease_holder_is_reclaimed() {
+        let path = temp_path("kill");
+        let segment = Segment::create(&path, 64, 16, 16).unwrap();
+        let key = counter_key(SPEND_DAY, &[5; 16], &[6; 16], 1);
+        segment.register().unwrap();
+        let held = segment.reserve(key, 10, 100).unwrap().unwrap();
+        // SAFETY: the child takes a lease, then waits to be killed.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let child = Segment::open(&path).unwrap();
+            let ok = child.reserve(key, 40, 100).ok().flatten().is_some();
+            std::thread::sleep(std::time::Duration::from_secs(if ok { 60 } else { 0 }));
+            unsafe { libc::_exit(1) };
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while segment.get(key) != 50 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(segment.get(key), 50);
+        assert_eq!(segment.reclaim_dead(), 0, "child is alive");
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(segment.reclaim_dead(), 1);
+        assert_eq!(segment.get(key), 10, "the dead child's 40 is released, ours stays");
+        assert_eq!(segment.stats().procs_registered, 1);
+        segment.release(&held);
+        segment.release(&held);
+        assert_eq!(segment.get(key), 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_open_rejects_foreign_file_and_register_is_idempotent() {
+        let path = temp_path("open");
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        assert!(matches!(Segment::open(&path), Err(Error::ShmLayout(_))));
+        let segment = Segment::create(&path, 10, 4, 4).unwrap();
+        assert_eq!(segment.stats().slots, 16);
+        let reopened = Segment::open(&path).unwrap();
+        assert_eq!(segment.register().unwrap(), reopened.register().unwrap());
+        assert_eq!(segment.stats().procs_registered, 1);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_full_table_fails_closed_and_remove_leaves_tombstone() {
+        let path = temp_path("full");
+        let segment = Segment::create(&path, 4, 4, 4).unwrap();
+        for k in 1..=4u128 {
+            segment.add(k << 70 | k, 1).unwrap();
+        }
+        assert!(matches!(segment.add(99, 1), Err(Error::ShmFull(_))));
+        assert_eq!(segment.get(99), 0);
+        assert!(segment.remove(3 << 70 | 3));
+        assert!(!segment.remove(3 << 70 | 3));
+        assert_eq!(segment.get(3 << 70 | 3), 0);
+        assert_eq!(segment.get(4 << 70 | 4), 1);
+        assert_eq!(segment.stats().tombstones, 1);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_uuid_ids_parse_and_other_ids_hash() {
+        let uuid = "0102030405060708090a0b0c0d0e0f10";
+        assert_eq!(id_bytes("01020304-0506-0708-090a-0b0c0d0e0f10"), id_bytes(uuid));
+        assert_eq!(id_bytes(uuid)[15], 0x10);
+        assert_eq!(id_bytes("openai"), xxh3_128(b"openai").to_be_bytes());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Counters match a HashMap reference, including keys that collide on `hi` or the reserved words.
+        #[test]
+        fn prop_counters_match_hashmap(ops in proptest::collection::vec((0u8..24, -5i64..5), 1..200)) {
+            let path = temp_path(&format!("prop{}", ops.len()));
+            let segment = Segment::create(&path, 64, 4, 4).unwrap();
+            let key = |k: u8| -> u128 {
+                let hi = [0u64, u64::MAX, 7][(k % 3) as usize];
+                (u128::from(hi) << 64) | (u128::from(k / 3) * 2)
+            };
+            let mut reference: HashMap<u128, i64> = HashMap::new();
+            for (k, delta) in ops {
+                let new = segment.add(key(k), delta).unwrap();
+                let slot = reference.entry(key(k)).or_default();
+                *slot += delta;
+                prop_assert_eq!(new, *slot);
+            }
+            for (k, v) in reference {
+                prop_assert_eq!(segment.get(k), v);
+            }
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}

@@ -1,0 +1,599 @@
+//! An immutable, validated view of one config, built from the msgpack bytes that Python's
+//! msgspec encodes. Built once per config change; read lock-free by every request.
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::keyindex::{Digest, KeyIndex};
+use crate::shm::{id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY};
+
+#[derive(Deserialize)]
+struct RawConfig {
+    seq: i64,
+    #[serde(default)]
+    kill_switch: bool,
+    #[serde(default)]
+    principals: Vec<RawPrincipal>,
+    #[serde(default)]
+    keys: Vec<RawKey>,
+    #[serde(default)]
+    providers: Vec<RawProvider>,
+    #[serde(default)]
+    models: Vec<RawModel>,
+    #[serde(default)]
+    grants: Vec<RawGrant>,
+}
+
+#[derive(Deserialize)]
+struct RawPrincipal {
+    id: String,
+    email: String,
+    display_name: String,
+    status: String,
+    expires_at_ms: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct RawKey {
+    id: String,
+    principal: i64,
+    digest: serde_bytes::ByteBuf,
+    status: String,
+    expires_at_ms: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct RawProvider {
+    id: String,
+    name: String,
+    family: String,
+    max_calls_per_hour: Option<i64>,
+    #[serde(default)]
+    supports_web_search: bool,
+}
+
+#[derive(Deserialize)]
+struct RawModel {
+    id: String,
+    name: String,
+    provider: i64,
+    kind: String,
+    created_ms: i64,
+    #[serde(default)]
+    blocked: bool,
+    status: String,
+    #[serde(default)]
+    supports_image_in: bool,
+    #[serde(default)]
+    supports_document_in: bool,
+    #[serde(default)]
+    supports_audio_in: bool,
+    #[serde(default)]
+    supports_video_in: bool,
+    #[serde(default)]
+    supports_web_search: bool,
+    output_media_type: Option<String>,
+    input_price_nano_per_1k: i64,
+    output_price_nano_per_1k: i64,
+}
+
+#[derive(Deserialize)]
+struct RawGrant {
+    principal: i64,
+    model: i64,
+    daily_cap_nano_usd: i64,
+    max_calls_per_hour: Option<i64>,
+    allowed_from_min: Option<i64>,
+    allowed_to_min: Option<i64>,
+    #[serde(default)]
+    timezone: String,
+    #[serde(default)]
+    active_days: Vec<i64>,
+    #[serde(default)]
+    always_open: bool,
+}
+
+/// A person or service that holds keys.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    pub id: String,
+    pub email: String,
+    pub display_name: String,
+    pub active: bool,
+    pub expires_at_ms: Option<i64>,
+}
+
+/// An issued key, stored only as its digest.
+#[derive(Clone, Debug)]
+pub struct Key {
+    pub id: String,
+    pub principal: u32,
+    pub digest: Digest,
+    pub active: bool,
+    pub expires_at_ms: Option<i64>,
+}
+
+/// An upstream provider.
+#[derive(Clone, Debug)]
+pub struct Provider {
+    pub id: String,
+    pub name: String,
+    pub family: String,
+    pub max_calls_per_hour: Option<i64>,
+    pub supports_web_search: bool,
+    /// [`PROVIDER_CALLS_HOUR`] key, period left open.
+    pub calls_key: KeyTemplate,
+}
+
+/// What a model produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    Chat,
+    Embedding,
+    ImageGeneration,
+    VideoGeneration,
+}
+
+impl ModelKind {
+    fn parse(kind: &str) -> Option<Self> {
+        Some(match kind {
+            "chat" => Self::Chat,
+            "embedding" => Self::Embedding,
+            "image_generation" => Self::ImageGeneration,
+            "video_generation" => Self::VideoGeneration,
+            _ => return None,
+        })
+    }
+
+    /// The config name (`chat`, `embedding`, `image_generation`, `video_generation`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Embedding => "embedding",
+            Self::ImageGeneration => "image_generation",
+            Self::VideoGeneration => "video_generation",
+        }
+    }
+}
+
+/// A model offered through a provider.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub id: String,
+    pub name: String,
+    pub provider: u32,
+    pub kind: ModelKind,
+    pub created_ms: i64,
+    pub blocked: bool,
+    pub retired: bool,
+    pub supports_image_in: bool,
+    pub supports_document_in: bool,
+    pub supports_audio_in: bool,
+    pub supports_video_in: bool,
+    pub supports_web_search: bool,
+    pub output_media_type: Option<String>,
+    pub input_price_nano_per_1k: i64,
+    pub output_price_nano_per_1k: i64,
+}
+
+/// Allowed minutes after local midnight, `[from_min, to_min)`; overnight when `from_min > to_min`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub from_min: u16,
+    pub to_min: u16,
+}
+
+/// A principal's permission to use a model, with its limits.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub principal: u32,
+    pub model: u32,
+    /// 0 or less: no cap.
+    pub daily_cap_nano_usd: i64,
+    pub max_calls_per_hour: Option<i64>,
+    /// Set only when both ends are configured.
+    pub window: Option<Window>,
+    /// Invalid or empty names fall back to UTC.
+    pub timezone: Tz,
+    /// Bit `d` set when weekday `d` (0 = Sunday) is allowed; an empty list allows all seven.
+    pub active_days: u8,
+    pub always_open: bool,
+    /// [`SPEND_DAY`] key, period left open.
+    pub spend_key: KeyTemplate,
+    /// [`CALLS_HOUR`] key, period left open.
+    pub calls_key: KeyTemplate,
+}
+
+/// One validated config with its indexes.
+pub struct Snapshot {
+    pub seq: i64,
+    pub kill_switch: bool,
+    pub principals: Vec<Principal>,
+    pub keys: Vec<Key>,
+    pub providers: Vec<Provider>,
+    pub models: Vec<Model>,
+    pub grants: Vec<Grant>,
+    /// Per principal, its grant indexes sorted by model name.
+    grants_by_principal: Vec<Vec<u32>>,
+    key_index: KeyIndex,
+}
+
+fn parse_status(errors: &mut Vec<String>, what: &str, status: &str, allowed: [&str; 2]) -> bool {
+    if !allowed.contains(&status) {
+        errors.push(format!("{what}: status {status:?} is not one of {allowed:?}"));
+    }
+    status == allowed[0]
+}
+
+fn index(errors: &mut Vec<String>, what: &str, value: i64, len: usize) -> u32 {
+    if value < 0 || value as usize >= len {
+        errors.push(format!("{what}: index {value} out of range (0..{len})"));
+        return 0;
+    }
+    value as u32
+}
+
+fn minute(errors: &mut Vec<String>, what: &str, value: Option<i64>) -> Option<u16> {
+    let value = value?;
+    if !(0..=1440).contains(&value) {
+        errors.push(format!("{what}: {value} is not a minute of the day (0..=1440)"));
+        return None;
+    }
+    Some(value as u16)
+}
+
+impl Snapshot {
+    /// Decodes and validates `config` (msgpack), hashing tokens with `pepper`. On any problem
+    /// returns [`Error::Snapshot`] listing all of them.
+    pub fn from_msgpack(config: &[u8], pepper: &[u8]) -> Result<Self> {
+        let raw: RawConfig =
+            rmp_serde::from_slice(config).map_err(|e| Error::Snapshot(vec![format!("config does not decode: {e}")]))?;
+        let mut errors = Vec::new();
+        let e = &mut errors;
+
+        let principals: Vec<Principal> = raw
+            .principals
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| Principal {
+                active: parse_status(e, &format!("principals[{i}]"), &p.status, ["active", "revoked"]),
+                id: p.id,
+                email: p.email,
+                display_name: p.display_name,
+                expires_at_ms: p.expires_at_ms,
+            })
+            .collect();
+
+        let mut digests = std::collections::HashSet::new();
+        let keys: Vec<Key> = raw
+            .keys
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let what = format!("keys[{i}]");
+                let digest = <[u8; 32]>::try_from(k.digest.as_slice()).unwrap_or_else(|_| {
+                    e.push(format!("{what}: digest is {} bytes, expected 32", k.digest.len()));
+                    [0; 32]
+                });
+                if !digests.insert(digest) {
+                    e.push(format!("{what}: duplicate digest"));
+                }
+                Key {
+                    principal: index(e, &format!("{what}.principal"), k.principal, principals.len()),
+                    active: parse_status(e, &what, &k.status, ["active", "revoked"]),
+                    digest: Digest(digest),
+                    id: k.id,
+                    expires_at_ms: k.expires_at_ms,
+                }
+            })
+            .collect();
+
+        let providers: Vec<Provider> = raw
+            .providers
+            .into_iter()
+            .map(|p| Provider {
+                calls_key: KeyTemplate::new(PROVIDER_CALLS_HOUR, &[0; 16], &id_bytes(&p.id)),
+                id: p.id,
+                name: p.name,
+                family: p.family,
+                max_calls_per_hour: p.max_calls_per_hour,
+                supports_web_search: p.supports_web_search,
+            })
+            .collect();
+
+        let models: Vec<Model> = raw
+            .models
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let what = format!("models[{i}]");
+                let kind = ModelKind::parse(&m.kind).unwrap_or_else(|| {
+                    e.push(format!("{what}: kind {:?} is not chat, embedding, image_generation or video_generation", m.kind));
+                    ModelKind::Chat
+                });
+                if m.input_price_nano_per_1k < 0 || m.output_price_nano_per_1k < 0 {
+                    e.push(format!("{what}: negative price"));
+                }
+                Model {
+                    provider: index(e, &format!("{what}.provider"), m.provider, providers.len()),
+                    retired: !parse_status(e, &what, &m.status, ["active", "retired"]),
+                    kind,
+                    id: m.id,
+                    name: m.name,
+                    created_ms: m.created_ms,
+                    blocked: m.blocked,
+                    supports_image_in: m.supports_image_in,
+                    supports_document_in: m.supports_document_in,
+                    supports_audio_in: m.supports_audio_in,
+                    supports_video_in: m.supports_video_in,
+                    supports_web_search: m.supports_web_search,
+                    output_media_type: m.output_media_type,
+                    input_price_nano_per_1k: m.input_price_nano_per_1k,
+                    output_price_nano_per_1k: m.output_price_nano_per_1k,
+                }
+            })
+            .collect();
+
+        let mut granted = std::collections::HashSet::new();
+        let grants: Vec<Grant> = raw
+            .grants
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let what = format!("grants[{i}]");
+                let principal = index(e, &format!("{what}.principal"), g.principal, principals.len());
+                let model = index(e, &format!("{what}.model"), g.model, models.len());
+                if !granted.insert((principal, model)) && !principals.is_empty() && !models.is_empty() {
+                    e.push(format!("{what}: duplicate grant of model {model} to principal {principal}"));
+                }
+                let from = minute(e, &format!("{what}.allowed_from_min"), g.allowed_from_min);
+                let to = minute(e, &format!("{what}.allowed_to_min"), g.allowed_to_min);
+                let mut active_days = 0u8;
+                for &day in &g.active_days {
+                    match u8::try_from(day) {
+                        Ok(day @ 0..=6) => active_days |= 1 << day,
+                        _ => e.push(format!("{what}.active_days: {day} is not 0 (Sunday) ..= 6")),
+                    }
+                }
+                let (principal_id, model_id) = (
+                    principals.get(principal as usize).map_or([0; 16], |p| id_bytes(&p.id)),
+                    models.get(model as usize).map_or([0; 16], |m| id_bytes(&m.id)),
+                );
+                Grant {
+                    principal,
+                    model,
+                    daily_cap_nano_usd: g.daily_cap_nano_usd,
+                    max_calls_per_hour: g.max_calls_per_hour,
+                    window: from.zip(to).map(|(from_min, to_min)| Window { from_min, to_min }),
+                    timezone: g.timezone.parse().unwrap_or(Tz::UTC),
+                    active_days: if g.active_days.is_empty() { 0x7F } else { active_days },
+                    always_open: g.always_open,
+                    spend_key: KeyTemplate::new(SPEND_DAY, &principal_id, &model_id),
+                    calls_key: KeyTemplate::new(CALLS_HOUR, &principal_id, &model_id),
+                }
+            })
+            .collect();
+
+        if raw.seq < 0 {
+            errors.push(format!("seq {} is negative", raw.seq));
+        }
+        if !errors.is_empty() {
+            return Err(Error::Snapshot(errors));
+        }
+
+        let mut grants_by_principal = vec![Vec::new(); principals.len()];
+        for (i, grant) in grants.iter().enumerate() {
+            grants_by_principal[grant.principal as usize].push(i as u32);
+        }
+        for list in &mut grants_by_principal {
+            list.sort_by(|&a, &b| {
+                let name = |g: u32| &models[grants[g as usize].model as usize].name;
+                name(a).cmp(name(b))
+            });
+        }
+        let key_index = KeyIndex::new(pepper, keys.iter().map(|k| k.digest));
+        Ok(Self {
+            seq: raw.seq,
+            kill_switch: raw.kill_switch,
+            principals,
+            keys,
+            providers,
+            models,
+            grants,
+            grants_by_principal,
+            key_index,
+        })
+    }
+
+    /// `SHA-256(pepper || token)`.
+    #[must_use]
+    pub fn digest(&self, token: &[u8]) -> Digest {
+        self.key_index.digest(token)
+    }
+
+    /// The index of the key behind `token` if it is issued and usable at `now_ms`: the key and
+    /// its principal are both active and neither has expired.
+    #[must_use]
+    pub fn authenticate(&self, token: &str, now_ms: i64) -> Option<u32> {
+        let index = self.key_index.lookup(token)?;
+        let key = &self.keys[index as usize];
+        let principal = &self.principals[key.principal as usize];
+        let live = |expires: Option<i64>| expires.is_none_or(|at| now_ms < at);
+        (key.active && principal.active && live(key.expires_at_ms) && live(principal.expires_at_ms)).then_some(index)
+    }
+
+    /// The grants a principal can see listed, sorted by model name: blocked and retired models
+    /// are left out.
+    pub fn visible_grants(&self, principal: u32) -> impl Iterator<Item = (&Grant, &Model, &Provider)> {
+        self.grants_by_principal[principal as usize].iter().filter_map(move |&g| {
+            let grant = &self.grants[g as usize];
+            let model = &self.models[grant.model as usize];
+            (!model.blocked && !model.retired).then(|| (grant, model, &self.providers[model.provider as usize]))
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Config builders shared by this crate's tests.
+    use super::*;
+    use sha2::{Digest as _, Sha256};
+
+    pub const PEPPER: &[u8] = b"test-pepper";
+    pub const TOKEN: &str = "mesh_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    pub const OTHER_TOKEN: &str = "mesh_live_BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB";
+
+    pub fn grant() -> Grant {
+        Grant {
+            principal: 0,
+            model: 0,
+            daily_cap_nano_usd: 0,
+            max_calls_per_hour: None,
+            window: None,
+            timezone: Tz::UTC,
+            active_days: 0x7F,
+            always_open: false,
+            spend_key: KeyTemplate::new(SPEND_DAY, &[1; 16], &[2; 16]),
+            calls_key: KeyTemplate::new(CALLS_HOUR, &[1; 16], &[2; 16]),
+        }
+    }
+
+    pub fn provider() -> Provider {
+        Provider {
+            id: "p".into(),
+            name: "openai".into(),
+            family: "openai".into(),
+            max_calls_per_hour: None,
+            supports_web_search: true,
+            calls_key: KeyTemplate::new(PROVIDER_CALLS_HOUR, &[0; 16], &[3; 16]),
+        }
+    }
+
+    pub fn digest(token: &str) -> serde_bytes::ByteBuf {
+        let mut h = Sha256::new();
+        h.update(PEPPER);
+        h.update(token.as_bytes());
+        serde_bytes::ByteBuf::from(h.finalize().to_vec())
+    }
+
+    /// A config as msgspec would encode it: structs as maps, `None` as nil.
+    pub fn config() -> serde_json::Value {
+        serde_json::json!({
+            "seq": 7,
+            "kill_switch": false,
+            "principals": [
+                {"id": "11111111-1111-1111-1111-111111111111", "email": "ada@example.com",
+                 "display_name": "Ada \"A\" L.", "status": "active", "expires_at_ms": null},
+                {"id": "22222222-2222-2222-2222-222222222222", "email": "bob@example.com",
+                 "display_name": "Bob", "status": "revoked", "expires_at_ms": null}
+            ],
+            "keys": [
+                {"id": "k0", "principal": 0, "digest": "TOKEN", "status": "active", "expires_at_ms": null},
+                {"id": "k1", "principal": 1, "digest": "OTHER", "status": "active", "expires_at_ms": null}
+            ],
+            "providers": [
+                {"id": "33333333-3333-3333-3333-333333333333", "name": "openai", "family": "openai",
+                 "max_calls_per_hour": 1000, "supports_web_search": true}
+            ],
+            "models": [
+                {"id": "44444444-4444-4444-4444-444444444444", "name": "gpt-b", "provider": 0, "kind": "chat",
+                 "created_ms": 1700000000000_i64, "blocked": false, "status": "active",
+                 "supports_image_in": true, "supports_document_in": false, "supports_audio_in": false,
+                 "supports_video_in": false, "supports_web_search": true, "output_media_type": null,
+                 "input_price_nano_per_1k": 1000, "output_price_nano_per_1k": 2000},
+                {"id": "55555555-5555-5555-5555-555555555555", "name": "gpt-a-image", "provider": 0,
+                 "kind": "image_generation", "created_ms": 1700000001000_i64, "blocked": false, "status": "active",
+                 "supports_image_in": false, "supports_document_in": false, "supports_audio_in": false,
+                 "supports_video_in": false, "supports_web_search": false, "output_media_type": "image/png",
+                 "input_price_nano_per_1k": 0, "output_price_nano_per_1k": 0},
+                {"id": "66666666-6666-6666-6666-666666666666", "name": "gpt-old", "provider": 0, "kind": "chat",
+                 "created_ms": 0, "blocked": false, "status": "retired",
+                 "supports_image_in": false, "supports_document_in": false, "supports_audio_in": false,
+                 "supports_video_in": false, "supports_web_search": false, "output_media_type": null,
+                 "input_price_nano_per_1k": 0, "output_price_nano_per_1k": 0}
+            ],
+            "grants": [
+                {"principal": 0, "model": 0, "daily_cap_nano_usd": 2_500_000_000_i64, "max_calls_per_hour": 100,
+                 "allowed_from_min": 540, "allowed_to_min": 1020, "timezone": "Europe/Paris",
+                 "active_days": [1, 2, 3, 4, 5], "always_open": false},
+                {"principal": 0, "model": 1, "daily_cap_nano_usd": 0, "max_calls_per_hour": null,
+                 "allowed_from_min": null, "allowed_to_min": null, "timezone": "Not/AZone",
+                 "active_days": [], "always_open": true},
+                {"principal": 0, "model": 2, "daily_cap_nano_usd": 0, "max_calls_per_hour": null,
+                 "allowed_from_min": null, "allowed_to_min": null, "timezone": "UTC",
+                 "active_days": [], "always_open": true}
+            ]
+        })
+    }
+
+    /// Encodes a JSON-shaped config to msgpack, with `"TOKEN"`/`"OTHER"` digests as bin.
+    pub fn encode(value: &serde_json::Value) -> Vec<u8> {
+        fn convert(v: &serde_json::Value) -> rmpv::Value {
+            match v {
+                serde_json::Value::Null => rmpv::Value::Nil,
+                serde_json::Value::Bool(b) => rmpv::Value::Boolean(*b),
+                serde_json::Value::Number(n) => rmpv::Value::from(n.as_i64().unwrap()),
+                serde_json::Value::String(s) if s == "TOKEN" => rmpv::Value::Binary(digest(TOKEN).to_vec()),
+                serde_json::Value::String(s) if s == "OTHER" => rmpv::Value::Binary(digest(OTHER_TOKEN).to_vec()),
+                serde_json::Value::String(s) => rmpv::Value::from(s.as_str()),
+                serde_json::Value::Array(a) => rmpv::Value::Array(a.iter().map(convert).collect()),
+                serde_json::Value::Object(o) => rmpv::Value::Map(
+                    o.iter().map(|(k, v)| (rmpv::Value::from(k.as_str()), convert(v))).collect(),
+                ),
+            }
+        }
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &convert(value)).unwrap();
+        out
+    }
+
+    pub fn snapshot() -> Snapshot {
+        Snapshot::from_msgpack(&encode(&config()), PEPPER).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn test_valid_config_builds_sorted_grants_and_index() {
+        let snapshot = snapshot();
+        assert_eq!(snapshot.seq, 7);
+        assert_eq!(snapshot.authenticate(TOKEN, 0), Some(0));
+        let names: Vec<&str> = snapshot.visible_grants(0).map(|(_, m, _)| m.name.as_str()).collect();
+        assert_eq!(names, ["gpt-a-image", "gpt-b"], "sorted by name, retired model left out");
+        assert_eq!(snapshot.grants[1].timezone, Tz::UTC, "invalid timezone falls back to UTC");
+        assert_eq!(snapshot.grants[0].active_days, 0b0011_1110);
+    }
+
+    #[test]
+    fn test_revoked_principal_expired_key_and_unknown_token_are_refused() {
+        let snapshot = snapshot();
+        assert_eq!(snapshot.authenticate(OTHER_TOKEN, 0), None, "principal revoked");
+        let mut config = config();
+        config["keys"][0]["expires_at_ms"] = serde_json::json!(1000);
+        let snapshot = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!(snapshot.authenticate(TOKEN, 999), Some(0));
+        assert_eq!(snapshot.authenticate(TOKEN, 1000), None);
+        assert_eq!(snapshot.authenticate("mesh_live_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC", 0), None);
+    }
+
+    #[test]
+    fn test_bad_config_lists_every_problem() {
+        let mut config = config();
+        config["keys"][0]["principal"] = serde_json::json!(9);
+        config["keys"][1]["digest"] = serde_json::json!("short");
+        config["models"][0]["kind"] = serde_json::json!("audio");
+        config["grants"][0]["active_days"] = serde_json::json!([7]);
+        config["grants"][1]["allowed_to_min"] = serde_json::json!(2000);
+        let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&encode(&config), PEPPER) else {
+            panic!("config should be refused");
+        };
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert!(Snapshot::from_msgpack(b"\xc1", PEPPER).is_err());
+    }
+}

@@ -1,0 +1,347 @@
+//! JSON bodies for `GET /v1/models` and `GET /v1/usage`, written by hand into one buffer.
+
+use chrono::{DateTime, SecondsFormat};
+
+use crate::policy::{self, Counters, Status};
+use crate::shm::{utc_day, utc_hour, CounterRead};
+use crate::snapshot::{Grant, ModelKind, Model, Provider, Snapshot};
+
+/// The 401 body for a missing, unknown, revoked or expired key.
+pub const UNAUTHORIZED_BODY: &[u8] = b"{\"error\":\"invalid_or_revoked_key\"}\n";
+
+/// Appends `s` as a JSON string literal: quotes, backslashes and control characters escaped.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x00..=0x1F => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if escape.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+fn write_int(out: &mut Vec<u8>, value: i64) {
+    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+}
+
+/// Appends `units / 10^scale` as an exact JSON number with trailing zeros trimmed
+/// (`2500000000, 9` -> `2.5`), so no float noise reaches a client.
+fn write_fixed(out: &mut Vec<u8>, units: i128, scale: u32) {
+    if units < 0 {
+        out.push(b'-');
+    }
+    let magnitude = units.unsigned_abs();
+    let divisor = 10u128.pow(scale);
+    out.extend_from_slice(itoa::Buffer::new().format(magnitude / divisor).as_bytes());
+    let mut fraction = magnitude % divisor;
+    if fraction != 0 {
+        let mut digits = scale as usize;
+        while fraction.is_multiple_of(10) {
+            fraction /= 10;
+            digits -= 1;
+        }
+        out.push(b'.');
+        let text = itoa::Buffer::new().format(fraction).to_owned();
+        out.extend(std::iter::repeat_n(b'0', digits - text.len()));
+        out.extend_from_slice(text.as_bytes());
+    }
+}
+
+/// Appends nano-USD as a USD JSON number with up to 9 decimals.
+pub fn write_usd(out: &mut Vec<u8>, nano_usd: i64) {
+    write_fixed(out, i128::from(nano_usd), 9);
+}
+
+/// Appends `used / limit` as a percentage with up to 2 decimals (rounded down); a limit of 0
+/// or less reads as fully used.
+fn write_percent(out: &mut Vec<u8>, used: i64, limit: i64) {
+    let hundredths = if limit <= 0 { 10_000 } else { i128::from(used.max(0)) * 10_000 / i128::from(limit) };
+    write_fixed(out, hundredths, 2);
+}
+
+fn write_time(out: &mut Vec<u8>, unix_ms: i64) {
+    let text = DateTime::from_timestamp_millis(unix_ms).map_or_else(String::new, |t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
+    write_str(out, &text);
+}
+
+fn write_hhmm(out: &mut Vec<u8>, minute: u16) {
+    let (h, m) = (minute / 60, minute % 60);
+    out.extend_from_slice(&[b'"', b'0' + (h / 10) as u8, b'0' + (h % 10) as u8, b':', b'0' + (m / 10) as u8, b'0' + (m % 10) as u8, b'"']);
+}
+
+fn write_opt_int(out: &mut Vec<u8>, value: Option<i64>) {
+    match value {
+        Some(v) => write_int(out, v),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+fn write_cap(out: &mut Vec<u8>, cap_nano: i64) {
+    if cap_nano > 0 {
+        write_usd(out, cap_nano);
+    } else {
+        out.extend_from_slice(b"null");
+    }
+}
+
+fn counters(grant: &Grant, provider: &Provider, segment: &impl CounterRead, now_ms: i64) -> Counters {
+    let (day, hour) = (utc_day(now_ms), utc_hour(now_ms));
+    Counters {
+        calls_this_hour: segment.counter(grant.calls_key.at(hour)),
+        provider_calls_this_hour: segment.counter(provider.calls_key.at(hour)),
+        spent_today_nano: segment.counter(grant.spend_key.at(day)),
+    }
+}
+
+fn kind_name(kind: ModelKind) -> &'static str {
+    match kind {
+        ModelKind::Chat => "chat",
+        ModelKind::Embedding => "embedding",
+        ModelKind::ImageGeneration | ModelKind::VideoGeneration => "generation",
+    }
+}
+
+fn write_model_entry(out: &mut Vec<u8>, grant: &Grant, model: &Model, provider: &Provider, c: &Counters, now_ms: i64) {
+    let (status, resume_at) = policy::status(grant, provider, c, now_ms);
+    out.extend_from_slice(b"{\"model\":");
+    write_str(out, &model.name);
+    out.extend_from_slice(b",\"kind\":\"");
+    out.extend_from_slice(kind_name(model.kind).as_bytes());
+    out.extend_from_slice(b"\",\"formats_accepted\":[\"text\"");
+    for (flag, name) in [
+        (model.supports_image_in, ",\"image\""),
+        (model.supports_document_in, ",\"document\""),
+        (model.supports_audio_in, ",\"audio\""),
+        (model.supports_video_in, ",\"video\""),
+    ] {
+        if flag {
+            out.extend_from_slice(name.as_bytes());
+        }
+    }
+    out.extend_from_slice(b"],\"web_search\":");
+    out.extend_from_slice(if model.supports_web_search && provider.supports_web_search { b"true" } else { b"false" });
+    out.extend_from_slice(b",\"status\":\"");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"usage\":{\"calls_this_hour\":");
+    write_int(out, c.calls_this_hour);
+    out.extend_from_slice(b",\"calls_per_hour_limit\":");
+    write_opt_int(out, grant.max_calls_per_hour);
+    out.extend_from_slice(b",\"spent_today_usd\":");
+    write_usd(out, c.spent_today_nano);
+    out.extend_from_slice(b",\"daily_cap_usd\":");
+    write_cap(out, grant.daily_cap_nano_usd);
+    out.push(b'}');
+    if let Some(media_type) = &model.output_media_type {
+        out.extend_from_slice(b",\"output_media_type\":");
+        write_str(out, media_type);
+    }
+    if let (Status::RateLimited | Status::OutsideHours | Status::BudgetExceeded, Some(at)) = (status, resume_at) {
+        out.extend_from_slice(b",\"resume_at\":");
+        write_time(out, at);
+    }
+    if let (false, Some(window)) = (grant.always_open, grant.window) {
+        out.extend_from_slice(b",\"allowed_hours\":{\"from\":");
+        write_hhmm(out, window.from_min);
+        out.extend_from_slice(b",\"to\":");
+        write_hhmm(out, window.to_min);
+        out.extend_from_slice(b",\"timezone\":");
+        write_str(out, grant.timezone.name());
+        out.extend_from_slice(b",\"days\":[");
+        let days = (0..7u8).filter(|d| grant.active_days & (1 << d) != 0);
+        for (i, day) in days.enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.push(b'0' + day);
+        }
+        out.extend_from_slice(b"]}");
+    }
+    out.push(b'}');
+}
+
+/// The `/v1/models` body for `principal`: OpenAI's `data` list and Mesh's `models` list.
+#[must_use]
+pub fn models_json(snapshot: &Snapshot, principal: u32, segment: &impl CounterRead, now_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1024);
+    out.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
+    for (i, (_, model, provider)) in snapshot.visible_grants(principal).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        write_str(&mut out, &model.name);
+        out.extend_from_slice(b",\"object\":\"model\",\"created\":");
+        write_int(&mut out, model.created_ms.div_euclid(1000));
+        out.extend_from_slice(b",\"owned_by\":");
+        write_str(&mut out, &provider.name);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"],\"models\":[");
+    for (i, (grant, model, provider)) in snapshot.visible_grants(principal).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let c = counters(grant, provider, segment, now_ms);
+        write_model_entry(&mut out, grant, model, provider, &c, now_ms);
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+fn write_limit(out: &mut Vec<u8>, id: &str, used: i64, limit: i64, reset_ms: i64) {
+    out.extend_from_slice(b",{\"id\":\"");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b"\",\"utilization\":");
+    write_percent(out, used, limit);
+    out.extend_from_slice(b",\"reset\":");
+    write_time(out, reset_ms);
+    out.push(b'}');
+}
+
+/// The `/v1/usage` body for `principal`: spend, cap and limit utilisation per visible model.
+#[must_use]
+pub fn usage_json(snapshot: &Snapshot, principal: u32, segment: &impl CounterRead, now_ms: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1024);
+    out.extend_from_slice(b"{\"usage\":[");
+    for (i, (grant, model, provider)) in snapshot.visible_grants(principal).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let c = counters(grant, provider, segment, now_ms);
+        let cap = grant.daily_cap_nano_usd;
+        out.extend_from_slice(b"{\"model\":");
+        write_str(&mut out, &model.name);
+        out.extend_from_slice(b",\"kind\":\"");
+        out.extend_from_slice(kind_name(model.kind).as_bytes());
+        out.extend_from_slice(b"\",\"spent_usd\":");
+        write_usd(&mut out, c.spent_today_nano);
+        out.extend_from_slice(b",\"daily_cap_usd\":");
+        write_cap(&mut out, cap);
+        out.extend_from_slice(b",\"remaining_usd\":");
+        if cap > 0 {
+            write_usd(&mut out, (cap - c.spent_today_nano).max(0));
+        } else {
+            out.extend_from_slice(b"null");
+        }
+        out.extend_from_slice(b",\"limits\":[");
+        let start = out.len();
+        if cap > 0 {
+            write_limit(&mut out, "policy.daily_usd", c.spent_today_nano, cap, policy::next_utc_midnight(now_ms));
+        }
+        if let Some(limit) = grant.max_calls_per_hour {
+            write_limit(&mut out, "policy.hourly_calls", c.calls_this_hour, limit, policy::next_utc_hour(now_ms));
+        }
+        if let Some(limit) = provider.max_calls_per_hour {
+            write_limit(&mut out, "provider.hourly_calls", c.provider_calls_this_hour, limit, policy::next_utc_hour(now_ms));
+        }
+        if out.len() > start {
+            out.remove(start); // the first limit's leading comma
+        }
+        out.extend_from_slice(b"]}");
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::Segment;
+    use crate::snapshot::test_support::snapshot;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    const NOON_WEDNESDAY: i64 = 1_741_176_000_000; // 2025-03-05T12:00:00Z
+
+    fn usd(nano: i64) -> String {
+        let mut out = Vec::new();
+        write_usd(&mut out, nano);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn test_usd_is_exact_decimal_text() {
+        assert_eq!(usd(0), "0");
+        assert_eq!(usd(2_500_000_000), "2.5");
+        assert_eq!(usd(1), "0.000000001");
+        assert_eq!(usd(-1_050_000_000), "-1.05");
+        assert_eq!(usd(i64::MIN), "-9223372036.854775808");
+    }
+
+    #[test]
+    fn test_models_json_lists_both_shapes_sorted_with_status() {
+        let snapshot = snapshot();
+        let body: Value = serde_json::from_slice(&models_json(&snapshot, 0, &(), NOON_WEDNESDAY)).unwrap();
+        assert_eq!(body["object"], "list");
+        assert_eq!(body["data"][0], json!({"id": "gpt-a-image", "object": "model", "created": 1_700_000_001, "owned_by": "openai"}));
+        assert_eq!(body["data"].as_array().unwrap().len(), 2);
+        let image = &body["models"][0];
+        assert_eq!(image["kind"], "generation");
+        assert_eq!(image["output_media_type"], "image/png");
+        assert!(image.get("allowed_hours").is_none() && image.get("resume_at").is_none());
+        let chat = &body["models"][1];
+        assert_eq!(chat["formats_accepted"], json!(["text", "image"]));
+        assert_eq!(chat["web_search"], true);
+        assert_eq!(chat["status"], "available");
+        assert_eq!(chat["usage"], json!({"calls_this_hour": 0, "calls_per_hour_limit": 100, "spent_today_usd": 0, "daily_cap_usd": 2.5}));
+        assert_eq!(chat["allowed_hours"], json!({"from": "09:00", "to": "17:00", "timezone": "Europe/Paris", "days": [1, 2, 3, 4, 5]}));
+    }
+
+    #[test]
+    fn test_counters_from_segment_drive_status_and_usage() {
+        let path = std::env::temp_dir().join(format!("meshfast-views-{}", std::process::id()));
+        let segment = Segment::create(&path, 64, 4, 4).unwrap();
+        let snapshot = snapshot();
+        let grant = &snapshot.grants[0];
+        segment.add(grant.spend_key.at(utc_day(NOON_WEDNESDAY)), 2_500_000_000).unwrap();
+        segment.add(grant.calls_key.at(utc_hour(NOON_WEDNESDAY)), 42).unwrap();
+        let body: Value = serde_json::from_slice(&models_json(&snapshot, 0, &segment, NOON_WEDNESDAY)).unwrap();
+        assert_eq!(body["models"][1]["status"], "budget_exceeded");
+        assert_eq!(body["models"][1]["resume_at"], "2025-03-06T00:00:00Z");
+        let usage: Value = serde_json::from_slice(&usage_json(&snapshot, 0, &segment, NOON_WEDNESDAY)).unwrap();
+        assert_eq!(usage["usage"][0]["limits"], json!([{"id": "provider.hourly_calls", "utilization": 0, "reset": "2025-03-05T13:00:00Z"}]));
+        assert_eq!(usage["usage"][1]["spent_usd"], 2.5);
+        assert_eq!(usage["usage"][1]["remaining_usd"], 0);
+        assert_eq!(usage["usage"][1]["limits"][0]["utilization"], 100);
+        assert_eq!(usage["usage"][1]["limits"][1], json!({"id": "policy.hourly_calls", "utilization": 42, "reset": "2025-03-05T13:00:00Z"}));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    proptest! {
+        #[test]
+        fn prop_escaped_string_round_trips_through_serde_json(s: String) {
+            let mut out = Vec::new();
+            write_str(&mut out, &s);
+            prop_assert_eq!(serde_json::from_slice::<String>(&out).unwrap(), s);
+        }
+
+        #[test]
+        fn prop_usd_text_equals_exact_division(nano: i64) {
+            let expected = {
+                let sign = if nano < 0 { "-" } else { "" };
+                let m = i128::from(nano).unsigned_abs();
+                let text = format!("{sign}{}.{:09}", m / 1_000_000_000, m % 1_000_000_000);
+                text.trim_end_matches('0').trim_end_matches('.').to_string()
+            };
+            let expected = if expected.is_empty() || expected == "-" { "0".to_string() } else { expected };
+            prop_assert_eq!(usd(nano), expected);
+        }
+    }
+}

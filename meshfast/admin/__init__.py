@@ -1,0 +1,1 @@
+"""The admin plane (``/admin/*``): configuration writes, each propagated to every worker."""

@@ -1,0 +1,132 @@
+"""Admin-plane routes: thin handlers that authenticate, decode, call the service, encode."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from meshfast import errors
+from meshfast.admin import service as svc
+from meshfast.secrets import Secrets
+from meshfast.store import sql
+
+_json = msgspec.json.Encoder()
+
+# Admin tokens are checked against the database at most every few seconds per token.
+_TOKEN_CACHE_TTL_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    name: str
+    is_super: bool
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    body: Any
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+Handler = Callable[..., Awaitable[Reply]]
+
+
+class AdminRouter:
+    def __init__(self, pool: asyncpg.Pool, secrets: Secrets, service: svc.AdminService) -> None:
+        self._pool = pool
+        self._secrets = secrets
+        self.service = service
+        self._token_cache: dict[str, tuple[float, Actor | None]] = {}
+        s = service
+        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
+        add = self._add
+        add("POST", r"/admin/users", lambda a, b: self._created(s.create_user(a.name, svc.decode(b, svc.UserCreate))))
+        add("GET", r"/admin/users", lambda a, b: self._ok(s.list_users()))
+        add("GET", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.get_user(id)))
+        add("DELETE", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_user(a.name, id)))
+        add("POST", r"/admin/users/(?P<id>[^/]+)/rotate-key", lambda a, b, id: self._ok(s.rotate_key(a.name, id)))
+        add("POST", r"/admin/users/(?P<id>[^/]+)/revoke", lambda a, b, id: self._ok(s.revoke_user(a.name, id)))
+        add("GET", r"/admin/users/(?P<id>[^/]+)/policies", lambda a, b, id: self._ok(s.list_policies(id)))
+        add("PUT", r"/admin/users/(?P<id>[^/]+)/policies/(?P<model>[^/]+)",
+            lambda a, b, id, model: self._ok(s.put_policy(a.name, id, model, svc.decode(b, svc.PolicyBody))))
+        add("POST", r"/admin/providers",
+            lambda a, b: self._created(s.create_provider(a.name, svc.decode(b, svc.ProviderCreate))))
+        add("GET", r"/admin/providers", lambda a, b: self._ok(s.list_providers()))
+        add("GET", r"/admin/providers/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_provider(id)))
+        add("DELETE", r"/admin/providers/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_provider(a.name, id)))
+        add("POST", r"/admin/models", lambda a, b: self._created(s.create_model(a.name, svc.decode(b, svc.ModelCreate))))
+        add("GET", r"/admin/models", lambda a, b: self._ok(s.list_models()))
+        add("GET", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_model(id)))
+        add("DELETE", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_model(a.name, id)))
+        add("POST", r"/admin/access", lambda a, b: self._ok(s.grant(a.name, svc.decode(b, svc.AccessBody))))
+        add("DELETE", r"/admin/access", lambda a, b: self._ok(s.revoke_grant(a.name, svc.decode(b, svc.AccessBody))))
+        add("POST", r"/admin/kill-switch", self._kill_switch)
+
+    def _add(self, method: str, pattern: str, handler: Handler) -> None:
+        self._routes.append((method, re.compile(pattern + r"/?\Z"), handler))
+
+    @staticmethod
+    async def _ok(work: Awaitable[Any]) -> Reply:
+        return Reply(200, await work)
+
+    @staticmethod
+    async def _created(work: Awaitable[Any]) -> Reply:
+        return Reply(201, await work)
+
+    @staticmethod
+    async def _versioned(work: Awaitable[dict[str, Any]]) -> Reply:
+        entity = await work
+        return Reply(200, entity, (("etag", f'"{entity["version"]}"'),))
+
+    async def _kill_switch(self, actor: Actor, body: bytes) -> Reply:
+        if not actor.is_super:
+            raise errors.Forbidden()
+        return Reply(200, await self.service.set_kill_switch(actor.name, svc.decode(body, svc.KillSwitchBody)))
+
+    async def authenticate(self, authorization: str | None) -> Actor:
+        if not authorization or not authorization[:7].lower() == "bearer ":
+            raise errors.Unauthorized()
+        token = authorization[7:].strip()
+        if not token:
+            raise errors.Unauthorized()
+        now = time.monotonic()
+        cached = self._token_cache.get(token)
+        if cached is not None and now - cached[0] < _TOKEN_CACHE_TTL_S:
+            actor = cached[1]
+        else:
+            token_hash = self._secrets.hash_admin_token(token)
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(sql.ADMIN_TOKEN_BY_HASH, token_hash)
+            actor = None if row is None else Actor(name=f"token:{row['name']}", is_super=row["is_super"])
+            if len(self._token_cache) > 1024:
+                self._token_cache.clear()
+            self._token_cache[token] = (now, actor)
+        if actor is None:
+            raise errors.Unauthorized()
+        return actor
+
+    async def dispatch(self, method: str, path: str, authorization: str | None, body: bytes) -> Reply:
+        matched_path = False
+        for route_method, pattern, handler in self._routes:
+            match = pattern.match(path)
+            if match is None:
+                continue
+            matched_path = True
+            if route_method != method:
+                continue
+            actor = await self.authenticate(authorization)
+            return await handler(actor, body, **match.groupdict())
+        if matched_path:
+            raise errors.MethodNotAllowed()
+        raise errors.NotFound()
+
+    @staticmethod
+    def encode(reply: Reply) -> bytes:
+        return _json.encode(reply.body)

@@ -1,0 +1,499 @@
+"""Admin-plane operations: every write is one transaction that bumps the config sequence,
+sends NOTIFY (delivered on commit) and appends to the audit log."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import msgspec
+
+from meshfast import errors
+from meshfast.sealing import seal
+from meshfast.secrets import Secrets, new_mesh_key
+from meshfast.store import sql
+
+FAMILIES = ("openai", "openai_responses", "anthropic", "gemini", "ollama", "generic")
+MODEL_KINDS = ("chat", "embedding", "image_generation", "video_generation")
+
+
+# --- request bodies ------------------------------------------------------------------------
+
+
+class UserCreate(msgspec.Struct, forbid_unknown_fields=True):
+    email: str
+    display_name: str
+    manager_email: str | None = None
+    business_unit: str | None = None
+    tier: str | None = None
+
+
+class ProviderCreate(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    family: str
+    base_url: str
+    api_key: str
+    local: bool = False
+    verify: bool = True
+    max_outbound_rps: int | None = None
+    max_concurrent_upstream: int | None = None
+    max_calls_per_hour: int | None = None
+    retry_enabled: bool = True
+    max_retries: int = 2
+    retry_backoff_ms: int = 200
+    log_requests: bool = True
+    supports_web_search: bool = False
+
+
+Price = Decimal
+
+
+class ModelCreate(msgspec.Struct, forbid_unknown_fields=True):
+    provider_id: str
+    name: str
+    resolved_model: str
+    kind: str = "chat"
+    input_price_per_1k_tokens: Price = 0
+    output_price_per_1k_tokens: Price = 0
+    cache_read_price_per_1k_tokens: Price | None = None
+    cache_write_price_per_1k_tokens: Price | None = None
+    cache_write_1h_price_per_1k_tokens: Price | None = None
+    long_context_threshold_tokens: int | None = None
+    long_context_prices: dict[str, Price] | None = None
+    price_per_second: Price = 0
+    max_output_tokens: int = 4096
+    aliases: list[str] = []
+    tags: list[str] = []
+    supports_image_in: bool = False
+    supports_document_in: bool = False
+    supports_audio_in: bool = False
+    supports_video_in: bool = False
+    supports_web_search: bool = False
+    output_media_type: str | None = None
+    verify: bool | None = None
+
+
+class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
+    user_id: str
+    model_id: str
+
+
+class PolicyBody(msgspec.Struct, forbid_unknown_fields=True):
+    daily_cap_usd: Price = 20
+    max_calls_per_hour: int | None = None
+    allowed_from: str | None = None
+    allowed_to: str | None = None
+    timezone: str = "UTC"
+    active_days: list[int] = msgspec.field(default_factory=lambda: [0, 1, 2, 3, 4, 5, 6])
+    always_open: bool = False
+
+
+class KillSwitchBody(msgspec.Struct, forbid_unknown_fields=True):
+    tripped: bool
+
+
+def decode(body: bytes, kind: type[Any]) -> Any:
+    """Strict JSON decoding of an admin body: unknown fields and wrong types are 400s."""
+    if not body.strip():
+        raise errors.InvalidRequest("request body is empty")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise errors.InvalidRequest(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise errors.InvalidRequest(f"malformed JSON: {exc}") from None
+
+
+# --- validation helpers --------------------------------------------------------------------
+
+
+def parse_uuid(value: str, missing: type[errors.MeshfastError] = errors.NotFound) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        raise missing() from None
+
+
+def _body_uuid(value: str, field: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        raise errors.InvalidRequest(f"{field} must be a UUID string") from None
+
+
+def _price(value: Price | None, field: str) -> Decimal | None:
+    if value is None:
+        return None
+    try:
+        price = Decimal(str(value))
+    except InvalidOperation:
+        raise errors.InvalidRequest(f"{field} must be a decimal number") from None
+    if not price.is_finite() or price < 0:
+        raise errors.InvalidRequest(f"{field} must be a non-negative number")
+    if price >= Decimal("10000000"):
+        raise errors.InvalidRequest(f"{field} is too large")
+    return price
+
+
+def _nonempty(value: str, field: str) -> str:
+    value = value.strip()
+    if not value:
+        raise errors.InvalidRequest(f"{field} is required")
+    return value
+
+
+def _email(value: str) -> str:
+    value = value.strip().lower()
+    if "@" not in value or len(value) > 320 or any(c.isspace() for c in value):
+        raise errors.InvalidRequest("email is not a valid address")
+    return value
+
+
+def _is_private_host(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_unspecified
+
+
+def check_base_url(base_url: str, *, local: bool) -> str:
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise errors.InvalidRequest("base_url must be an absolute http(s) URL")
+    if not local and _is_private_host(parts.hostname):
+        raise errors.InvalidRequest(
+            "base_url points at a loopback, link-local or private address; set local: true to allow it"
+        )
+    return base_url.strip().rstrip("/")
+
+
+def _hhmm(value: str | None, field: str) -> dt.time | None:
+    if value is None:
+        return None
+    try:
+        hours, minutes = value.split(":")
+        if len(hours) != 2 or len(minutes) != 2:
+            raise ValueError
+        return dt.time(int(hours), int(minutes))
+    except ValueError:
+        raise errors.InvalidRequest(f"{field} must be HH:MM") from None
+
+
+def _timezone(name: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise errors.InvalidRequest(f"unknown timezone {name!r}") from None
+    return name
+
+
+# --- JSON shapes ---------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.time):
+        return value.strftime("%H:%M")
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def row_json(row: asyncpg.Record) -> dict[str, Any]:
+    out = {key: _jsonable(value) for key, value in row.items()}
+    for key in ("settings", "long_context_prices"):
+        if isinstance(out.get(key), str):
+            out[key] = json.loads(out[key])
+    return out
+
+
+# --- the service ---------------------------------------------------------------------------
+
+Rebuild = Callable[[int], Awaitable[None]]
+
+
+class AdminService:
+    def __init__(self, pool: asyncpg.Pool, secrets: Secrets, after_write: Rebuild) -> None:
+        self._pool = pool
+        self._secrets = secrets
+        self._after_write = after_write
+
+    async def _write(self, actor: str, action: str, target: str | None, detail: dict[str, Any],
+                     work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
+        """Run ``work`` in a transaction with the config bump, NOTIFY and audit row."""
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                result = await work(conn)
+                seq = await conn.fetchval(sql.NEXT_CONFIG_SEQ)
+                await conn.execute(sql.NOTIFY_CONFIG, str(seq))
+                await conn.execute(sql.INSERT_AUDIT, actor, action, target, json.dumps(detail))
+        await self._after_write(int(seq))
+        return result
+
+    # users and keys
+
+    async def create_user(self, actor: str, body: UserCreate) -> dict[str, Any]:
+        email = _email(body.email)
+        display_name = _nonempty(body.display_name, "display_name")
+        key, prefix = new_mesh_key()
+        digest = self._secrets.hash_key(key)
+
+        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            try:
+                row = await conn.fetchrow(sql.INSERT_USER, email, display_name, body.manager_email,
+                                          body.business_unit, body.tier)
+            except asyncpg.UniqueViolationError:
+                raise errors.EmailExists() from None
+            await conn.execute(sql.INSERT_KEY, row["id"], digest, prefix)
+            return row
+
+        row = await self._write(actor, "create_user", email, {}, work)
+        return {"id": str(row["id"]), "email": row["email"], "display_name": row["display_name"],
+                "key": key, "key_prefix": prefix}
+
+    async def rotate_key(self, actor: str, user_id: str) -> dict[str, Any]:
+        uid = parse_uuid(user_id, errors.UserNotFound)
+        key, prefix = new_mesh_key()
+        digest = self._secrets.hash_key(key)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.ACTIVATE_USER, uid) is None:
+                raise errors.UserNotFound()
+            await conn.execute(sql.REVOKE_ACTIVE_KEYS, uid)
+            await conn.execute(sql.INSERT_KEY, uid, digest, prefix)
+
+        await self._write(actor, "rotate_user_key", str(uid), {}, work)
+        return {"key": key, "key_prefix": prefix}
+
+    async def revoke_user(self, actor: str, user_id: str) -> dict[str, Any]:
+        uid = parse_uuid(user_id, errors.UserNotFound)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.REVOKE_USER, uid) is None:
+                raise errors.UserNotFound()
+            await conn.execute(sql.REVOKE_ACTIVE_KEYS, uid)
+
+        await self._write(actor, "revoke_user", str(uid), {}, work)
+        return {"status": "revoked"}
+
+    async def delete_user(self, actor: str, user_id: str) -> dict[str, Any]:
+        uid = parse_uuid(user_id, errors.UserNotFound)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.DELETE_USER, uid) is None:
+                raise errors.UserNotFound()
+
+        await self._write(actor, "delete_user", str(uid), {}, work)
+        return {"status": "deleted"}
+
+    async def list_users(self) -> list[dict[str, Any]]:
+        async with self._pool.acquire() as conn:
+            return [row_json(r) for r in await conn.fetch(sql.LIST_USERS)]
+
+    async def get_user(self, user_id: str) -> dict[str, Any]:
+        uid = parse_uuid(user_id, errors.UserNotFound)
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.GET_USER, uid)
+        if row is None:
+            raise errors.UserNotFound()
+        return row_json(row)
+
+    # providers
+
+    async def create_provider(self, actor: str, body: ProviderCreate) -> dict[str, Any]:
+        if body.family not in FAMILIES:
+            raise errors.InvalidRequest(f"family must be one of {', '.join(FAMILIES)}")
+        name = _nonempty(body.name, "name")
+        api_key = _nonempty(body.api_key, "api_key")
+        base_url = check_base_url(body.base_url, local=body.local)
+        for field in ("max_outbound_rps", "max_concurrent_upstream", "max_calls_per_hour"):
+            value = getattr(body, field)
+            if value is not None and value <= 0:
+                raise errors.InvalidRequest(f"{field} must be positive")
+        if body.max_retries < 0 or body.retry_backoff_ms < 0:
+            raise errors.InvalidRequest("max_retries and retry_backoff_ms must be non-negative")
+        provider_id = uuid.uuid4()
+        sealed, nonce = seal(self._secrets.master_key, str(provider_id), api_key)
+
+        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            try:
+                return await conn.fetchrow(
+                    sql.INSERT_PROVIDER, provider_id, name, body.family, base_url, sealed, nonce,
+                    body.local, body.max_outbound_rps, body.max_concurrent_upstream,
+                    body.max_calls_per_hour, body.retry_enabled, body.max_retries,
+                    body.retry_backoff_ms, body.log_requests, body.supports_web_search, "{}",
+                )
+            except asyncpg.UniqueViolationError:
+                raise errors.ProviderExists() from None
+
+        row = await self._write(actor, "create_provider", name, {"family": body.family}, work)
+        return row_json(row)
+
+    async def list_providers(self) -> list[dict[str, Any]]:
+        async with self._pool.acquire() as conn:
+            return [row_json(r) for r in await conn.fetch(sql.LIST_PROVIDERS)]
+
+    async def get_provider(self, provider_id: str) -> dict[str, Any]:
+        pid = parse_uuid(provider_id, errors.ProviderNotFound)
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.GET_PROVIDER, pid)
+        if row is None:
+            raise errors.ProviderNotFound()
+        return row_json(row)
+
+    async def delete_provider(self, actor: str, provider_id: str) -> dict[str, Any]:
+        pid = parse_uuid(provider_id, errors.ProviderNotFound)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.DELETE_PROVIDER, pid) is None:
+                raise errors.ProviderNotFound()
+
+        await self._write(actor, "delete_provider", str(pid), {}, work)
+        return {"status": "deleted"}
+
+    # models
+
+    async def create_model(self, actor: str, body: ModelCreate) -> dict[str, Any]:
+        provider_id = _body_uuid(body.provider_id, "provider_id")
+        if body.kind not in MODEL_KINDS:
+            raise errors.InvalidRequest(f"kind must be one of {', '.join(MODEL_KINDS)}")
+        name = _nonempty(body.name, "name")
+        resolved = _nonempty(body.resolved_model, "resolved_model")
+        if body.max_output_tokens <= 0:
+            raise errors.InvalidRequest("max_output_tokens must be positive")
+        if body.long_context_threshold_tokens is not None and body.long_context_threshold_tokens <= 0:
+            raise errors.InvalidRequest("long_context_threshold_tokens must be positive")
+        long_context = None
+        if body.long_context_prices is not None:
+            long_context = {k: str(_price(v, f"long_context_prices.{k}"))
+                            for k, v in body.long_context_prices.items()}
+
+        async def work(conn: asyncpg.Connection) -> uuid.UUID:
+            if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
+                raise errors.InvalidRequest("provider_not_found")
+            try:
+                return await conn.fetchval(
+                    sql.INSERT_MODEL, provider_id, name, resolved, body.kind,
+                    _price(body.input_price_per_1k_tokens, "input_price_per_1k_tokens"),
+                    _price(body.output_price_per_1k_tokens, "output_price_per_1k_tokens"),
+                    _price(body.cache_read_price_per_1k_tokens, "cache_read_price_per_1k_tokens"),
+                    _price(body.cache_write_price_per_1k_tokens, "cache_write_price_per_1k_tokens"),
+                    _price(body.cache_write_1h_price_per_1k_tokens, "cache_write_1h_price_per_1k_tokens"),
+                    body.long_context_threshold_tokens,
+                    None if long_context is None else json.dumps(long_context),
+                    _price(body.price_per_second, "price_per_second"), body.max_output_tokens,
+                    body.aliases, body.tags, body.supports_image_in, body.supports_document_in,
+                    body.supports_audio_in, body.supports_video_in, body.supports_web_search,
+                    body.output_media_type,
+                )
+            except asyncpg.UniqueViolationError:
+                raise errors.ModelExists() from None
+
+        model_id = await self._write(actor, "create_model", name, {"kind": body.kind}, work)
+        return await self.get_model(str(model_id))
+
+    async def list_models(self) -> list[dict[str, Any]]:
+        async with self._pool.acquire() as conn:
+            return [row_json(r) for r in await conn.fetch(sql.LIST_MODELS)]
+
+    async def get_model(self, model_id: str) -> dict[str, Any]:
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql.GET_MODEL, mid)
+        if row is None:
+            raise errors.ModelNotFound()
+        return row_json(row)
+
+    async def delete_model(self, actor: str, model_id: str) -> dict[str, Any]:
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.DELETE_MODEL, mid) is None:
+                raise errors.ModelNotFound()
+
+        await self._write(actor, "delete_model", str(mid), {}, work)
+        return {"status": "deleted"}
+
+    # access and policies
+
+    async def _check_pair(self, conn: asyncpg.Connection, user_id: uuid.UUID, model_id: uuid.UUID) -> None:
+        if await conn.fetchval(sql.USER_EXISTS, user_id) is None:
+            raise errors.UserNotFound()
+        if await conn.fetchval(sql.MODEL_EXISTS, model_id) is None:
+            raise errors.ModelNotFound()
+
+    async def grant(self, actor: str, body: AccessBody) -> dict[str, Any]:
+        uid, mid = _body_uuid(body.user_id, "user_id"), _body_uuid(body.model_id, "model_id")
+
+        async def work(conn: asyncpg.Connection) -> None:
+            await self._check_pair(conn, uid, mid)
+            await conn.execute(sql.GRANT_ACCESS, uid, mid)
+
+        await self._write(actor, "grant_access", f"{uid}:{mid}", {}, work)
+        return {"status": "ok"}
+
+    async def revoke_grant(self, actor: str, body: AccessBody) -> dict[str, Any]:
+        uid, mid = _body_uuid(body.user_id, "user_id"), _body_uuid(body.model_id, "model_id")
+
+        async def work(conn: asyncpg.Connection) -> None:
+            await conn.execute(sql.REVOKE_ACCESS, uid, mid)
+
+        await self._write(actor, "revoke_access", f"{uid}:{mid}", {}, work)
+        return {"status": "ok"}
+
+    async def list_access(self, user_id: str) -> list[dict[str, Any]]:
+        uid = _body_uuid(user_id, "user_id")
+        async with self._pool.acquire() as conn:
+            return [row_json(r) for r in await conn.fetch(sql.LIST_ACCESS, uid)]
+
+    async def put_policy(self, actor: str, user_id: str, model_id: str, body: PolicyBody) -> dict[str, Any]:
+        uid = parse_uuid(user_id, errors.UserNotFound)
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+        cap = _price(body.daily_cap_usd, "daily_cap_usd")
+        if body.max_calls_per_hour is not None and body.max_calls_per_hour < 1:
+            raise errors.InvalidRequest("max_calls_per_hour must be at least 1 or null")
+        if any(not 0 <= d <= 6 for d in body.active_days):
+            raise errors.InvalidRequest("active_days holds integers 0-6 (0 = Sunday)")
+        allowed_from = _hhmm(body.allowed_from, "allowed_from")
+        allowed_to = _hhmm(body.allowed_to, "allowed_to")
+        timezone = _timezone(body.timezone)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            await self._check_pair(conn, uid, mid)
+            await conn.execute(sql.UPSERT_POLICY, uid, mid, cap, body.max_calls_per_hour, allowed_from,
+                               allowed_to, timezone, sorted(set(body.active_days)), body.always_open)
+
+        await self._write(actor, "update_policy", f"{uid}:{mid}", {}, work)
+        return {"status": "ok"}
+
+    async def list_policies(self, user_id: str) -> list[dict[str, Any]]:
+        uid = parse_uuid(user_id, errors.UserNotFound)
+        async with self._pool.acquire() as conn:
+            if await conn.fetchval(sql.USER_EXISTS, uid) is None:
+                raise errors.UserNotFound()
+            return [row_json(r) for r in await conn.fetch(sql.LIST_POLICIES, uid)]
+
+    async def set_kill_switch(self, actor: str, body: KillSwitchBody) -> dict[str, Any]:
+        async def work(conn: asyncpg.Connection) -> bool:
+            return bool(await conn.fetchval(sql.SET_KILL_SWITCH, body.tripped))
+
+        action = "pause_gateway" if body.tripped else "resume_gateway"
+        state = await self._write(actor, action, "gateway", {}, work)
+        return {"kill_switch": state}

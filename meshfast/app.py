@@ -1,0 +1,261 @@
+"""The meshfast application that runs in every Granian worker (RSGI).
+
+Start-up (``__rsgi_init__``) opens the pools, maps the shared-memory segment, builds the first
+snapshot and starts the config listener. Nothing here runs at import: Granian imports this
+module in every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from meshfast import errors
+from meshfast._core import Core, Segment, SnapshotError, request_id
+from meshfast.admin.routes import AdminRouter
+from meshfast.admin.service import AdminService
+from meshfast.secrets import Secrets, load_or_create
+from meshfast.settings import Settings
+from meshfast.snapshot import encode, load_config
+from meshfast.store import database, sql
+
+log = logging.getLogger("meshfast.worker")
+
+# Set by the supervisor before it starts the workers.
+ENV_DATABASE_URL = "MESHFAST_RUNTIME_DATABASE_URL"
+ENV_GATEWAY_DATABASE_URL = "MESHFAST_RUNTIME_GATEWAY_DATABASE_URL"
+ENV_SHM_PATH = "MESHFAST_RUNTIME_SHM_PATH"
+
+JSON = "application/json"
+_SECURITY_HEADERS = [
+    ("x-content-type-options", "nosniff"),
+    ("x-frame-options", "DENY"),
+    ("referrer-policy", "no-referrer"),
+]
+_READY = b'{"status":"ok"}\n'
+_NOT_READY = b'{"status":"degraded","reason":"database_unreachable"}\n'
+_json = msgspec.json.Encoder()
+
+
+class ConfigFeed:
+    """Keeps this worker's snapshot current: LISTEN for NOTIFY, coalesce bursts, reconcile.
+
+    Every admin write bumps a sequence and sends NOTIFY; each notification marks the snapshot
+    dirty and one rebuild covers every notification that arrived before it started. An
+    unconditional rebuild every ``reconcile_s`` bounds staleness if a notification is lost.
+    """
+
+    def __init__(self, core: Core, pool: asyncpg.Pool, listen_url: str, reconcile_s: int) -> None:
+        self._core = core
+        self._pool = pool
+        self._listen_url = listen_url
+        self._reconcile_s = reconcile_s
+        self._dirty = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.rebuilds = 0
+
+    async def rebuild(self) -> int:
+        async with self._lock:
+            async with self._pool.acquire() as conn:
+                config = await load_config(conn)
+            try:
+                seq = self._core.load(encode(config))
+            except SnapshotError as exc:
+                # NOTE: the last good snapshot stays in force.
+                log.error("snapshot rejected, keeping seq %s: %s", self._core.seq, exc)
+                raise
+            self.rebuilds += 1
+            return seq
+
+    async def ensure(self, seq: int) -> None:
+        """Return once this worker's snapshot covers config sequence ``seq``."""
+        if self._core.seq < seq:
+            await self.rebuild()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._rebuild_loop()), asyncio.create_task(self._listen_loop())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _rebuild_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), timeout=self._reconcile_s)
+            self._dirty.clear()
+            try:
+                await self.rebuild()
+            except Exception:
+                log.exception("snapshot rebuild failed; retrying")
+                await asyncio.sleep(1.0)
+                self._dirty.set()
+
+    async def _listen_loop(self) -> None:
+        while True:
+            lost = asyncio.Event()
+            try:
+                conn = await database.connect(self._listen_url, role=database.GATEWAY_ROLE)
+                conn.add_termination_listener(lambda _conn: lost.set())
+                await conn.add_listener(sql.CONFIG_CHANNEL, lambda *_args: self._dirty.set())
+                # Anything written while we were not listening is picked up now.
+                self._dirty.set()
+                try:
+                    await lost.wait()
+                finally:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("config listener disconnected (%s); reconnecting", exc)
+            await asyncio.sleep(0.5)
+
+
+class App:
+    def __init__(self) -> None:
+        self.settings: Settings | None = None
+        self.core: Core | None = None
+        self.segment: Segment | None = None
+        self.secrets: Secrets | None = None
+        self.gateway_pool: asyncpg.Pool | None = None
+        self.admin_pool: asyncpg.Pool | None = None
+        self.feed: ConfigFeed | None = None
+        self.admin: AdminRouter | None = None
+        # Answered before start-up completes too; carries the pid so tests can pin workers.
+        self._health = b'{"status":"ok"}\n'
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_until_complete(self.startup())
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_until_complete(self.shutdown())
+
+    async def startup(self) -> None:
+        settings = Settings.from_env()
+        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        database_url = os.environ[ENV_DATABASE_URL]
+        gateway_url = os.environ.get(ENV_GATEWAY_DATABASE_URL) or database_url
+        self.settings = settings
+        self.secrets = load_or_create(settings.secrets_path)
+        self.segment = Segment.open(os.environ[ENV_SHM_PATH])
+        self.segment.register()
+        self.core = Core(self.secrets.key_pepper, self.segment)
+        self.gateway_pool = await database.create_pool(gateway_url, role=database.GATEWAY_ROLE, min_size=1, max_size=8)
+        self.admin_pool = await database.create_pool(database_url, role=database.ADMIN_ROLE, min_size=0, max_size=4)
+        self.feed = ConfigFeed(self.core, self.gateway_pool, gateway_url, settings.reconcile_s)
+        await self.feed.rebuild()
+        self.feed.start()
+        service = AdminService(self.admin_pool, self.secrets, self.feed.ensure)
+        self.admin = AdminRouter(self.admin_pool, self.secrets, service)
+        self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
+        log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
+
+    async def shutdown(self) -> None:
+        if self.feed is not None:
+            await self.feed.stop()
+        for pool in (self.gateway_pool, self.admin_pool):
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(pool.close(), timeout=5)
+
+    # --- requests -------------------------------------------------------------------------
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        if scope.proto != "http":
+            return
+        path = scope.path
+        method = scope.method
+        try:
+            if path == "/v1/models" or path == "/v1/usage":
+                self._data_view(scope, proto, path, method)
+            elif path.startswith("/admin/"):
+                await self._admin(scope, proto, path, method)
+            elif path == "/healthz":
+                proto.response_bytes(200, [("content-type", JSON)], self._health)
+            elif path == "/readyz":
+                await self._readyz(proto)
+            else:
+                self._error(proto, errors.NotFound())
+        except Exception:
+            log.exception("unhandled error on %s %s", method, path)
+            with contextlib.suppress(Exception):
+                self._error(proto, errors.MeshfastError())
+
+    def _data_view(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        rid = request_id()
+        if method != "GET":
+            body = errors.MethodNotAllowed().body()
+            proto.response_bytes(405, [("content-type", JSON), ("x-request-id", rid)], body)
+            return
+        h = scope.headers
+        view = self.core.models_json if path == "/v1/models" else self.core.usage_json  # type: ignore[union-attr]
+        status, body = view(
+            h.get("authorization"), h.get("x-api-key"), h.get("x-goog-api-key"), scope.query_string,
+            time.time_ns() // 1_000_000,
+        )
+        proto.response_bytes(status, [("content-type", JSON), ("x-request-id", rid)], body)
+
+    async def _admin(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        assert self.admin is not None and self.settings is not None
+        try:
+            body = await self._read_body(scope, proto, self.settings.max_body_bytes)
+            reply = await self.admin.dispatch(method, path, scope.headers.get("authorization"), body)
+        except errors.MeshfastError as exc:
+            self._error(proto, exc)
+            return
+        except (asyncpg.PostgresConnectionError, OSError, asyncio.TimeoutError):
+            log.exception("database unavailable for %s %s", method, path)
+            self._error(proto, errors.DatabaseUnavailable())
+            return
+        headers = [("content-type", JSON), ("cache-control", "no-store"), *_SECURITY_HEADERS, *reply.headers]
+        proto.response_bytes(reply.status, headers, self.admin.encode(reply) + b"\n")
+
+    @staticmethod
+    async def _read_body(scope: Any, proto: Any, limit: int) -> bytes:
+        declared = scope.headers.get("content-length")
+        if declared is not None:
+            try:
+                if int(declared) > limit:
+                    raise errors.PayloadTooLarge()
+            except ValueError:
+                raise errors.InvalidRequest("malformed content-length") from None
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in proto:
+            size += len(chunk)
+            if size > limit:
+                raise errors.PayloadTooLarge()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _readyz(self, proto: Any) -> None:
+        assert self.gateway_pool is not None
+        try:
+            async with asyncio.timeout(2):
+                async with self.gateway_pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+        except Exception:
+            proto.response_bytes(503, [("content-type", JSON)], _NOT_READY)
+            return
+        proto.response_bytes(200, [("content-type", JSON)], _READY)
+
+    @staticmethod
+    def _error(proto: Any, exc: errors.MeshfastError) -> None:
+        proto.response_bytes(exc.status, [("content-type", JSON), *_SECURITY_HEADERS], exc.body())
+
+
+app = App()

@@ -1,0 +1,144 @@
+"""The ``meshfast`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from meshfast import __version__
+from meshfast.settings import ENV_DOC
+
+
+def _env_epilog() -> str:
+    width = max(len(name) for name, _ in ENV_DOC)
+    lines = ["environment:"]
+    lines += [f"  {name.ljust(width)}  {text}" for name, text in ENV_DOC]
+    lines += [
+        "",
+        "With no DATABASE_URL, meshfast runs an embedded PostgreSQL in MESHFAST_DATA_DIR/pg.",
+        "Production uses DATABASE_URL with password authentication.",
+    ]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="meshfast",
+        description="meshfast: a governed LLM gateway.",
+        epilog=_env_epilog(),
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"meshfast {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve", help="run the gateway (supervisor + Granian workers)", epilog=_env_epilog(), formatter_class=fmt,
+        description="Run the gateway: first-run secrets, database, migrations, then N Granian workers.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+
+    commands.add_parser(
+        "migrate", help="apply pending database migrations and exit", epilog=_env_epilog(), formatter_class=fmt,
+        description="Create the meshfast roles if needed and apply the shipped migrations.",
+    )
+
+    users = commands.add_parser("users", help="manage callers (users and their keys)", formatter_class=fmt,
+                                epilog=_env_epilog())
+    user_commands = users.add_subparsers(dest="users_command", metavar="ACTION", required=True)
+    create = user_commands.add_parser("create", help="create a user and print its key (shown once)")
+    create.add_argument("--email", required=True)
+    create.add_argument("--display-name", required=True)
+    create.add_argument("--manager-email")
+    create.add_argument("--business-unit")
+    create.add_argument("--tier")
+    create.add_argument("--json", action="store_true", help="print the result as JSON")
+    rotate = user_commands.add_parser("rotate-key", help="revoke a user's key and print a new one")
+    rotate.add_argument("user_id")
+    rotate.add_argument("--json", action="store_true")
+    revoke = user_commands.add_parser("revoke", help="revoke a user and all its keys")
+    revoke.add_argument("user_id")
+    revoke.add_argument("--json", action="store_true")
+    listing = user_commands.add_parser("list", help="list users")
+    listing.add_argument("--json", action="store_true")
+    return parser
+
+
+def _print(result: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=None, default=str))
+        return
+    if isinstance(result, list):
+        for row in result:
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+        return
+    for key, value in result.items():
+        print(f"{key}: {value}")
+
+
+async def _users(args: argparse.Namespace) -> Any:
+    from meshfast import errors
+    from meshfast.admin import service as svc
+    from meshfast.secrets import load_or_create
+    from meshfast.settings import Settings
+    from meshfast.store import database
+    from meshfast.supervisor import Database
+
+    settings = Settings.from_env()
+    secrets = load_or_create(settings.secrets_path)
+    with Database(settings) as db:
+        await database.migrate(db.url)
+        pool = await database.create_pool(db.url, role=database.ADMIN_ROLE, min_size=1, max_size=1)
+
+        async def no_rebuild(_seq: int) -> None:
+            return None
+
+        service = svc.AdminService(pool, secrets, no_rebuild)
+        try:
+            if args.users_command == "create":
+                body = svc.UserCreate(
+                    email=args.email, display_name=args.display_name, manager_email=args.manager_email,
+                    business_unit=args.business_unit, tier=args.tier,
+                )
+                return await service.create_user("cli", body)
+            if args.users_command == "rotate-key":
+                return await service.rotate_key("cli", args.user_id)
+            if args.users_command == "revoke":
+                return await service.revoke_user("cli", args.user_id)
+            return await service.list_users()
+        except errors.MeshfastError as exc:
+            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+        finally:
+            await pool.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "serve":
+        from meshfast.supervisor import ServeOptions, serve
+
+        if args.workers < 1:
+            parser.error("--workers must be at least 1")
+        return serve(ServeOptions(host=args.host, port=args.port, workers=args.workers))
+    if args.command == "migrate":
+        from meshfast.supervisor import migrate_only
+
+        return migrate_only()
+    if args.command == "users":
+        _print(asyncio.run(_users(args)), args.json)
+        return 0
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

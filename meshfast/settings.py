@@ -1,0 +1,76 @@
+"""Settings read from the environment, once per process.
+
+Every variable is documented here and in ``meshfast --help``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+ENV_DOC: tuple[tuple[str, str], ...] = (
+    ("MESHFAST_DATA_DIR", "secrets, embedded database, spool (default ~/.meshfast)"),
+    ("DATABASE_URL", "external PostgreSQL (a superuser, or a member of the meshfast roles); embedded when unset"),
+    ("MESHFAST_GATEWAY_DATABASE_URL", "optional separate login for the gateway role (default: DATABASE_URL)"),
+    ("MESHFAST_ADMIN_TOKEN", "the bootstrap admin token; honoured on every start (stored hashed)"),
+    ("MESHFAST_MAX_BODY_MB", "largest accepted request body in MiB (default 300)"),
+    ("MESHFAST_RECONCILE_S", "seconds between unconditional snapshot rebuilds (default 45)"),
+    ("MESHFAST_SHM_DIR", "where the shared-memory segment lives (default /dev/shm)"),
+    ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
+    ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
+)
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"meshfast: {name} must be an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    data_dir: Path
+    database_url: str | None
+    gateway_database_url: str | None
+    admin_token: str | None
+    max_body_bytes: int
+    reconcile_s: int
+    shm_dir: Path
+    log_level: str
+    log_retention_days: int
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        data_dir = Path(os.environ.get("MESHFAST_DATA_DIR") or Path.home() / ".meshfast").expanduser()
+        return cls(
+            data_dir=data_dir.resolve(),
+            database_url=os.environ.get("DATABASE_URL") or None,
+            gateway_database_url=os.environ.get("MESHFAST_GATEWAY_DATABASE_URL") or None,
+            admin_token=os.environ.get("MESHFAST_ADMIN_TOKEN") or None,
+            max_body_bytes=_int_env("MESHFAST_MAX_BODY_MB", 300) * 1024 * 1024,
+            reconcile_s=max(1, _int_env("MESHFAST_RECONCILE_S", 45)),
+            shm_dir=Path(os.environ.get("MESHFAST_SHM_DIR") or "/dev/shm"),
+            log_level=(os.environ.get("MESHFAST_LOG_LEVEL") or "info").lower(),
+            log_retention_days=_int_env("LOG_RETENTION_DAYS", 30),
+        )
+
+    @property
+    def secrets_path(self) -> Path:
+        return self.data_dir / "secrets.json"
+
+    @property
+    def pgdata(self) -> Path:
+        return self.data_dir / "pg"
+
+    @property
+    def shm_path(self) -> Path:
+        # NOTE: named from the data dir so instances on one host never share a segment.
+        digest = xxhash.xxh64_hexdigest(str(self.data_dir).encode())
+        return self.shm_dir / f"meshfast-{digest}.seg"

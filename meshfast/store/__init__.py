@@ -1,0 +1,1 @@
+"""PostgreSQL access: connections per role, migrations, and the SQL the app runs."""

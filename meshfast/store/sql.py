@@ -1,0 +1,184 @@
+"""SQL the app runs, as named constants with ``$n`` parameters."""
+
+# --- configuration propagation -------------------------------------------------------------
+
+NEXT_CONFIG_SEQ = "SELECT nextval('meshfast_config_seq')"
+NOTIFY_CONFIG = "SELECT pg_notify('meshfast_config', $1::text)"
+CONFIG_CHANNEL = "meshfast_config"
+
+# --- snapshot (gateway role, one REPEATABLE READ transaction) -------------------------------
+
+SNAPSHOT_SEQ = "SELECT last_value FROM meshfast_config_seq"
+SNAPSHOT_KILL_SWITCH = "SELECT kill_switch FROM gateway_state"
+SNAPSHOT_PRINCIPALS = """
+SELECT id, email, display_name, status, expires_at FROM users ORDER BY id
+"""
+SNAPSHOT_KEYS = """
+SELECT id, user_id, key_hash, status, expires_at FROM mesh_api_keys WHERE status = 'active'
+"""
+SNAPSHOT_PROVIDERS = """
+SELECT id, name, family, max_calls_per_hour, supports_web_search FROM providers ORDER BY id
+"""
+SNAPSHOT_MODELS = """
+SELECT id, provider_id, name, kind, created_at, blocked, status,
+       supports_image_in, supports_document_in, supports_audio_in, supports_video_in,
+       supports_web_search, output_media_type,
+       input_price_per_1k_tokens, output_price_per_1k_tokens
+FROM models ORDER BY id
+"""
+SNAPSHOT_GRANTS = """
+SELECT a.user_id, a.model_id,
+       COALESCE(p.daily_cap_usd, 20.00) AS daily_cap_usd,
+       p.max_calls_per_hour,
+       p.allowed_from, p.allowed_to,
+       COALESCE(p.timezone, 'UTC') AS timezone,
+       COALESCE(p.active_days, '{0,1,2,3,4,5,6}') AS active_days,
+       COALESCE(p.always_open, false) AS always_open
+FROM user_model_access a
+LEFT JOIN user_model_policies p ON p.user_id = a.user_id AND p.model_id = a.model_id
+"""
+
+# --- admin tokens ----------------------------------------------------------------------------
+
+BOOTSTRAP_TOKEN_HASH = """
+SELECT token_hash FROM admin_tokens WHERE name = 'bootstrap' AND revoked_at IS NULL
+"""
+REVOKE_BOOTSTRAP_TOKEN = """
+UPDATE admin_tokens SET revoked_at = now() WHERE name = 'bootstrap' AND revoked_at IS NULL
+"""
+INSERT_BOOTSTRAP_TOKEN = """
+INSERT INTO admin_tokens (name, token_hash, is_super, created_by)
+VALUES ('bootstrap', $1, true, $2)
+"""
+ADMIN_TOKEN_BY_HASH = """
+SELECT id, name, is_super FROM admin_tokens WHERE token_hash = $1 AND revoked_at IS NULL
+"""
+
+# --- audit -----------------------------------------------------------------------------------
+
+INSERT_AUDIT = """
+INSERT INTO admin_audit_log (actor, action, target, detail) VALUES ($1, $2, $3, $4::jsonb)
+"""
+
+# --- users and keys --------------------------------------------------------------------------
+
+INSERT_USER = """
+INSERT INTO users (email, display_name, manager_email, business_unit, tier)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id, email, display_name, manager_email, business_unit, tier, status, expires_at, created_at
+"""
+INSERT_KEY = """
+INSERT INTO mesh_api_keys (user_id, key_hash, key_prefix) VALUES ($1, $2, $3)
+RETURNING id
+"""
+REVOKE_ACTIVE_KEYS = """
+UPDATE mesh_api_keys SET status = 'revoked', revoked_at = now()
+WHERE user_id = $1 AND status = 'active'
+"""
+ACTIVATE_USER = "UPDATE users SET status = 'active' WHERE id = $1 RETURNING id"
+REVOKE_USER = "UPDATE users SET status = 'revoked' WHERE id = $1 RETURNING id"
+DELETE_USER = "DELETE FROM users WHERE id = $1 RETURNING id"
+USER_COLUMNS = """
+u.id, u.email, u.display_name, u.manager_email, u.business_unit, u.tier, u.status, u.expires_at,
+u.created_at, k.key_prefix, k.status AS key_status
+"""
+LIST_USERS = f"""
+SELECT {USER_COLUMNS}
+FROM users u
+LEFT JOIN LATERAL (
+    SELECT key_prefix, status FROM mesh_api_keys
+    WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
+) k ON true
+ORDER BY u.created_at DESC
+"""
+GET_USER = f"""
+SELECT {USER_COLUMNS}
+FROM users u
+LEFT JOIN LATERAL (
+    SELECT key_prefix, status FROM mesh_api_keys
+    WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
+) k ON true
+WHERE u.id = $1
+"""
+
+# --- providers and models --------------------------------------------------------------------
+
+PROVIDER_COLUMNS = """
+id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
+retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
+created_at, updated_at
+"""
+INSERT_PROVIDER = f"""
+INSERT INTO providers (id, name, family, base_url, encrypted_api_key, key_nonce, local,
+    max_outbound_rps, max_concurrent_upstream, max_calls_per_hour, retry_enabled, max_retries,
+    retry_backoff_ms, log_requests, supports_web_search, settings)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16::jsonb)
+RETURNING {PROVIDER_COLUMNS}
+"""
+LIST_PROVIDERS = f"SELECT {PROVIDER_COLUMNS} FROM providers ORDER BY created_at DESC"
+GET_PROVIDER = f"SELECT {PROVIDER_COLUMNS} FROM providers WHERE id = $1"
+DELETE_PROVIDER = "DELETE FROM providers WHERE id = $1 RETURNING id"
+
+MODEL_COLUMNS = """
+m.id, m.provider_id, p.name AS provider_name, m.name, m.resolved_model, m.kind, m.status, m.blocked,
+m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_per_1k_tokens,
+m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
+m.long_context_threshold_tokens, m.long_context_prices, m.price_per_second, m.max_output_tokens,
+m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio_in,
+m.supports_video_in, m.supports_web_search, m.output_media_type, m.version, m.created_at, m.updated_at
+"""
+INSERT_MODEL = """
+INSERT INTO models (provider_id, name, resolved_model, kind, input_price_per_1k_tokens,
+    output_price_per_1k_tokens, cache_read_price_per_1k_tokens, cache_write_price_per_1k_tokens,
+    cache_write_1h_price_per_1k_tokens, long_context_threshold_tokens, long_context_prices,
+    price_per_second, max_output_tokens, aliases, tags, supports_image_in, supports_document_in,
+    supports_audio_in, supports_video_in, supports_web_search, output_media_type)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, $15, $16, $17, $18, $19,
+    $20, $21)
+RETURNING id
+"""
+LIST_MODELS = f"""
+SELECT {MODEL_COLUMNS} FROM models m JOIN providers p ON p.id = m.provider_id ORDER BY m.created_at DESC
+"""
+GET_MODEL = f"SELECT {MODEL_COLUMNS} FROM models m JOIN providers p ON p.id = m.provider_id WHERE m.id = $1"
+DELETE_MODEL = "DELETE FROM models WHERE id = $1 RETURNING id"
+PROVIDER_EXISTS = "SELECT 1 FROM providers WHERE id = $1"
+
+# --- access and policies ---------------------------------------------------------------------
+
+GRANT_ACCESS = """
+INSERT INTO user_model_access (user_id, model_id) VALUES ($1, $2) ON CONFLICT DO NOTHING
+"""
+REVOKE_ACCESS = "DELETE FROM user_model_access WHERE user_id = $1 AND model_id = $2"
+LIST_ACCESS = """
+SELECT m.id AS model_id, m.name AS model_name, p.name AS provider_name, a.granted_at
+FROM user_model_access a JOIN models m ON m.id = a.model_id JOIN providers p ON p.id = m.provider_id
+WHERE a.user_id = $1 ORDER BY m.name
+"""
+USER_EXISTS = "SELECT 1 FROM users WHERE id = $1"
+MODEL_EXISTS = "SELECT 1 FROM models WHERE id = $1"
+UPSERT_POLICY = """
+INSERT INTO user_model_policies (user_id, model_id, daily_cap_usd, max_calls_per_hour, allowed_from,
+    allowed_to, timezone, active_days, always_open)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (user_id, model_id) DO UPDATE SET
+    daily_cap_usd = EXCLUDED.daily_cap_usd, max_calls_per_hour = EXCLUDED.max_calls_per_hour,
+    allowed_from = EXCLUDED.allowed_from, allowed_to = EXCLUDED.allowed_to,
+    timezone = EXCLUDED.timezone, active_days = EXCLUDED.active_days,
+    always_open = EXCLUDED.always_open, updated_at = now()
+"""
+LIST_POLICIES = """
+SELECT a.model_id, m.name AS model_name,
+       COALESCE(p.daily_cap_usd, 20.00) AS daily_cap_usd, p.max_calls_per_hour,
+       p.allowed_from, p.allowed_to, COALESCE(p.timezone, 'UTC') AS timezone,
+       COALESCE(p.active_days, '{0,1,2,3,4,5,6}') AS active_days,
+       COALESCE(p.always_open, false) AS always_open
+FROM user_model_access a
+JOIN models m ON m.id = a.model_id
+LEFT JOIN user_model_policies p ON p.user_id = a.user_id AND p.model_id = a.model_id
+WHERE a.user_id = $1 ORDER BY m.name
+"""
+
+# --- gateway state ---------------------------------------------------------------------------
+
+SET_KILL_SWITCH = "UPDATE gateway_state SET kill_switch = $1, updated_at = now() RETURNING kill_switch"

@@ -1,0 +1,162 @@
+"""``meshfast serve``: the supervisor process.
+
+It owns start-up and shutdown: first-run secrets, the embedded PostgreSQL (unless
+``DATABASE_URL`` is set), migrations, the bootstrap admin token and the shared-memory segment;
+then it runs Granian with N worker processes (respawned when they fail) and, beside it, the
+loop that reclaims leases held by dead workers. On exit it stops what it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+from meshfast import app as app_module
+from meshfast._core import Segment
+from meshfast.secrets import Secrets, load_or_create, new_admin_token
+from meshfast.settings import Settings
+from meshfast.store import database, sql
+
+log = logging.getLogger("meshfast.supervisor")
+
+_RECLAIM_INTERVAL_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str
+    port: int
+    workers: int
+
+
+class Database:
+    """The database URL to use: ``DATABASE_URL``, or an embedded PostgreSQL in the data dir."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._embedded: database.EmbeddedPostgres | None = None
+        self.url = ""
+
+    def __enter__(self) -> Database:
+        if self._settings.database_url:
+            self.url = self._settings.database_url
+        else:
+            self._embedded = database.EmbeddedPostgres(self._settings.pgdata)
+            self.url = self._embedded.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._embedded is not None:
+            self._embedded.stop()
+
+
+async def ensure_admin_token(url: str, secrets: Secrets, configured: str | None) -> str | None:
+    """Install the bootstrap admin token; returns a generated one (to print once) or None."""
+    async with database.admin_connection(url) as conn:
+        async with conn.transaction():
+            current = await conn.fetchval(sql.BOOTSTRAP_TOKEN_HASH)
+            if configured:
+                wanted = secrets.hash_admin_token(configured)
+                if current != wanted:
+                    await conn.execute(sql.REVOKE_BOOTSTRAP_TOKEN)
+                    await conn.execute(sql.INSERT_BOOTSTRAP_TOKEN, wanted, "MESHFAST_ADMIN_TOKEN")
+                return None
+            if current is not None:
+                return None
+            token = new_admin_token()
+            await conn.execute(sql.INSERT_BOOTSTRAP_TOKEN, secrets.hash_admin_token(token), "generated")
+            return token
+
+
+async def prepare_database(url: str, settings: Settings, secrets: Secrets) -> str | None:
+    await database.migrate(url)
+    return await ensure_admin_token(url, secrets, settings.admin_token)
+
+
+class Reclaimer(threading.Thread):
+    """Frees the shared-memory leases of workers that died (SIGKILL, OOM, crash)."""
+
+    def __init__(self, segment: Segment) -> None:
+        super().__init__(name="meshfast-reclaim", daemon=True)
+        self._segment = segment
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(_RECLAIM_INTERVAL_S):
+            try:
+                reclaimed = self._segment.reclaim_dead()
+            except Exception:
+                log.exception("lease reclaim failed")
+                continue
+            if reclaimed:
+                log.warning("reclaimed %d leases of dead workers", reclaimed)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+
+def serve(options: ServeOptions) -> int:
+    from granian import Granian
+    from granian.constants import Interfaces
+    from granian.log import LogLevels
+
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secrets = load_or_create(settings.secrets_path)
+
+    with Database(settings) as db:
+        generated = asyncio.run(prepare_database(db.url, settings, secrets))
+        if generated:
+            # Printed once: only its hash is stored.
+            print(f"meshfast: admin token (shown once, store it now): {generated}", flush=True)
+
+        segment = Segment.create(str(settings.shm_path))
+        reclaimer = Reclaimer(segment)
+        os.environ[app_module.ENV_DATABASE_URL] = db.url
+        if settings.gateway_database_url:
+            os.environ[app_module.ENV_GATEWAY_DATABASE_URL] = settings.gateway_database_url
+        os.environ[app_module.ENV_SHM_PATH] = str(settings.shm_path)
+        try:
+            reclaimer.start()
+            server = Granian(
+                "meshfast.app:app",
+                address=options.host,
+                port=options.port,
+                interface=Interfaces.RSGI,
+                workers=options.workers,
+                respawn_failed_workers=True,
+                respawn_interval=1.0,
+                log_level=LogLevels(settings.log_level),
+            )
+            print(
+                f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
+                flush=True,
+            )
+            server.serve()
+        finally:
+            reclaimer.stop()
+            with contextlib.suppress(FileNotFoundError):
+                settings.shm_path.unlink()
+    return 0
+
+
+def migrate_only() -> int:
+    settings = Settings.from_env()
+    secrets = load_or_create(settings.secrets_path)
+    with Database(settings) as db:
+        applied = asyncio.run(database.migrate(db.url))
+        del secrets
+    for migration in applied:
+        print(f"applied {migration.version:04d}_{migration.name}")
+    if not applied:
+        print("database is up to date")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(serve(ServeOptions("127.0.0.1", 8080, 1)))

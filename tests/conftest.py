@@ -1,0 +1,206 @@
+"""Fixtures that run the real thing: `meshfast serve` with Granian workers and an embedded
+PostgreSQL in a temporary data dir, reached over real sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Gateway:
+    """One `meshfast serve --workers N` process tree and helpers to talk to it."""
+
+    def __init__(self, data_dir: Path, workers: int = 2, admin_token: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.workers = workers
+        self.admin_token = admin_token or "test-admin-" + secrets.token_urlsafe(16)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"serve-{self.port}.log"
+        self.client = httpx.Client(base_url=self.base_url, timeout=10)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        env.update(
+            MESHFAST_DATA_DIR=str(self.data_dir),
+            MESHFAST_ADMIN_TOKEN=self.admin_token,
+            MESHFAST_LOG_LEVEL="info",
+            **self.extra_env,
+        )
+        return env
+
+    def start(self, timeout_s: float = 90) -> Gateway:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "meshfast.cli", "serve", "--workers", str(self.workers),
+             "--host", "127.0.0.1", "--port", str(self.port)],
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"meshfast serve exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if self.client.get("/readyz").status_code == 200 and len(self.worker_pids()) == self.workers:
+                    return self
+            time.sleep(0.2)
+        raise RuntimeError(f"meshfast serve did not become ready:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-8000:] if self.log_path.exists() else ""
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the Granian worker processes (children of the supervisor)."""
+        if self.proc is None:
+            return []
+        try:
+            parent = psutil.Process(self.proc.pid)
+            return sorted(p.pid for p in parent.children(recursive=False)
+                          if p.status() != psutil.STATUS_ZOMBIE and "postgres" not in p.name())
+        except psutil.NoSuchProcess:
+            return []
+
+    # --- admin helpers ----------------------------------------------------------------
+
+    def admin(self, method: str, path: str, body: Any = None, token: str | None = None) -> httpx.Response:
+        headers = {"authorization": f"Bearer {token or self.admin_token}"}
+        return self.client.request(method, path, json=body, headers=headers)
+
+    def create_provider(self, name: str, **extra: Any) -> dict[str, Any]:
+        body = {"name": name, "family": "openai", "base_url": "http://127.0.0.1:9/openai",
+                "api_key": "sk-test-" + secrets.token_hex(8), "local": True, "verify": False, **extra}
+        response = self.admin("POST", "/admin/providers", body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def create_model(self, provider_id: str, name: str, **extra: Any) -> dict[str, Any]:
+        body = {"provider_id": provider_id, "name": name, "resolved_model": "gpt-test", "kind": "chat",
+                "input_price_per_1k_tokens": "0.001", "output_price_per_1k_tokens": "0.002",
+                "verify": False, **extra}
+        response = self.admin("POST", "/admin/models", body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def create_user(self, email: str | None = None) -> dict[str, Any]:
+        email = email or f"user-{secrets.token_hex(4)}@example.com"
+        response = self.admin("POST", "/admin/users", {"email": email, "display_name": email.split("@")[0]})
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def grant(self, user_id: str, model_id: str) -> None:
+        response = self.admin("POST", "/admin/access", {"user_id": user_id, "model_id": model_id})
+        assert response.status_code == 200, response.text
+
+
+class WorkerConnections:
+    """One keep-alive HTTP/1.1 connection pinned to each worker process.
+
+    The listening socket is shared, so which worker accepts a connection is up to the kernel;
+    this opens connections until every worker pid has answered one, then reuses them.
+    """
+
+    def __init__(self, gateway: Gateway, attempts: int = 400) -> None:
+        self.by_pid: dict[int, socket.socket] = {}
+        spare: list[socket.socket] = []
+        wanted = set(gateway.worker_pids())
+        for _ in range(attempts):
+            sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=5)
+            status, _, body = self._exchange(sock, "GET", "/healthz", {})
+            pid = json.loads(body)["pid"]
+            if pid in self.by_pid:
+                spare.append(sock)
+            else:
+                self.by_pid[pid] = sock
+            if wanted <= set(self.by_pid):
+                break
+        for sock in spare:
+            sock.close()
+        if not wanted <= set(self.by_pid):
+            raise RuntimeError(f"reached workers {sorted(self.by_pid)}, wanted {sorted(wanted)}")
+
+    @staticmethod
+    def _exchange(sock: socket.socket, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"] + [f"{k}: {v}" for k, v in headers.items()]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed")
+            buf += chunk
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parsed = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in header_lines)}
+        length = int(parsed.get("content-length", "0"))
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed")
+            rest += chunk
+        return int(status_line.split()[1]), parsed, rest[:length]
+
+    def get_all(self, path: str, headers: dict[str, str]) -> dict[int, tuple[int, bytes]]:
+        return {pid: (lambda r: (r[0], r[2]))(self._exchange(sock, "GET", path, headers))
+                for pid, sock in self.by_pid.items()}
+
+    def close(self) -> None:
+        for sock in self.by_pid.values():
+            sock.close()
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    """A shared two-worker gateway for tests that do not restart or kill it."""
+    root = Path(tempfile.mkdtemp(prefix="mf-"))
+    gw = Gateway(root / "data", workers=2).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_dir() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="mf-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

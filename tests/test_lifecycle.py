@@ -1,0 +1,173 @@
+"""Start-up, restart and isolation: data dir secrets, keys surviving restarts, RLS, side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from conftest import Gateway
+from meshfast.store import database
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_keys_survive_a_restart_and_secrets_are_private(fresh_dir: Path) -> None:
+    """A key issued before a restart still works after it; secrets.json is mode 0600."""
+    data_dir = fresh_dir / "data"
+    gw = Gateway(data_dir, workers=2).start()
+    try:
+        provider = gw.create_provider("p-restart")
+        model = gw.create_model(provider["id"], "restart-model")
+        user = gw.create_user()
+        gw.grant(user["id"], model["id"])
+        assert gw.client.get("/v1/models", headers=_bearer(user["key"])).status_code == 200
+    finally:
+        gw.stop()
+    secrets_file = data_dir / "secrets.json"
+    assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    before = secrets_file.read_bytes()
+
+    again = Gateway(data_dir, workers=2, admin_token=gw.admin_token).start()
+    try:
+        response = again.client.get("/v1/models", headers=_bearer(user["key"]))
+        assert response.status_code == 200
+        assert [m["id"] for m in response.json()["data"]] == ["restart-model"]
+        assert secrets_file.read_bytes() == before
+    finally:
+        again.stop()
+
+
+def test_admin_token_env_is_honoured_on_every_start(fresh_dir: Path) -> None:
+    """Changing MESHFAST_ADMIN_TOKEN between starts replaces the bootstrap token."""
+    data_dir = fresh_dir / "data"
+    first = Gateway(data_dir, workers=1, admin_token="first-token").start()
+    try:
+        assert first.admin("GET", "/admin/users").status_code == 200
+    finally:
+        first.stop()
+    second = Gateway(data_dir, workers=1, admin_token="second-token").start()
+    try:
+        assert second.admin("GET", "/admin/users").status_code == 200
+        assert second.admin("GET", "/admin/users", token="first-token").status_code == 401
+    finally:
+        second.stop()
+
+
+def test_generated_admin_token_is_printed_once(fresh_dir: Path) -> None:
+    """Without MESHFAST_ADMIN_TOKEN a token is generated, printed on first start only, and works."""
+    data_dir = fresh_dir / "data"
+    gw = Gateway(data_dir, workers=1)
+    gw.admin_token = ""
+    env_token = gw.env
+    gw.env = lambda: {k: v for k, v in env_token().items() if k != "MESHFAST_ADMIN_TOKEN"}  # type: ignore[method-assign]
+    gw.start()
+    try:
+        printed = [line for line in gw.log().splitlines() if "admin token" in line]
+        assert len(printed) == 1
+        token = printed[0].rsplit(" ", 1)[1]
+        assert gw.admin("GET", "/admin/users", token=token).status_code == 200
+    finally:
+        gw.stop()
+    gw.start()
+    try:
+        assert len([line for line in gw.log().splitlines() if "admin token" in line]) == 1
+    finally:
+        gw.stop()
+
+
+def test_two_instances_run_side_by_side(fresh_dir: Path) -> None:
+    """Different data dirs and ports: separate databases, segments and keys."""
+    a = Gateway(fresh_dir / "a", workers=1).start()
+    b = Gateway(fresh_dir / "b", workers=1).start()
+    try:
+        user_a = a.create_user("same@example.com")
+        user_b = b.create_user("same@example.com")
+        assert a.client.get("/v1/models", headers=_bearer(user_a["key"])).status_code == 200
+        assert b.client.get("/v1/models", headers=_bearer(user_a["key"])).status_code == 401
+        assert b.client.get("/v1/models", headers=_bearer(user_b["key"])).status_code == 200
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_gateway_role_cannot_change_configuration(fresh_dir: Path) -> None:
+    """Row-level security: the gateway role reads configuration but cannot write it."""
+    pg = database.EmbeddedPostgres(fresh_dir / "pg")
+    url = pg.start()
+    try:
+
+        async def check() -> None:
+            await database.migrate(url)
+            admin = await database.connect(url, role=database.ADMIN_ROLE)
+            gateway = await database.connect(url, role=database.GATEWAY_ROLE)
+            try:
+                user_id = await admin.fetchval(
+                    "INSERT INTO users (email, display_name) VALUES ('rls@example.com', 'R') RETURNING id")
+                assert await gateway.fetchval("SELECT count(*) FROM users") == 1
+                for statement in (
+                    "UPDATE users SET status = 'active'",
+                    "DELETE FROM users",
+                    "INSERT INTO users (email, display_name) VALUES ('x@example.com', 'X')",
+                    "UPDATE gateway_state SET kill_switch = true",
+                    "INSERT INTO admin_tokens (name, token_hash, created_by) VALUES ('x', 'y', 'z')",
+                ):
+                    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                        await gateway.execute(statement)
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await gateway.fetch("SELECT * FROM admin_tokens")
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await gateway.fetch("SELECT * FROM request_logs")
+                # What the gateway may do: append logs and write counters.
+                await gateway.execute(
+                    "INSERT INTO request_logs (id, request_id, created_at, outcome, status_code) "
+                    "VALUES (gen_random_uuid(), 'req_x', now(), 'denied', 401)")
+                await gateway.execute(
+                    "INSERT INTO daily_spend (user_id, model_id, day, spend_nano_usd) "
+                    "SELECT $1, m.id, current_date, 1 FROM models m", user_id)
+                # And the admin cannot rewrite history.
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await admin.execute("UPDATE request_logs SET status_code = 200")
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await admin.execute("UPDATE admin_audit_log SET action = 'x'")
+                row_security = await admin.fetch(
+                    "SELECT relname FROM pg_class WHERE relkind IN ('r', 'p') AND relnamespace = 'public'::regnamespace"
+                    " AND relname <> 'meshfast_migrations' AND NOT (relrowsecurity AND relforcerowsecurity)")
+                assert row_security == []
+            finally:
+                await admin.close()
+                await gateway.close()
+
+        asyncio.run(check())
+    finally:
+        pg.stop()
+
+
+def test_migrate_command_is_idempotent(fresh_dir: Path) -> None:
+    """`meshfast migrate` applies the shipped migrations once, then reports up to date."""
+    env = {"MESHFAST_DATA_DIR": str(fresh_dir / "data"), "PATH": "/usr/bin:/bin"}
+    run = lambda: subprocess.run([sys.executable, "-m", "meshfast.cli", "migrate"], env=env,  # noqa: E731
+                                 capture_output=True, text=True, timeout=120)
+    first = run()
+    assert first.returncode == 0, first.stderr
+    assert "applied 0001_schema" in first.stdout
+    second = run()
+    assert second.returncode == 0 and "up to date" in second.stdout
+
+
+def test_help_documents_every_command_and_variable() -> None:
+    """`meshfast --help` lists the commands and every environment variable."""
+    from meshfast.settings import ENV_DOC
+
+    out = subprocess.run([sys.executable, "-m", "meshfast.cli", "--help"], capture_output=True, text=True).stdout
+    for command in ("serve", "migrate", "users"):
+        assert command in out
+    for name, _ in ENV_DOC:
+        assert name in out
