@@ -21,6 +21,7 @@ from meshfast import errors
 from meshfast._core import Core, Segment, SnapshotError, request_id
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
+from meshfast.leader import Leader, ensure_log_partitions
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
 from meshfast.snapshot import encode, load_config
@@ -133,6 +134,7 @@ class App:
         self.admin_pool: asyncpg.Pool | None = None
         self.feed: ConfigFeed | None = None
         self.admin: AdminRouter | None = None
+        self.leader: Leader | None = None
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
 
@@ -159,14 +161,17 @@ class App:
         self.feed = ConfigFeed(self.core, self.gateway_pool, gateway_url, settings.reconcile_s)
         await self.feed.rebuild()
         self.feed.start()
+        self.leader = Leader(gateway_url, [(3600.0, ensure_log_partitions)])
+        self.leader.start()
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
 
     async def shutdown(self) -> None:
-        if self.feed is not None:
-            await self.feed.stop()
+        for part in (self.leader, self.feed):
+            if part is not None:
+                await part.stop()
         for pool in (self.gateway_pool, self.admin_pool):
             if pool is not None:
                 with contextlib.suppress(Exception):

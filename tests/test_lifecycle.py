@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import stat
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import asyncpg
 import pytest
 
 from conftest import Gateway
+from meshfast.settings import Settings
 from meshfast.store import database
 
 
@@ -31,6 +33,10 @@ def test_keys_survive_a_restart_and_secrets_are_private(fresh_dir: Path) -> None
         assert gw.client.get("/v1/models", headers=_bearer(user["key"])).status_code == 200
     finally:
         gw.stop()
+    # The supervisor stopped the embedded PostgreSQL and removed its shared-memory segment.
+    assert not (data_dir / "pg" / "postmaster.pid").exists()
+    settings = dataclasses.replace(Settings.from_env(), data_dir=data_dir.resolve())
+    assert not settings.shm_path.exists()
     secrets_file = data_dir / "secrets.json"
     assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
     before = secrets_file.read_bytes()
@@ -171,3 +177,36 @@ def test_help_documents_every_command_and_variable() -> None:
         assert command in out
     for name, _ in ENV_DOC:
         assert name in out
+
+
+def test_exactly_one_worker_leads_and_prepares_log_partitions(gateway: Gateway) -> None:
+    """One advisory-lock leader among the workers; request_logs partitions exist a week ahead."""
+    import datetime as dt
+    import time
+
+    from meshfast.leader import _LEADER_LOCK
+
+    url = f"postgresql://postgres:@/postgres?host={gateway.data_dir / 'pg'}"
+
+    async def check() -> tuple[int, set[str]]:
+        conn = await asyncpg.connect(url)
+        try:
+            holders = await conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND classid = $1 AND objid = $2",
+                _LEADER_LOCK >> 32, _LEADER_LOCK & 0xFFFFFFFF)
+            names = {r["tablename"] for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE tablename LIKE 'request_logs_%'")}
+            return holders, names
+        finally:
+            await conn.close()
+
+    deadline = time.monotonic() + 10
+    holders, names = asyncio.run(check())
+    while holders != 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        holders, names = asyncio.run(check())
+    assert holders == 1
+    today = dt.datetime.now(dt.UTC).date()
+    for offset in range(8):
+        assert f"request_logs_{(today + dt.timedelta(days=offset)):%Y%m%d}" in names

@@ -182,3 +182,7 @@ WHERE a.user_id = $1 ORDER BY m.name
 # --- gateway state ---------------------------------------------------------------------------
 
 SET_KILL_SWITCH = "UPDATE gateway_state SET kill_switch = $1, updated_at = now() RETURNING kill_switch"
+
+# --- maintenance (leader) --------------------------------------------------------------------
+
+ENSURE_LOG_PARTITIONS = "SELECT meshfast_ensure_log_partitions($1)"

@@ -1,0 +1,82 @@
+"""The leader: one worker across the cluster runs the maintenance loops.
+
+Leadership is a PostgreSQL advisory lock held on a dedicated connection, so it moves to
+another worker (on any host) as soon as the leader's process or connection dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from meshfast.store import database, sql
+
+log = logging.getLogger("meshfast.leader")
+
+# NOTE: distinct from the migration lock key in store.database.
+_LEADER_LOCK = 0x6D657368_6C656164
+
+Job = Callable[[asyncpg.Connection], Awaitable[None]]
+
+
+async def ensure_log_partitions(conn: asyncpg.Connection) -> None:
+    created = await conn.fetchval(sql.ENSURE_LOG_PARTITIONS, 7)
+    if created:
+        log.info("created %d request_logs partitions ahead", created)
+
+
+class Leader:
+    def __init__(self, url: str, jobs: list[tuple[float, Job]], retry_s: float = 15.0) -> None:
+        self._url = url
+        self._jobs = jobs
+        self._retry_s = retry_s
+        self._task: asyncio.Task[None] | None = None
+        self.is_leader = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                conn = await database.connect(self._url, role=database.GATEWAY_ROLE)
+                try:
+                    if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _LEADER_LOCK):
+                        self.is_leader = True
+                        log.info("this worker is the leader")
+                        await self._lead(conn)
+                finally:
+                    self.is_leader = False
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("leader loop: %s", exc)
+            await asyncio.sleep(self._retry_s)
+
+    async def _lead(self, conn: asyncpg.Connection) -> None:
+        loop = asyncio.get_running_loop()
+        due = [loop.time()] * len(self._jobs)
+        while True:
+            now = loop.time()
+            for i, (interval_s, job) in enumerate(self._jobs):
+                if now >= due[i]:
+                    try:
+                        await job(conn)
+                    except (asyncpg.PostgresConnectionError, ConnectionError):
+                        raise
+                    except Exception:
+                        log.exception("leader job %s failed", getattr(job, "__name__", job))
+                    due[i] = now + interval_s
+            await asyncio.sleep(max(0.05, min(due) - loop.time()))
