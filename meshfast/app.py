@@ -53,8 +53,10 @@ class ConfigFeed:
     unconditional rebuild every ``reconcile_s`` bounds staleness if a notification is lost.
     """
 
-    def __init__(self, core: Core, pool: asyncpg.Pool, listen_url: str, reconcile_s: int) -> None:
+    def __init__(self, core: Core, pool: asyncpg.Pool, listen_url: str, reconcile_s: int,
+                 master_key: bytes) -> None:
         self._core = core
+        self._master_key = master_key
         self._pool = pool
         self._listen_url = listen_url
         self._reconcile_s = reconcile_s
@@ -66,7 +68,7 @@ class ConfigFeed:
     async def rebuild(self) -> int:
         async with self._lock:
             async with self._pool.acquire() as conn:
-                config = await load_config(conn)
+                config = await load_config(conn, self._master_key)
             try:
                 seq = self._core.load(encode(config))
             except SnapshotError as exc:
@@ -158,7 +160,8 @@ class App:
         self.core = Core(self.secrets.key_pepper, self.segment)
         self.gateway_pool = await database.create_pool(gateway_url, role=database.GATEWAY_ROLE, min_size=1, max_size=8)
         self.admin_pool = await database.create_pool(database_url, role=database.ADMIN_ROLE, min_size=0, max_size=4)
-        self.feed = ConfigFeed(self.core, self.gateway_pool, gateway_url, settings.reconcile_s)
+        self.feed = ConfigFeed(self.core, self.gateway_pool, gateway_url, settings.reconcile_s,
+                               self.secrets.master_key)
         await self.feed.rebuild()
         self.feed.start()
         self.leader = Leader(gateway_url, [(3600.0, ensure_log_partitions)])

@@ -8,12 +8,20 @@ them, builds the immutable snapshot and swaps it in atomically.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
+import uuid
 from decimal import Decimal
+from typing import Any
 
 import asyncpg
 import msgspec
+from cryptography.exceptions import InvalidTag
 
+from meshfast.sealing import open_sealed
 from meshfast.store import sql
+
+log = logging.getLogger("meshfast.snapshot")
 
 NANOS_PER_USD = 1_000_000_000
 
@@ -34,18 +42,71 @@ class Key(msgspec.Struct):
     expires_at_ms: int | None
 
 
+class GenericTemplates(msgspec.Struct, omit_defaults=True):
+    """Mesh's provider-as-data fields; body templates travel as JSON text."""
+
+    endpoint_url: str | None = None
+    http_method: str = "POST"
+    header_template: dict[str, str] | None = None
+    request_body_template: str | None = None
+    response_delta_path: str | None = None
+    response_done_signal: str | None = None
+    usage_input_tokens_path: str | None = None
+    usage_output_tokens_path: str | None = None
+    web_search_request_body_template: str | None = None
+    embedding_endpoint_url: str | None = None
+    embedding_request_body_template: str | None = None
+    embedding_response_vector_path: str | None = None
+    embedding_usage_tokens_path: str | None = None
+    generation_endpoint_url: str | None = None
+    generation_request_body_template: str | None = None
+    generation_response_media_path: str | None = None
+    generation_mode: str = "sync"
+    generation_job_id_path: str | None = None
+    generation_status_url_template: str | None = None
+    generation_status_path: str | None = None
+    generation_content_url_template: str | None = None
+    generation_status_success_values: list[str] | None = None
+    generation_status_failure_values: list[str] | None = None
+    generation_poll_interval_ms: int | None = None
+    generation_max_wait_seconds: int | None = None
+    generation_duration_seconds_path: str | None = None
+
+
+_TEMPLATE_FIELDS = ("request_body_template", "web_search_request_body_template",
+                    "embedding_request_body_template", "generation_request_body_template")
+
+
 class Provider(msgspec.Struct):
     id: str
     name: str
     family: str
     max_calls_per_hour: int | None
     supports_web_search: bool
+    base_url: str = ""
+    # Opened from its AES-GCM seal only here, while building the snapshot.
+    api_key: str = ""
+    local: bool = False
+    max_outbound_rps: int | None = None
+    max_concurrent_upstream: int | None = None
+    retry_enabled: bool = True
+    max_retries: int = 2
+    retry_backoff_ms: int = 200
+    log_requests: bool = True
+    web_search_price_nano: int = 0
+    generic: GenericTemplates | None = None
+
+    def __repr__(self) -> str:  # never print the key
+        return f"Provider(id={self.id!r}, name={self.name!r}, family={self.family!r})"
 
 
 class Model(msgspec.Struct):
     id: str
     name: str
     provider: int
+    resolved_model: str
+    max_output_tokens: int
+    price_per_second_nano: int
     kind: str
     created_ms: int
     blocked: bool
@@ -99,7 +160,50 @@ def _minutes(t: dt.time | None) -> int | None:
     return None if t is None else t.hour * 60 + t.minute
 
 
-async def load_config(conn: asyncpg.Connection) -> Config:
+def _generic(settings: Any) -> GenericTemplates | None:
+    if isinstance(settings, str):
+        settings = json.loads(settings)
+    fields = {k: v for k, v in (settings or {}).items() if k in GenericTemplates.__struct_fields__}
+    if not fields:
+        return None
+    for name in _TEMPLATE_FIELDS:
+        if fields.get(name) is not None and not isinstance(fields[name], str):
+            fields[name] = json.dumps(fields[name], separators=(",", ":"))
+    return msgspec.convert(fields, GenericTemplates)
+
+
+def _provider(row: asyncpg.Record, master_key: bytes) -> Provider | None:
+    provider_id = str(row["id"])
+    try:
+        api_key = open_sealed(master_key, provider_id, bytes(row["encrypted_api_key"]), bytes(row["key_nonce"]))
+    except InvalidTag:
+        # NOTE: the provider (and its models) leave the snapshot rather than fail the rebuild.
+        log.error("provider %s: sealed api key does not open under this master key; skipped", provider_id)
+        return None
+    settings = row["settings"]
+    if isinstance(settings, str):
+        settings = json.loads(settings)
+    return Provider(
+        id=provider_id,
+        name=row["name"],
+        family=row["family"],
+        max_calls_per_hour=row["max_calls_per_hour"],
+        supports_web_search=row["supports_web_search"],
+        base_url=row["base_url"],
+        api_key=api_key,
+        local=row["local"],
+        max_outbound_rps=row["max_outbound_rps"],
+        max_concurrent_upstream=row["max_concurrent_upstream"],
+        retry_enabled=row["retry_enabled"],
+        max_retries=row["max_retries"],
+        retry_backoff_ms=row["retry_backoff_ms"],
+        log_requests=row["log_requests"],
+        web_search_price_nano=usd_to_nanos((settings or {}).get("web_search_price_per_call") or 0),
+        generic=_generic(settings),
+    )
+
+
+async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         seq = await conn.fetchval(sql.SNAPSHOT_SEQ)
         kill_switch = bool(await conn.fetchval(sql.SNAPSHOT_KILL_SWITCH))
@@ -110,7 +214,8 @@ async def load_config(conn: asyncpg.Connection) -> Config:
         grant_rows = await conn.fetch(sql.SNAPSHOT_GRANTS)
 
     principal_index = {row["id"]: i for i, row in enumerate(user_rows)}
-    provider_index = {row["id"]: i for i, row in enumerate(provider_rows)}
+    providers = [p for p in (_provider(row, master_key) for row in provider_rows) if p is not None]
+    provider_index = {uuid.UUID(p.id): i for i, p in enumerate(providers)}
     models = [row for row in model_rows if row["provider_id"] in provider_index]
     model_index = {row["id"]: i for i, row in enumerate(models)}
 
@@ -138,21 +243,15 @@ async def load_config(conn: asyncpg.Connection) -> Config:
             for row in key_rows
             if row["user_id"] in principal_index
         ],
-        providers=[
-            Provider(
-                id=str(row["id"]),
-                name=row["name"],
-                family=row["family"],
-                max_calls_per_hour=row["max_calls_per_hour"],
-                supports_web_search=row["supports_web_search"],
-            )
-            for row in provider_rows
-        ],
+        providers=providers,
         models=[
             Model(
                 id=str(row["id"]),
                 name=row["name"],
                 provider=provider_index[row["provider_id"]],
+                resolved_model=row["resolved_model"],
+                max_output_tokens=row["max_output_tokens"],
+                price_per_second_nano=usd_to_nanos(row["price_per_second"]),
                 kind=row["kind"],
                 created_ms=_ms(row["created_at"]) or 0,
                 blocked=row["blocked"],

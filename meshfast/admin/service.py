@@ -35,7 +35,48 @@ class UserCreate(msgspec.Struct, forbid_unknown_fields=True):
     tier: str | None = None
 
 
-class ProviderCreate(msgspec.Struct, forbid_unknown_fields=True):
+class GenericSettings(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Mesh's provider-as-data fields: templates with placeholders and dot paths.
+
+    Required for family ``generic``; for the other families the built-in preset is used and
+    these fields are stored only where the preset has no equivalent (a custom done signal,
+    generation endpoints).
+    """
+
+    endpoint_url: str | None = None
+    http_method: str = "POST"
+    header_template: dict[str, str] | None = None
+    request_body_template: Any = None
+    response_delta_path: str | None = None
+    response_done_signal: str | None = None
+    usage_input_tokens_path: str | None = None
+    usage_output_tokens_path: str | None = None
+    web_search_request_body_template: Any = None
+    embedding_endpoint_url: str | None = None
+    embedding_request_body_template: Any = None
+    embedding_response_vector_path: str | None = None
+    embedding_usage_tokens_path: str | None = None
+    generation_endpoint_url: str | None = None
+    generation_request_body_template: Any = None
+    generation_response_media_path: str | None = None
+    generation_mode: str = "sync"
+    generation_job_id_path: str | None = None
+    generation_status_url_template: str | None = None
+    generation_status_path: str | None = None
+    generation_content_url_template: str | None = None
+    generation_status_success_values: list[str] | None = None
+    generation_status_failure_values: list[str] | None = None
+    generation_poll_interval_ms: int | None = None
+    generation_max_wait_seconds: int | None = None
+    generation_duration_seconds_path: str | None = None
+
+
+_GENERIC_FIELDS = tuple(GenericSettings.__struct_fields__)
+_BODY_TEMPLATES = ("request_body_template", "web_search_request_body_template",
+                   "embedding_request_body_template", "generation_request_body_template")
+
+
+class ProviderCreate(GenericSettings, forbid_unknown_fields=True, kw_only=True):
     name: str
     family: str
     base_url: str
@@ -50,6 +91,44 @@ class ProviderCreate(msgspec.Struct, forbid_unknown_fields=True):
     retry_backoff_ms: int = 200
     log_requests: bool = True
     supports_web_search: bool = False
+    web_search_price_per_call: Decimal = Decimal(0)
+
+
+def provider_settings(body: ProviderCreate) -> dict[str, Any]:
+    """Validate the template fields and return them as the stored ``settings`` object."""
+    generic = GenericSettings(**{name: getattr(body, name) for name in _GENERIC_FIELDS})
+    problems: list[str] = []
+    if body.family == "generic":
+        for required in ("endpoint_url", "header_template", "request_body_template", "response_delta_path"):
+            if not getattr(generic, required):
+                problems.append(f"{required} is required for family generic")
+    for name in _BODY_TEMPLATES:
+        template = getattr(generic, name)
+        if template is None:
+            continue
+        if isinstance(template, str):
+            try:
+                template = json.loads(template)
+            except ValueError:
+                problems.append(f"{name} is not valid JSON")
+                continue
+            setattr(generic, name, template)
+        if "{{api_key}}" in json.dumps(template):
+            problems.append(f"{name} may not contain {{{{api_key}}}}: the key goes in headers or the URL only")
+    if generic.generation_mode not in ("sync", "async_poll"):
+        problems.append("generation_mode must be sync or async_poll")
+    elif generic.generation_mode == "async_poll":
+        for required in ("generation_job_id_path", "generation_status_url_template",
+                         "generation_status_path", "generation_content_url_template"):
+            if not getattr(generic, required):
+                problems.append(f"{required} is required for generation_mode async_poll")
+    if body.web_search_price_per_call < 0:
+        problems.append("web_search_price_per_call must be non-negative")
+    if problems:
+        raise errors.InvalidRequest("; ".join(problems))
+    settings = msgspec.to_builtins(generic)
+    settings["web_search_price_per_call"] = str(body.web_search_price_per_call)
+    return settings
 
 
 Price = Decimal
@@ -329,6 +408,7 @@ class AdminService:
                 raise errors.InvalidRequest(f"{field} must be positive")
         if body.max_retries < 0 or body.retry_backoff_ms < 0:
             raise errors.InvalidRequest("max_retries and retry_backoff_ms must be non-negative")
+        settings = provider_settings(body)
         provider_id = uuid.uuid4()
         sealed, nonce = seal(self._secrets.master_key, str(provider_id), api_key)
 
@@ -338,7 +418,8 @@ class AdminService:
                     sql.INSERT_PROVIDER, provider_id, name, body.family, base_url, sealed, nonce,
                     body.local, body.max_outbound_rps, body.max_concurrent_upstream,
                     body.max_calls_per_hour, body.retry_enabled, body.max_retries,
-                    body.retry_backoff_ms, body.log_requests, body.supports_web_search, "{}",
+                    body.retry_backoff_ms, body.log_requests, body.supports_web_search,
+                    json.dumps(settings),
                 )
             except asyncpg.UniqueViolationError:
                 raise errors.ProviderExists() from None

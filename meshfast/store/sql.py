@@ -17,10 +17,14 @@ SNAPSHOT_KEYS = """
 SELECT id, user_id, key_hash, status, expires_at FROM mesh_api_keys WHERE status = 'active'
 """
 SNAPSHOT_PROVIDERS = """
-SELECT id, name, family, max_calls_per_hour, supports_web_search FROM providers ORDER BY id
+SELECT id, name, family, base_url, encrypted_api_key, key_nonce, local, max_outbound_rps,
+       max_concurrent_upstream, max_calls_per_hour, retry_enabled, max_retries, retry_backoff_ms,
+       log_requests, supports_web_search, settings
+FROM providers ORDER BY id
 """
 SNAPSHOT_MODELS = """
-SELECT id, provider_id, name, kind, created_at, blocked, status,
+SELECT id, provider_id, name, resolved_model, kind, created_at, blocked, status, max_output_tokens,
+       price_per_second,
        supports_image_in, supports_document_in, supports_audio_in, supports_video_in,
        supports_web_search, output_media_type,
        input_price_per_1k_tokens, output_price_per_1k_tokens
