@@ -27,7 +27,7 @@ build: $(BIN)/python ## rebuild and reinstall the Rust core and the package
 
 .PHONY: run
 run: setup ## set up and run the gateway on $(PORT) with $(WORKERS) workers
-	$(BIN)/meshfast serve --host 127.0.0.1 --port $(PORT) --workers $(WORKERS)
+	$(BIN)/meshfast serve --host 127.0.0.1 --port $(PORT) --workers $(WORKERS) --demo
 
 .PHONY: test
 test: setup ## set up and run every test: Rust unit tests, Python tests, benchmark gates

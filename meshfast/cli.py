@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument("--demo", action="store_true",
+                       help="also run testserve (emulated providers) and seed demo providers, models and a user")
+    serve.add_argument("--demo-port", type=int, default=9100, help="testserve port for --demo (default 9100)")
 
     commands.add_parser(
         "migrate", help="apply pending database migrations and exit", epilog=_env_epilog(), formatter_class=fmt,
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.workers < 1:
             parser.error("--workers must be at least 1")
-        return serve(ServeOptions(host=args.host, port=args.port, workers=args.workers))
+        return serve(ServeOptions(host=args.host, port=args.port, workers=args.workers, demo=args.demo,
+                                  demo_port=args.demo_port))
     if args.command == "migrate":
         from meshfast.supervisor import migrate_only
 

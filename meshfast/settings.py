@@ -18,6 +18,9 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_ADMIN_TOKEN", "the bootstrap admin token; honoured on every start (stored hashed)"),
     ("MESHFAST_MAX_BODY_MB", "largest accepted request body in MiB (default 300)"),
     ("MESHFAST_RECONCILE_S", "seconds between unconditional snapshot rebuilds (default 45)"),
+    ("MESHFAST_STREAM_IDLE_TIMEOUT_S", "seconds a stream may sit idle before it is cut (default 300)"),
+    ("MESHFAST_UPSTREAM_CONNECT_TIMEOUT_S", "seconds to connect to a provider (default 5)"),
+    ("MESHFAST_UPSTREAM_DEADLINE_S", "total seconds for an upstream call including retries (default 600)"),
     ("MESHFAST_SHM_DIR", "where the shared-memory segment lives (default /dev/shm)"),
     ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
@@ -34,6 +37,19 @@ def _int_env(name: str, default: int) -> int:
         raise SystemExit(f"meshfast: {name} must be an integer, got {raw!r}") from None
 
 
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"meshfast: {name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise SystemExit(f"meshfast: {name} must be positive")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     data_dir: Path
@@ -45,6 +61,9 @@ class Settings:
     shm_dir: Path
     log_level: str
     log_retention_days: int
+    stream_idle_timeout_s: float
+    upstream_connect_timeout_s: float
+    upstream_deadline_s: float
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -59,11 +78,18 @@ class Settings:
             shm_dir=Path(os.environ.get("MESHFAST_SHM_DIR") or "/dev/shm"),
             log_level=(os.environ.get("MESHFAST_LOG_LEVEL") or "info").lower(),
             log_retention_days=_int_env("LOG_RETENTION_DAYS", 30),
+            stream_idle_timeout_s=_float_env("MESHFAST_STREAM_IDLE_TIMEOUT_S", 300.0),
+            upstream_connect_timeout_s=_float_env("MESHFAST_UPSTREAM_CONNECT_TIMEOUT_S", 5.0),
+            upstream_deadline_s=_float_env("MESHFAST_UPSTREAM_DEADLINE_S", 600.0),
         )
 
     @property
     def secrets_path(self) -> Path:
         return self.data_dir / "secrets.json"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.data_dir / "spool"
 
     @property
     def pgdata(self) -> Path:

@@ -32,6 +32,8 @@ class ServeOptions:
     host: str
     port: int
     workers: int
+    demo: bool = False
+    demo_port: int = 9100
 
 
 class Database:
@@ -101,10 +103,6 @@ class Reclaimer(threading.Thread):
 
 
 def serve(options: ServeOptions) -> int:
-    from granian import Granian
-    from granian.constants import Interfaces
-    from granian.log import LogLevels
-
     settings = Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     secrets = load_or_create(settings.secrets_path)
@@ -115,33 +113,56 @@ def serve(options: ServeOptions) -> int:
             # Printed once: only its hash is stored.
             print(f"meshfast: admin token (shown once, store it now): {generated}", flush=True)
 
-        segment = Segment.create(str(settings.shm_path))
-        reclaimer = Reclaimer(segment)
-        os.environ[app_module.ENV_DATABASE_URL] = db.url
-        if settings.gateway_database_url:
-            os.environ[app_module.ENV_GATEWAY_DATABASE_URL] = settings.gateway_database_url
-        os.environ[app_module.ENV_SHM_PATH] = str(settings.shm_path)
-        try:
-            reclaimer.start()
-            server = Granian(
-                "meshfast.app:app",
-                address=options.host,
-                port=options.port,
-                interface=Interfaces.RSGI,
-                workers=options.workers,
-                respawn_failed_workers=True,
-                respawn_interval=1.0,
-                log_level=LogLevels(settings.log_level),
-            )
-            print(
-                f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
-                flush=True,
-            )
-            server.serve()
-        finally:
-            reclaimer.stop()
-            with contextlib.suppress(FileNotFoundError):
-                settings.shm_path.unlink()
+        demo = contextlib.nullcontext()
+        if options.demo:
+            from meshfast import demo as demo_module
+
+            demo = demo_module.Testserve(options.demo_port)
+        with demo:
+            if options.demo:
+                key = asyncio.run(demo_module.seed(db.url, secrets, settings.data_dir, options.demo_port))
+                print(
+                    f"meshfast: demo providers on testserve :{options.demo_port}; demo key: {key}\n"
+                    f"  curl -N 'http://{options.host}:{options.port}/v1/proxy?model=ts-anthropic' "
+                    f"-H 'authorization: Bearer {key}' -d '{{\"query\":\"hello\"}}'",
+                    flush=True,
+                )
+            return _run_workers(options, settings, db.url)
+    return 0
+
+
+def _run_workers(options: ServeOptions, settings: Settings, database_url: str) -> int:
+    from granian import Granian
+    from granian.constants import Interfaces
+    from granian.log import LogLevels
+
+    segment = Segment.create(str(settings.shm_path))
+    reclaimer = Reclaimer(segment)
+    os.environ[app_module.ENV_DATABASE_URL] = database_url
+    if settings.gateway_database_url:
+        os.environ[app_module.ENV_GATEWAY_DATABASE_URL] = settings.gateway_database_url
+    os.environ[app_module.ENV_SHM_PATH] = str(settings.shm_path)
+    try:
+        reclaimer.start()
+        server = Granian(
+            "meshfast.app:app",
+            address=options.host,
+            port=options.port,
+            interface=Interfaces.RSGI,
+            workers=options.workers,
+            respawn_failed_workers=True,
+            respawn_interval=1.0,
+            log_level=LogLevels(settings.log_level),
+        )
+        print(
+            f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
+            flush=True,
+        )
+        server.serve()
+    finally:
+        reclaimer.stop()
+        with contextlib.suppress(FileNotFoundError):
+            settings.shm_path.unlink()
     return 0
 
 

@@ -92,6 +92,8 @@ class ProviderCreate(GenericSettings, forbid_unknown_fields=True, kw_only=True):
     log_requests: bool = True
     supports_web_search: bool = False
     web_search_price_per_call: Decimal = Decimal(0)
+    # Models created with the provider, in the same transaction: ModelCreate bodies without provider_id.
+    models: list[dict[str, Any]] | None = None
 
 
 def provider_settings(body: ProviderCreate) -> dict[str, Any]:
@@ -303,6 +305,41 @@ def row_json(row: asyncpg.Record) -> dict[str, Any]:
     return out
 
 
+def _model_insert(body: ModelCreate) -> Callable[[asyncpg.Connection, uuid.UUID], Awaitable[uuid.UUID]]:
+    """Validate a model body now; return the insert to run inside the write transaction."""
+    if body.kind not in MODEL_KINDS:
+        raise errors.InvalidRequest(f"kind must be one of {', '.join(MODEL_KINDS)}")
+    name = _nonempty(body.name, "name")
+    resolved = _nonempty(body.resolved_model, "resolved_model")
+    if body.max_output_tokens <= 0:
+        raise errors.InvalidRequest("max_output_tokens must be positive")
+    if body.long_context_threshold_tokens is not None and body.long_context_threshold_tokens <= 0:
+        raise errors.InvalidRequest("long_context_threshold_tokens must be positive")
+    long_context = None
+    if body.long_context_prices is not None:
+        long_context = {k: str(_price(v, f"long_context_prices.{k}")) for k, v in body.long_context_prices.items()}
+    args = (
+        name, resolved, body.kind,
+        _price(body.input_price_per_1k_tokens, "input_price_per_1k_tokens"),
+        _price(body.output_price_per_1k_tokens, "output_price_per_1k_tokens"),
+        _price(body.cache_read_price_per_1k_tokens, "cache_read_price_per_1k_tokens"),
+        _price(body.cache_write_price_per_1k_tokens, "cache_write_price_per_1k_tokens"),
+        _price(body.cache_write_1h_price_per_1k_tokens, "cache_write_1h_price_per_1k_tokens"),
+        body.long_context_threshold_tokens, None if long_context is None else json.dumps(long_context),
+        _price(body.price_per_second, "price_per_second"), body.max_output_tokens, body.aliases, body.tags,
+        body.supports_image_in, body.supports_document_in, body.supports_audio_in, body.supports_video_in,
+        body.supports_web_search, body.output_media_type,
+    )
+
+    async def insert(conn: asyncpg.Connection, provider_id: uuid.UUID) -> uuid.UUID:
+        try:
+            return await conn.fetchval(sql.INSERT_MODEL, provider_id, *args)
+        except asyncpg.UniqueViolationError:
+            raise errors.ModelExists() from None
+
+    return insert
+
+
 # --- the service ---------------------------------------------------------------------------
 
 Rebuild = Callable[[int], Awaitable[None]]
@@ -411,10 +448,19 @@ class AdminService:
         settings = provider_settings(body)
         provider_id = uuid.uuid4()
         sealed, nonce = seal(self._secrets.master_key, str(provider_id), api_key)
+        model_inserts = []
+        for i, model in enumerate(body.models or ()):
+            if not isinstance(model, dict) or "provider_id" in model:
+                raise errors.InvalidRequest(f"models[{i}] must be a model body without provider_id")
+            try:
+                model_body = msgspec.convert({**model, "provider_id": str(provider_id)}, ModelCreate)
+            except msgspec.ValidationError as exc:
+                raise errors.InvalidRequest(f"models[{i}]: {exc}") from None
+            model_inserts.append(_model_insert(model_body))
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
             try:
-                return await conn.fetchrow(
+                row = await conn.fetchrow(
                     sql.INSERT_PROVIDER, provider_id, name, body.family, base_url, sealed, nonce,
                     body.local, body.max_outbound_rps, body.max_concurrent_upstream,
                     body.max_calls_per_hour, body.retry_enabled, body.max_retries,
@@ -423,9 +469,15 @@ class AdminService:
                 )
             except asyncpg.UniqueViolationError:
                 raise errors.ProviderExists() from None
+            for insert in model_inserts:
+                await insert(conn, provider_id)
+            return row
 
         row = await self._write(actor, "create_provider", name, {"family": body.family}, work)
-        return row_json(row)
+        created = row_json(row)
+        if model_inserts:
+            created["models"] = [m for m in await self.list_models() if m["provider_id"] == created["id"]]
+        return created
 
     async def list_providers(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
@@ -453,41 +505,14 @@ class AdminService:
 
     async def create_model(self, actor: str, body: ModelCreate) -> dict[str, Any]:
         provider_id = _body_uuid(body.provider_id, "provider_id")
-        if body.kind not in MODEL_KINDS:
-            raise errors.InvalidRequest(f"kind must be one of {', '.join(MODEL_KINDS)}")
-        name = _nonempty(body.name, "name")
-        resolved = _nonempty(body.resolved_model, "resolved_model")
-        if body.max_output_tokens <= 0:
-            raise errors.InvalidRequest("max_output_tokens must be positive")
-        if body.long_context_threshold_tokens is not None and body.long_context_threshold_tokens <= 0:
-            raise errors.InvalidRequest("long_context_threshold_tokens must be positive")
-        long_context = None
-        if body.long_context_prices is not None:
-            long_context = {k: str(_price(v, f"long_context_prices.{k}"))
-                            for k, v in body.long_context_prices.items()}
+        insert = _model_insert(body)
 
         async def work(conn: asyncpg.Connection) -> uuid.UUID:
             if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
                 raise errors.InvalidRequest("provider_not_found")
-            try:
-                return await conn.fetchval(
-                    sql.INSERT_MODEL, provider_id, name, resolved, body.kind,
-                    _price(body.input_price_per_1k_tokens, "input_price_per_1k_tokens"),
-                    _price(body.output_price_per_1k_tokens, "output_price_per_1k_tokens"),
-                    _price(body.cache_read_price_per_1k_tokens, "cache_read_price_per_1k_tokens"),
-                    _price(body.cache_write_price_per_1k_tokens, "cache_write_price_per_1k_tokens"),
-                    _price(body.cache_write_1h_price_per_1k_tokens, "cache_write_1h_price_per_1k_tokens"),
-                    body.long_context_threshold_tokens,
-                    None if long_context is None else json.dumps(long_context),
-                    _price(body.price_per_second, "price_per_second"), body.max_output_tokens,
-                    body.aliases, body.tags, body.supports_image_in, body.supports_document_in,
-                    body.supports_audio_in, body.supports_video_in, body.supports_web_search,
-                    body.output_media_type,
-                )
-            except asyncpg.UniqueViolationError:
-                raise errors.ModelExists() from None
+            return await insert(conn, provider_id)
 
-        model_id = await self._write(actor, "create_model", name, {"kind": body.kind}, work)
+        model_id = await self._write(actor, "create_model", body.name, {"kind": body.kind}, work)
         return await self.get_model(str(model_id))
 
     async def list_models(self) -> list[dict[str, Any]]:

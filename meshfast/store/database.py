@@ -136,6 +136,8 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             import pgserver
 
+            # NOTE: pgserver logs initdb's whole output at INFO.
+            logging.getLogger("pgserver").setLevel(logging.WARNING)
             self._server = pgserver.get_server(self.pgdata, cleanup_mode="stop")
         return self._server.get_uri()
 
