@@ -6,12 +6,13 @@ Counters, reservations and the process table live in one shared-memory :class:`S
 instance, mapped by every worker process.
 """
 
-from typing import Final, final
+from typing import Final, Literal, final
 
 __all__ = [
     "CoreError",
     "SnapshotError",
     "ShmError",
+    "UpstreamBodyError",
     "SPEND_DAY",
     "CALLS_HOUR",
     "PROVIDER_CALLS_HOUR",
@@ -19,6 +20,8 @@ __all__ = [
     "Lease",
     "Principal",
     "Core",
+    "Prepared",
+    "Stream",
     "counter_key",
     "request_id",
 ]
@@ -45,6 +48,10 @@ class ShmError(CoreError):
     Callers fail closed on a full table.
     """
 
+class UpstreamBodyError(CoreError):
+    """An upstream response lacks what the provider's dot paths promise (e.g. the embedding
+    vector path is not an array of numbers). Answer 502 ``upstream_unavailable``."""
+
 def counter_key(kind: int, a: str, b: str, period: int) -> bytes:
     """The 16-byte key of a counter: xxh3-128 over ``kind ‖ id(a) ‖ id(b) ‖ period (u32 LE)``.
 
@@ -65,12 +72,21 @@ class Segment:
     """
 
     @staticmethod
-    def create(path: str, slots: int = 65536, leases: int = 16384, procs: int = 256) -> Segment:
+    def create(
+        path: str,
+        slots: int = 65536,
+        leases: int = 16384,
+        procs: int = 256,
+        ring_records: int = 8192,
+        record_bytes: int = 2048,
+    ) -> Segment:
         """Create or re-initialise the segment file at ``path`` (the supervisor does this once).
 
         The file is built beside ``path`` and renamed over it, so processes still mapping an old
-        segment keep a consistent one. ``slots`` is rounded up to a power of two. Raises
-        :class:`ShmError` on I/O errors, ``ValueError`` for capacities out of range.
+        segment keep a consistent one. ``slots`` and ``ring_records`` are rounded up to powers of
+        two; ``record_bytes`` (a multiple of 8, ≥ 64) includes a 32-byte record header, so a row
+        holds at most ``record_bytes - 32`` bytes. Raises :class:`ShmError` on I/O errors,
+        ``ValueError`` for capacities out of range.
         """
 
     @staticmethod
@@ -97,8 +113,26 @@ class Segment:
         """Turn ``key``'s slot into a tombstone (cleanup of past periods); True if it existed.
 
         Only remove keys nobody writes any more: an add racing with the removal may be lost.
-        Tombstoned slots are not reused until the segment is re-created.
+        Tombstoned slots come back through :meth:`sweep`.
         """
+
+    def sweep(self) -> int:
+        """Turn tombstones that end a probe chain back into empty slots; returns how many.
+
+        Safe while workers add and read (a short fence makes claimers wait, see ``shm.rs``); run
+        by one process at a time (the supervisor), after removing past periods' keys. Tombstones
+        in the middle of a chain stay until the keys after them are removed too. Releases the GIL.
+        """
+
+    def push_row(self, row: bytes) -> bool:
+        """Append a telemetry row to the ring. False when the ring is full, the row is longer
+        than ``record_bytes - 32``, or the record was reclaimed as stalled mid-write: the caller
+        then spools the row to disk. Never blocks."""
+
+    def pop_rows(self, max: int) -> list[bytes]:
+        """Take up to ``max`` rows, oldest first (several drainers may pop concurrently; each row
+        is delivered once). A record whose writer died mid-write is skipped after 5 s (at once
+        when its pid is gone). Releases the GIL."""
 
     def reserve(self, key: bytes, amount: int, cap: int) -> Lease | None:
         """Reserve ``amount`` on the counter at ``key`` if ``counter + amount <= cap``, else None.
@@ -119,7 +153,8 @@ class Segment:
 
     def stats(self) -> dict[str, int]:
         """Occupancy: ``slots``, ``slots_used``, ``tombstones``, ``leases``, ``leases_held``,
-        ``procs``, ``procs_registered``, ``generation``."""
+        ``procs``, ``procs_registered``, ``generation``, ``ring_records``, ``record_bytes``,
+        ``ring_len`` (rows waiting)."""
 
 @final
 class Lease:
@@ -192,6 +227,47 @@ class Core:
         """The principal for a request's key, or None (401) when the key is missing, malformed,
         unknown, revoked or expired, or its principal is revoked or expired."""
 
+    def prepare(
+        self,
+        route: Literal["proxy", "embeddings", "generate"],
+        authorization: str | None,
+        x_api_key: str | None,
+        x_goog_api_key: str | None,
+        query_string: str | None,
+        body: bytes,
+        content_length: int | None,
+        now_ms: int,
+    ) -> Prepared:
+        """The decision for a Mesh-native POST route (model in ``?model=``), in Mesh's order.
+
+        401 ``invalid_or_revoked_key``; 403 ``model_not_permitted`` (not granted for the route's
+        kind: chat / embedding / image or video generation; unknown names too); 403
+        ``model_blocked``; 400 ``embeddings_not_supported_by_provider`` /
+        ``generation_not_supported_by_provider``; policy: 429 ``provider_hourly_limit_reached``,
+        429 ``user_model_hourly_limit_reached``, 403 ``outside_allowed_hours``, 429
+        ``budget_exceeded``, 503 ``paused_by_admin``; then the body: 400 ``invalid_request``
+        (with Mesh's ``detail``), 400 ``content_type_not_supported_by_model``, 400
+        ``web_search_not_supported_by_model``. When the call goes upstream (``status == 0``) the
+        provider and principal×model hourly counters in the segment are incremented.
+        ``content_length`` is accepted for symmetry and unused (413 is checked by the caller).
+        Raises :class:`CoreError` before the first :meth:`load`, ``ValueError`` for an unknown route.
+        """
+
+    def price(
+        self, model_id: str, input_tokens: int, output_tokens: int, seconds: float = 0.0, web_searches: int = 0
+    ) -> tuple[int, int]:
+        """``(input_cost_nano, output_cost_nano)``: tokens × per-1k prices, rounded half up on the
+        exact rational; web searches × the provider's per-search price added to input; ``seconds``
+        (at microsecond precision) × the per-second price added to output. Negative parts are 0.
+        ``ValueError`` for an unknown model id."""
+
+    def charge(self, principal_id: str, model_id: str, nano: int, now_ms: int) -> int:
+        """Add ``nano`` (negative counts as 0) to today's (UTC) :data:`SPEND_DAY` counter of
+        principal × model; returns the new total. :class:`ShmError` without a segment or when full."""
+
+    def estimate_tokens(self, text: str) -> int:
+        """Tokens in ``text`` by ``cl100k_base`` (embedded; the first call builds the encoder)."""
+
     def models_json(
         self,
         authorization: str | None,
@@ -217,3 +293,137 @@ class Core:
     ) -> tuple[int, bytes]:
         """``(200, body)`` for ``GET /v1/usage`` (spend, cap, remaining and limit utilisation per
         model, same models and order as :meth:`models_json`) or the same 401 as there."""
+
+@final
+class Prepared:
+    """The decision for one request, from :meth:`Core.prepare`.
+
+    ``status == 0``: go upstream with ``method``, ``url``, ``headers``, ``upstream_body``.
+    Otherwise answer ``status`` with ``body`` (``{"error": code, ...}`` and a newline) and, when
+    ``retry_after_s`` is set, a ``Retry-After`` header. Upstream fields read as empty/0/None on a
+    denial.
+    """
+
+    @property
+    def request_id(self) -> str:
+        """``"req_"`` + ULID, made by ``prepare``."""
+    @property
+    def status(self) -> int: ...
+    @property
+    def body(self) -> bytes:
+        """The error body of a denial; ``b""`` otherwise."""
+    @property
+    def retry_after_s(self) -> int | None:
+        """Whole seconds (≥ 1) until the denial may lift: 429s and 503s."""
+    @property
+    def deny_reason(self) -> str | None:
+        """The Mesh error code of a denial."""
+    @property
+    def key_id(self) -> str | None: ...
+    @property
+    def principal_id(self) -> str | None: ...
+    @property
+    def model_id(self) -> str | None:
+        """Set once the model is found among the principal's grants."""
+    @property
+    def provider_id(self) -> str | None: ...
+    @property
+    def model_name(self) -> str | None:
+        """The registry name."""
+    @property
+    def requested_model(self) -> str:
+        """The ``model`` query parameter as sent (percent-decoded)."""
+    @property
+    def log_requests(self) -> bool:
+        """False for a "silent" provider: neither its calls nor its denials are logged."""
+    @property
+    def local(self) -> bool:
+        """The provider may point at loopback/private addresses (for the SSRF guard)."""
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def method(self) -> str | None: ...
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Rendered; ``Content-Type: application/json`` first unless the template sets it."""
+    @property
+    def upstream_body(self) -> bytes: ...
+    @property
+    def attempts(self) -> int:
+        """``max_retries + 1`` when retries are enabled (proxy), else 1; 0 on a denial."""
+    @property
+    def backoff_ms(self) -> int:
+        """First retry backoff; doubles per attempt."""
+    @property
+    def max_tokens(self) -> int:
+        """The request's ``max_tokens`` or the model's default (proxy); 0 elsewhere."""
+    @property
+    def web_search(self) -> bool: ...
+    @property
+    def weight(self) -> int:
+        """Admission weight: blocks summed (text 1, image 5, document 8, audio 10, video 25),
+        at least 1; embeddings 1; generate 25."""
+    @property
+    def output_media_type(self) -> str | None:
+        """The model's output media type (generate)."""
+    @property
+    def generation_mode(self) -> Literal["sync", "async_poll"] | None: ...
+    @property
+    def poll_interval_ms(self) -> int | None: ...
+    @property
+    def max_wait_s(self) -> int | None: ...
+    @property
+    def success_values(self) -> list[str]:
+        """Async job statuses meaning success (compare ASCII case-insensitively)."""
+    @property
+    def failure_values(self) -> list[str]: ...
+    def render_status_url(self, job_id: str) -> str:
+        """The async status URL for ``job_id`` (``{{model}}`` renders as ``""``, as Mesh)."""
+    def render_content_url(self, job_id: str) -> str:
+        """The async content URL for ``job_id``."""
+    def stream(self) -> Stream:
+        """A fresh SSE-to-NDJSON reader for this chat call. :class:`CoreError` unless it is one."""
+    def extract_embedding(self, body: bytes) -> tuple[bytes, int]:
+        """``(vector as compact JSON array text, input_tokens)`` from an embeddings response.
+
+        Raises :class:`UpstreamBodyError` when the body is not JSON or the vector path is not an
+        array of numbers; a missing usage path gives 0.
+        """
+    def extract_generation(self, body: bytes) -> tuple[list[str], float, str | None, str | None, int, int]:
+        """``(outputs, seconds, job_id, status, input_tokens, output_tokens)`` read through every
+        configured generation path (sync result, async submit, or poll answer): outputs are the
+        non-empty strings at the media path; the caller classifies ``http(s)://`` as URLs.
+        :class:`UpstreamBodyError` when the body is not JSON."""
+
+@final
+class Stream:
+    """One chat call's upstream SSE stream, re-encoded as Mesh NDJSON. Used by one task."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Read a chunk (split anywhere); return the NDJSON lines it completed (``b""`` if none).
+
+        Only ``data:`` lines count; empty payloads are keep-alives; ``[DONE]`` or the provider's
+        done signal ends the stream (later bytes are ignored); unparseable payloads are skipped
+        and counted in :attr:`malformed`. Each non-empty delta becomes ``{"id":…,"delta":…}``.
+        """
+    def set_usage(self, input_tokens: int, output_tokens: int) -> None:
+        """Replace the usage counts (a tokenizer estimate when the upstream reported none)."""
+    def finish(self, incomplete: bool = False) -> bytes:
+        """The final line: ``{"id":…,"done":true,"usage":{…}}`` plus ``"truncated":true`` when
+        output tokens reached ``max_tokens`` and ``"incomplete":true`` when asked."""
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def usage_reported(self) -> bool:
+        """A usage path matched at least once (otherwise estimate, and mark it so)."""
+    @property
+    def deltas(self) -> int: ...
+    @property
+    def malformed(self) -> int: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of delta text forwarded."""

@@ -21,11 +21,14 @@ from meshfast import errors
 from meshfast._core import Core, Segment, SnapshotError, request_id
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
+from meshfast.dataplane import DataPlane
+from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, ensure_log_partitions
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
 from meshfast.snapshot import encode, load_config
 from meshfast.store import database, sql
+from meshfast.telemetry import Telemetry
 
 log = logging.getLogger("meshfast.worker")
 
@@ -43,6 +46,7 @@ _SECURITY_HEADERS = [
 _READY = b'{"status":"ok"}\n'
 _NOT_READY = b'{"status":"degraded","reason":"database_unreachable"}\n'
 _json = msgspec.json.Encoder()
+_MESH_ROUTES = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
 
 
 class ConfigFeed:
@@ -137,6 +141,9 @@ class App:
         self.feed: ConfigFeed | None = None
         self.admin: AdminRouter | None = None
         self.leader: Leader | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.telemetry: Telemetry | None = None
+        self.data: DataPlane | None = None
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
 
@@ -166,15 +173,24 @@ class App:
         self.feed.start()
         self.leader = Leader(gateway_url, [(3600.0, ensure_log_partitions)])
         self.leader.start()
+        self.dispatcher = Dispatcher(Timeouts(
+            connect_s=settings.upstream_connect_timeout_s, idle_s=settings.stream_idle_timeout_s,
+            total_deadline_s=settings.upstream_deadline_s))
+        await self.dispatcher.start()
+        self.telemetry = Telemetry(self.segment, self.gateway_pool, settings.spool_dir)
+        self.telemetry.start()
+        self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings)
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
 
     async def shutdown(self) -> None:
-        for part in (self.leader, self.feed):
+        for part in (self.leader, self.feed, self.telemetry):
             if part is not None:
                 await part.stop()
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
         for pool in (self.gateway_pool, self.admin_pool):
             if pool is not None:
                 with contextlib.suppress(Exception):
@@ -188,7 +204,9 @@ class App:
         path = scope.path
         method = scope.method
         try:
-            if path == "/v1/models" or path == "/v1/usage":
+            if path in _MESH_ROUTES and method == "POST":
+                await self.data.handle(scope, proto, _MESH_ROUTES[path], self._read_body)  # type: ignore[union-attr]
+            elif path == "/v1/models" or path == "/v1/usage":
                 self._data_view(scope, proto, path, method)
             elif path.startswith("/admin/"):
                 await self._admin(scope, proto, path, method)

@@ -182,7 +182,7 @@ class Telemetry:
     async def _copy(self, batch: list[bytes]) -> None:
         records = [to_record(_decoder.decode(data)) for data in batch]
         async with self._pool.acquire() as conn:
-            await conn.copy_records_to_table("request_logs", records=records, columns=COLUMNS)
+            await conn.copy_records_to_table("request_logs_ingest", records=records, columns=COLUMNS)
         self.written_total += len(records)
 
     async def _drain_loop(self) -> None:

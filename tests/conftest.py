@@ -83,6 +83,33 @@ class Gateway:
                 self.proc.wait()
         self.proc = None
 
+    @property
+    def database_url(self) -> str:
+        return f"postgresql://postgres:@/postgres?host={self.data_dir / 'pg'}"
+
+    def fetch_row(self, request_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
+        """The request_logs row of one request, once the telemetry drain has written it."""
+        import asyncio
+
+        import asyncpg
+
+        async def query() -> dict[str, Any] | None:
+            conn = await asyncpg.connect(self.database_url)
+            try:
+                row = await conn.fetchrow("SELECT * FROM request_logs WHERE request_id = $1", request_id)
+                return None if row is None else dict(row)
+            finally:
+                await conn.close()
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            row = asyncio.run(query())
+            if row is not None:
+                return row
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no request_logs row for {request_id}")
+            time.sleep(0.1)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-8000:] if self.log_path.exists() else ""
 
@@ -185,11 +212,62 @@ class WorkerConnections:
             sock.close()
 
 
+# Short timeouts so the hang and retry scenarios finish in seconds.
+SESSION_ENV = {
+    "MESHFAST_STREAM_IDLE_TIMEOUT_S": "1.5",
+    "MESHFAST_UPSTREAM_CONNECT_TIMEOUT_S": "2",
+    "MESHFAST_UPSTREAM_DEADLINE_S": "20",
+}
+
+
+class TestserveProcess:
+    """The emulated providers in their own Granian process."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = root / "testserve.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = httpx.Client(base_url=self.base_url, timeout=10)
+
+    def start(self) -> TestserveProcess:
+        env = dict(os.environ, TESTSERVE_SLOW_DELAY_MS="1000", TESTSERVE_HANG_SECONDS="30",
+                   TESTSERVE_VIDEO_JOB_S="0.5")
+        self.proc = subprocess.Popen([sys.executable, "-m", "testserve", "--port", str(self.port)],
+                                     env=env, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if self.client.get("/healthz").status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("testserve did not start")
+
+    def requests(self, **params: Any) -> list[dict[str, Any]]:
+        return self.client.get("/_debug/requests", params={"limit": 500, **params}).json()["entries"]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def testserve() -> Iterator[TestserveProcess]:
+    root = Path(tempfile.mkdtemp(prefix="ts-"))
+    server = TestserveProcess(root).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def gateway() -> Iterator[Gateway]:
     """A shared two-worker gateway for tests that do not restart or kill it."""
     root = Path(tempfile.mkdtemp(prefix="mf-"))
-    gw = Gateway(root / "data", workers=2).start()
+    gw = Gateway(root / "data", workers=2, env=SESSION_ENV).start()
     try:
         yield gw
     finally:

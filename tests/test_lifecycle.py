@@ -145,8 +145,16 @@ def test_gateway_role_cannot_change_configuration(fresh_dir: Path) -> None:
                     await admin.execute("UPDATE admin_audit_log SET action = 'x'")
                 row_security = await admin.fetch(
                     "SELECT relname FROM pg_class WHERE relkind IN ('r', 'p') AND relnamespace = 'public'::regnamespace"
-                    " AND relname <> 'meshfast_migrations' AND NOT (relrowsecurity AND relforcerowsecurity)")
+                    " AND relname NOT IN ('meshfast_migrations', 'request_logs_ingest')"
+                    " AND NOT (relrowsecurity AND relforcerowsecurity)")
                 assert row_security == []
+                # The ingest table (COPY's entry point) holds nothing and the gateway may only insert.
+                await gateway.execute(
+                    "INSERT INTO request_logs_ingest (id, request_id, created_at, outcome, status_code) "
+                    "VALUES (gen_random_uuid(), 'req_y', now(), 'denied', 401)")
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await gateway.fetch("SELECT * FROM request_logs_ingest")
+                assert await admin.fetchval("SELECT count(*) FROM request_logs WHERE request_id = 'req_y'") == 1
             finally:
                 await admin.close()
                 await gateway.close()

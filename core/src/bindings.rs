@@ -11,12 +11,14 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::error::Error;
 use crate::keyindex::{extract_token, KeyIndex};
+use crate::prepare::{self, Route};
 use crate::snapshot::Snapshot;
-use crate::{ids, shm, views};
+use crate::{ids, pricing, shm, stream, views};
 
 create_exception!(meshfast._core, CoreError, PyException, "Base class of every error raised by meshfast._core.");
 create_exception!(meshfast._core, SnapshotError, CoreError, "A config failed validation; `.errors` lists every problem.");
 create_exception!(meshfast._core, ShmError, CoreError, "A shared-memory segment is unusable or one of its tables is full.");
+create_exception!(meshfast._core, UpstreamBodyError, CoreError, "An upstream response lacks what the provider's paths promise.");
 
 /// The one mapping from [`Error`] to Python exceptions.
 fn to_py_err(err: Error) -> PyErr {
@@ -29,6 +31,7 @@ fn to_py_err(err: Error) -> PyErr {
         }),
         Error::ShmFull(_) | Error::ShmLayout(_) | Error::Io { .. } => ShmError::new_err(err.to_string()),
         Error::InvalidArgument(_) => PyValueError::new_err(err.to_string()),
+        Error::UpstreamBody(_) => UpstreamBodyError::new_err(err.to_string()),
     }
 }
 
@@ -68,9 +71,18 @@ struct PySegment {
 #[pymethods]
 impl PySegment {
     #[staticmethod]
-    #[pyo3(signature = (path, slots = 65536, leases = 16384, procs = 256))]
-    fn create(py: Python<'_>, path: String, slots: usize, leases: usize, procs: usize) -> PyResult<Self> {
-        let inner = released(py, || shm::Segment::create(path, slots, leases, procs)).map_err(to_py_err)?;
+    #[pyo3(signature = (path, slots = 65536, leases = 16384, procs = 256, ring_records = 8192, record_bytes = 2048))]
+    fn create(
+        py: Python<'_>,
+        path: String,
+        slots: usize,
+        leases: usize,
+        procs: usize,
+        ring_records: usize,
+        record_bytes: usize,
+    ) -> PyResult<Self> {
+        let inner = released(py, || shm::Segment::create_with_ring(path, slots, leases, procs, ring_records, record_bytes))
+            .map_err(to_py_err)?;
         Ok(Self { inner: Arc::new(inner) })
     }
 
@@ -100,6 +112,19 @@ impl PySegment {
         Ok(lease.map(|lease| PyLease { segment: Arc::clone(&self.inner), lease }))
     }
 
+    fn sweep(&self, py: Python<'_>) -> usize {
+        released(py, || self.inner.sweep())
+    }
+
+    fn push_row(&self, row: &[u8]) -> bool {
+        self.inner.push_row(row)
+    }
+
+    fn pop_rows<'py>(&self, py: Python<'py>, max: usize) -> Vec<Bound<'py, PyBytes>> {
+        let rows = released(py, || self.inner.pop_rows(max));
+        rows.iter().map(|row| PyBytes::new(py, row)).collect()
+    }
+
     fn reclaim_dead(&self, py: Python<'_>) -> usize {
         released(py, || self.inner.reclaim_dead())
     }
@@ -116,6 +141,9 @@ impl PySegment {
             ("procs", s.procs),
             ("procs_registered", s.procs_registered),
             ("generation", s.generation),
+            ("ring_records", s.ring_records),
+            ("record_bytes", s.record_bytes),
+            ("ring_len", s.ring_len),
         ] {
             dict.set_item(name, value)?;
         }
@@ -270,6 +298,54 @@ impl PyCore {
         Some(loaded.principal_by_key[key as usize].clone_ref(py))
     }
 
+    /// The decision for a Mesh-native POST route; see the stub.
+    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms))]
+    #[expect(clippy::too_many_arguments, reason = "one call per request with the raw request parts")]
+    fn prepare(
+        &self,
+        route: &str,
+        authorization: Option<&str>,
+        x_api_key: Option<&str>,
+        x_goog_api_key: Option<&str>,
+        query_string: Option<&str>,
+        body: &[u8],
+        content_length: Option<i64>,
+        now_ms: i64,
+    ) -> PyResult<PyPrepared> {
+        let _ = content_length; // NOTE: 413 and the byte-cost admission are Python's, before this call.
+        let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
+        let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let request = prepare::Request { route, authorization, x_api_key, x_goog_api_key, query_string, body, now_ms };
+        Ok(PyPrepared { inner: prepare::prepare(&loaded.snapshot, self.segment.as_deref(), &request) })
+    }
+
+    /// `(input_cost_nano, output_cost_nano)` of a call on `model_id`.
+    #[pyo3(signature = (model_id, input_tokens, output_tokens, seconds = 0.0, web_searches = 0))]
+    fn price(&self, model_id: &str, input_tokens: i64, output_tokens: i64, seconds: f64, web_searches: i64) -> PyResult<(i64, i64)> {
+        let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let snapshot = &loaded.snapshot;
+        let model = snapshot.model_index(model_id).map(|i| &snapshot.models[i as usize]);
+        let model = model.ok_or_else(|| PyValueError::new_err(format!("unknown model id {model_id:?}")))?;
+        let provider = &snapshot.providers[model.provider as usize];
+        Ok(pricing::price(model, provider, input_tokens, output_tokens, seconds, web_searches))
+    }
+
+    /// Adds `nano` (negative counts as 0) to the principal's spend on the model today; returns the new total.
+    fn charge(&self, principal_id: &str, model_id: &str, nano: i64, now_ms: i64) -> PyResult<i64> {
+        let segment = self.segment.as_ref().ok_or_else(|| ShmError::new_err("this Core has no segment"))?;
+        let key = shm::counter_key(shm::SPEND_DAY, &shm::id_bytes(principal_id), &shm::id_bytes(model_id), shm::utc_day(now_ms));
+        segment.add(key, nano.max(0)).map_err(to_py_err)
+    }
+
+    /// cl100k_base token count of `text`.
+    fn estimate_tokens(&self, py: Python<'_>, text: &str) -> usize {
+        if text.len() > 4096 {
+            released(py, || pricing::estimate_tokens(text))
+        } else {
+            pricing::estimate_tokens(text)
+        }
+    }
+
     #[pyo3(signature = (authorization, x_api_key, x_goog_api_key, query, now_ms))]
     fn models_json<'py>(
         &self,
@@ -297,6 +373,233 @@ impl PyCore {
     }
 }
 
+/// The decision for one request; see the stub for each field.
+#[pyclass(frozen, name = "Prepared", module = "meshfast._core")]
+struct PyPrepared {
+    inner: prepare::Prepared,
+}
+
+impl PyPrepared {
+    fn upstream(&self) -> PyResult<&prepare::Upstream> {
+        self.inner.upstream.as_ref().ok_or_else(|| CoreError::new_err("a denied request has no upstream call"))
+    }
+
+    fn generation(&self) -> Option<&crate::provider::GenerationPlan> {
+        self.inner.upstream.as_ref()?.plan.generation.as_ref()
+    }
+}
+
+#[pymethods]
+impl PyPrepared {
+    #[getter]
+    fn request_id(&self) -> &str {
+        &self.inner.request_id
+    }
+    #[getter]
+    fn status(&self) -> u16 {
+        self.inner.status
+    }
+    #[getter]
+    fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.inner.body)
+    }
+    #[getter]
+    fn retry_after_s(&self) -> Option<u32> {
+        self.inner.retry_after_s
+    }
+    #[getter]
+    fn deny_reason(&self) -> Option<&'static str> {
+        self.inner.deny_reason
+    }
+    #[getter]
+    fn key_id(&self) -> Option<&str> {
+        self.inner.key_id.as_deref()
+    }
+    #[getter]
+    fn principal_id(&self) -> Option<&str> {
+        self.inner.principal_id.as_deref()
+    }
+    #[getter]
+    fn model_id(&self) -> Option<&str> {
+        self.inner.model_id.as_deref()
+    }
+    #[getter]
+    fn provider_id(&self) -> Option<&str> {
+        self.inner.provider_id.as_deref()
+    }
+    #[getter]
+    fn model_name(&self) -> Option<&str> {
+        self.inner.model_name.as_deref()
+    }
+    #[getter]
+    fn requested_model(&self) -> &str {
+        &self.inner.requested_model
+    }
+    #[getter]
+    fn log_requests(&self) -> bool {
+        self.inner.log_requests
+    }
+    #[getter]
+    fn local(&self) -> bool {
+        self.inner.local
+    }
+    #[getter]
+    fn url(&self) -> Option<&str> {
+        self.inner.upstream.as_ref().map(|u| u.url.as_str())
+    }
+    #[getter]
+    fn method(&self) -> Option<&str> {
+        self.inner.upstream.as_ref().map(|u| u.method.as_str())
+    }
+    #[getter]
+    fn headers(&self) -> Vec<(&str, &str)> {
+        self.inner.upstream.as_ref().map_or_else(Vec::new, |u| u.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+    }
+    #[getter]
+    fn upstream_body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.upstream.as_ref().map_or(&[][..], |u| &u.body))
+    }
+    #[getter]
+    fn attempts(&self) -> u32 {
+        self.inner.upstream.as_ref().map_or(0, |u| u.attempts)
+    }
+    #[getter]
+    fn backoff_ms(&self) -> u32 {
+        self.inner.upstream.as_ref().map_or(0, |u| u.backoff_ms)
+    }
+    #[getter]
+    fn max_tokens(&self) -> i64 {
+        self.inner.upstream.as_ref().map_or(0, |u| u.max_tokens)
+    }
+    #[getter]
+    fn web_search(&self) -> bool {
+        self.inner.upstream.as_ref().is_some_and(|u| u.web_search)
+    }
+    #[getter]
+    fn weight(&self) -> u32 {
+        self.inner.upstream.as_ref().map_or(0, |u| u.weight)
+    }
+    #[getter]
+    fn output_media_type(&self) -> Option<&str> {
+        self.inner.upstream.as_ref().and_then(|u| u.output_media_type.as_deref())
+    }
+    #[getter]
+    fn generation_mode(&self) -> Option<&'static str> {
+        self.generation().map(|g| g.mode.as_str())
+    }
+    #[getter]
+    fn poll_interval_ms(&self) -> Option<u64> {
+        self.generation().map(|g| g.poll_interval_ms)
+    }
+    #[getter]
+    fn max_wait_s(&self) -> Option<u64> {
+        self.generation().map(|g| g.max_wait_s)
+    }
+    #[getter]
+    fn success_values(&self) -> Vec<String> {
+        self.generation().map_or_else(Vec::new, |g| g.success_values.clone())
+    }
+    #[getter]
+    fn failure_values(&self) -> Vec<String> {
+        self.generation().map_or_else(Vec::new, |g| g.failure_values.clone())
+    }
+
+    fn render_status_url(&self, job_id: &str) -> PyResult<String> {
+        self.upstream()?.render_job_url(false, job_id).ok_or_else(|| CoreError::new_err("no async status URL"))
+    }
+
+    fn render_content_url(&self, job_id: &str) -> PyResult<String> {
+        self.upstream()?.render_job_url(true, job_id).ok_or_else(|| CoreError::new_err("no async content URL"))
+    }
+
+    fn stream(&self) -> PyResult<PyStream> {
+        let upstream = self.upstream()?;
+        if upstream.plan.chat.is_none() {
+            return Err(CoreError::new_err("not a chat call"));
+        }
+        Ok(PyStream {
+            inner: stream::Stream::new(Arc::clone(&upstream.plan), &self.inner.request_id, upstream.max_tokens),
+            out: Vec::with_capacity(4096),
+        })
+    }
+
+    fn extract_embedding<'py>(&self, py: Python<'py>, body: &[u8]) -> PyResult<(Bound<'py, PyBytes>, i64)> {
+        let plan = &self.upstream()?.plan;
+        let (vector, tokens) = released(py, || prepare::extract_embedding(plan, body)).map_err(|e| to_py_err(Error::UpstreamBody(e)))?;
+        Ok((PyBytes::new(py, &vector), tokens))
+    }
+
+    #[expect(clippy::type_complexity, reason = "a plain tuple is the stub's contract")]
+    fn extract_generation(&self, py: Python<'_>, body: &[u8]) -> PyResult<(Vec<String>, f64, Option<String>, Option<String>, i64, i64)> {
+        let plan = &self.upstream()?.plan;
+        let g = released(py, || prepare::extract_generation(plan, body)).map_err(|e| to_py_err(Error::UpstreamBody(e)))?;
+        Ok((g.outputs, g.seconds, g.job_id, g.status, g.input_tokens, g.output_tokens))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Prepared(request_id={:?}, status={}, deny_reason={:?})", self.inner.request_id, self.inner.status, self.inner.deny_reason)
+    }
+}
+
+/// One call's SSE-to-NDJSON stream; used by one task.
+#[pyclass(name = "Stream", module = "meshfast._core")]
+struct PyStream {
+    inner: stream::Stream,
+    out: Vec<u8>,
+}
+
+#[pymethods]
+impl PyStream {
+    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
+        self.out.clear();
+        self.inner.feed(chunk, &mut self.out);
+        PyBytes::new(py, &self.out)
+    }
+
+    /// Replaces the usage counts, e.g. with a tokenizer estimate when the upstream reported none;
+    /// the done line written by [`finish`](Self::finish) carries them.
+    fn set_usage(&mut self, input_tokens: i64, output_tokens: i64) {
+        self.inner.input_tokens = input_tokens.max(0);
+        self.inner.output_tokens = output_tokens.max(0);
+    }
+
+    #[pyo3(signature = (incomplete = false))]
+    fn finish<'py>(&mut self, py: Python<'py>, incomplete: bool) -> Bound<'py, PyBytes> {
+        self.out.clear();
+        self.inner.finish(incomplete, &mut self.out);
+        PyBytes::new(py, &self.out)
+    }
+
+    #[getter]
+    fn input_tokens(&self) -> i64 {
+        self.inner.input_tokens
+    }
+    #[getter]
+    fn output_tokens(&self) -> i64 {
+        self.inner.output_tokens
+    }
+    #[getter]
+    fn usage_reported(&self) -> bool {
+        self.inner.usage_reported
+    }
+    #[getter]
+    fn deltas(&self) -> u64 {
+        self.inner.deltas
+    }
+    #[getter]
+    fn malformed(&self) -> u64 {
+        self.inner.malformed
+    }
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.done
+    }
+    #[getter]
+    fn text_bytes(&self) -> u64 {
+        self.inner.text_bytes
+    }
+}
+
 #[pymodule(gil_used = false)]
 #[pyo3(name = "_core")]
 fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -304,6 +607,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CoreError", py.get_type::<CoreError>())?;
     m.add("SnapshotError", py.get_type::<SnapshotError>())?;
     m.add("ShmError", py.get_type::<ShmError>())?;
+    m.add("UpstreamBodyError", py.get_type::<UpstreamBodyError>())?;
     m.add("SPEND_DAY", shm::SPEND_DAY)?;
     m.add("CALLS_HOUR", shm::CALLS_HOUR)?;
     m.add("PROVIDER_CALLS_HOUR", shm::PROVIDER_CALLS_HOUR)?;
@@ -311,6 +615,8 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLease>()?;
     m.add_class::<PyPrincipal>()?;
     m.add_class::<PyCore>()?;
+    m.add_class::<PyPrepared>()?;
+    m.add_class::<PyStream>()?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;
     m.add_function(wrap_pyfunction!(request_id, m)?)?;
     Ok(())

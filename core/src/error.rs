@@ -15,6 +15,8 @@ pub enum Error {
     Io { path: String, source: std::io::Error },
     /// An argument out of its domain (wrong key length, negative amount, ...).
     InvalidArgument(String),
+    /// An upstream response lacks what the provider's paths promise (answered as 502).
+    UpstreamBody(String),
 }
 
 /// Shorthand used throughout the crate.
@@ -30,6 +32,7 @@ impl fmt::Display for Error {
             Error::ShmLayout(msg) => write!(f, "not a usable meshfast segment: {msg}"),
             Error::Io { path, source } => write!(f, "{path}: {source}"),
             Error::InvalidArgument(msg) => f.write_str(msg),
+            Error::UpstreamBody(msg) => write!(f, "unusable upstream response: {msg}"),
         }
     }
 }

@@ -2,12 +2,18 @@
 //! reservations, policy, and the JSON views. Everything here is plain Rust that `cargo test`
 //! exercises without Python; `bindings` (feature `python`) is the only PyO3 module.
 
+pub mod content;
 pub mod error;
 pub mod ids;
 pub mod keyindex;
 pub mod policy;
+pub mod prepare;
+pub mod pricing;
+pub mod provider;
 pub mod shm;
 pub mod snapshot;
+pub mod stream;
+pub mod template;
 pub mod views;
 
 #[cfg(feature = "python")]

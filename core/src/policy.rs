@@ -52,23 +52,70 @@ pub fn next_utc_midnight(now_ms: i64) -> i64 {
     (now_ms.div_euclid(DAY_MS) + 1) * DAY_MS
 }
 
-/// The status and, unless available, when it may change: provider hourly calls, then the
-/// principal's hourly calls on the model, then the allowed days and hours, then the daily budget.
-#[must_use]
-pub fn status(grant: &Grant, provider: &Provider, counters: &Counters, now_ms: i64) -> (Status, Option<i64>) {
-    if provider.max_calls_per_hour.is_some_and(|max| counters.provider_calls_this_hour >= max) {
-        return (Status::RateLimited, Some(next_utc_hour(now_ms)));
+/// Why policy refuses a call (mesh-behaviour §5.2 step 6, kill switch aside).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Denial {
+    /// `provider_hourly_limit_reached`.
+    ProviderHourly,
+    /// `user_model_hourly_limit_reached`, with the grant's limit.
+    UserHourly { limit: i64 },
+    /// `outside_allowed_hours`.
+    OutsideHours,
+    /// `budget_exceeded`, with the daily cap in nano-USD.
+    Budget { cap_nano: i64 },
+}
+
+impl Denial {
+    /// The Mesh error code.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Denial::ProviderHourly => "provider_hourly_limit_reached",
+            Denial::UserHourly { .. } => "user_model_hourly_limit_reached",
+            Denial::OutsideHours => "outside_allowed_hours",
+            Denial::Budget { .. } => "budget_exceeded",
+        }
     }
-    if grant.max_calls_per_hour.is_some_and(|max| counters.calls_this_hour >= max) {
-        return (Status::RateLimited, Some(next_utc_hour(now_ms)));
+
+    /// The HTTP status Mesh answers with.
+    #[must_use]
+    pub fn http_status(self) -> u16 {
+        match self {
+            Denial::OutsideHours => 403,
+            _ => 429,
+        }
+    }
+}
+
+/// The first policy denial in Mesh's order and when it may lift: provider hourly calls, then
+/// the principal's hourly calls on the model, then the allowed days and hours, then the daily
+/// budget. `None` when the call is allowed.
+#[must_use]
+pub fn denial(grant: &Grant, provider: &Provider, counters: &Counters, now_ms: i64) -> Option<(Denial, Option<i64>)> {
+    if provider.max_calls_per_hour.is_some_and(|max| counters.provider_calls_this_hour >= max) {
+        return Some((Denial::ProviderHourly, Some(next_utc_hour(now_ms))));
+    }
+    if let Some(limit) = grant.max_calls_per_hour.filter(|&max| counters.calls_this_hour >= max) {
+        return Some((Denial::UserHourly { limit }, Some(next_utc_hour(now_ms))));
     }
     if !grant.always_open && !is_open(grant, now_ms) {
-        return (Status::OutsideHours, next_open(grant, now_ms));
+        return Some((Denial::OutsideHours, next_open(grant, now_ms)));
     }
     if grant.daily_cap_nano_usd > 0 && counters.spent_today_nano >= grant.daily_cap_nano_usd {
-        return (Status::BudgetExceeded, Some(next_utc_midnight(now_ms)));
+        return Some((Denial::Budget { cap_nano: grant.daily_cap_nano_usd }, Some(next_utc_midnight(now_ms))));
     }
-    (Status::Available, None)
+    None
+}
+
+/// The status and, unless available, when it may change (see [`denial`] for the order).
+#[must_use]
+pub fn status(grant: &Grant, provider: &Provider, counters: &Counters, now_ms: i64) -> (Status, Option<i64>) {
+    match denial(grant, provider, counters, now_ms) {
+        None => (Status::Available, None),
+        Some((Denial::ProviderHourly | Denial::UserHourly { .. }, at)) => (Status::RateLimited, at),
+        Some((Denial::OutsideHours, at)) => (Status::OutsideHours, at),
+        Some((Denial::Budget { .. }, at)) => (Status::BudgetExceeded, at),
+    }
 }
 
 /// Open minute ranges `[start, end)` of one local day. No window (or `from == to`) is the whole

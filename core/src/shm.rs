@@ -9,6 +9,7 @@
 //! slots    32 B ×  [key_hi, key_lo, value, _]          open addressing, linear probing
 //! leases   32 B ×  [tag, owner, slot, amount]
 //! procs    32 B ×  [state = pid<<2|st, start_time, generation, _]
+//! ring     R B  ×  [seq, owner pid, claimed_at_ms, len, row bytes …]   telemetry rows
 //! ```
 //!
 //! **Slot claims.** `key_hi == 0` is empty, `u64::MAX` a tombstone. A process claims an empty
@@ -20,8 +21,27 @@
 //! `u64::MAX` and `lo` avoids 0.
 //!
 //! **Tombstones.** [`Segment::remove`] turns a slot into a tombstone, which probes skip. A
-//! tombstone is not reused by other keys (reusing one concurrently can split a key over two
-//! slots); capacity therefore only comes back with a fresh segment. See `stats()["tombstones"]`.
+//! tombstone is never *claimed* by another key (reusing one concurrently can split a key over
+//! two slots). [`Segment::sweep`] (one caller: the supervisor) gives capacity back: a run of
+//! tombstones followed by an empty slot ends a probe chain, so no key lives after it and the
+//! run can become empty. The sweep first fences that empty slot (CAS `EMPTY -> FENCE`); a
+//! claimer reaching a fence waits for it to lift and restarts its probe from home, and a reader
+//! treats a fence as empty (nothing lies beyond it). So no claim can land after the run while
+//! it is being emptied: a key's probe chain never gets an empty slot in front of it. The fence
+//! is held for a few stores; a claimer that sees one for over a second assumes the sweeper died
+//! and lifts it.
+//!
+//! **Telemetry ring.** A bounded MPMC queue (Vyukov's, with the sequence word of each record
+//! in 4 states per lap `pos`: `4·pos` free, `4·pos+1` ready, `4·pos+2` poisoned). Producers
+//! claim `pos` by CAS on `enqueue_pos`, write the row, and publish by CAS `4·pos -> 4·pos+1`.
+//! Consumers claim by CAS on `dequeue_pos`, copy, and free by CAS to `4·(pos+capacity)`. A
+//! producer killed between claim and publish would stall every consumer at its record; so a
+//! consumer finding the head record claimed but unpublished for over [`RING_STALL_MS`] (or
+//! whose writer pid is gone) poisons it (CAS `4·pos -> 4·pos+2`) and skips it. If the writer
+//! was only slow, its publishing CAS then fails and `push` returns false: the caller spools
+//! the row, so a row is never lost nor delivered twice. A consumer killed between claim and
+//! free leaves a record a producer frees after the same stall (that one popped row is lost
+//! with the consumer, like every row it had popped).
 //!
 //! **Leases.** A lease entry is claimed (`RESERVING`, with its owner written) *before* the
 //! counter CAS and published `HELD` right after it. The one window a `SIGKILL` can hit is between
@@ -42,12 +62,27 @@ use crate::error::{Error, Result};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MESHFSHM");
 /// Bumped whenever the byte layout changes; `open` refuses other versions.
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 const HEADER_BYTES: usize = 128;
 const ENTRY_BYTES: usize = 32;
 
 const EMPTY: u64 = 0;
 const TOMBSTONE: u64 = u64::MAX;
+/// A sweep in progress ends its probe chain here; see the module docs.
+const FENCE: u64 = u64::MAX - 1;
+/// A fence older than this is assumed abandoned by a dead sweeper.
+const FENCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Default ring capacity (records) and record size (bytes, header included).
+pub const DEFAULT_RING_RECORDS: usize = 8192;
+pub const DEFAULT_RECORD_BYTES: usize = 2048;
+const RECORD_HEADER: usize = 32;
+/// A ring record claimed but not published (or popped but not freed) for this long is reclaimed.
+pub const RING_STALL_MS: u64 = 5000;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 const LEASE_FREE: u64 = 0;
 const LEASE_RESERVING: u64 = 1;
@@ -173,6 +208,10 @@ pub struct Stats {
     pub procs: u64,
     pub procs_registered: u64,
     pub generation: u64,
+    pub ring_records: u64,
+    pub record_bytes: u64,
+    /// Rows pushed and not yet popped (approximate while others push or pop).
+    pub ring_len: u64,
 }
 
 /// A mapped segment. Cheap to share between threads; each process maps its own.
@@ -182,6 +221,8 @@ pub struct Segment {
     slots: usize,
     leases: usize,
     procs: usize,
+    ring_records: usize,
+    record_bytes: usize,
     /// This process's registration, `pid << 32 | proc entry index`, 0 when none.
     registration: AtomicU64,
     registered_generation: AtomicU64,
@@ -196,8 +237,8 @@ fn split_key(key: u128) -> (u64, u64) {
     let mut lo = key as u64;
     if hi == EMPTY {
         hi = 1;
-    } else if hi == TOMBSTONE {
-        hi = TOMBSTONE - 1;
+    } else if hi >= FENCE {
+        hi = FENCE - 1;
     }
     if lo == 0 {
         lo = 1;
@@ -234,22 +275,47 @@ fn process_alive(pid: u32, start_time: u64) -> bool {
 }
 
 impl Segment {
-    fn layout_len(slots: usize, leases: usize, procs: usize) -> usize {
-        HEADER_BYTES + (slots + leases + procs) * ENTRY_BYTES
+    fn layout_len(slots: usize, leases: usize, procs: usize, ring_records: usize, record_bytes: usize) -> usize {
+        HEADER_BYTES + (slots + leases + procs) * ENTRY_BYTES + ring_records * record_bytes
+    }
+
+    /// [`Segment::create_with_ring`] with the default ring ([`DEFAULT_RING_RECORDS`] records of
+    /// [`DEFAULT_RECORD_BYTES`]).
+    pub fn create(path: impl AsRef<Path>, slots: usize, leases: usize, procs: usize) -> Result<Self> {
+        Self::create_with_ring(path, slots, leases, procs, DEFAULT_RING_RECORDS, DEFAULT_RECORD_BYTES)
     }
 
     /// Creates (or re-initialises) the segment file at `path`. The file is built beside `path`
     /// and renamed over it, so workers still mapping an old segment never see a torn one.
-    /// `slots` is rounded up to a power of two.
-    pub fn create(path: impl AsRef<Path>, slots: usize, leases: usize, procs: usize) -> Result<Self> {
+    /// `slots` and `ring_records` are rounded up to powers of two; `record_bytes` (a multiple of
+    /// 8, at least 64) includes a 32-byte record header.
+    pub fn create_with_ring(
+        path: impl AsRef<Path>,
+        slots: usize,
+        leases: usize,
+        procs: usize,
+        ring_records: usize,
+        record_bytes: usize,
+    ) -> Result<Self> {
         let path = path.as_ref();
-        if slots == 0 || leases == 0 || procs == 0 || procs > 0xFFFF || leases > u32::MAX as usize {
+        if slots == 0
+            || leases == 0
+            || procs == 0
+            || procs > 0xFFFF
+            || leases > u32::MAX as usize
+            || ring_records == 0
+            || ring_records > 1 << 24
+            || !(64..=1 << 20).contains(&record_bytes)
+            || !record_bytes.is_multiple_of(8)
+        {
             return Err(Error::InvalidArgument(format!(
-                "segment capacities out of range: slots={slots} leases={leases} procs={procs}"
+                "segment capacities out of range: slots={slots} leases={leases} procs={procs} \
+                 ring_records={ring_records} record_bytes={record_bytes}"
             )));
         }
         let slots = slots.next_power_of_two();
-        let len = Self::layout_len(slots, leases, procs);
+        let ring_records = ring_records.next_power_of_two();
+        let len = Self::layout_len(slots, leases, procs, ring_records, record_bytes);
         let tmp = path.with_extension(format!("tmp{}", current_pid()));
         let file = OpenOptions::new()
             .read(true)
@@ -260,11 +326,16 @@ impl Segment {
             .map_err(io_error(&tmp))?;
         file.set_len(len as u64).map_err(io_error(&tmp))?;
         let map = MmapOptions::new().len(len).map_raw(&file).map_err(io_error(&tmp))?;
-        let segment = Self::from_map(map, slots, leases, procs);
+        let segment = Self::from_map(map, [slots, leases, procs, ring_records, record_bytes]);
         segment.header(1).store(LAYOUT_VERSION, Relaxed);
         segment.header(2).store(slots as u64, Relaxed);
         segment.header(3).store(leases as u64, Relaxed);
         segment.header(4).store(procs as u64, Relaxed);
+        segment.header(8).store(ring_records as u64, Relaxed);
+        segment.header(9).store(record_bytes as u64, Relaxed);
+        for record in 0..ring_records {
+            segment.record_word(record, 0).store(4 * record as u64, Relaxed);
+        }
         segment.header(0).store(MAGIC, Release);
         segment.map.flush().map_err(io_error(&tmp))?;
         std::fs::rename(&tmp, path).map_err(io_error(path))?;
@@ -280,7 +351,7 @@ impl Segment {
             return Err(Error::ShmLayout(format!("{} is {len} bytes, shorter than a header", path.display())));
         }
         let map = MmapOptions::new().len(len).map_raw(&file).map_err(io_error(path))?;
-        let probe = Self::from_map(map, 1, 0, 0);
+        let probe = Self::from_map(map, [1, 0, 0, 0, 0]);
         if probe.header(0).load(Acquire) != MAGIC {
             return Err(Error::ShmLayout(format!("{}: bad magic", path.display())));
         }
@@ -291,20 +362,27 @@ impl Segment {
                 path.display()
             )));
         }
-        let [slots, leases, procs] = [2, 3, 4].map(|i| probe.header(i).load(Relaxed) as usize);
-        if !slots.is_power_of_two() || Self::layout_len(slots, leases, procs) != len {
+        let sizes = [2, 3, 4, 8, 9].map(|i| probe.header(i).load(Relaxed) as usize);
+        let [slots, leases, procs, ring_records, record_bytes] = sizes;
+        if !slots.is_power_of_two()
+            || !ring_records.is_power_of_two()
+            || record_bytes < 64
+            || Self::layout_len(slots, leases, procs, ring_records, record_bytes) != len
+        {
             return Err(Error::ShmLayout(format!("{}: sizes do not match the file", path.display())));
         }
-        Ok(Self::from_map(probe.map, slots, leases, procs))
+        Ok(Self::from_map(probe.map, sizes))
     }
 
-    fn from_map(map: MmapRaw, slots: usize, leases: usize, procs: usize) -> Self {
+    fn from_map(map: MmapRaw, [slots, leases, procs, ring_records, record_bytes]: [usize; 5]) -> Self {
         Self {
             map,
             slot_mask: slots - 1,
             slots,
             leases,
             procs,
+            ring_records,
+            record_bytes,
             registration: AtomicU64::new(0),
             registered_generation: AtomicU64::new(0),
         }
@@ -338,6 +416,14 @@ impl Segment {
         self.word(HEADER_BYTES + (self.slots + self.leases + entry) * ENTRY_BYTES + field * 8)
     }
 
+    fn record_offset(&self, record: usize) -> usize {
+        HEADER_BYTES + (self.slots + self.leases + self.procs) * ENTRY_BYTES + record * self.record_bytes
+    }
+
+    fn record_word(&self, record: usize, field: usize) -> &AtomicU64 {
+        self.word(self.record_offset(record) + field * 8)
+    }
+
     /// Matches `lo` in a slot whose `hi` is ours, finishing a half-written claim if needed.
     fn claim_lo(&self, slot: usize, lo: u64) -> bool {
         match self.slot_word(slot, 1).compare_exchange(0, lo, AcqRel, Acquire) {
@@ -349,22 +435,173 @@ impl Segment {
     /// The slot holding `key`, claiming an empty one if the key is new.
     fn find_or_claim(&self, key: u128) -> Result<usize> {
         let (hi, lo) = split_key(key);
-        let mut slot = lo as usize & self.slot_mask;
-        for _ in 0..self.slots {
-            let word = self.slot_word(slot, 0);
-            let mut current = word.load(Acquire);
-            if current == EMPTY {
-                current = match word.compare_exchange(EMPTY, hi, AcqRel, Acquire) {
-                    Ok(_) => hi,
-                    Err(winner) => winner,
-                };
+        'restart: loop {
+            let mut slot = lo as usize & self.slot_mask;
+            for _ in 0..self.slots {
+                let word = self.slot_word(slot, 0);
+                let mut current = word.load(Acquire);
+                if current == EMPTY {
+                    current = match word.compare_exchange(EMPTY, hi, AcqRel, Acquire) {
+                        Ok(_) => hi,
+                        Err(winner) => winner,
+                    };
+                }
+                if current == FENCE {
+                    self.wait_out_fence(slot);
+                    continue 'restart;
+                }
+                if current == hi && self.claim_lo(slot, lo) {
+                    return Ok(slot);
+                }
+                slot = (slot + 1) & self.slot_mask;
             }
-            if current == hi && self.claim_lo(slot, lo) {
-                return Ok(slot);
-            }
-            slot = (slot + 1) & self.slot_mask;
+            return Err(Error::ShmFull("slot table"));
         }
-        Err(Error::ShmFull("slot table"))
+    }
+
+    /// Waits for a sweep's fence on `slot` to lift; lifts it after [`FENCE_TIMEOUT`].
+    fn wait_out_fence(&self, slot: usize) {
+        let start = std::time::Instant::now();
+        while self.slot_word(slot, 0).load(Acquire) == FENCE {
+            if start.elapsed() > FENCE_TIMEOUT {
+                let _ = self.slot_word(slot, 0).compare_exchange(FENCE, EMPTY, AcqRel, Relaxed);
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Turns tombstone runs that end a probe chain back into empty slots; returns how many.
+    /// Run by one process at a time (the supervisor), after removing past periods' keys.
+    pub fn sweep(&self) -> usize {
+        let mut freed = 0;
+        for end in 0..self.slots {
+            let before = |i: usize| (end + self.slots - i) & self.slot_mask;
+            if self.slot_word(end, 0).load(Acquire) != EMPTY
+                || self.slot_word(before(1), 0).load(Acquire) != TOMBSTONE
+            {
+                continue;
+            }
+            if self.slot_word(end, 0).compare_exchange(EMPTY, FENCE, AcqRel, Relaxed).is_err() {
+                continue;
+            }
+            // NOTE: tombstones never change back except here, so the run is stable under the fence.
+            let mut back = 1;
+            while back < self.slots && self.slot_word(before(back), 0).load(Acquire) == TOMBSTONE {
+                let slot = before(back);
+                self.slot_word(slot, 1).store(0, Release);
+                self.slot_value(slot).store(0, Release);
+                if self.slot_word(slot, 0).compare_exchange(TOMBSTONE, EMPTY, AcqRel, Relaxed).is_ok() {
+                    freed += 1;
+                }
+                back += 1;
+            }
+            let _ = self.slot_word(end, 0).compare_exchange(FENCE, EMPTY, AcqRel, Relaxed);
+        }
+        freed
+    }
+
+    /// Appends `row` to the telemetry ring; false when the ring is full or the row does not fit
+    /// a record (the caller spools it), or when the record was reclaimed as stalled mid-write.
+    pub fn push_row(&self, row: &[u8]) -> bool {
+        if row.len() > self.record_bytes - RECORD_HEADER {
+            return false;
+        }
+        let cap = self.ring_records as u64;
+        let enqueue = self.header(10);
+        let mut reclaimed = false;
+        let pos = loop {
+            let pos = enqueue.load(Acquire);
+            let record = (pos & (cap - 1)) as usize;
+            let seq = self.record_word(record, 0).load(Acquire);
+            if seq == 4 * pos {
+                if enqueue.compare_exchange_weak(pos, pos + 1, AcqRel, Relaxed).is_ok() {
+                    break pos;
+                }
+            } else if seq >> 2 < pos {
+                // The record still holds the previous lap: full, unless a consumer died with it.
+                if reclaimed || !self.reclaim_popped(record, seq, pos - cap) {
+                    return false;
+                }
+                reclaimed = true;
+            }
+        };
+        let record = (pos & (cap - 1)) as usize;
+        self.record_word(record, 1).store(u64::from(current_pid()), Relaxed);
+        self.record_word(record, 2).store(now_ms(), Relaxed);
+        self.record_word(record, 3).store(row.len() as u64, Relaxed);
+        // SAFETY: the record's data area is ours until we publish (we won `pos`); it lies inside
+        // the mapping, and readers only copy it after an Acquire load of the published seq.
+        unsafe {
+            let data = self.map.as_mut_ptr().add(self.record_offset(record) + RECORD_HEADER);
+            std::ptr::copy_nonoverlapping(row.as_ptr(), data, row.len());
+        }
+        self.record_word(record, 0).compare_exchange(4 * pos, 4 * pos + 1, AcqRel, Relaxed).is_ok()
+    }
+
+    /// Frees a record of lap `old_pos` that a consumer popped and never freed, once stalled.
+    fn reclaim_popped(&self, record: usize, seq: u64, old_pos: u64) -> bool {
+        let popped = self.header(11).load(Acquire) > old_pos;
+        let state = seq & 3;
+        if !popped || seq >> 2 != old_pos || (state != 1 && state != 2) || !self.record_stalled(record) {
+            return false;
+        }
+        let next = 4 * (old_pos + self.ring_records as u64);
+        self.record_word(record, 0).compare_exchange(seq, next, AcqRel, Relaxed).is_ok()
+    }
+
+    fn record_stalled(&self, record: usize) -> bool {
+        let owner = self.record_word(record, 1).load(Acquire) as u32;
+        let since = self.record_word(record, 2).load(Acquire);
+        let dead = owner != 0 && owner != current_pid() && !process_alive(owner, 0);
+        dead || now_ms().saturating_sub(since) > RING_STALL_MS
+    }
+
+    /// Takes up to `max` rows from the telemetry ring, oldest first.
+    pub fn pop_rows(&self, max: usize) -> Vec<Vec<u8>> {
+        let cap = self.ring_records as u64;
+        let (enqueue, dequeue) = (self.header(10), self.header(11));
+        let mut rows = Vec::new();
+        while rows.len() < max {
+            let pos = dequeue.load(Acquire);
+            let record = (pos & (cap - 1)) as usize;
+            let seq_word = self.record_word(record, 0);
+            let seq = seq_word.load(Acquire);
+            if seq == 4 * pos + 1 || seq == 4 * pos + 2 {
+                if dequeue.compare_exchange_weak(pos, pos + 1, AcqRel, Relaxed).is_err() {
+                    continue;
+                }
+                let next = 4 * (pos + cap);
+                if seq == 4 * pos + 2 {
+                    let _ = seq_word.compare_exchange(seq, next, AcqRel, Relaxed);
+                    continue;
+                }
+                self.record_word(record, 1).store(u64::from(current_pid()), Relaxed);
+                self.record_word(record, 2).store(now_ms(), Relaxed);
+                let len = (self.record_word(record, 3).load(Relaxed) as usize).min(self.record_bytes - RECORD_HEADER);
+                let mut row = vec![0u8; len];
+                // SAFETY: we won `pos`; the producer's writes happened before its publishing CAS,
+                // which our Acquire load of `seq` observed. A stalled-pop reclaim is detected below.
+                unsafe {
+                    let data = self.map.as_mut_ptr().add(self.record_offset(record) + RECORD_HEADER);
+                    std::ptr::copy_nonoverlapping(data, row.as_mut_ptr(), len);
+                }
+                if seq_word.compare_exchange(seq, next, AcqRel, Relaxed).is_ok() {
+                    rows.push(row);
+                }
+            } else if seq == 4 * pos {
+                if enqueue.load(Acquire) <= pos {
+                    break; // empty
+                }
+                // Claimed, not yet published: poison it if its writer died or stalled.
+                if !self.record_stalled(record) || seq_word.compare_exchange(seq, seq + 2, AcqRel, Relaxed).is_err() {
+                    break;
+                }
+            } else if seq >> 2 < pos {
+                break;
+            }
+        }
+        rows
     }
 
     /// The slot holding `key`, without claiming.
@@ -373,7 +610,7 @@ impl Segment {
         let mut slot = lo as usize & self.slot_mask;
         for _ in 0..self.slots {
             match self.slot_word(slot, 0).load(Acquire) {
-                EMPTY => return None,
+                EMPTY | FENCE => return None,
                 current if current == hi => match self.slot_word(slot, 1).load(Acquire) {
                     found if found == lo => return Some(slot),
                     // A claim of this `hi` is half-written: the key cannot be further along
@@ -592,11 +829,14 @@ impl Segment {
             leases: self.leases as u64,
             procs: self.procs as u64,
             generation: self.header(5).load(Acquire),
+            ring_records: self.ring_records as u64,
+            record_bytes: self.record_bytes as u64,
+            ring_len: self.header(10).load(Acquire).saturating_sub(self.header(11).load(Acquire)),
             ..Stats::default()
         };
         for slot in 0..self.slots {
             match self.slot_word(slot, 0).load(Relaxed) {
-                EMPTY => {}
+                EMPTY | FENCE => {}
                 TOMBSTONE => stats.tombstones += 1,
                 _ => stats.slots_used += 1,
             }
@@ -753,6 +993,118 @@ mod tests {
         assert_eq!(segment.get(3 << 70 | 3), 0);
         assert_eq!(segment.get(4 << 70 | 4), 1);
         assert_eq!(segment.stats().tombstones, 1);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_ring_rows_from_many_processes_are_drained_exactly_once() {
+        let path = temp_path("ring");
+        let segment = Segment::create_with_ring(&path, 16, 4, 16, 64, 128).unwrap();
+        const PRODUCERS: usize = 4;
+        const ROWS: usize = 3000;
+        fork_children(PRODUCERS + 1, |i| {
+            let mine = Segment::open(&path).unwrap();
+            if i == PRODUCERS {
+                let mut seen = std::collections::HashSet::new();
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while seen.len() < PRODUCERS * ROWS {
+                    assert!(std::time::Instant::now() < deadline, "drained only {}", seen.len());
+                    for row in mine.pop_rows(17) {
+                        assert!(seen.insert(row), "row delivered twice");
+                    }
+                }
+                assert!(mine.pop_rows(10).is_empty());
+                return;
+            }
+            for n in 0..ROWS {
+                let row = format!("p{i}-{n}-{}", "x".repeat(n % 80)).into_bytes();
+                while !mine.push_row(&row) {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        assert_eq!(segment.stats().ring_len, 0);
+        assert!(!segment.push_row(&[0; 97]), "over the record size");
+        assert!(segment.push_row(&[1; 96]));
+        assert_eq!(segment.pop_rows(5), vec![vec![1; 96]]);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_ring_skips_a_record_whose_writer_died_mid_write() {
+        let path = temp_path("ringdead");
+        let segment = Segment::create_with_ring(&path, 16, 4, 4, 4, 64).unwrap();
+        assert!(segment.push_row(b"before"));
+        // A writer that claims the next record and dies before publishing.
+        // SAFETY: the child only touches the mapping and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let child = Segment::open(&path).unwrap();
+            let enqueue = child.header(10);
+            let pos = enqueue.fetch_add(1, AcqRel);
+            child.record_word((pos & 3) as usize, 1).store(u64::from(current_pid()), Relaxed);
+            unsafe { libc::_exit(0) };
+        }
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        assert!(segment.push_row(b"after"));
+        assert_eq!(segment.pop_rows(10), vec![b"before".to_vec(), b"after".to_vec()]);
+        for n in 0..4u8 {
+            assert!(segment.push_row(&[n]), "the ring keeps working after the skip");
+        }
+        assert!(!segment.push_row(b"full"));
+        assert_eq!(segment.pop_rows(10).len(), 4);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_sweep_reclaims_tombstones_at_chain_ends_only() {
+        let path = temp_path("sweep");
+        let segment = Segment::create(&path, 8, 4, 4).unwrap();
+        // Keys homed at slot 0 (lo & 7 == 0) form one chain 0,1,2.
+        let key = |n: u128| (n << 70) | (n << 3);
+        for n in 1..=3 {
+            segment.add(key(n), n as i64).unwrap();
+        }
+        segment.remove(key(2));
+        assert_eq!(segment.sweep(), 0, "slot 1 is mid-chain: key 3 lives after it");
+        segment.remove(key(3));
+        assert_eq!(segment.sweep(), 2);
+        assert_eq!(segment.stats().tombstones, 0);
+        assert_eq!(segment.get(key(1)), 1);
+        for n in 4..=10 {
+            segment.add(key(n), 1).unwrap();
+        }
+        assert_eq!(segment.stats().slots_used, 8, "freed slots are claimed again");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_sweeping_while_other_processes_add_loses_no_count() {
+        let path = temp_path("sweeprace");
+        let segment = Segment::create(&path, 64, 4, 16).unwrap();
+        let live: Vec<u128> = (0..8u128).map(|n| (n + 1) << 64 | (n * 64 + 5)).collect();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut n = 0u128;
+                while !done.load(Relaxed) {
+                    // Short-lived keys sharing the live keys' home slot, removed and swept.
+                    let temp = (1000 + n) << 64 | (n * 64 + 5);
+                    segment.add(temp, 1).unwrap();
+                    segment.remove(temp);
+                    segment.sweep();
+                    n += 1;
+                }
+            });
+            fork_children(4, |_| {
+                let mine = Segment::open(&path).unwrap();
+                for i in 0..4000 {
+                    mine.add(live[i % live.len()], 1).unwrap();
+                }
+            });
+            done.store(true, Relaxed);
+        });
+        assert_eq!(live.iter().map(|&k| segment.get(k)).sum::<i64>(), 4 * 4000);
         std::fs::remove_file(path).unwrap();
     }
 

@@ -1,11 +1,15 @@
 //! An immutable, validated view of one config, built from the msgpack bytes that Python's
 //! msgspec encodes. Built once per config change; read lock-free by every request.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use chrono_tz::Tz;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::keyindex::{Digest, KeyIndex};
+use crate::provider::{Family, GenericTemplates, Plan};
 use crate::shm::{id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY};
 
 #[derive(Deserialize)]
@@ -43,6 +47,22 @@ struct RawKey {
     expires_at_ms: Option<i64>,
 }
 
+fn yes() -> bool {
+    true
+}
+
+fn two() -> i64 {
+    2
+}
+
+fn two_hundred() -> i64 {
+    200
+}
+
+fn default_max_output_tokens() -> i64 {
+    4096
+}
+
 #[derive(Deserialize)]
 struct RawProvider {
     id: String,
@@ -51,6 +71,28 @@ struct RawProvider {
     max_calls_per_hour: Option<i64>,
     #[serde(default)]
     supports_web_search: bool,
+    #[serde(default)]
+    base_url: String,
+    #[serde(default)]
+    api_key: String,
+    #[serde(default)]
+    local: bool,
+    #[serde(default)]
+    max_outbound_rps: Option<i64>,
+    #[serde(default)]
+    max_concurrent_upstream: Option<i64>,
+    #[serde(default = "yes")]
+    retry_enabled: bool,
+    #[serde(default = "two")]
+    max_retries: i64,
+    #[serde(default = "two_hundred")]
+    retry_backoff_ms: i64,
+    #[serde(default = "yes")]
+    log_requests: bool,
+    #[serde(default)]
+    web_search_price_nano: i64,
+    #[serde(default)]
+    generic: Option<GenericTemplates>,
 }
 
 #[derive(Deserialize)]
@@ -76,6 +118,12 @@ struct RawModel {
     output_media_type: Option<String>,
     input_price_nano_per_1k: i64,
     output_price_nano_per_1k: i64,
+    #[serde(default)]
+    resolved_model: Option<String>,
+    #[serde(default = "default_max_output_tokens")]
+    max_output_tokens: i64,
+    #[serde(default)]
+    price_per_second_nano: i64,
 }
 
 #[derive(Deserialize)]
@@ -114,6 +162,16 @@ pub struct Key {
     pub expires_at_ms: Option<i64>,
 }
 
+/// A provider credential: never printed, not even by `Debug`.
+#[derive(Clone, Default)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "Secret(\"\")" } else { "Secret(***)" })
+    }
+}
+
 /// An upstream provider.
 #[derive(Clone, Debug)]
 pub struct Provider {
@@ -124,6 +182,21 @@ pub struct Provider {
     pub supports_web_search: bool,
     /// [`PROVIDER_CALLS_HOUR`] key, period left open.
     pub calls_key: KeyTemplate,
+    pub base_url: String,
+    /// Decrypted by Python while building the config.
+    pub api_key: Secret,
+    /// May point at loopback or private addresses (the SSRF guard in Python reads this).
+    pub local: bool,
+    pub max_outbound_rps: Option<i64>,
+    pub max_concurrent_upstream: Option<i64>,
+    pub retry_enabled: bool,
+    pub max_retries: i64,
+    pub retry_backoff_ms: i64,
+    /// False makes the provider "silent": none of its calls or denials are logged.
+    pub log_requests: bool,
+    pub web_search_price_nano: i64,
+    /// Templates and paths, compiled.
+    pub plan: Arc<Plan>,
 }
 
 /// What a model produces.
@@ -176,6 +249,11 @@ pub struct Model {
     pub output_media_type: Option<String>,
     pub input_price_nano_per_1k: i64,
     pub output_price_nano_per_1k: i64,
+    /// The upstream's name for the model (`{{model}}`); the registry name when unset.
+    pub resolved_model: String,
+    /// The default `max_tokens` of a call that sets none.
+    pub max_output_tokens: i64,
+    pub price_per_second_nano: i64,
 }
 
 /// Allowed minutes after local midnight, `[from_min, to_min)`; overnight when `from_min > to_min`.
@@ -218,6 +296,7 @@ pub struct Snapshot {
     /// Per principal, its grant indexes sorted by model name.
     grants_by_principal: Vec<Vec<u32>>,
     key_index: KeyIndex,
+    model_by_id: HashMap<String, u32>,
 }
 
 fn parse_status(errors: &mut Vec<String>, what: &str, status: &str, allowed: [&str; 2]) -> bool {
@@ -293,13 +372,44 @@ impl Snapshot {
         let providers: Vec<Provider> = raw
             .providers
             .into_iter()
-            .map(|p| Provider {
-                calls_key: KeyTemplate::new(PROVIDER_CALLS_HOUR, &[0; 16], &id_bytes(&p.id)),
-                id: p.id,
-                name: p.name,
-                family: p.family,
-                max_calls_per_hour: p.max_calls_per_hour,
-                supports_web_search: p.supports_web_search,
+            .enumerate()
+            .map(|(i, p)| {
+                let what = format!("providers[{i}]");
+                let family = Family::parse(&p.family).unwrap_or_else(|| {
+                    e.push(format!("{what}: family {:?} is not generic, anthropic, openai, openai_responses, gemini or ollama", p.family));
+                    Family::Generic
+                });
+                let preset = Plan::preset(family, &p.base_url, !p.api_key.is_empty());
+                let plan = match &p.generic {
+                    Some(g) => Plan::from_generic(family, g, preset, e, &what),
+                    None if family == Family::Generic => {
+                        e.push(format!("{what}: a generic provider needs its templates"));
+                        Plan::from_generic(family, &GenericTemplates::default(), None, e, &what)
+                    }
+                    None => preset.expect("every non-generic family has a preset"),
+                };
+                if p.max_retries < 0 || p.retry_backoff_ms < 0 || p.web_search_price_nano < 0 {
+                    e.push(format!("{what}: negative max_retries, retry_backoff_ms or web_search_price_nano"));
+                }
+                Provider {
+                    calls_key: KeyTemplate::new(PROVIDER_CALLS_HOUR, &[0; 16], &id_bytes(&p.id)),
+                    id: p.id,
+                    name: p.name,
+                    family: p.family,
+                    max_calls_per_hour: p.max_calls_per_hour,
+                    supports_web_search: p.supports_web_search,
+                    base_url: p.base_url,
+                    api_key: Secret(p.api_key),
+                    local: p.local,
+                    max_outbound_rps: p.max_outbound_rps,
+                    max_concurrent_upstream: p.max_concurrent_upstream,
+                    retry_enabled: p.retry_enabled,
+                    max_retries: p.max_retries,
+                    retry_backoff_ms: p.retry_backoff_ms,
+                    log_requests: p.log_requests,
+                    web_search_price_nano: p.web_search_price_nano,
+                    plan: Arc::new(plan.finish()),
+                }
             })
             .collect();
 
@@ -313,15 +423,16 @@ impl Snapshot {
                     e.push(format!("{what}: kind {:?} is not chat, embedding, image_generation or video_generation", m.kind));
                     ModelKind::Chat
                 });
-                if m.input_price_nano_per_1k < 0 || m.output_price_nano_per_1k < 0 {
+                if m.input_price_nano_per_1k < 0 || m.output_price_nano_per_1k < 0 || m.price_per_second_nano < 0 {
                     e.push(format!("{what}: negative price"));
+                }
+                if m.max_output_tokens <= 0 {
+                    e.push(format!("{what}: max_output_tokens must be positive"));
                 }
                 Model {
                     provider: index(e, &format!("{what}.provider"), m.provider, providers.len()),
                     retired: !parse_status(e, &what, &m.status, ["active", "retired"]),
                     kind,
-                    id: m.id,
-                    name: m.name,
                     created_ms: m.created_ms,
                     blocked: m.blocked,
                     supports_image_in: m.supports_image_in,
@@ -332,6 +443,11 @@ impl Snapshot {
                     output_media_type: m.output_media_type,
                     input_price_nano_per_1k: m.input_price_nano_per_1k,
                     output_price_nano_per_1k: m.output_price_nano_per_1k,
+                    resolved_model: m.resolved_model.filter(|r| !r.is_empty()).unwrap_or_else(|| m.name.clone()),
+                    max_output_tokens: m.max_output_tokens,
+                    price_per_second_nano: m.price_per_second_nano,
+                    id: m.id,
+                    name: m.name,
                 }
             })
             .collect();
@@ -394,7 +510,9 @@ impl Snapshot {
             });
         }
         let key_index = KeyIndex::new(pepper, keys.iter().map(|k| k.digest));
+        let model_by_id = models.iter().enumerate().map(|(i, m)| (m.id.clone(), i as u32)).collect();
         Ok(Self {
+            model_by_id,
             seq: raw.seq,
             kill_switch: raw.kill_switch,
             principals,
@@ -422,6 +540,21 @@ impl Snapshot {
         let principal = &self.principals[key.principal as usize];
         let live = |expires: Option<i64>| expires.is_none_or(|at| now_ms < at);
         (key.active && principal.active && live(key.expires_at_ms) && live(principal.expires_at_ms)).then_some(index)
+    }
+
+    /// The index of the model with id `id`.
+    #[must_use]
+    pub fn model_index(&self, id: &str) -> Option<u32> {
+        self.model_by_id.get(id).copied()
+    }
+
+    /// The principal's grant of the model named `name` (any kind, blocked and retired included).
+    #[must_use]
+    pub fn grant_by_name(&self, principal: u32, name: &str) -> Option<&Grant> {
+        let list = &self.grants_by_principal[principal as usize];
+        let name_of = |g: u32| self.models[self.grants[g as usize].model as usize].name.as_str();
+        let at = list.binary_search_by(|&g| name_of(g).cmp(name)).ok()?;
+        Some(&self.grants[list[at] as usize])
     }
 
     /// The grants a principal can see listed, sorted by model name: blocked and retired models
@@ -468,6 +601,17 @@ pub(crate) mod test_support {
             max_calls_per_hour: None,
             supports_web_search: true,
             calls_key: KeyTemplate::new(PROVIDER_CALLS_HOUR, &[0; 16], &[3; 16]),
+            base_url: "http://up".into(),
+            api_key: Secret("sk-test".into()),
+            local: false,
+            max_outbound_rps: None,
+            max_concurrent_upstream: None,
+            retry_enabled: true,
+            max_retries: 2,
+            retry_backoff_ms: 200,
+            log_requests: true,
+            web_search_price_nano: 0,
+            plan: Arc::new(Plan::preset(Family::OpenAi, "http://up", true).unwrap().finish()),
         }
     }
 

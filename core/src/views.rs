@@ -12,6 +12,14 @@ pub const UNAUTHORIZED_BODY: &[u8] = b"{\"error\":\"invalid_or_revoked_key\"}\n"
 /// Appends `s` as a JSON string literal: quotes, backslashes and control characters escaped.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
+    write_escaped(out, s);
+    out.push(b'"');
+}
+
+/// Appends the inside of a JSON string literal for `s`, without the quotes: Mesh's minimal
+/// escaper (`"`, `\`, `\n`, `\r`, `\t` escaped, other bytes below 0x20 as `\u00XX`, all other
+/// UTF-8 unchanged). The one escaper of the crate: views, templates and NDJSON lines use it.
+pub fn write_escaped(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
@@ -34,10 +42,9 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
         start = i + 1;
     }
     out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
 }
 
-fn write_int(out: &mut Vec<u8>, value: i64) {
+pub(crate) fn write_int(out: &mut Vec<u8>, value: i64) {
     out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
 }
 
@@ -76,7 +83,7 @@ fn write_percent(out: &mut Vec<u8>, used: i64, limit: i64) {
     write_fixed(out, hundredths, 2);
 }
 
-fn write_time(out: &mut Vec<u8>, unix_ms: i64) {
+pub(crate) fn write_time(out: &mut Vec<u8>, unix_ms: i64) {
     let text = DateTime::from_timestamp_millis(unix_ms).map_or_else(String::new, |t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
     write_str(out, &text);
 }
@@ -101,7 +108,7 @@ fn write_cap(out: &mut Vec<u8>, cap_nano: i64) {
     }
 }
 
-fn counters(grant: &Grant, provider: &Provider, segment: &impl CounterRead, now_ms: i64) -> Counters {
+pub(crate) fn counters(grant: &Grant, provider: &Provider, segment: &impl CounterRead, now_ms: i64) -> Counters {
     let (day, hour) = (utc_day(now_ms), utc_hour(now_ms));
     Counters {
         calls_this_hour: segment.counter(grant.calls_key.at(hour)),

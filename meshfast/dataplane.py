@@ -1,0 +1,354 @@
+"""The Mesh-native data plane: ``POST /v1/proxy``, ``/v1/embeddings``, ``/v1/generate``.
+
+One call into the core decides (authenticate, authorize, policy, validate, render); Python
+moves bytes: it sends the rendered request, feeds the upstream stream to the core's SSE reader
+and writes the NDJSON lines it returns, one flush per delta. Every POST ends in exactly one row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from meshfast import errors
+from meshfast._core import Core, UpstreamBodyError, request_id
+from meshfast.dispatch import Dispatcher, UpstreamError
+from meshfast.settings import Settings
+from meshfast.telemetry import Row, Telemetry
+
+log = logging.getLogger("meshfast.dataplane")
+
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+_json = msgspec.json.Encoder()
+# Largest non-streamed upstream answer read (embeddings, generation).
+MAX_UPSTREAM_BODY = 300 * 1024 * 1024
+
+
+def client_ip(scope: Any) -> str | None:
+    client = scope.client or ""
+    host = client.rsplit(":", 1)[0] if ":" in client else client
+    return host.strip("[]") or None
+
+
+def _header(headers: Any, name: str) -> str | None:
+    try:
+        return headers.get(name)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+class _ClientGone(Exception):
+    """The caller closed the connection mid-stream."""
+
+
+class DataPlane:
+    def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings) -> None:
+        self.core = core
+        self.dispatcher = dispatcher
+        self.telemetry = telemetry
+        self.settings = settings
+
+    # --- entry --------------------------------------------------------------------------
+
+    async def handle(self, scope: Any, proto: Any, route: str, read_body: Any) -> None:
+        started = time.perf_counter()
+        now_ms = time.time_ns() // 1_000_000
+        headers = scope.headers
+        user_agent = _header(headers, "user-agent")
+        source_ip = client_ip(scope)
+        try:
+            body = await read_body(scope, proto, self.settings.max_body_bytes)
+        except errors.PayloadTooLarge as exc:
+            rid = request_id()
+            self._respond(proto, exc.status, rid, exc.body())
+            self.telemetry.record(Row(
+                request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=exc.status,
+                deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
+                user_agent=user_agent, requested_model=_model_param(scope.query_string)))
+            return
+        p = self.core.prepare(
+            route, _header(headers, "authorization"), _header(headers, "x-api-key"),
+            _header(headers, "x-goog-api-key"), scope.query_string, body, len(body), now_ms,
+        )
+        row = Row(
+            request_id=p.request_id, created_ms=now_ms, route=route, outcome="denied", status_code=p.status,
+            mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
+            model_name=p.model_name, requested_model=p.requested_model, deny_reason=p.deny_reason,
+            source_ip=source_ip, user_agent=user_agent,
+        )
+        if p.status:
+            extra = [("retry-after", str(p.retry_after_s))] if p.retry_after_s else []
+            self._respond(proto, p.status, p.request_id, p.body, extra)
+            row.latency_ms = self._elapsed_ms(started)
+            if p.log_requests:
+                self.telemetry.record(row)
+            return
+        row.deny_reason = None
+        try:
+            if route == "proxy":
+                await self._proxy(p, proto, row, started, body)
+            elif route == "embeddings":
+                await self._embeddings(p, proto, row, started)
+            else:
+                await self._generate(p, proto, row, started)
+        finally:
+            row.latency_ms = self._elapsed_ms(started)
+            if p.log_requests:
+                self.telemetry.record(row)
+
+    # --- routes -------------------------------------------------------------------------
+
+    async def _send(self, p: Any, proto: Any, row: Row, method: str | None = None, url: str | None = None,
+                    body: bytes | None = None) -> aiohttp.ClientResponse | None:
+        """Send upstream with retries; on final failure answer 502 and fill the row."""
+        try:
+            return await self.dispatcher.send(
+                method or p.method, url or p.url, p.headers, p.upstream_body if body is None else body,
+                local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
+            )
+        except UpstreamError as exc:
+            self._upstream_failed(p, proto, row, exc)
+            return None
+
+    def _upstream_failed(self, p: Any, proto: Any, row: Row, exc: UpstreamError, detail: str | None = None) -> None:
+        payload: dict[str, Any] = {"error": "upstream_unavailable"}
+        if exc.status is not None:
+            payload["provider_status"] = exc.status
+            payload["provider_message"] = exc.message
+        elif detail:
+            payload["detail"] = detail
+        self._respond(proto, 502, p.request_id, _json.encode(payload) + b"\n")
+        row.outcome = "upstream_error"
+        row.status_code = exc.status if exc.status is not None else 502
+
+    async def _proxy(self, p: Any, proto: Any, row: Row, started: float, request_body: bytes) -> None:
+        response = await self._send(p, proto, row)
+        if response is None:
+            return
+        stream = p.stream()
+        transport = proto.response_stream(200, [
+            ("content-type", NDJSON), ("x-request-id", p.request_id), ("cache-control", "no-cache"),
+        ])
+        incomplete = False
+        client_gone = False
+        sent: list[bytes] = []
+        idle_s = self.settings.stream_idle_timeout_s
+        try:
+            while not stream.done:
+                try:
+                    async with asyncio.timeout(idle_s):
+                        chunk = await response.content.readany()
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                    # NOTE: aiohttp keeps this exception on the response; its traceback would
+                    # pin this frame, and with it the client transport, until the cyclic GC
+                    # runs, holding the caller's stream open for tens of seconds.
+                    exc.__traceback__ = None
+                    incomplete = True
+                    break
+                if not chunk:
+                    # EOF: a clean end unless the body was cut short.
+                    break
+                out = stream.feed(chunk)
+                if out:
+                    sent.append(out)
+                    if row.ttfb_ms is None:
+                        row.ttfb_ms = self._elapsed_ms(started)
+                    try:
+                        await transport.send_bytes(out)
+                    except Exception:
+                        client_gone = True
+                        break
+        finally:
+            if incomplete or client_gone or not stream.done:
+                response.close()
+            else:
+                response.release()
+        self._account_stream(p, stream, row, request_body, sent)
+        final = stream.finish(incomplete)
+        if not client_gone:
+            try:
+                await transport.send_bytes(final)
+            except Exception:
+                client_gone = True
+        row.status_code = 200
+        row.outcome = "upstream_error" if incomplete else "success"
+
+    def _account_stream(self, p: Any, stream: Any, row: Row, request_body: bytes, sent: list[bytes]) -> None:
+        tokens_in, tokens_out = stream.input_tokens, stream.output_tokens
+        if not stream.usage_reported:
+            # NOTE: only when the upstream reported no usage: tokenize what went each way.
+            tokens_in = self.core.estimate_tokens(_prompt_text(request_body))
+            tokens_out = self.core.estimate_tokens(_delta_text(sent)) if stream.deltas else 0
+            stream.set_usage(tokens_in, tokens_out)
+            row.usage_estimated = True
+        self._charge(p, row, tokens_in, tokens_out)
+
+    def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0) -> None:
+        input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, 0)
+        self.core.charge(p.principal_id, p.model_id, input_nano + output_nano, row.created_ms)
+        row.tokens_in, row.tokens_out = tokens_in, tokens_out
+        row.input_cost_nano, row.output_cost_nano = input_nano, output_nano
+
+    async def _read_all(self, response: aiohttp.ClientResponse) -> bytes:
+        async with asyncio.timeout(self.settings.stream_idle_timeout_s):
+            data = await response.content.read(MAX_UPSTREAM_BODY + 1)
+        if len(data) > MAX_UPSTREAM_BODY:
+            raise UpstreamError(None, "upstream answer too large")
+        return data
+
+    async def _embeddings(self, p: Any, proto: Any, row: Row, started: float) -> None:
+        response = await self._send(p, proto, row)
+        if response is None:
+            return
+        try:
+            data = await self._read_all(response)
+            vector_json, tokens_in = p.extract_embedding(data)
+        except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._upstream_failed(p, proto, row, UpstreamError(None, str(exc)), "upstream answer unreadable")
+            return
+        except UpstreamBodyError as exc:
+            self._upstream_failed(p, proto, row, UpstreamError(response.status, str(exc)))
+            return
+        finally:
+            response.release()
+        self._charge(p, row, tokens_in, 0)
+        body = (b'{"id":"' + p.request_id.encode() + b'","model":' + _json.encode(p.model_name)
+                + b',"embedding":' + vector_json + b',"usage":{"input_tokens":' + str(tokens_in).encode() + b"}}\n")
+        self._respond(proto, 200, p.request_id, body)
+        row.outcome, row.status_code = "success", 200
+
+    async def _generate(self, p: Any, proto: Any, row: Row, started: float) -> None:
+        response = await self._send(p, proto, row)
+        if response is None:
+            return
+        try:
+            data = await self._read_all(response)
+        except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._upstream_failed(p, proto, row, UpstreamError(None, str(exc)), "upstream answer unreadable")
+            return
+        finally:
+            response.release()
+        try:
+            if p.generation_mode == "async_poll":
+                outputs, seconds, tokens_in, tokens_out = await self._poll_job(p, data)
+            else:
+                media, seconds, _, _, tokens_in, tokens_out = p.extract_generation(data)
+                outputs = [_classify(item) for item in media]
+        except UpstreamError as exc:
+            self._upstream_failed(p, proto, row, exc, exc.message)
+            return
+        except UpstreamBodyError as exc:
+            self._upstream_failed(p, proto, row, UpstreamError(None, str(exc)), str(exc))
+            return
+        self._charge(p, row, tokens_in, tokens_out, seconds)
+        usage: dict[str, Any] = {"input_tokens": tokens_in, "output_tokens": tokens_out}
+        if seconds > 0:
+            usage["seconds"] = seconds
+        rendered = [{"type": kind, "data": value} for kind, value in outputs]
+        body = _json.encode({"id": p.request_id, "model": p.model_name, "media_type": p.output_media_type,
+                             "output": rendered[0], "outputs": rendered, "usage": usage}) + b"\n"
+        if seconds:
+            row.generated_seconds = seconds
+        self._respond(proto, 200, p.request_id, body)
+        row.outcome, row.status_code = "success", 200
+
+    async def _poll_job(self, p: Any, submitted: bytes) -> tuple[list[tuple[str, str]], float, int, int]:
+        _, _, job_id, _, tokens_in, tokens_out = p.extract_generation(submitted)
+        if not job_id:
+            raise UpstreamBodyError("the submit answer carries no job id")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + p.max_wait_s
+        status_url = p.render_status_url(job_id)
+        success = {v.lower() for v in p.success_values}
+        failure = {v.lower() for v in p.failure_values}
+        seconds = 0.0
+        while True:
+            if loop.time() >= deadline:
+                raise UpstreamError(None, "generation job did not finish in time")
+            await asyncio.sleep(p.poll_interval_ms / 1000)
+            try:
+                response = await self.dispatcher.send("GET", status_url, p.headers, b"", local=p.local,
+                                                      attempts=1, backoff_ms=p.backoff_ms)
+                status_body = await response.content.read(256 * 1024)
+                response.release()
+            except (UpstreamError, aiohttp.ClientError, OSError, TimeoutError):
+                continue  # poll errors are retried until the deadline
+            try:
+                _, seconds, _, state, _, _ = p.extract_generation(status_body)
+            except UpstreamBodyError:
+                continue
+            state = (state or "").lower()
+            if state in failure:
+                raise UpstreamError(None, f"generation job {job_id} failed")
+            if state in success:
+                break
+        response = await self.dispatcher.send("GET", p.render_content_url(job_id), p.headers, b"",
+                                              local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms)
+        content = await self._read_all(response)
+        response.release()
+        if not content:
+            raise UpstreamError(None, "generation job returned no content")
+        return [("base64", base64.b64encode(content).decode())], seconds, tokens_in, tokens_out
+
+    # --- helpers ------------------------------------------------------------------------
+
+    @staticmethod
+    def _elapsed_ms(started: float) -> int:
+        return int((time.perf_counter() - started) * 1000)
+
+    @staticmethod
+    def _respond(proto: Any, status: int, rid: str, body: bytes, extra: list[tuple[str, str]] | None = None) -> None:
+        headers = [("content-type", JSON), ("x-request-id", rid)]
+        if extra:
+            headers.extend(extra)
+        proto.response_bytes(status, headers, body)
+
+
+def _classify(item: str) -> tuple[str, str]:
+    return ("url", item) if item.startswith(("http://", "https://")) else ("base64", item)
+
+
+class _Prompt(msgspec.Struct):
+    query: str | None = None
+    content: list[dict[str, Any]] | None = None
+
+
+def _prompt_text(body: bytes) -> str:
+    try:
+        prompt = msgspec.json.decode(body, type=_Prompt)
+    except msgspec.MsgspecError:
+        return ""
+    if prompt.query:
+        return prompt.query
+    return "\n\n".join(b["text"] for b in prompt.content or () if isinstance(b.get("text"), str))
+
+
+class _Delta(msgspec.Struct):
+    delta: str | None = None
+
+
+_delta_decoder = msgspec.json.Decoder(_Delta)
+
+
+def _delta_text(sent: list[bytes]) -> str:
+    return "".join(
+        d.delta or "" for chunk in sent for line in chunk.splitlines() if line
+        for d in (_delta_decoder.decode(line),)
+    )
+
+
+def _model_param(query: str) -> str | None:
+    from urllib.parse import parse_qs
+
+    try:
+        values = parse_qs(query or "").get("model")
+    except ValueError:
+        return None
+    return values[0] if values else None
