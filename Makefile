@@ -50,7 +50,7 @@ bench-gates: ## pytest-benchmark gates on the in-process path
 .PHONY: bench
 bench: setup ## authenticated GET /v1/models vs a Granian hello-world, with wrk (needs wrk)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
-	PATH=$(BIN):$$PATH $(BIN)/python bench/models_bench.py --workers $(WORKERS)
+	$(BIN)/python bench/models_bench.py --workers $(WORKERS) --rounds 3 --meshfast-cmd $(BIN)/meshfast
 
 .PHONY: build-bench
 build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for published numbers

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Gateway, TestserveProcess as Testserve
+from conftest import Gateway, TestserveProcess
 from testserve.content import Prompt, reply_text
 
 FAMILIES = ("anthropic", "openai", "openai_responses", "gemini", "ollama")
@@ -58,7 +58,7 @@ def _hello() -> Prompt:
 
 
 @pytest.fixture(scope="module")
-def world(gateway: Gateway, testserve: Testserve) -> dict[str, Any]:
+def world(gateway: Gateway, testserve: TestserveProcess) -> dict[str, Any]:
     user = gateway.create_user()
     models: dict[str, dict[str, Any]] = {}
     for family in FAMILIES:
@@ -93,7 +93,7 @@ def _call(gateway: Gateway, key: str, model: str, body: Any, timeout: float = 30
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_anthropic_scenario_table(gateway: Gateway, testserve: Testserve, world: dict[str, Any], scenario: str) -> None:
+def test_anthropic_scenario_table(gateway: Gateway, testserve: TestserveProcess, world: dict[str, Any], scenario: str) -> None:
     """Each scenario gives its status, stream ending, row outcome and token counts."""
     expect = SCENARIOS[scenario]
     model = f"px-anthropic-{scenario}"
@@ -154,7 +154,7 @@ def test_anthropic_scenario_table(gateway: Gateway, testserve: Testserve, world:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_streams_renders_and_never_leaks(gateway: Gateway, testserve: Testserve,
+def test_every_family_streams_renders_and_never_leaks(gateway: Gateway, testserve: TestserveProcess,
                                                      world: dict[str, Any], family: str) -> None:
     """Text and an image reach each family in its own shape; no key or placeholder upstream."""
     testserve.client.delete("/_debug/requests")
