@@ -382,7 +382,9 @@ class Prepared:
     def render_content_url(self, job_id: str) -> str:
         """The async content URL for ``job_id``."""
     def stream(self) -> Stream:
-        """A fresh SSE-to-NDJSON reader for this chat call. :class:`CoreError` unless it is one."""
+        """A fresh SSE-to-NDJSON reader for this chat call. :class:`CoreError` unless it is one.
+
+        With :attr:`web_search`, the reader also extracts the family's search results."""
     def extract_embedding(self, body: bytes) -> tuple[bytes, int]:
         """``(vector as compact JSON array text, input_tokens)`` from an embeddings response.
 
@@ -405,12 +407,20 @@ class Stream:
         Only ``data:`` lines count; empty payloads are keep-alives; ``[DONE]`` or the provider's
         done signal ends the stream (later bytes are ignored); unparseable payloads are skipped
         and counted in :attr:`malformed`. Each non-empty delta becomes ``{"id":…,"delta":…}``.
+
+        With web search, an event that cites URLs not seen before is followed by
+        ``{"id":…,"sources":[{url, title?, cited_text?, page_age?}, …]}`` with only those URLs
+        (at most 100 in all).
         """
     def set_usage(self, input_tokens: int, output_tokens: int) -> None:
         """Replace the usage counts (a tokenizer estimate when the upstream reported none)."""
     def finish(self, incomplete: bool = False) -> bytes:
         """The final line: ``{"id":…,"done":true,"usage":{…}}`` plus ``"truncated":true`` when
-        output tokens reached ``max_tokens`` and ``"incomplete":true`` when asked."""
+        output tokens reached ``max_tokens`` and ``"incomplete":true`` when asked.
+
+        When web search was used (any citation, query or reported count), ``usage`` also has
+        ``web_searches`` and the line has ``sources`` (all, de-duplicated and merged by URL, at
+        most 100), ``queries``, ``search_suggestions_html`` and ``sources_truncated`` as present."""
     @property
     def input_tokens(self) -> int: ...
     @property
@@ -427,3 +437,8 @@ class Stream:
     @property
     def text_bytes(self) -> int:
         """UTF-8 bytes of delta text forwarded."""
+    @property
+    def web_searches(self) -> int:
+        """Billable web searches so far: the highest reported count, else distinct queries, else
+        1 if anything was cited, else 0 (always 0 without web search). Pass it to
+        :meth:`Core.price`."""

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import errors
+from meshfast import counters, errors, verify
 from meshfast._core import Core, Segment, SnapshotError, request_id
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
@@ -26,7 +26,7 @@ from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, ensure_log_partitions
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
-from meshfast.snapshot import encode, load_config
+from meshfast.snapshot import Config, encode, load_config
 from meshfast.store import database, sql
 from meshfast.telemetry import Telemetry
 
@@ -46,6 +46,7 @@ _SECURITY_HEADERS = [
 _READY = b'{"status":"ok"}\n'
 _NOT_READY = b'{"status":"degraded","reason":"database_unreachable"}\n'
 _json = msgspec.json.Encoder()
+COUNTER_CHECKPOINT_S = 5.0
 _MESH_ROUTES = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
 
 
@@ -68,6 +69,7 @@ class ConfigFeed:
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.rebuilds = 0
+        self.config: Config | None = None
 
     async def rebuild(self) -> int:
         async with self._lock:
@@ -75,6 +77,7 @@ class ConfigFeed:
                 config = await load_config(conn, self._master_key)
             try:
                 seq = self._core.load(encode(config))
+                self.config = config
             except SnapshotError as exc:
                 # NOTE: the last good snapshot stays in force.
                 log.error("snapshot rejected, keeping seq %s: %s", self._core.seq, exc)
@@ -171,7 +174,7 @@ class App:
                                self.secrets.master_key)
         await self.feed.rebuild()
         self.feed.start()
-        self.leader = Leader(gateway_url, [(3600.0, ensure_log_partitions)])
+        self.leader = Leader(gateway_url, [(3600.0, ensure_log_partitions), (COUNTER_CHECKPOINT_S, self._checkpoint)])
         self.leader.start()
         self.dispatcher = Dispatcher(Timeouts(
             connect_s=settings.upstream_connect_timeout_s, idle_s=settings.stream_idle_timeout_s,
@@ -180,15 +183,29 @@ class App:
         self.telemetry = Telemetry(self.segment, self.gateway_pool, settings.spool_dir)
         self.telemetry.start()
         self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings)
-        service = AdminService(self.admin_pool, self.secrets, self.feed.ensure)
+        service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
 
+    async def _verify(self, provider: Any, models: list[Any]) -> list[Any]:
+        assert self.dispatcher is not None
+        return await verify.verify(self.dispatcher, provider, models)
+
+    async def _checkpoint(self, conn: asyncpg.Connection) -> None:
+        if self.feed is not None and self.feed.config is not None:
+            await counters.checkpoint(self.segment, conn, self.feed.config, time.time_ns() // 1_000_000)
+
     async def shutdown(self) -> None:
+        was_leader = self.leader is not None and self.leader.is_leader
         for part in (self.leader, self.feed, self.telemetry):
             if part is not None:
                 await part.stop()
+        if was_leader and self.gateway_pool is not None:
+            # The last leader out pushes what the counters gained since the last checkpoint.
+            with contextlib.suppress(Exception):
+                async with self.gateway_pool.acquire() as conn:
+                    await self._checkpoint(conn)
         if self.dispatcher is not None:
             await self.dispatcher.close()
         for pool in (self.gateway_pool, self.admin_pool):

@@ -160,7 +160,7 @@ def _minutes(t: dt.time | None) -> int | None:
     return None if t is None else t.hour * 60 + t.minute
 
 
-def _generic(settings: Any) -> GenericTemplates | None:
+def generic_templates(settings: Any) -> GenericTemplates | None:
     if isinstance(settings, str):
         settings = json.loads(settings)
     fields = {k: v for k, v in (settings or {}).items() if k in GenericTemplates.__struct_fields__}
@@ -172,7 +172,7 @@ def _generic(settings: Any) -> GenericTemplates | None:
     return msgspec.convert(fields, GenericTemplates)
 
 
-def _provider(row: asyncpg.Record, master_key: bytes) -> Provider | None:
+def provider_from_row(row: asyncpg.Record, master_key: bytes) -> Provider | None:
     provider_id = str(row["id"])
     try:
         api_key = open_sealed(master_key, provider_id, bytes(row["encrypted_api_key"]), bytes(row["key_nonce"]))
@@ -199,7 +199,7 @@ def _provider(row: asyncpg.Record, master_key: bytes) -> Provider | None:
         retry_backoff_ms=row["retry_backoff_ms"],
         log_requests=row["log_requests"],
         web_search_price_nano=usd_to_nanos((settings or {}).get("web_search_price_per_call") or 0),
-        generic=_generic(settings),
+        generic=generic_templates(settings),
     )
 
 
@@ -214,7 +214,7 @@ async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
         grant_rows = await conn.fetch(sql.SNAPSHOT_GRANTS)
 
     principal_index = {row["id"]: i for i, row in enumerate(user_rows)}
-    providers = [p for p in (_provider(row, master_key) for row in provider_rows) if p is not None]
+    providers = [p for p in (provider_from_row(row, master_key) for row in provider_rows) if p is not None]
     provider_index = {uuid.UUID(p.id): i for i, p in enumerate(providers)}
     models = [row for row in model_rows if row["provider_id"] in provider_index]
     model_index = {row["id"]: i for i, row in enumerate(models)}

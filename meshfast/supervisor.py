@@ -131,12 +131,27 @@ def serve(options: ServeOptions) -> int:
     return 0
 
 
+async def _seed_counters(url: str, segment: Segment) -> None:
+    import time
+
+    from meshfast import counters
+
+    conn = await database.connect(url, role=database.GATEWAY_ROLE)
+    try:
+        loaded = await counters.seed(segment, conn, time.time_ns() // 1_000_000)
+    finally:
+        await conn.close()
+    if loaded:
+        log.info("seeded %d counters from the database", loaded)
+
+
 def _run_workers(options: ServeOptions, settings: Settings, database_url: str) -> int:
     from granian import Granian
     from granian.constants import Interfaces
     from granian.log import LogLevels
 
     segment = Segment.create(str(settings.shm_path))
+    asyncio.run(_seed_counters(database_url, segment))
     reclaimer = Reclaimer(segment)
     os.environ[app_module.ENV_DATABASE_URL] = database_url
     if settings.gateway_database_url:

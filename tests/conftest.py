@@ -220,7 +220,7 @@ SESSION_ENV = {
 }
 
 
-class TestserveProcess:
+class EmulatedProviders:
     """The emulated providers in their own Granian process."""
 
     def __init__(self, root: Path) -> None:
@@ -230,7 +230,7 @@ class TestserveProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.client = httpx.Client(base_url=self.base_url, timeout=10)
 
-    def start(self) -> TestserveProcess:
+    def start(self) -> EmulatedProviders:
         env = dict(os.environ, TESTSERVE_SLOW_DELAY_MS="1000", TESTSERVE_HANG_SECONDS="30",
                    TESTSERVE_VIDEO_JOB_S="0.5")
         self.proc = subprocess.Popen([sys.executable, "-m", "testserve", "--port", str(self.port)],
@@ -253,9 +253,9 @@ class TestserveProcess:
 
 
 @pytest.fixture(scope="session")
-def testserve() -> Iterator[TestserveProcess]:
+def testserve() -> Iterator[EmulatedProviders]:
     root = Path(tempfile.mkdtemp(prefix="ts-"))
-    server = TestserveProcess(root).start()
+    server = EmulatedProviders(root).start()
     try:
         yield server
     finally:

@@ -218,3 +218,33 @@ def test_exactly_one_worker_leads_and_prepares_log_partitions(gateway: Gateway) 
     today = dt.datetime.now(dt.UTC).date()
     for offset in range(8):
         assert f"request_logs_{(today + dt.timedelta(days=offset)):%Y%m%d}" in names
+
+
+def test_spend_and_calls_survive_a_restart(fresh_dir: Path, testserve) -> None:  # type: ignore[no-untyped-def]
+    """Spend and hourly calls are checkpointed to PostgreSQL and re-seeded on the next start."""
+    data_dir = fresh_dir / "data"
+    gw = Gateway(data_dir, workers=2).start()
+    try:
+        provider = gw.create_provider("p-spend", family="anthropic", base_url=f"{testserve.base_url}/anthropic",
+                                      api_key="testserve-key")
+        model = gw.create_model(provider["id"], "spend-model", resolved_model="dummy-chat")
+        user = gw.create_user()
+        gw.grant(user["id"], model["id"])
+        for _ in range(3):
+            response = gw.client.post("/v1/proxy", params={"model": "spend-model"}, json={"query": "hello"},
+                                      headers=_bearer(user["key"]))
+            assert response.status_code == 200
+        usage = gw.client.get("/v1/usage", headers=_bearer(user["key"])).json()["usage"][0]
+        models = gw.client.get("/v1/models", headers=_bearer(user["key"])).json()["models"][0]
+        spent = usage["spent_usd"]
+        assert spent > 0 and models["usage"]["calls_this_hour"] == 3
+    finally:
+        gw.stop()
+    again = Gateway(data_dir, workers=2, admin_token=gw.admin_token).start()
+    try:
+        usage = again.client.get("/v1/usage", headers=_bearer(user["key"])).json()["usage"][0]
+        models = again.client.get("/v1/models", headers=_bearer(user["key"])).json()["models"][0]
+        assert usage["spent_usd"] == spent
+        assert models["usage"]["calls_this_hour"] == 3
+    finally:
+        again.stop()

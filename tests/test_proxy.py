@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Gateway, TestserveProcess
+from conftest import Gateway, EmulatedProviders
 from testserve.content import Prompt, reply_text
 
 FAMILIES = ("anthropic", "openai", "openai_responses", "gemini", "ollama")
@@ -58,7 +58,7 @@ def _hello() -> Prompt:
 
 
 @pytest.fixture(scope="module")
-def world(gateway: Gateway, testserve: TestserveProcess) -> dict[str, Any]:
+def world(gateway: Gateway, testserve: EmulatedProviders) -> dict[str, Any]:
     user = gateway.create_user()
     models: dict[str, dict[str, Any]] = {}
     for family in FAMILIES:
@@ -93,7 +93,7 @@ def _call(gateway: Gateway, key: str, model: str, body: Any, timeout: float = 30
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_anthropic_scenario_table(gateway: Gateway, testserve: TestserveProcess, world: dict[str, Any], scenario: str) -> None:
+def test_anthropic_scenario_table(gateway: Gateway, testserve: EmulatedProviders, world: dict[str, Any], scenario: str) -> None:
     """Each scenario gives its status, stream ending, row outcome and token counts."""
     expect = SCENARIOS[scenario]
     model = f"px-anthropic-{scenario}"
@@ -154,7 +154,7 @@ def test_anthropic_scenario_table(gateway: Gateway, testserve: TestserveProcess,
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_streams_renders_and_never_leaks(gateway: Gateway, testserve: TestserveProcess,
+def test_every_family_streams_renders_and_never_leaks(gateway: Gateway, testserve: EmulatedProviders,
                                                      world: dict[str, Any], family: str) -> None:
     """Text and an image reach each family in its own shape; no key or placeholder upstream."""
     testserve.client.delete("/_debug/requests")
@@ -244,3 +244,28 @@ def test_spend_reaches_usage_and_models(gateway: Gateway, world: dict[str, Any])
     assert response.status_code == 200
     after = {u["model"]: u for u in gateway.client.get("/v1/usage", headers={"authorization": f"Bearer {key}"}).json()["usage"]}
     assert after["px-gemini-ok"]["spent_usd"] > before["px-gemini-ok"]["spent_usd"]
+
+
+def test_verify_on_save_calls_each_model_and_refuses_failures(gateway: Gateway, testserve: EmulatedProviders) -> None:
+    """verify (the default) makes one live call per chat model; a failing model means 422 and no write."""
+    base = {"family": "openai", "base_url": f"{testserve.base_url}/openai", "api_key": "testserve-key", "local": True}
+    model = {"resolved_model": "dummy-chat", "kind": "chat", "input_price_per_1k_tokens": "0.001",
+             "output_price_per_1k_tokens": "0.002"}
+    testserve.client.delete("/_debug/requests")
+    good = gateway.admin("POST", "/admin/providers", {**base, "name": "verified-ok",
+                                                      "models": [{**model, "name": "verified-ok-chat"}]})
+    assert good.status_code == 201, good.text
+    assert [e["model"] for e in testserve.requests()] == ["dummy-chat"]
+    bad = gateway.admin("POST", "/admin/providers", {**base, "name": "verified-bad", "models": [
+        {**model, "name": "verified-bad-chat"}, {**model, "name": "verified-bad-400", "resolved_model": "dummy-error-400"}]})
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["error"] == "model_verification_failed"
+    assert [f["model"] for f in bad.json()["failures"]] == ["verified-bad-400"]
+    assert "verified-bad" not in {p["name"] for p in gateway.admin("GET", "/admin/providers").json()}
+    # A model added later is verified against its provider too.
+    refused = gateway.admin("POST", "/admin/models", {**model, "name": "verified-late", "provider_id": good.json()["id"],
+                                                      "resolved_model": "dummy-error-500"})
+    assert refused.status_code == 422 and refused.json()["failures"][0]["model"] == "verified-late"
+    unreachable = gateway.admin("POST", "/admin/providers", {**base, "name": "verified-gone", "base_url": "http://127.0.0.1:9/openai",
+                                                             "models": [{**model, "name": "verified-gone-chat"}]})
+    assert unreachable.status_code == 422

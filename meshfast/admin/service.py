@@ -15,10 +15,11 @@ from urllib.parse import urlsplit
 import asyncpg
 import msgspec
 
-from meshfast import errors
+from meshfast import errors, snapshot
 from meshfast.sealing import seal
 from meshfast.secrets import Secrets, new_mesh_key
 from meshfast.store import sql
+from meshfast.verify import wants_verify
 
 FAMILIES = ("openai", "openai_responses", "anthropic", "gemini", "ollama", "generic")
 MODEL_KINDS = ("chat", "embedding", "image_generation", "video_generation")
@@ -343,13 +344,40 @@ def _model_insert(body: ModelCreate) -> Callable[[asyncpg.Connection, uuid.UUID]
 # --- the service ---------------------------------------------------------------------------
 
 Rebuild = Callable[[int], Awaitable[None]]
+Verifier = Callable[[snapshot.Provider, list[snapshot.Model]], Awaitable[list[Any]]]
+
+
+def _snapshot_model(body: ModelCreate) -> snapshot.Model:
+    """The model as the core sees it, for a verification call before it is saved."""
+    return snapshot.Model(
+        id=str(uuid.uuid4()), name=body.name, provider=0, resolved_model=body.resolved_model,
+        max_output_tokens=body.max_output_tokens,
+        price_per_second_nano=snapshot.usd_to_nanos(body.price_per_second or 0), kind=body.kind, created_ms=0,
+        blocked=False, status="active", supports_image_in=body.supports_image_in,
+        supports_document_in=body.supports_document_in, supports_audio_in=body.supports_audio_in,
+        supports_video_in=body.supports_video_in, supports_web_search=body.supports_web_search,
+        output_media_type=body.output_media_type,
+        input_price_nano_per_1k=snapshot.usd_to_nanos(body.input_price_per_1k_tokens or 0),
+        output_price_nano_per_1k=snapshot.usd_to_nanos(body.output_price_per_1k_tokens or 0),
+    )
 
 
 class AdminService:
-    def __init__(self, pool: asyncpg.Pool, secrets: Secrets, after_write: Rebuild) -> None:
+    def __init__(self, pool: asyncpg.Pool, secrets: Secrets, after_write: Rebuild,
+                 verifier: Verifier | None = None) -> None:
         self._pool = pool
         self._secrets = secrets
         self._after_write = after_write
+        self._verifier = verifier
+
+    async def _verify(self, provider: snapshot.Provider, models: list[ModelCreate]) -> None:
+        """One live call per model that wants it; 422 with every failure, nothing written."""
+        wanted = [_snapshot_model(m) for m in models if wants_verify(m.kind, m.verify)]
+        if self._verifier is None or not wanted:
+            return
+        failures = await self._verifier(provider, wanted)
+        if failures:
+            raise errors.VerificationFailed(failures=[msgspec.to_builtins(f) for f in failures])
 
     async def _write(self, actor: str, action: str, target: str | None, detail: dict[str, Any],
                      work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
@@ -449,6 +477,7 @@ class AdminService:
         provider_id = uuid.uuid4()
         sealed, nonce = seal(self._secrets.master_key, str(provider_id), api_key)
         model_inserts = []
+        model_bodies: list[ModelCreate] = []
         for i, model in enumerate(body.models or ()):
             if not isinstance(model, dict) or "provider_id" in model:
                 raise errors.InvalidRequest(f"models[{i}] must be a model body without provider_id")
@@ -457,6 +486,13 @@ class AdminService:
             except msgspec.ValidationError as exc:
                 raise errors.InvalidRequest(f"models[{i}]: {exc}") from None
             model_inserts.append(_model_insert(model_body))
+            model_bodies.append(model_body)
+        if body.verify:
+            await self._verify(snapshot.Provider(
+                id=str(provider_id), name=name, family=body.family, max_calls_per_hour=None,
+                supports_web_search=body.supports_web_search, base_url=base_url, api_key=api_key,
+                local=body.local, retry_enabled=False, max_retries=0, retry_backoff_ms=body.retry_backoff_ms,
+                generic=snapshot.generic_templates(settings)), model_bodies)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
             try:
@@ -506,6 +542,13 @@ class AdminService:
     async def create_model(self, actor: str, body: ModelCreate) -> dict[str, Any]:
         provider_id = _body_uuid(body.provider_id, "provider_id")
         insert = _model_insert(body)
+        if wants_verify(body.kind, body.verify) and self._verifier is not None:
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(sql.PROVIDER_FOR_SNAPSHOT, provider_id)
+            provider = None if row is None else snapshot.provider_from_row(row, self._secrets.master_key)
+            if provider is None:
+                raise errors.InvalidRequest("provider_not_found")
+            await self._verify(provider, [body])
 
         async def work(conn: asyncpg.Connection) -> uuid.UUID:
             if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:

@@ -121,6 +121,12 @@ RETURNING {PROVIDER_COLUMNS}
 """
 LIST_PROVIDERS = f"SELECT {PROVIDER_COLUMNS} FROM providers ORDER BY created_at DESC"
 GET_PROVIDER = f"SELECT {PROVIDER_COLUMNS} FROM providers WHERE id = $1"
+PROVIDER_FOR_SNAPSHOT = """
+SELECT id, name, family, base_url, encrypted_api_key, key_nonce, local, max_outbound_rps,
+       max_concurrent_upstream, max_calls_per_hour, retry_enabled, max_retries, retry_backoff_ms,
+       log_requests, supports_web_search, settings
+FROM providers WHERE id = $1
+"""
 DELETE_PROVIDER = "DELETE FROM providers WHERE id = $1 RETURNING id"
 
 MODEL_COLUMNS = """

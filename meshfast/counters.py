@@ -1,0 +1,126 @@
+"""Spend and call counters: shared memory on the request path, PostgreSQL as the record.
+
+The request path only touches the shared-memory counters. The leader checkpoints them: for each
+counter it pushes the delta since the last checkpoint (kept in a shadow counter in the same
+segment, so a new leader carries on where the old one stopped), receives the database total and
+absorbs what other hosts added. The supervisor seeds the counters from the database before the
+workers start, so a restart keeps today's spend and this hour's calls.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import asyncpg
+
+from meshfast._core import CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY, counter_key
+from meshfast.snapshot import Config
+
+log = logging.getLogger("meshfast.counters")
+
+ZERO_ID = "00000000-0000-0000-0000-000000000000"
+# NOTE: periods are day or hour numbers (< 2^31); the top bit marks the shadow of a counter:
+# the value that the database already holds for it.
+SHADOW_BIT = 1 << 31
+DAY_MS = 86_400_000
+HOUR_MS = 3_600_000
+
+UPSERT_DAILY_SPEND = """
+INSERT INTO daily_spend (user_id, model_id, day, spend_nano_usd) VALUES ($1, $2, $3, $4)
+ON CONFLICT (user_id, model_id, day) DO UPDATE SET spend_nano_usd = daily_spend.spend_nano_usd + EXCLUDED.spend_nano_usd
+RETURNING spend_nano_usd
+"""
+UPSERT_USER_HOURLY = """
+INSERT INTO user_model_hourly_usage (user_id, model_id, hour_start, call_count) VALUES ($1, $2, $3, $4)
+ON CONFLICT (user_id, model_id, hour_start) DO UPDATE SET call_count = user_model_hourly_usage.call_count + EXCLUDED.call_count
+RETURNING call_count
+"""
+UPSERT_PROVIDER_HOURLY = """
+INSERT INTO provider_hourly_usage (provider_id, hour_start, call_count) VALUES ($1, $2, $3)
+ON CONFLICT (provider_id, hour_start) DO UPDATE SET call_count = provider_hourly_usage.call_count + EXCLUDED.call_count
+RETURNING call_count
+"""
+SEED_DAILY_SPEND = "SELECT user_id, model_id, day, spend_nano_usd FROM daily_spend WHERE day >= $1"
+SEED_USER_HOURLY = "SELECT user_id, model_id, hour_start, call_count FROM user_model_hourly_usage WHERE hour_start >= $1"
+SEED_PROVIDER_HOURLY = "SELECT provider_id, hour_start, call_count FROM provider_hourly_usage WHERE hour_start >= $1"
+
+
+def _day(period: int) -> dt.date:
+    return dt.date(1970, 1, 1) + dt.timedelta(days=period)
+
+
+def _hour(period: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(period * 3600, dt.UTC)
+
+
+def _periods(now_ms: int, unit_ms: int) -> tuple[int, int]:
+    """The current period and the one before (its last increments are synced after it ends)."""
+    current = now_ms // unit_ms
+    return current - 1, current
+
+
+def _keys(config: Config, now_ms: int) -> Iterable[tuple[int, str, str, int]]:
+    principals = config.principals
+    models = config.models
+    pairs = {(principals[g.principal].id, models[g.model].id) for g in config.grants}
+    for period in _periods(now_ms, DAY_MS):
+        for principal_id, model_id in pairs:
+            yield SPEND_DAY, principal_id, model_id, period
+    for period in _periods(now_ms, HOUR_MS):
+        for principal_id, model_id in pairs:
+            yield CALLS_HOUR, principal_id, model_id, period
+        for provider in config.providers:
+            yield PROVIDER_CALLS_HOUR, ZERO_ID, provider.id, period
+
+
+async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now_ms: int) -> int:
+    """Push every counter's unsynced delta to PostgreSQL; returns how many counters moved."""
+    moved = 0
+    for kind, a, b, period in _keys(config, now_ms):
+        key = counter_key(kind, a, b, period)
+        shadow = counter_key(kind, a, b, period | SHADOW_BIT)
+        synced = segment.get(shadow)
+        delta = segment.get(key) - synced
+        if delta == 0:
+            continue
+        if kind == SPEND_DAY:
+            total = await conn.fetchval(UPSERT_DAILY_SPEND, a, b, _day(period), delta)
+        elif kind == CALLS_HOUR:
+            total = await conn.fetchval(UPSERT_USER_HOURLY, a, b, _hour(period), delta)
+        else:
+            total = await conn.fetchval(UPSERT_PROVIDER_HOURLY, b, _hour(period), delta)
+        segment.add(shadow, delta)
+        # What other hosts pushed in the meantime becomes part of this host's view.
+        absorbed = total - (synced + delta)
+        if absorbed:
+            segment.add(key, absorbed)
+            segment.add(shadow, absorbed)
+        moved += 1
+    return moved
+
+
+async def seed(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
+    """Load today's spend and this hour's calls into a fresh segment (supervisor, before workers)."""
+    first_day, _ = _periods(now_ms, DAY_MS)
+    first_hour, _ = _periods(now_ms, HOUR_MS)
+    loaded = 0
+
+    def put(kind: int, a: str, b: str, period: int, value: int) -> None:
+        nonlocal loaded
+        segment.add(counter_key(kind, a, b, period), value)
+        segment.add(counter_key(kind, a, b, period | SHADOW_BIT), value)
+        loaded += 1
+
+    for row in await conn.fetch(SEED_DAILY_SPEND, _day(first_day)):
+        period = (row["day"] - dt.date(1970, 1, 1)).days
+        put(SPEND_DAY, str(row["user_id"]), str(row["model_id"]), period, row["spend_nano_usd"])
+    for row in await conn.fetch(SEED_USER_HOURLY, _hour(first_hour)):
+        put(CALLS_HOUR, str(row["user_id"]), str(row["model_id"]), int(row["hour_start"].timestamp()) // 3600,
+            row["call_count"])
+    for row in await conn.fetch(SEED_PROVIDER_HOURLY, _hour(first_hour)):
+        put(PROVIDER_CALLS_HOUR, ZERO_ID, str(row["provider_id"]), int(row["hour_start"].timestamp()) // 3600,
+            row["call_count"])
+    return loaded
