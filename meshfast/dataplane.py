@@ -188,10 +188,12 @@ class DataPlane:
             tokens_out = self.core.estimate_tokens(_delta_text(sent)) if stream.deltas else 0
             stream.set_usage(tokens_in, tokens_out)
             row.usage_estimated = True
-        self._charge(p, row, tokens_in, tokens_out)
+        self._charge(p, row, tokens_in, tokens_out, web_searches=stream.web_searches)
 
-    def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0) -> None:
-        input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, 0)
+    def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0,
+                web_searches: int = 0) -> None:
+        input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, web_searches)
+        row.web_searches = web_searches
         self.core.charge(p.principal_id, p.model_id, input_nano + output_nano, row.created_ms)
         row.tokens_in, row.tokens_out = tokens_in, tokens_out
         row.input_cost_nano, row.output_cost_nano = input_nano, output_nano

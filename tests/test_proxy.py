@@ -269,3 +269,30 @@ def test_verify_on_save_calls_each_model_and_refuses_failures(gateway: Gateway, 
     unreachable = gateway.admin("POST", "/admin/providers", {**base, "name": "verified-gone", "base_url": "http://127.0.0.1:9/openai",
                                                              "models": [{**model, "name": "verified-gone-chat"}]})
     assert unreachable.status_code == 422
+
+
+@pytest.mark.parametrize("family", ["anthropic", "openai", "openai_responses", "gemini"])
+def test_web_search_streams_sources_and_bills_searches(gateway: Gateway, testserve: EmulatedProviders,
+                                                       family: str) -> None:
+    """web_search: sources lines as citations arrive, merged sources and web_searches in the done line."""
+    provider = gateway.create_provider(f"ws-{family}", family=family, base_url=f"{testserve.base_url}/{PREFIX[family]}",
+                                       api_key="testserve-key", supports_web_search=True,
+                                       web_search_price_per_call="0.01")
+    model = gateway.create_model(provider["id"], f"ws-{family}", resolved_model="dummy-chat", supports_web_search=True)
+    user = gateway.create_user()
+    gateway.grant(user["id"], model["id"])
+    response, lines, broken = _call(gateway, user["key"], f"ws-{family}", {"query": "news", "web_search": True})
+    assert response.status_code == 200 and not broken
+    streamed = [s for line in lines if "sources" in line and "done" not in line for s in line["sources"]]
+    done = lines[-1]
+    assert streamed and all(s["url"].startswith("http") for s in streamed)
+    assert [s["url"] for s in done["sources"]] == list(dict.fromkeys(s["url"] for s in streamed))
+    assert done["usage"]["web_searches"] >= 1
+    row = gateway.fetch_row(response.headers["x-request-id"])
+    assert row["web_searches"] == done["usage"]["web_searches"]
+    searches_nano = 10_000_000 * row["web_searches"]
+    tokens_nano = row["tokens_in"] * 1_000_000 // 1000
+    assert int(row["input_cost"] * 1_000_000_000) == searches_nano + tokens_nano
+    # Without the flag the same model streams no sources.
+    response, lines, _ = _call(gateway, user["key"], f"ws-{family}", {"query": "news"})
+    assert not any("sources" in line for line in lines)

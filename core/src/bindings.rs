@@ -518,7 +518,7 @@ impl PyPrepared {
             return Err(CoreError::new_err("not a chat call"));
         }
         Ok(PyStream {
-            inner: stream::Stream::new(Arc::clone(&upstream.plan), &self.inner.request_id, upstream.max_tokens),
+            inner: stream::Stream::new(Arc::clone(&upstream.plan), &self.inner.request_id, upstream.max_tokens, upstream.web_search),
             out: Vec::with_capacity(4096),
         })
     }
@@ -597,6 +597,11 @@ impl PyStream {
     #[getter]
     fn text_bytes(&self) -> u64 {
         self.inner.text_bytes
+    }
+    /// Billable web searches so far; 0 unless the call asked for web search.
+    #[getter]
+    fn web_searches(&self) -> i64 {
+        self.inner.web_searches()
     }
 }
 

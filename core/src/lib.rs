@@ -15,6 +15,7 @@ pub mod snapshot;
 pub mod stream;
 pub mod template;
 pub mod views;
+pub mod websearch;
 
 #[cfg(feature = "python")]
 mod bindings;

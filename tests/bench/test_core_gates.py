@@ -22,7 +22,8 @@ def _config(n_users: int, core_hash) -> tuple[Config, list[str]]:  # type: ignor
     providers = [Provider(id=str(uuid.uuid4()), name="bench", family="openai", max_calls_per_hour=None,
                           supports_web_search=False)]
     models = [
-        Model(id=str(uuid.uuid4()), name=f"bench-model-{i}", provider=0, kind="chat", created_ms=0, blocked=False,
+        Model(id=str(uuid.uuid4()), name=f"bench-model-{i}", provider=0, resolved_model="gpt-bench",
+              max_output_tokens=4096, price_per_second_nano=0, kind="chat", created_ms=0, blocked=False,
               status="active", supports_image_in=False, supports_document_in=False, supports_audio_in=False,
               supports_video_in=False, supports_web_search=False, output_media_type=None,
               input_price_nano_per_1k=1_000_000, output_price_nano_per_1k=2_000_000)
@@ -70,3 +71,53 @@ def test_models_view_under_budget(benchmark, loaded) -> None:  # type: ignore[no
     assert status == 200
     benchmark(core.models_json, header, None, None, None, 1_764_000_000_000)
     assert benchmark.stats.stats.median < MODELS_VIEW_BUDGET_S
+
+
+IN_PROCESS_PATH_BUDGET_S = 1e-3
+
+
+def _sse_events(n: int) -> bytes:
+    """An OpenAI chat stream of n content deltas, a finish chunk, a usage chunk and [DONE]."""
+    frames = [b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n']
+    frames += [
+        b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"word%d "}}]}\n\n' % i
+        for i in range(n)
+    ]
+    frames.append(b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n')
+    frames.append(b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":%d}}\n\n' % n)
+    frames.append(b"data: [DONE]\n\n")
+    return b"".join(frames)
+
+
+def test_in_process_proxy_path_under_1ms(benchmark, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """authenticate + policy + render, parse 200 SSE deltas to NDJSON, price and charge: under 1 ms."""
+    segment = Segment.create(str(tmp_path_factory.mktemp("seg") / "path.seg"))
+    segment.register()
+    core = Core(PEPPER, segment)
+    config, tokens = _config(100, core.hash_token)
+    config.providers[0].base_url = "http://127.0.0.1:9/openai"
+    config.providers[0].api_key = "sk-bench"
+    config.providers[0].local = True
+    core.load(encode(config))
+    header = f"Bearer {tokens[7]}"
+    body = b'{"query":"hello there, how are you today?","max_tokens":256}'
+    upstream = _sse_events(200)
+    # Delivered as the network would: a few KiB per read.
+    chunks = [upstream[i:i + 4096] for i in range(0, len(upstream), 4096)]
+    now_ms = 1_764_000_000_000
+
+    def one_call() -> int:
+        prepared = core.prepare("proxy", header, None, None, "model=bench-model-1", body, len(body), now_ms)
+        assert prepared.status == 0
+        stream = prepared.stream()
+        sent = 0
+        for chunk in chunks:
+            sent += len(stream.feed(chunk))
+        sent += len(stream.finish(False))
+        input_nano, output_nano = core.price(prepared.model_id, stream.input_tokens, stream.output_tokens, 0.0, 0)
+        core.charge(prepared.principal_id, prepared.model_id, input_nano + output_nano, now_ms)
+        return sent
+
+    assert one_call() > 200 * 20
+    benchmark(one_call)
+    assert benchmark.stats.stats.median < IN_PROCESS_PATH_BUDGET_S
