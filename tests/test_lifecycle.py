@@ -94,11 +94,13 @@ def test_two_instances_run_side_by_side(fresh_dir: Path) -> None:
     a = Gateway(fresh_dir / "a", workers=1).start()
     b = Gateway(fresh_dir / "b", workers=1).start()
     try:
+        assert a.port != b.port and a.data_dir != b.data_dir
         user_a = a.create_user("same@example.com")
         user_b = b.create_user("same@example.com")
-        assert a.client.get("/v1/models", headers=_bearer(user_a["key"])).status_code == 200
-        assert b.client.get("/v1/models", headers=_bearer(user_a["key"])).status_code == 401
-        assert b.client.get("/v1/models", headers=_bearer(user_b["key"])).status_code == 200
+        for gw, key, status in ((a, user_a["key"], 200), (b, user_a["key"], 401), (b, user_b["key"], 200),
+                                (a, user_b["key"], 401)):
+            response = gw.client.get("/v1/models", headers=_bearer(key))
+            assert response.status_code == status, (gw.port, response.text, gw.log())
     finally:
         a.stop()
         b.stop()
