@@ -2,13 +2,13 @@
 
 # --- configuration propagation -------------------------------------------------------------
 
-NEXT_CONFIG_SEQ = "SELECT nextval('meshfast_config_seq')"
+NEXT_CONFIG_SEQ = "UPDATE gateway_state SET config_seq = nextval('meshfast_config_seq') RETURNING config_seq"
 NOTIFY_CONFIG = "SELECT pg_notify('meshfast_config', $1::text)"
 CONFIG_CHANNEL = "meshfast_config"
 
 # --- snapshot (gateway role, one REPEATABLE READ transaction) -------------------------------
 
-SNAPSHOT_SEQ = "SELECT last_value FROM meshfast_config_seq"
+SNAPSHOT_SEQ = "SELECT config_seq FROM gateway_state"
 SNAPSHOT_KILL_SWITCH = "SELECT kill_switch FROM gateway_state"
 SNAPSHOT_PRINCIPALS = """
 SELECT id, email, display_name, status, expires_at FROM users ORDER BY id
