@@ -168,7 +168,7 @@ def test_gateway_role_cannot_change_configuration(fresh_dir: Path) -> None:
 
 def test_migrate_command_is_idempotent(fresh_dir: Path) -> None:
     """`meshfast migrate` applies the shipped migrations once, then reports up to date."""
-    env = {"MESHFAST_DATA_DIR": str(fresh_dir / "data"), "PATH": "/usr/bin:/bin"}
+    env = {"MESHFAST_DATA_DIR": str(fresh_dir / "data"), "PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1"}
     run = lambda: subprocess.run([sys.executable, "-m", "meshfast.cli", "migrate"], env=env,  # noqa: E731
                                  capture_output=True, text=True, timeout=120)
     first = run()
