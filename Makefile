@@ -32,6 +32,7 @@ run: setup ## set up and run the gateway on $(PORT) with $(WORKERS) workers
 .PHONY: test
 test: setup ## set up and run every test: Rust unit tests, Python tests, benchmark gates
 	cargo test --locked -p meshfast-core
+	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
 
@@ -56,6 +57,12 @@ bench: setup ## authenticated GET /v1/models vs a Granian hello-world, with wrk 
 build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for published numbers
 	MATURIN_PEP517_ARGS="--profile bench-release" MESHFAST_BUILD_PROFILE=bench-release \
 		$(BIN)/pip install -q --no-deps --force-reinstall .
+
+.PHONY: lint
+lint: ## ruff, clippy and the stub check
+	$(BIN)/ruff check meshfast testserve tests bench
+	cargo clippy --locked -p meshfast-core --all-targets --features python -- -D warnings
+	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
 
 .PHONY: stubtest
 stubtest: ## check meshfast/_core.pyi against the built module

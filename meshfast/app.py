@@ -117,7 +117,7 @@ class ConfigFeed:
             lost = asyncio.Event()
             try:
                 conn = await database.connect(self._listen_url, role=database.GATEWAY_ROLE)
-                conn.add_termination_listener(lambda _conn: lost.set())
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(sql.CONFIG_CHANNEL, lambda *_args: self._dirty.set())
                 # Anything written while we were not listening is picked up now.
                 self._dirty.set()
@@ -260,7 +260,7 @@ class App:
         except errors.MeshfastError as exc:
             self._error(proto, exc)
             return
-        except (asyncpg.PostgresConnectionError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, asyncpg.PostgresConnectionError, OSError):
             log.exception("database unavailable for %s %s", method, path)
             self._error(proto, errors.DatabaseUnavailable())
             return

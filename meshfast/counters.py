@@ -30,12 +30,14 @@ HOUR_MS = 3_600_000
 
 UPSERT_DAILY_SPEND = """
 INSERT INTO daily_spend (user_id, model_id, day, spend_nano_usd) VALUES ($1, $2, $3, $4)
-ON CONFLICT (user_id, model_id, day) DO UPDATE SET spend_nano_usd = daily_spend.spend_nano_usd + EXCLUDED.spend_nano_usd
+ON CONFLICT (user_id, model_id, day)
+DO UPDATE SET spend_nano_usd = daily_spend.spend_nano_usd + EXCLUDED.spend_nano_usd
 RETURNING spend_nano_usd
 """
 UPSERT_USER_HOURLY = """
 INSERT INTO user_model_hourly_usage (user_id, model_id, hour_start, call_count) VALUES ($1, $2, $3, $4)
-ON CONFLICT (user_id, model_id, hour_start) DO UPDATE SET call_count = user_model_hourly_usage.call_count + EXCLUDED.call_count
+ON CONFLICT (user_id, model_id, hour_start)
+DO UPDATE SET call_count = user_model_hourly_usage.call_count + EXCLUDED.call_count
 RETURNING call_count
 """
 UPSERT_PROVIDER_HOURLY = """
@@ -44,7 +46,9 @@ ON CONFLICT (provider_id, hour_start) DO UPDATE SET call_count = provider_hourly
 RETURNING call_count
 """
 SEED_DAILY_SPEND = "SELECT user_id, model_id, day, spend_nano_usd FROM daily_spend WHERE day >= $1"
-SEED_USER_HOURLY = "SELECT user_id, model_id, hour_start, call_count FROM user_model_hourly_usage WHERE hour_start >= $1"
+SEED_USER_HOURLY = """
+SELECT user_id, model_id, hour_start, call_count FROM user_model_hourly_usage WHERE hour_start >= $1
+"""
 SEED_PROVIDER_HOURLY = "SELECT provider_id, hour_start, call_count FROM provider_hourly_usage WHERE hour_start >= $1"
 
 

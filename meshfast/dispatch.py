@@ -46,7 +46,8 @@ class GuardedResolver(AbstractResolver):
     def __init__(self) -> None:
         self._inner = aiohttp.ThreadedResolver()
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
         allowed = [r for r in results if not _forbidden(r["host"])]
         if not allowed:
@@ -157,7 +158,7 @@ class Dispatcher:
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s,
                                                   sock_read=self.timeouts.idle_s),
                 )
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last = UpstreamError(None, f"{type(exc).__name__}: {exc}".strip())
                 if attempts_log is not None:
                     attempts_log.statuses.append(None)
@@ -166,7 +167,7 @@ class Dispatcher:
                     return response
                 try:
                     error_body = await response.content.read(ERROR_BODY_LIMIT)
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     error_body = b""
                 retry_after = _retry_after_s(response.headers)
                 response.release()

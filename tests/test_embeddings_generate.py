@@ -6,7 +6,6 @@ import base64
 from typing import Any
 
 import pytest
-
 from conftest import EmulatedProviders, Gateway
 
 

@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from conftest import Gateway, WorkerConnections
 
 REQUEST_ID = re.compile(r"^req_[0-9A-HJKMNP-TV-Z]{26}$")

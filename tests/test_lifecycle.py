@@ -11,8 +11,8 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-
 from conftest import Gateway
+
 from meshfast.settings import Settings
 from meshfast.store import database
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import EmulatedProviders, Gateway
 
-from conftest import Gateway, EmulatedProviders
 from testserve.content import Prompt, reply_text
 
 FAMILIES = ("anthropic", "openai", "openai_responses", "gemini", "ollama")

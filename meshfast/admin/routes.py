@@ -61,7 +61,8 @@ class AdminRouter:
         add("GET", r"/admin/providers", lambda a, b: self._ok(s.list_providers()))
         add("GET", r"/admin/providers/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_provider(id)))
         add("DELETE", r"/admin/providers/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_provider(a.name, id)))
-        add("POST", r"/admin/models", lambda a, b: self._created(s.create_model(a.name, svc.decode(b, svc.ModelCreate))))
+        add("POST", r"/admin/models",
+            lambda a, b: self._created(s.create_model(a.name, svc.decode(b, svc.ModelCreate))))
         add("GET", r"/admin/models", lambda a, b: self._ok(s.list_models()))
         add("GET", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_model(id)))
         add("DELETE", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_model(a.name, id)))
