@@ -674,7 +674,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     out_path = args.out or RESULTS_DIR / f"models-{stamp}.json"
     targets = [args.only] if args.only else ["hello", "meshfast"]

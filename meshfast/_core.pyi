@@ -16,6 +16,9 @@ __all__ = [
     "SPEND_DAY",
     "CALLS_HOUR",
     "PROVIDER_CALLS_HOUR",
+    "PROVIDER_RATE",
+    "PROVIDER_INFLIGHT",
+    "GLOBAL_INFLIGHT",
     "Segment",
     "Lease",
     "Principal",
@@ -32,6 +35,12 @@ CALLS_HOUR: Final[int]
 """Counter kind: calls by a principal to a model in one UTC hour (period = unix_ms // 3_600_000)."""
 PROVIDER_CALLS_HOUR: Final[int]
 """Counter kind: calls to a provider in one UTC hour; ``a`` is the zero UUID, ``b`` the provider id."""
+PROVIDER_RATE: Final[int]
+"""Slot kind: a provider's token bucket (GCRA theoretical arrival time, ns); ``a`` zero, ``b`` the provider id, period 0."""
+PROVIDER_INFLIGHT: Final[int]
+"""Counter kind: a provider's calls in flight (concurrency-slot leases); ``a`` zero, ``b`` the provider id, period 0."""
+GLOBAL_INFLIGHT: Final[int]
+"""Counter kind: the process-wide admission weight in flight; both ids zero, period 0."""
 
 class CoreError(Exception):
     """Base class of every error raised by this module (``ValueError`` aside)."""
@@ -57,7 +66,8 @@ def counter_key(kind: int, a: str, b: str, period: int) -> bytes:
 
     ``a`` and ``b`` are UUID strings (with or without hyphens), read as their 16 bytes; any other
     string is folded to 16 bytes by xxh3-128, so every id gives a stable key. ``kind`` is one of
-    :data:`SPEND_DAY`, :data:`CALLS_HOUR`, :data:`PROVIDER_CALLS_HOUR` (else ``ValueError``).
+    :data:`SPEND_DAY`, :data:`CALLS_HOUR`, :data:`PROVIDER_CALLS_HOUR`, :data:`PROVIDER_RATE`,
+    :data:`PROVIDER_INFLIGHT`, :data:`GLOBAL_INFLIGHT` (else ``ValueError``).
     """
 
 def request_id() -> str:
@@ -142,6 +152,22 @@ class Segment:
         process dies. Raises :class:`ShmError` when a table is full, ``ValueError`` for a
         negative amount.
         """
+
+    def reserved(self) -> dict[bytes, int]:
+        """Open (held) reservations summed per 16-byte counter key: the checkpoint pushes
+        ``committed = get(key) - reserved()[key]``. A scan of the lease table (releases the GIL);
+        reservations taken or settled during the scan may be missed."""
+
+    def rate_acquire(self, key: bytes, rate_per_s: float, burst: int, now_ns: int) -> int:
+        """GCRA token bucket on the slot at ``key``, exact across processes (one CAS): 0 when a
+        request at ``now_ns`` is admitted (and counted), else the nanoseconds to wait before it
+        would be. ``burst`` requests back to back, then one per ``round(1e9 / rate_per_s)`` ns.
+        ``now_ns`` must come from a clock every process shares (``time.monotonic_ns()``);
+        a state over 60 s ahead of it is taken as a clock that went backwards and restarts.
+        ``ValueError`` for a rate or burst that is not positive; :class:`ShmError` when full."""
+
+    def inflight_weight(self) -> int:
+        """The process-wide admission weight in flight (:meth:`Prepared.admit_global`)."""
 
     def reclaim_dead(self) -> int:
         """Release the leases and free the entries of registered processes that have exited.
@@ -247,8 +273,19 @@ class Core:
         429 ``user_model_hourly_limit_reached``, 403 ``outside_allowed_hours``, 429
         ``budget_exceeded``, 503 ``paused_by_admin``; then the body: 400 ``invalid_request``
         (with Mesh's ``detail``), 400 ``content_type_not_supported_by_model``, 400
-        ``web_search_not_supported_by_model``. When the call goes upstream (``status == 0``) the
-        provider and principal×model hourly counters in the segment are incremented.
+        ``web_search_not_supported_by_model``; then the budget reservation: the worst-case cost
+        (input bound × input price + ``max_tokens`` (proxy; the model's ``max_output_tokens``
+        without it, and for generate) × output price, one web search if asked, nothing for
+        seconds) is reserved on today's (UTC) :data:`SPEND_DAY` counter when the grant has a daily
+        cap, admitted only if spend + open reservations + worst case ≤ cap, else 429
+        ``budget_exceeded`` (``cap``, ``resume_at`` = next UTC midnight, ``retry_after_s``,
+        ``should_retry`` False). The input bound is ``ceil(text bytes / 3)`` (no tokenizer), 1600
+        per image or URL block, ``ceil(base64 bytes / 4)`` (≥ 1600) per inline document, audio or
+        video. When the call goes upstream (``status == 0``) the provider and principal×model
+        hourly counters in the segment are incremented. A counter table that is full gives 503
+        ``server_busy`` (fail closed). The reservation and every later hold live in the returned
+        :class:`Prepared`: settle it with :meth:`Prepared.settle` (instead of :meth:`charge`);
+        dropping it unsettled releases them.
         ``content_length`` is accepted for symmetry and unused (413 is checked by the caller).
         Raises :class:`CoreError` before the first :meth:`load`, ``ValueError`` for an unknown route.
         """
@@ -263,7 +300,8 @@ class Core:
 
     def charge(self, principal_id: str, model_id: str, nano: int, now_ms: int) -> int:
         """Add ``nano`` (negative counts as 0) to today's (UTC) :data:`SPEND_DAY` counter of
-        principal × model; returns the new total. :class:`ShmError` without a segment or when full."""
+        principal × model; returns the new total. :class:`ShmError` without a segment or when full.
+        Calls from :meth:`prepare` settle through :meth:`Prepared.settle` instead."""
 
     def estimate_tokens(self, text: str) -> int:
         """Tokens in ``text`` by ``cl100k_base`` (embedded; the first call builds the encoder)."""
@@ -363,6 +401,48 @@ class Prepared:
     def weight(self) -> int:
         """Admission weight: blocks summed (text 1, image 5, document 8, audio 10, video 25),
         at least 1; embeddings 1; generate 25."""
+    @property
+    def should_retry(self) -> bool | None:
+        """False when retrying cannot help (``budget_exceeded``): send ``x-should-retry: false``."""
+    @property
+    def limit_id(self) -> str | None:
+        """The governing limit for ``X-Meshfast-Limit``: of ``policy.daily_usd`` (spend incl. open
+        reservations / cap), ``policy.hourly_calls`` and ``provider.hourly_calls``, those that apply,
+        the one with the highest utilization (ties: that order). None when none applies or the
+        decision ended before policy (401, 403, 400 capability)."""
+    @property
+    def utilization(self) -> float | None:
+        """The governing limit's utilization in percent, rounded to 2 decimals, counting this
+        call when admitted (``X-Meshfast-Utilization``)."""
+    @property
+    def reset_at(self) -> str | None:
+        """When the governing limit's window resets, RFC 3339 UTC (``2025-03-06T00:00:00Z``)."""
+    @property
+    def reserved_nano(self) -> int:
+        """The budget reservation held (nano-USD); 0 when none or once settled."""
+    def settle(self, actual_nano: int) -> bool:
+        """Turn the reservation into the actual cost (negative counts as 0), or add it to today's
+        spend counter when nothing was reserved (no cap), and release the provider slot and the
+        admission weight. True the first time, False afterwards (idempotent). :class:`CoreError`
+        on a denial; :class:`ShmError` when an unreserved charge finds the table full (the call
+        stays unsettled)."""
+    def admit_provider(self, now_ns: int, max_wait_ns: int = 0) -> tuple[bool, int]:
+        """Provider admission, shared by all workers: a concurrency slot (``max_concurrent_upstream``)
+        then a token (GCRA, rate = burst = ``max_outbound_rps``).
+
+        ``(True, wait_ns)``: admitted; start the upstream call after ``wait_ns`` (0 = now). A token
+        that comes within ``max_wait_ns`` is taken at once, at its place in line, so waiters are
+        served in arrival order. ``(False, wait_ns)``: not admitted, holding nothing; try again
+        after ``wait_ns`` (5 ms for a slot, the exact wait for a token). ``now_ns`` as for
+        :meth:`Segment.rate_acquire`. :class:`CoreError` on a denial or a settled call,
+        :class:`ShmError` when a table is full."""
+    def admit_global(self, capacity: int, factor: int) -> bool:
+        """Process-wide admission: take ``weight × factor`` clamped to ``[1, capacity]`` of the
+        segment's admission weight if the total stays ≤ ``capacity``; True when held (or already).
+        Released with the provider slot. :class:`CoreError` on a denial, :class:`ShmError` when full."""
+    def release_provider(self) -> None:
+        """Give back the provider slot and the admission weight (the upstream call, or the stream,
+        ended); the budget reservation stays until :meth:`settle`. Idempotent."""
     @property
     def output_media_type(self) -> str | None:
         """The model's output media type (generate)."""

@@ -21,6 +21,7 @@ from meshfast import counters, errors, verify
 from meshfast._core import Core, Segment, SnapshotError, request_id
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
+from meshfast.admission import Admission
 from meshfast.dataplane import DataPlane
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, ensure_log_partitions
@@ -182,7 +183,8 @@ class App:
         await self.dispatcher.start()
         self.telemetry = Telemetry(self.segment, self.gateway_pool, settings.spool_dir)
         self.telemetry.start()
-        self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings)
+        admission = Admission(settings.admission_capacity, settings.inflight_ceiling, settings.memory_ceiling_bytes)
+        self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission)
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"

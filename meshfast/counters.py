@@ -83,11 +83,13 @@ def _keys(config: Config, now_ms: int) -> Iterable[tuple[int, str, str, int]]:
 async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now_ms: int) -> int:
     """Push every counter's unsynced delta to PostgreSQL; returns how many counters moved."""
     moved = 0
+    # Open budget reservations share the spend counters; only settled spend is pushed.
+    reserved = segment.reserved()
     for kind, a, b, period in _keys(config, now_ms):
         key = counter_key(kind, a, b, period)
         shadow = counter_key(kind, a, b, period | SHADOW_BIT)
         synced = segment.get(shadow)
-        delta = segment.get(key) - synced
+        delta = segment.get(key) - reserved.get(key, 0) - synced
         if delta == 0:
             continue
         if kind == SPEND_DAY:

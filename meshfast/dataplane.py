@@ -18,6 +18,7 @@ import msgspec
 
 from meshfast import errors
 from meshfast._core import Core, UpstreamBodyError, request_id
+from meshfast.admission import Admission
 from meshfast.dispatch import Dispatcher, UpstreamError
 from meshfast.settings import Settings
 from meshfast.telemetry import Row, Telemetry
@@ -49,8 +50,10 @@ class _ClientGone(Exception):
 
 
 class DataPlane:
-    def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings) -> None:
+    def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings,
+                 admission: Admission) -> None:
         self.core = core
+        self.admission = admission
         self.dispatcher = dispatcher
         self.telemetry = telemetry
         self.settings = settings
@@ -83,22 +86,41 @@ class DataPlane:
             model_name=p.model_name, requested_model=p.requested_model, deny_reason=p.deny_reason,
             source_ip=source_ip, user_agent=user_agent,
         )
+        governed = _status_headers(p)
         if p.status:
-            extra = [("retry-after", str(p.retry_after_s))] if p.retry_after_s else []
+            extra = governed
+            if p.retry_after_s:
+                extra.append(("retry-after", str(p.retry_after_s)))
+            if p.should_retry is False:
+                extra.append(("x-should-retry", "false"))
             self._respond(proto, p.status, p.request_id, p.body, extra)
             row.latency_ms = self._elapsed_ms(started)
+            if p.log_requests:
+                self.telemetry.record(row)
+            return
+        try:
+            await self.admission.admit(p)
+        except errors.MeshfastError as exc:
+            extra = [*governed, ("retry-after", str(exc.retry_after_s or 1))]
+            self._respond(proto, exc.status, p.request_id, exc.body(), extra)
+            row.status_code, row.deny_reason = exc.status, exc.code
+            row.latency_ms = self._elapsed_ms(started)
+            p.settle(0)
             if p.log_requests:
                 self.telemetry.record(row)
             return
         row.deny_reason = None
         try:
             if route == "proxy":
-                await self._proxy(p, proto, row, started, body)
+                await self._proxy(p, proto, row, started, body, governed)
             elif route == "embeddings":
-                await self._embeddings(p, proto, row, started)
+                await self._embeddings(p, proto, row, started, governed)
             else:
-                await self._generate(p, proto, row, started)
+                await self._generate(p, proto, row, started, governed)
         finally:
+            self.admission.release(p)
+            # Turns the budget reservation into the actual cost (0 when the call failed).
+            p.settle(row.input_cost_nano + row.output_cost_nano)
             row.latency_ms = self._elapsed_ms(started)
             if p.log_requests:
                 self.telemetry.record(row)
@@ -128,13 +150,14 @@ class DataPlane:
         row.outcome = "upstream_error"
         row.status_code = exc.status if exc.status is not None else 502
 
-    async def _proxy(self, p: Any, proto: Any, row: Row, started: float, request_body: bytes) -> None:
+    async def _proxy(self, p: Any, proto: Any, row: Row, started: float, request_body: bytes,
+                     governed: list[tuple[str, str]]) -> None:
         response = await self._send(p, proto, row)
         if response is None:
             return
         stream = p.stream()
         transport = proto.response_stream(200, [
-            ("content-type", NDJSON), ("x-request-id", p.request_id), ("cache-control", "no-cache"),
+            ("content-type", NDJSON), ("x-request-id", p.request_id), ("cache-control", "no-cache"), *governed,
         ])
         incomplete = False
         client_gone = False
@@ -192,9 +215,9 @@ class DataPlane:
 
     def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0,
                 web_searches: int = 0) -> None:
+        """Price the call into the row; `handle` settles the reservation with it."""
         input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, web_searches)
         row.web_searches = web_searches
-        self.core.charge(p.principal_id, p.model_id, input_nano + output_nano, row.created_ms)
         row.tokens_in, row.tokens_out = tokens_in, tokens_out
         row.input_cost_nano, row.output_cost_nano = input_nano, output_nano
 
@@ -205,7 +228,8 @@ class DataPlane:
             raise UpstreamError(None, "upstream answer too large")
         return data
 
-    async def _embeddings(self, p: Any, proto: Any, row: Row, started: float) -> None:
+    async def _embeddings(self, p: Any, proto: Any, row: Row, started: float,
+                          governed: list[tuple[str, str]]) -> None:
         response = await self._send(p, proto, row)
         if response is None:
             return
@@ -223,10 +247,11 @@ class DataPlane:
         self._charge(p, row, tokens_in, 0)
         body = (b'{"id":"' + p.request_id.encode() + b'","model":' + _json.encode(p.model_name)
                 + b',"embedding":' + vector_json + b',"usage":{"input_tokens":' + str(tokens_in).encode() + b"}}\n")
-        self._respond(proto, 200, p.request_id, body)
+        self._respond(proto, 200, p.request_id, body, governed)
         row.outcome, row.status_code = "success", 200
 
-    async def _generate(self, p: Any, proto: Any, row: Row, started: float) -> None:
+    async def _generate(self, p: Any, proto: Any, row: Row, started: float,
+                        governed: list[tuple[str, str]]) -> None:
         response = await self._send(p, proto, row)
         if response is None:
             return
@@ -258,7 +283,7 @@ class DataPlane:
                              "output": rendered[0], "outputs": rendered, "usage": usage}) + b"\n"
         if seconds:
             row.generated_seconds = seconds
-        self._respond(proto, 200, p.request_id, body)
+        self._respond(proto, 200, p.request_id, body, governed)
         row.outcome, row.status_code = "success", 200
 
     async def _poll_job(self, p: Any, submitted: bytes) -> tuple[list[tuple[str, str]], float, int, int]:
@@ -311,6 +336,16 @@ class DataPlane:
         if extra:
             headers.extend(extra)
         proto.response_bytes(status, headers, body)
+
+
+def _status_headers(p: Any) -> list[tuple[str, str]]:
+    """X-Meshfast-Limit/Utilization/Reset: the governing limit of this call, when one applies."""
+    if p.limit_id is None:
+        return []
+    headers = [("x-meshfast-limit", p.limit_id), ("x-meshfast-utilization", f"{p.utilization:g}")]
+    if p.reset_at:
+        headers.append(("x-meshfast-reset", p.reset_at))
+    return headers
 
 
 def _classify(item: str) -> tuple[str, str]:

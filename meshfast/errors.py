@@ -13,9 +13,10 @@ class MeshfastError(Exception):
     status = 500
     code = "internal_error"
 
-    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+    def __init__(self, detail: str | None = None, *, retry_after_s: int | None = None, **extra: Any) -> None:
         super().__init__(detail or self.code)
         self.detail = detail
+        self.retry_after_s = retry_after_s
         self.extra = extra
 
     def body(self) -> bytes:
@@ -45,4 +46,6 @@ ModelExists = _error("ModelExists", 409, "model_already_exists")
 VerificationFailed = _error("VerificationFailed", 422, "model_verification_failed")
 PayloadTooLarge = _error("PayloadTooLarge", 413, "payload_too_large")
 UnsupportedMediaType = _error("UnsupportedMediaType", 415, "unsupported_media_type")
+ProviderBusy = _error("ProviderBusy", 503, "provider_busy")
+ServerBusy = _error("ServerBusy", 503, "server_busy")
 DatabaseUnavailable = _error("DatabaseUnavailable", 503, "database_unavailable")

@@ -21,6 +21,9 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_STREAM_IDLE_TIMEOUT_S", "seconds a stream may sit idle before it is cut (default 300)"),
     ("MESHFAST_UPSTREAM_CONNECT_TIMEOUT_S", "seconds to connect to a provider (default 5)"),
     ("MESHFAST_UPSTREAM_DEADLINE_S", "total seconds for an upstream call including retries (default 600)"),
+    ("MESHFAST_ADMISSION_CAPACITY", "process-wide admission weight (text 1, image 5, ... video 25; default 200)"),
+    ("MESHFAST_INFLIGHT_CEILING", "in-flight calls per worker at which pressure is 1.0 (default 5000)"),
+    ("MESHFAST_MEMORY_CEILING_MB", "worker RSS in MiB at which pressure is 1.0 (default 1024)"),
     ("MESHFAST_SHM_DIR", "where the shared-memory segment lives (default /dev/shm)"),
     ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
@@ -64,6 +67,9 @@ class Settings:
     stream_idle_timeout_s: float
     upstream_connect_timeout_s: float
     upstream_deadline_s: float
+    admission_capacity: int
+    inflight_ceiling: int
+    memory_ceiling_bytes: int
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -81,6 +87,9 @@ class Settings:
             stream_idle_timeout_s=_float_env("MESHFAST_STREAM_IDLE_TIMEOUT_S", 300.0),
             upstream_connect_timeout_s=_float_env("MESHFAST_UPSTREAM_CONNECT_TIMEOUT_S", 5.0),
             upstream_deadline_s=_float_env("MESHFAST_UPSTREAM_DEADLINE_S", 600.0),
+            admission_capacity=max(1, _int_env("MESHFAST_ADMISSION_CAPACITY", 200)),
+            inflight_ceiling=max(1, _int_env("MESHFAST_INFLIGHT_CEILING", 5000)),
+            memory_ceiling_bytes=max(1, _int_env("MESHFAST_MEMORY_CEILING_MB", 1024)) * 1024 * 1024,
         )
 
     @property

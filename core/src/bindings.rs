@@ -49,7 +49,7 @@ fn key_from_bytes(key: &[u8]) -> PyResult<u128> {
 /// `xxh3_128(kind ‖ id(a) ‖ id(b) ‖ period)` as 16 big-endian bytes.
 #[pyfunction]
 fn counter_key<'py>(py: Python<'py>, kind: u8, a: &str, b: &str, period: u32) -> PyResult<Bound<'py, PyBytes>> {
-    if !(shm::SPEND_DAY..=shm::PROVIDER_CALLS_HOUR).contains(&kind) {
+    if !(shm::SPEND_DAY..=shm::GLOBAL_INFLIGHT).contains(&kind) {
         return Err(PyValueError::new_err(format!("unknown counter kind {kind}")));
     }
     let key = shm::counter_key(kind, &shm::id_bytes(a), &shm::id_bytes(b), period);
@@ -110,6 +110,28 @@ impl PySegment {
     fn reserve(&self, key: &[u8], amount: i64, cap: i64) -> PyResult<Option<PyLease>> {
         let lease = self.inner.reserve(key_from_bytes(key)?, amount, cap).map_err(to_py_err)?;
         Ok(lease.map(|lease| PyLease { segment: Arc::clone(&self.inner), lease }))
+    }
+
+    /// Open reservations per counter key (16 bytes), summed over held leases.
+    fn reserved<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let reserved = released(py, || self.inner.reserved());
+        let dict = PyDict::new(py);
+        for (key, amount) in reserved {
+            dict.set_item(PyBytes::new(py, &key.to_be_bytes()), amount)?;
+        }
+        Ok(dict)
+    }
+
+    /// GCRA admission on `key`; 0 when admitted, else nanoseconds to wait.
+    fn rate_acquire(&self, key: &[u8], rate_per_s: f64, burst: i64, now_ns: i64) -> PyResult<i64> {
+        let interval = shm::emission_interval_ns(rate_per_s)
+            .ok_or_else(|| PyValueError::new_err(format!("rate_per_s must be positive and finite, got {rate_per_s}")))?;
+        self.inner.rate_acquire(key_from_bytes(key)?, interval, burst, now_ns).map_err(to_py_err)
+    }
+
+    /// The process-wide admission weight in flight.
+    fn inflight_weight(&self) -> i64 {
+        self.inner.get(shm::global_inflight_key())
     }
 
     fn sweep(&self, py: Python<'_>) -> usize {
@@ -316,7 +338,7 @@ impl PyCore {
         let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
         let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
         let request = prepare::Request { route, authorization, x_api_key, x_goog_api_key, query_string, body, now_ms };
-        Ok(PyPrepared { inner: prepare::prepare(&loaded.snapshot, self.segment.as_deref(), &request) })
+        Ok(PyPrepared { inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request) })
     }
 
     /// `(input_cost_nano, output_cost_nano)` of a call on `model_id`.
@@ -386,6 +408,11 @@ impl PyPrepared {
 
     fn generation(&self) -> Option<&crate::provider::GenerationPlan> {
         self.inner.upstream.as_ref()?.plan.generation.as_ref()
+    }
+
+    fn holds(&self) -> PyResult<&crate::govern::Holds> {
+        let holds = self.inner.holds.as_ref().filter(|_| self.inner.upstream.is_some());
+        holds.ok_or_else(|| CoreError::new_err("a denied request has no upstream call"))
     }
 }
 
@@ -475,6 +502,46 @@ impl PyPrepared {
     fn web_search(&self) -> bool {
         self.inner.upstream.as_ref().is_some_and(|u| u.web_search)
     }
+    #[getter]
+    fn should_retry(&self) -> Option<bool> {
+        self.inner.should_retry
+    }
+    #[getter]
+    fn limit_id(&self) -> Option<&'static str> {
+        self.inner.limit.map(|l| l.id)
+    }
+    #[getter]
+    fn utilization(&self) -> Option<f64> {
+        self.inner.limit.map(|l| l.utilization)
+    }
+    #[getter]
+    fn reset_at(&self) -> Option<String> {
+        self.inner.limit.map(|l| views::rfc3339(l.reset_at_ms))
+    }
+    #[getter]
+    fn reserved_nano(&self) -> i64 {
+        self.inner.holds.as_ref().map_or(0, crate::govern::Holds::reserved_nano)
+    }
+
+    fn settle(&self, actual_nano: i64) -> PyResult<bool> {
+        self.holds()?.settle(actual_nano).map_err(to_py_err)
+    }
+
+    #[pyo3(signature = (now_ns, max_wait_ns = 0))]
+    fn admit_provider(&self, now_ns: i64, max_wait_ns: i64) -> PyResult<(bool, i64)> {
+        self.holds()?.admit_provider(now_ns, max_wait_ns).map_err(to_py_err)
+    }
+
+    fn admit_global(&self, capacity: i64, factor: i64) -> PyResult<bool> {
+        self.holds()?.admit_global(capacity, factor).map_err(to_py_err)
+    }
+
+    fn release_provider(&self) {
+        if let Some(holds) = &self.inner.holds {
+            holds.release_provider();
+        }
+    }
+
     #[getter]
     fn weight(&self) -> u32 {
         self.inner.upstream.as_ref().map_or(0, |u| u.weight)
@@ -616,6 +683,9 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SPEND_DAY", shm::SPEND_DAY)?;
     m.add("CALLS_HOUR", shm::CALLS_HOUR)?;
     m.add("PROVIDER_CALLS_HOUR", shm::PROVIDER_CALLS_HOUR)?;
+    m.add("PROVIDER_RATE", shm::PROVIDER_RATE)?;
+    m.add("PROVIDER_INFLIGHT", shm::PROVIDER_INFLIGHT)?;
+    m.add("GLOBAL_INFLIGHT", shm::GLOBAL_INFLIGHT)?;
     m.add_class::<PySegment>()?;
     m.add_class::<PyLease>()?;
     m.add_class::<PyPrincipal>()?;

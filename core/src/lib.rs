@@ -4,6 +4,7 @@
 
 pub mod content;
 pub mod error;
+pub mod govern;
 pub mod ids;
 pub mod keyindex;
 pub mod policy;

@@ -8,12 +8,14 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::content::{self, BlockType, RawBlock};
+use crate::content::{self, Block, BlockType, RawBlock};
+use crate::govern::{Holds, ProviderLimits};
 use crate::keyindex::extract_token;
-use crate::policy::{self, Denial};
+use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
+use crate::pricing;
 use crate::provider::Plan;
-use crate::shm::{utc_hour, Segment};
-use crate::snapshot::{Model, ModelKind, Provider, Secret, Snapshot};
+use crate::shm::{id_bytes, utc_day, utc_hour, Segment};
+use crate::snapshot::{Grant, Model, ModelKind, Provider, Secret, Snapshot};
 use crate::template::Vars;
 use crate::views::{self, write_int, write_str, write_time, write_usd};
 
@@ -74,6 +76,11 @@ pub struct Upstream {
     pub web_search: bool,
     /// Admission weight (text 1, image 5, document 8, audio 10, video 25; embeddings 1; generate 25).
     pub weight: u32,
+    /// The input-token bound the budget reservation prices (see [`input_token_bound`]).
+    pub input_tokens_bound: i64,
+    /// The output tokens the reservation prices: `max_tokens` (proxy), the model's
+    /// `max_output_tokens` (generate), 0 (embeddings).
+    pub output_tokens_bound: i64,
     pub plan: Arc<Plan>,
     /// Kept for rendering async status and content URLs (generate only).
     pub api_key: Secret,
@@ -99,6 +106,52 @@ pub struct Prepared {
     pub log_requests: bool,
     pub local: bool,
     pub upstream: Option<Upstream>,
+    /// `Some(false)` when retrying cannot help (budget denials): `x-should-retry: false`.
+    pub should_retry: Option<bool>,
+    /// The governing limit (highest utilization among those that apply), when known.
+    pub limit: Option<Governing>,
+    /// What an admitted call holds in the segment; released on drop.
+    pub holds: Option<Holds>,
+}
+
+/// The limit that governs a call, for `X-Meshfast-Limit` / `-Utilization` / `-Reset`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Governing {
+    /// `policy.daily_usd`, `policy.hourly_calls` or `provider.hourly_calls`.
+    pub id: &'static str,
+    /// Percent of the limit used, counting this call (and, for spend, open reservations).
+    pub utilization: f64,
+    /// When the limit's window resets (unix ms).
+    pub reset_at_ms: i64,
+}
+
+/// Input tokens assumed from body bytes: cl100k averages about 4 bytes a token on prose, so
+/// `ceil(bytes / 3)` over-estimates typical text cheaply (no tokenizer on the hot path). It is an
+/// estimate, not a proof: `settle` charges the actual cost whatever it is.
+pub const BYTES_PER_TOKEN_BOUND: i64 = 3;
+/// Tokens assumed for an image or a media block given by URL (above the big providers' per-image
+/// token counts at default detail).
+pub const MEDIA_BLOCK_TOKENS: i64 = 1600;
+
+/// The input-token bound of a call's blocks: `ceil(text bytes / 3)`; images and URL blocks
+/// [`MEDIA_BLOCK_TOKENS`]; inline documents, audio and video `ceil(base64 bytes / 4)` (decoded
+/// bytes / 3), at least [`MEDIA_BLOCK_TOKENS`].
+#[must_use]
+pub fn input_token_bound(blocks: &[Block<'_>]) -> i64 {
+    let mut text_bytes = 0i64;
+    let mut media = 0i64;
+    for block in blocks {
+        match block.kind {
+            BlockType::Text => text_bytes += block.text.len() as i64,
+            BlockType::Image => media += MEDIA_BLOCK_TOKENS,
+            _ => media += ((block.data.len() as u64).div_ceil(4) as i64).max(MEDIA_BLOCK_TOKENS),
+        }
+    }
+    (text_bytes as u64).div_ceil(BYTES_PER_TOKEN_BOUND as u64) as i64 + media
+}
+
+fn text_token_bound(text: &str) -> i64 {
+    (text.len() as u64).div_ceil(BYTES_PER_TOKEN_BOUND as u64) as i64
 }
 
 impl Prepared {
@@ -198,10 +251,64 @@ fn headers(plan: &Plan, vars: &Vars<'_>) -> Vec<(String, String)> {
     out
 }
 
-/// Decides one request. Reads counters from `segment` and, when the call goes upstream, counts
-/// it (provider and principal×model hourly calls, Mesh step 14).
+/// The limit with the highest utilization among those that apply (ties: the first listed).
+fn governing(grant: &Grant, provider: &Provider, c: &Counters, now_ms: i64) -> Option<Governing> {
+    let percent = |used: i64, limit: i64| (used as f64 * 100.0 / limit as f64 * 100.0).round() / 100.0;
+    let candidates = [
+        (grant.daily_cap_nano_usd > 0)
+            .then(|| ("policy.daily_usd", percent(c.spent_today_nano, grant.daily_cap_nano_usd), next_utc_midnight(now_ms))),
+        grant
+            .max_calls_per_hour
+            .filter(|&max| max > 0)
+            .map(|max| ("policy.hourly_calls", percent(c.calls_this_hour, max), next_utc_hour(now_ms))),
+        provider
+            .max_calls_per_hour
+            .filter(|&max| max > 0)
+            .map(|max| ("provider.hourly_calls", percent(c.provider_calls_this_hour, max), next_utc_hour(now_ms))),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .fold(None, |best: Option<Governing>, (id, utilization, reset_at_ms)| match best {
+            Some(best) if best.utilization >= utilization => Some(best),
+            _ => Some(Governing { id, utilization, reset_at_ms }),
+        })
+}
+
+/// The worst-case cost of `upstream` in nano-USD: bounds × prices, one web search if asked,
+/// nothing for seconds.
 #[must_use]
-pub fn prepare(snapshot: &Snapshot, segment: Option<&Segment>, req: &Request<'_>) -> Prepared {
+pub fn worst_case_nano(model: &Model, provider: &Provider, upstream: &Upstream) -> i64 {
+    let searches = i64::from(upstream.web_search);
+    let (input, output) = pricing::price(model, provider, upstream.input_tokens_bound, upstream.output_tokens_bound, 0.0, searches);
+    input.saturating_add(output)
+}
+
+impl Prepared {
+    fn deny_budget(&mut self, cap_nano: i64, now_ms: i64) {
+        let resume_at = next_utc_midnight(now_ms);
+        self.deny(429, "budget_exceeded", |out| {
+            out.extend_from_slice(b",\"cap\":");
+            write_usd(out, cap_nano);
+            out.extend_from_slice(b",\"resume_at\":");
+            write_time(out, resume_at);
+        });
+        self.retry_after_s = Some(retry_after(resume_at, now_ms));
+        self.should_retry = Some(false);
+    }
+
+    fn deny_busy(&mut self) {
+        self.deny(503, "server_busy", |_| {});
+        self.retry_after_s = Some(1);
+        self.holds = None;
+    }
+}
+
+/// Decides one request. Reads counters from `segment` and, when the call goes upstream, reserves
+/// its worst-case cost against the grant's daily cap (held in [`Prepared::holds`]) and counts it
+/// (provider and principal×model hourly calls, Mesh step 14).
+#[must_use]
+pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Request<'_>) -> Prepared {
     let mut p = Prepared { request_id: crate::ids::request_id(), log_requests: true, ..Prepared::default() };
     p.requested_model = req.query_string.and_then(|q| query_param(q, "model")).map(Cow::into_owned).unwrap_or_default();
 
@@ -254,7 +361,8 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Segment>, req: &Request<'_>
     }
 
     // 6. Policy, kill switch last.
-    let counters = views::counters(grant, provider, &segment.map(SegmentRef), req.now_ms);
+    let mut counters = views::counters(grant, provider, &segment.map(|s| SegmentRef(s)), req.now_ms);
+    p.limit = governing(grant, provider, &counters, req.now_ms);
     if let Some((denial, resume_at)) = policy::denial(grant, provider, &counters, req.now_ms) {
         p.deny(denial.http_status(), denial.code(), |out| {
             if let Denial::Budget { cap_nano } = denial {
@@ -272,6 +380,9 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Segment>, req: &Request<'_>
         });
         if denial.http_status() == 429 {
             p.retry_after_s = resume_at.map(|at| retry_after(at, req.now_ms));
+        }
+        if let Denial::Budget { .. } = denial {
+            p.should_retry = Some(false);
         }
         return p;
     }
@@ -295,15 +406,47 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Segment>, req: &Request<'_>
         return p;
     };
 
+    // Reserve the worst case against the daily cap: spend + open reservations + worst <= cap.
+    let spend_key = grant.spend_key.at(utc_day(req.now_ms));
+    let limits = ProviderLimits::new(&id_bytes(&provider.id), provider.max_concurrent_upstream, provider.max_outbound_rps);
+    let holds = Holds::new(segment.cloned(), spend_key, limits, upstream.weight);
+    if let Some(segment) = segment.filter(|_| grant.daily_cap_nano_usd > 0) {
+        let worst = worst_case_nano(model, provider, &upstream);
+        match segment.reserve(spend_key, worst, grant.daily_cap_nano_usd) {
+            Ok(Some(lease)) => {
+                holds.hold_budget(lease);
+                counters.spent_today_nano = segment.get(spend_key);
+            }
+            Ok(None) => {
+                counters.spent_today_nano = segment.get(spend_key);
+                p.limit = governing(grant, provider, &counters, req.now_ms);
+                p.deny_budget(grant.daily_cap_nano_usd, req.now_ms);
+                return p;
+            }
+            Err(_) => {
+                p.deny_busy();
+                return p;
+            }
+        }
+    }
+    p.holds = Some(holds);
+
     // 14. Count the attempt.
     if let Some(segment) = segment {
         let hour = utc_hour(req.now_ms);
-        if segment.add(provider.calls_key.at(hour), 1).and_then(|_| segment.add(grant.calls_key.at(hour), 1)).is_err() {
-            // The counter table is full: fail closed rather than run uncounted.
-            p.deny(503, "server_busy", |_| {});
-            p.retry_after_s = Some(1);
-            return p;
+        match segment.add(provider.calls_key.at(hour), 1).and_then(|n| Ok((n, segment.add(grant.calls_key.at(hour), 1)?))) {
+            Ok((provider_calls, calls)) => {
+                counters.provider_calls_this_hour = provider_calls;
+                counters.calls_this_hour = calls;
+            }
+            Err(_) => {
+                // The counter table is full: fail closed rather than run uncounted (the drop of
+                // the holds releases the reservation).
+                p.deny_busy();
+                return p;
+            }
         }
+        p.limit = governing(grant, provider, &counters, req.now_ms);
     }
     p.upstream = Some(upstream);
     p
@@ -329,6 +472,8 @@ fn base_upstream(provider: &Provider, model: &Model, url: String, headers: Vec<(
         max_tokens: 0,
         web_search: false,
         weight: 1,
+        input_tokens_bound: 0,
+        output_tokens_bound: 0,
         plan: Arc::clone(&provider.plan),
         api_key: Secret::default(),
         output_media_type: model.output_media_type.clone(),
@@ -414,6 +559,8 @@ fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> O
     upstream.max_tokens = max_tokens;
     upstream.web_search = web_search;
     upstream.weight = blocks.iter().map(|b| b.kind.weight()).sum::<u32>().max(1);
+    upstream.input_tokens_bound = input_token_bound(&blocks);
+    upstream.output_tokens_bound = max_tokens;
     Some(upstream)
 }
 
@@ -436,7 +583,9 @@ fn embeddings(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider)
     let input_json = json_string(&input);
     let vars = Vars { api_key: Some(&provider.api_key.0), model: Some(&model.resolved_model), input_json: Some(&input_json), ..Vars::default() };
     let body = plan.body.render(&Vars { api_key: None, ..vars });
-    Some(base_upstream(provider, model, plan.url.render_string(&vars), headers(&provider.plan, &vars), body))
+    let mut upstream = base_upstream(provider, model, plan.url.render_string(&vars), headers(&provider.plan, &vars), body);
+    upstream.input_tokens_bound = text_token_bound(&input);
+    Some(upstream)
 }
 
 fn generate(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> Option<Upstream> {
@@ -454,6 +603,8 @@ fn generate(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -
     let body = plan.body.render(&Vars { api_key: None, ..vars });
     let mut upstream = base_upstream(provider, model, plan.url.render_string(&vars), headers(&provider.plan, &vars), body);
     upstream.weight = BlockType::Video.weight();
+    upstream.input_tokens_bound = text_token_bound(&prompt);
+    upstream.output_tokens_bound = model.max_output_tokens;
     upstream.api_key = provider.api_key.clone();
     Some(upstream)
 }
@@ -599,7 +750,7 @@ mod tests {
     #[test]
     fn test_hourly_limit_counts_attempts_in_the_segment() {
         let path = std::env::temp_dir().join(format!("meshfast-test-{}-prepare", std::process::id()));
-        let segment = Segment::create(&path, 64, 4, 4).unwrap();
+        let segment = Arc::new(Segment::create(&path, 64, 16, 4).unwrap());
         let s = snapshot();
         for _ in 0..100 {
             assert_eq!(prepare(&s, Some(&segment), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#)).status, 0);
@@ -607,6 +758,163 @@ mod tests {
         let p = prepare(&s, Some(&segment), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
         assert_eq!(body_json(&p), json!({"error": "user_model_hourly_limit_reached", "resume_at": "2025-03-05T13:00:00Z", "limit": 100}));
         assert_eq!(p.retry_after_s, Some(3600));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    fn segment(name: &str) -> (std::path::PathBuf, Arc<Segment>) {
+        let path = std::env::temp_dir().join(format!("meshfast-test-{}-{name}", std::process::id()));
+        let segment = Arc::new(Segment::create(&path, 256, 256, 64).unwrap());
+        (path, segment)
+    }
+
+    fn spend_key(s: &Snapshot) -> u128 {
+        s.grants[0].spend_key.at(utc_day(NOON_WED))
+    }
+
+    /// `query` "a", default max_tokens 4096: 1 × 1000/1000 + 4096 × 2000/1000 nano.
+    const WORST_A: i64 = 1 + 8192;
+    const CAP: i64 = 2_500_000_000;
+
+    #[test]
+    fn test_budget_is_denied_when_the_worst_case_does_not_fit() {
+        let (path, seg) = segment("budget");
+        let s = snapshot();
+        seg.add(spend_key(&s), CAP - WORST_A + 1).unwrap();
+        let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        assert_eq!(body_json(&p), json!({"error": "budget_exceeded", "cap": 2.5, "resume_at": "2025-03-06T00:00:00Z"}));
+        assert_eq!((p.status, p.retry_after_s, p.should_retry), (429, Some(12 * 3600), Some(false)));
+        let limit = p.limit.unwrap();
+        assert_eq!((limit.id, limit.reset_at_ms), ("policy.daily_usd", next_utc_midnight(NOON_WED)));
+        assert!(limit.utilization > 99.99 && limit.utilization <= 100.0, "{limit:?}");
+        assert_eq!(seg.get(spend_key(&s)), CAP - WORST_A + 1, "nothing reserved, nothing counted");
+        // A smaller max_tokens fits: 1 + 4095 × 2 = 8191 <= 8192.
+        let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a","max_tokens":4095}"#));
+        assert_eq!((p.status, p.should_retry), (0, None));
+        assert_eq!(p.holds.as_ref().unwrap().reserved_nano(), 8191);
+        assert_eq!(seg.get(spend_key(&s)), CAP - 1);
+        assert_eq!(p.limit.unwrap().utilization, 100.0, "rounded to two decimals");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_drop_releases_the_reservation_and_settle_is_idempotent() {
+        let (path, seg) = segment("settle");
+        let s = snapshot();
+        let key = spend_key(&s);
+        let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        assert_eq!(seg.get(key), WORST_A);
+        assert_eq!(seg.reserved(), std::collections::HashMap::from([(key, WORST_A)]));
+        drop(p);
+        assert_eq!((seg.get(key), seg.reserved().len()), (0, 0));
+        let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        let holds = p.holds.as_ref().unwrap();
+        assert!(holds.settle(1234).unwrap());
+        assert!(!holds.settle(99).unwrap());
+        drop(p);
+        assert_eq!(seg.get(key), 1234);
+        // No cap: nothing reserved, settle charges the spend counter once.
+        let p = prepare(&s, Some(&seg), &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        let holds = p.holds.as_ref().unwrap();
+        assert_eq!(holds.reserved_nano(), 0);
+        assert!(holds.settle(50).unwrap() && !holds.settle(50).unwrap());
+        assert_eq!(seg.get(s.grants[1].spend_key.at(utc_day(NOON_WED))), 50);
+        assert_eq!(seg.stats().leases_held, 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_forked_processes_reserving_and_settling_never_exceed_the_cap() {
+        let mut config = config();
+        config["grants"][0]["daily_cap_nano_usd"] = json!(200_000);
+        config["grants"][0]["max_calls_per_hour"] = json!(null);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let (path, seg) = segment("budgetfork");
+        let key = spend_key(&s);
+        let tally = crate::shm::counter_key(crate::shm::CALLS_HOUR, &[7; 16], &[7; 16], 0);
+        let mut pids = Vec::new();
+        for child in 0..4u64 {
+            // SAFETY: the child only touches the mapping and exits without unwinding.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mine = Arc::new(Segment::open(&path).unwrap());
+                    let mut open = Vec::new();
+                    for i in 0..300u64 {
+                        let p = prepare(&s, Some(&mine), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+                        assert!(mine.get(key) <= 200_000);
+                        if p.status == 0 {
+                            open.push(p);
+                        } else {
+                            assert_eq!(p.deny_reason, Some("budget_exceeded"));
+                        }
+                        if open.len() > 3 || (i + child) % 5 == 0 {
+                            if let Some(p) = (!open.is_empty()).then(|| open.remove(0)) {
+                                // Actual cost at most the worst case; some calls are dropped unsettled.
+                                let actual = ((i * 37 + child) % 9000) as i64;
+                                if i % 7 != 0 && p.holds.as_ref().unwrap().settle(actual).unwrap() {
+                                    mine.add(tally, actual).unwrap();
+                                }
+                            }
+                        }
+                    }
+                }))
+                .is_ok();
+                // SAFETY: _exit skips the harness's atexit handlers in the child.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            pids.push(pid);
+        }
+        for pid in pids {
+            let mut status = 0;
+            // SAFETY: waiting on our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed");
+        }
+        assert_eq!(seg.get(key), seg.get(tally), "the counter is exactly the settled costs");
+        assert!(seg.get(key) <= 200_000);
+        assert_eq!(seg.stats().leases_held, 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_provider_admission_takes_a_slot_then_a_token_and_gives_the_slot_back_on_refusal() {
+        let mut config = config();
+        config["providers"][0]["max_concurrent_upstream"] = json!(1);
+        config["providers"][0]["max_outbound_rps"] = json!(2);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let (path, seg) = segment("provider");
+        let call = || prepare(&s, Some(&seg), &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        let (a, b) = (call(), call());
+        let (ha, hb) = (a.holds.as_ref().unwrap(), b.holds.as_ref().unwrap());
+        let t0 = 5_000_000_000;
+        assert_eq!(ha.admit_provider(t0, 0).unwrap(), (true, 0));
+        assert_eq!(ha.admit_provider(t0, 0).unwrap(), (true, 0), "idempotent");
+        assert_eq!(hb.admit_provider(t0, 0).unwrap(), (false, crate::govern::SLOT_POLL_NS), "the one slot is taken");
+        ha.release_provider();
+        assert_eq!(hb.admit_provider(t0, 0).unwrap(), (true, 0), "burst 2: a second token at once");
+        hb.release_provider();
+        assert_eq!(ha.admit_provider(t0 + 100_000_000, 0).unwrap(), (false, 400_000_000), "bucket empty: wait, slot released");
+        assert_eq!(hb.admit_provider(t0 + 100_000_000, 0).unwrap(), (false, 400_000_000), "not the slot: the bucket");
+        assert_eq!(ha.admit_provider(t0 + 500_000_000, 0).unwrap(), (true, 0));
+        ha.release_provider();
+        assert_eq!(hb.admit_provider(t0 + 500_000_000, 1_000_000_000).unwrap(), (true, 500_000_000),
+                   "within the allowed wait: the next token is taken, in line");
+        hb.release_provider();
+        assert_eq!(ha.admit_provider(t0 + 500_000_000, 600_000_000).unwrap(), (false, 1_000_000_000),
+                   "the token after that is further away than allowed: nothing taken");
+        assert_eq!(ha.admit_provider(t0 + 500_000_000, 1_000_000_000).unwrap(), (true, 1_000_000_000));
+        // Process-wide weight: generate weighs 25; × factor 2, clamped to the capacity.
+        assert!(ha.admit_global(60, 2).unwrap());
+        assert_eq!(seg.get(crate::shm::global_inflight_key()), 50);
+        assert!(!hb.admit_global(60, 1).unwrap(), "25 more does not fit under 60");
+        drop(a);
+        assert_eq!(seg.get(crate::shm::global_inflight_key()), 0, "drop releases slot and weight");
+        assert!(hb.admit_global(10, 4).unwrap(), "clamped to the capacity");
+        assert_eq!(seg.get(crate::shm::global_inflight_key()), 10);
+        assert!(hb.settle(0).unwrap());
+        assert_eq!(seg.stats().leases_held, 0);
+        // A reading of the clock slightly behind a full bucket waits rather than resetting it.
+        assert_eq!(crate::shm::gcra_step(t0 + 10, t0 - 1, 5, 2), Err(6));
         std::fs::remove_file(path).unwrap();
     }
 

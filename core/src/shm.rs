@@ -99,6 +99,56 @@ pub const SPEND_DAY: u8 = 1;
 pub const CALLS_HOUR: u8 = 2;
 /// Counter kind: calls to a provider in one UTC hour (principal part is the zero id).
 pub const PROVIDER_CALLS_HOUR: u8 = 3;
+/// Slot kind: a provider's GCRA "theoretical arrival time" in nanoseconds ([`Segment::rate_acquire`]);
+/// principal part is the zero id, period 0.
+pub const PROVIDER_RATE: u8 = 4;
+/// Counter kind: a provider's calls in flight (concurrency-slot leases); zero id, period 0.
+pub const PROVIDER_INFLIGHT: u8 = 5;
+/// Counter kind: the process-wide admission weight in flight; both ids zero, period 0.
+pub const GLOBAL_INFLIGHT: u8 = 6;
+
+/// The key of [`GLOBAL_INFLIGHT`].
+#[must_use]
+pub fn global_inflight_key() -> u128 {
+    counter_key(GLOBAL_INFLIGHT, &[0; 16], &[0; 16], 0)
+}
+
+/// GCRA's emission interval for `rate_per_s`: `round(1e9 / rate)` ns, at least 1; `None` for a
+/// rate that is not positive and finite (no limit).
+#[must_use]
+pub fn emission_interval_ns(rate_per_s: f64) -> Option<i64> {
+    #[expect(clippy::cast_possible_truncation, reason = "clamped to [1, i64::MAX / 2^20] before the cast")]
+    (rate_per_s.is_finite() && rate_per_s > 0.0).then(|| (1e9 / rate_per_s).round().clamp(1.0, (i64::MAX >> 20) as f64) as i64)
+}
+
+/// How far behind the bucket's state a reading of the clock may be before [`gcra_step`] treats it
+/// as a clock that went backwards.
+pub const GCRA_CLOCK_SKEW_NS: i64 = 60_000_000_000;
+
+/// One GCRA step on a theoretical arrival time `tat` (ns; 0 = never used): `Ok(new_tat)` when a
+/// request at `now_ns` conforms (at most `burst` requests back to back, then one per
+/// `interval_ns`), else `Err(wait_ns)` until it would. A `tat` more than [`GCRA_CLOCK_SKEW_NS`]
+/// beyond what the bucket can hold means the clock went backwards (a reboot, another clock
+/// source); it restarts from `now_ns`. (Processes' readings of `now` arrive a little out of order,
+/// so `tat` may legitimately lie a little beyond the bucket: those requests must wait.)
+pub fn gcra_step(tat: i64, now_ns: i64, interval_ns: i64, burst: i64) -> std::result::Result<i64, i64> {
+    match gcra_next(tat, now_ns, interval_ns, burst) {
+        (new_tat, 0) => Ok(new_tat),
+        (_, wait) => Err(wait),
+    }
+}
+
+/// The theoretical arrival time after taking the next token at `now_ns`, and how long the taker
+/// must wait before using it (0 = at once): the token's place in line.
+#[must_use]
+pub fn gcra_next(tat: i64, now_ns: i64, interval_ns: i64, burst: i64) -> (i64, i64) {
+    let tolerance = interval_ns.saturating_mul(burst.max(1));
+    let jumped = tat.saturating_sub(now_ns) > tolerance.saturating_add(GCRA_CLOCK_SKEW_NS);
+    let base = if jumped { now_ns } else { tat.max(now_ns) };
+    let new_tat = base.saturating_add(interval_ns);
+    let ahead = new_tat.saturating_sub(now_ns);
+    (new_tat, ahead.saturating_sub(tolerance).max(0))
+}
 
 /// UTC day number of `unix_ms`, the period of [`SPEND_DAY`].
 #[must_use]
@@ -738,6 +788,77 @@ impl Segment {
         Ok(Some(Lease { entry: entry as u32, tag: seq, slot: slot as u32, amount }))
     }
 
+    /// GCRA admission on the slot at `key` (which holds the theoretical arrival time in ns), exact
+    /// across processes by one CAS: 0 when a request at `now_ns` is admitted (and counted), else
+    /// the nanoseconds to wait before it would be. Rate = `interval_ns` per request (see
+    /// [`emission_interval_ns`]), `burst` back to back. `now_ns` must come from a clock every
+    /// process shares (`CLOCK_MONOTONIC` or `CLOCK_REALTIME` on one host).
+    pub fn rate_acquire(&self, key: u128, interval_ns: i64, burst: i64, now_ns: i64) -> Result<i64> {
+        if interval_ns <= 0 || burst <= 0 {
+            return Err(Error::InvalidArgument(format!("rate interval {interval_ns} ns and burst {burst} must be positive")));
+        }
+        let value = self.slot_value(self.find_or_claim(key)?);
+        let mut tat = value.load(Acquire);
+        loop {
+            match gcra_step(tat, now_ns, interval_ns, burst) {
+                Err(wait) => return Ok(wait),
+                Ok(new_tat) => match value.compare_exchange_weak(tat, new_tat, AcqRel, Acquire) {
+                    Ok(_) => return Ok(0),
+                    Err(actual) => tat = actual,
+                },
+            }
+        }
+    }
+
+    /// Like [`rate_acquire`](Self::rate_acquire), but a request that would wait at most
+    /// `max_wait_ns` takes its token now, at its place in line, so waiters are served in arrival
+    /// order instead of racing for each token: `Ok(Ok(wait))` = admitted, start after `wait` ns;
+    /// `Ok(Err(wait))` = it would wait longer than allowed, nothing taken.
+    pub fn rate_reserve(&self, key: u128, interval_ns: i64, burst: i64, now_ns: i64, max_wait_ns: i64)
+        -> Result<std::result::Result<i64, i64>> {
+        if interval_ns <= 0 || burst <= 0 {
+            return Err(Error::InvalidArgument(format!("rate interval {interval_ns} ns and burst {burst} must be positive")));
+        }
+        let value = self.slot_value(self.find_or_claim(key)?);
+        let mut tat = value.load(Acquire);
+        loop {
+            let (new_tat, wait) = gcra_next(tat, now_ns, interval_ns, burst);
+            if wait > max_wait_ns {
+                return Ok(Err(wait));
+            }
+            match value.compare_exchange_weak(tat, new_tat, AcqRel, Acquire) {
+                Ok(_) => return Ok(Ok(wait)),
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+
+    /// Open (held) reservations per counter key, summed: the checkpoint writes
+    /// `committed = counter - reserved`. A key is returned as stored (normalised, see
+    /// [`split_key`]), equal to the original except with probability 2⁻⁶³. Reservations being
+    /// taken or settled at the instant of the scan may be missed or counted once too often.
+    #[must_use]
+    pub fn reserved(&self) -> std::collections::HashMap<u128, i64> {
+        let mut out = std::collections::HashMap::new();
+        for entry in 0..self.leases {
+            let tag = self.lease_word(entry, 0).load(Acquire);
+            if tag & 3 != LEASE_HELD {
+                continue;
+            }
+            let slot = self.lease_word(entry, 2).load(Acquire) as usize;
+            let amount = self.lease_word(entry, 3).load(Acquire) as i64;
+            if slot >= self.slots || self.lease_word(entry, 0).load(Acquire) != tag {
+                continue;
+            }
+            let (hi, lo) = (self.slot_word(slot, 0).load(Acquire), self.slot_word(slot, 1).load(Acquire));
+            if matches!(hi, EMPTY | TOMBSTONE | FENCE) || lo == 0 {
+                continue;
+            }
+            *out.entry((u128::from(hi) << 64) | u128::from(lo)).or_default() += amount;
+        }
+        out
+    }
+
     /// Frees a lease entry; the owner word is cleared first so that a newly claimed entry
     /// never shows its previous owner to `reclaim_dead` (owner 0 matches no process).
     fn free_lease(&self, entry: usize) {
@@ -1114,6 +1235,121 @@ mod tests {
         assert_eq!(id_bytes("01020304-0506-0708-090a-0b0c0d0e0f10"), id_bytes(uuid));
         assert_eq!(id_bytes(uuid)[15], 0x10);
         assert_eq!(id_bytes("openai"), xxh3_128(b"openai").to_be_bytes());
+    }
+
+    #[test]
+    fn test_forked_processes_share_one_token_bucket_exactly() {
+        let path = temp_path("gcra");
+        let segment = Segment::create(&path, 64, 4, 16).unwrap();
+        let key = counter_key(PROVIDER_RATE, &[0; 16], &[9; 16], 0);
+        let tally = counter_key(CALLS_HOUR, &[0; 16], &[9; 16], 0);
+        let interval = emission_interval_ns(10.0).unwrap();
+        // Every child tries 50 times at one instant, then (all of them) at an instant three
+        // intervals later: the bucket admits the burst (5), then exactly the time elapsed / interval.
+        for (now, admitted) in [(1_000_000_000, 5), (1_000_000_000 + 3 * interval, 5 + 3)] {
+            fork_children(4, |_| {
+                let mine = Segment::open(&path).unwrap();
+                for _ in 0..50 {
+                    if mine.rate_acquire(key, interval, 5, now).unwrap() == 0 {
+                        mine.add(tally, 1).unwrap();
+                    }
+                }
+            });
+            assert_eq!(segment.get(tally), admitted);
+        }
+        assert_eq!(segment.rate_acquire(key, interval, 5, 1_000_000_000 + 3 * interval).unwrap(), interval);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_reserved_sums_held_leases_per_key() {
+        let path = temp_path("reserved");
+        let segment = Segment::create(&path, 64, 16, 4).unwrap();
+        let (a, b) = (counter_key(SPEND_DAY, &[1; 16], &[1; 16], 1), counter_key(SPEND_DAY, &[2; 16], &[2; 16], 1));
+        segment.add(a, 100).unwrap();
+        let la = segment.reserve(a, 7, 1000).unwrap().unwrap();
+        let _la2 = segment.reserve(a, 8, 1000).unwrap().unwrap();
+        let lb = segment.reserve(b, 9, 1000).unwrap().unwrap();
+        assert_eq!(segment.reserved(), HashMap::from([(a, 15), (b, 9)]));
+        segment.settle(&la, 3);
+        segment.release(&lb);
+        assert_eq!(segment.reserved(), HashMap::from([(a, 8)]));
+        assert_eq!(segment.get(a) - segment.reserved()[&a], 103, "committed = counter - reserved");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// The slow reference for GCRA: a leaky bucket of "work" in ns, drained at 1 ns/ns, each
+    /// request adding `interval`; a request fits if the level after it is at most `burst × interval`.
+    struct LeakyBucket {
+        level: i128,
+        last: i128,
+    }
+
+    impl LeakyBucket {
+        fn request(&mut self, now: i128, interval: i128, burst: i128) -> i64 {
+            let level = (self.level - (now - self.last)).max(0);
+            self.last = now;
+            self.level = level;
+            let over = level + interval - burst * interval;
+            if over <= 0 {
+                self.level += interval;
+                0
+            } else {
+                over as i64
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// `rate_acquire` makes the same admit/wait decisions as the leaky-bucket reference.
+        #[test]
+        fn prop_gcra_matches_leaky_bucket(
+            rate in 0.5f64..2000.0, burst in 1i64..8, start in 0i64..1_000_000_000_000,
+            gaps in proptest::collection::vec(0u32..3000, 1..150),
+        ) {
+            let path = temp_path(&format!("gcraprop{}", gaps.len()));
+            let segment = Segment::create(&path, 16, 4, 4).unwrap();
+            let interval = emission_interval_ns(rate).unwrap();
+            let mut reference = LeakyBucket { level: 0, last: i128::from(start) };
+            let mut now = start;
+            for gap in gaps {
+                // Gaps in thousandths of an interval: many requests land inside one interval.
+                now += interval * i64::from(gap) / 1000;
+                let wait = segment.rate_acquire(7 << 64 | 7, interval, burst, now).unwrap();
+                prop_assert_eq!(wait, reference.request(i128::from(now), i128::from(interval), i128::from(burst)));
+            }
+            std::fs::remove_file(path).unwrap();
+        }
+
+        /// Leases used as a weighted semaphore match a reference multiset of held weights.
+        #[test]
+        fn prop_weighted_semaphore_matches_reference(
+            cap in 1i64..40, ops in proptest::collection::vec((any::<bool>(), 1i64..12, any::<proptest::sample::Index>()), 1..120),
+        ) {
+            let path = temp_path(&format!("semprop{}", ops.len()));
+            let segment = Segment::create(&path, 16, 64, 4).unwrap();
+            let key = global_inflight_key();
+            let mut held: Vec<Lease> = Vec::new();
+            let mut reference: Vec<i64> = Vec::new();
+            for (acquire, weight, index) in ops {
+                if acquire || held.is_empty() {
+                    let fits = reference.iter().sum::<i64>() + weight <= cap;
+                    let lease = segment.reserve(key, weight, cap).unwrap();
+                    prop_assert_eq!(lease.is_some(), fits);
+                    if let Some(lease) = lease {
+                        held.push(lease);
+                        reference.push(weight);
+                    }
+                } else {
+                    let i = index.index(held.len());
+                    segment.release(&held.swap_remove(i));
+                    reference.swap_remove(i);
+                }
+                prop_assert_eq!(segment.get(key), reference.iter().sum::<i64>());
+            }
+            std::fs::remove_file(path).unwrap();
+        }
     }
 
     proptest! {

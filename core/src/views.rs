@@ -83,9 +83,14 @@ fn write_percent(out: &mut Vec<u8>, used: i64, limit: i64) {
     write_fixed(out, hundredths, 2);
 }
 
+/// `unix_ms` as RFC 3339 UTC to the second (`2025-03-05T13:00:00Z`).
+#[must_use]
+pub fn rfc3339(unix_ms: i64) -> String {
+    DateTime::from_timestamp_millis(unix_ms).map_or_else(String::new, |t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
+}
+
 pub(crate) fn write_time(out: &mut Vec<u8>, unix_ms: i64) {
-    let text = DateTime::from_timestamp_millis(unix_ms).map_or_else(String::new, |t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
-    write_str(out, &text);
+    write_str(out, &rfc3339(unix_ms));
 }
 
 fn write_hhmm(out: &mut Vec<u8>, minute: u16) {

@@ -1,0 +1,121 @@
+"""A bare forwarder: the floor that meshfast's governed `POST /v1/proxy` is measured against.
+
+A Granian RSGI app with one pooled aiohttp `ClientSession` per worker (opened in `__rsgi_init__`, as
+meshfast's dispatcher is, with the same connector settings). It takes the Mesh-native request
+`POST /v1/proxy?model=NAME` with body `{"query": ..., "max_tokens": ...}`, splices the query into a
+pre-rendered Anthropic Messages body, sends it to testserve and streams the upstream bytes back chunk
+by chunk: no authentication, policy, accounting, SSE parsing or re-encoding. What it adds over a direct
+call is what Granian + aiohttp cost, the budget ARCHITECTURE.md gives the governed path.
+
+    FORWARDER_UPSTREAM=http://127.0.0.1:PORT/anthropic/v1/messages \
+        python -m granian --interface rsgi --workers 2 --host 127.0.0.1 --port 8001 bench.forwarder_app:app
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from urllib.parse import parse_qs
+
+import aiohttp
+import msgspec
+from granian.rsgi import ProtocolClosed
+
+ENV_UPSTREAM = "FORWARDER_UPSTREAM"
+ENV_API_KEY = "FORWARDER_API_KEY"
+DEFAULT_API_KEY = "testserve-key"
+# The Mesh model names the bench grants, mapped to testserve models (suffix = scenario).
+MODELS: dict[str, bytes] = {
+    "b-anthropic": b"dummy-chat",
+    "b-anthropic-huge": b"dummy-huge",
+}
+DEFAULT_MAX_TOKENS = 64
+
+
+class ProxyBody(msgspec.Struct):
+    query: str
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+
+_decode_body = msgspec.json.Decoder(ProxyBody).decode
+_encode = msgspec.json.encode
+
+# NOTE: the same bytes meshfast renders for this request (key order included), so the upstream
+# does the same work for both; only the query and max_tokens are spliced in per request.
+_BODY_HEAD = b'{"model":"'
+_BODY_MID = b'","max_tokens":'
+_BODY_MSG = b',"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":'
+_BODY_TAIL = b"}]}]}"
+
+_NOT_FOUND = b'{"error":{"code":"model_not_found","message":"unknown model"}}\n'
+_BAD_REQUEST = b'{"error":{"code":"invalid_request","message":"body must be {query, max_tokens}"}}\n'
+_BAD_GATEWAY = b'{"error":{"code":"upstream_error","message":"upstream answered non-2xx"}}\n'
+_JSON_HEADERS = [("content-type", "application/json")]
+
+
+def render(model: bytes, query: str, max_tokens: int) -> bytes:
+    return b"".join((_BODY_HEAD, model, _BODY_MID, str(max_tokens).encode(), _BODY_MSG, _encode(query),
+                     _BODY_TAIL))
+
+
+class ForwarderApp:
+    def __init__(self) -> None:
+        self.session: aiohttp.ClientSession | None = None
+        self.upstream = ""
+        self.upstream_headers: dict[str, str] = {}
+
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_until_complete(self.startup())
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.session is not None:
+            loop.run_until_complete(self.session.close())
+
+    async def startup(self) -> None:
+        self.upstream = os.environ[ENV_UPSTREAM]
+        self.upstream_headers = {
+            "content-type": "application/json",
+            "x-api-key": os.environ.get(ENV_API_KEY, DEFAULT_API_KEY),
+            "anthropic-version": "2023-06-01",
+        }
+        # Same pool settings as meshfast.dispatch.Dispatcher, so the comparison is the governance.
+        connector = aiohttp.TCPConnector(limit=512, limit_per_host=256, keepalive_timeout=60)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def __rsgi__(self, scope, proto) -> None:
+        if scope.method != "POST" or scope.path != "/v1/proxy":
+            proto.response_bytes(404, _JSON_HEADERS, _NOT_FOUND)
+            return
+        names = parse_qs(scope.query_string).get("model")
+        model = MODELS.get(names[0]) if names else None
+        if model is None:
+            proto.response_bytes(404, _JSON_HEADERS, _NOT_FOUND)
+            return
+        try:
+            req = _decode_body(await proto())
+        except msgspec.DecodeError:
+            proto.response_bytes(400, _JSON_HEADERS, _BAD_REQUEST)
+            return
+        assert self.session is not None, "__rsgi_init__ did not run"
+        body = render(model, req.query, req.max_tokens)
+        async with self.session.post(self.upstream, data=body, headers=self.upstream_headers) as resp:
+            if resp.status >= 300:
+                await resp.read()
+                proto.response_bytes(502, _JSON_HEADERS, _BAD_GATEWAY)
+                return
+            transport = proto.response_stream(
+                200, [("content-type", resp.headers.get("content-type", "text/event-stream"))]
+            )
+            try:
+                async for chunk in resp.content.iter_any():
+                    await transport.send_bytes(chunk)
+            except ProtocolClosed:
+                pass  # the caller left mid-stream (wrk closing its connections at the end of a run)
+
+
+app = ForwarderApp()

@@ -1,0 +1,202 @@
+//! What an admitted call holds in the shared segment while it runs (ARCHITECTURE "The request
+//! path" steps 3-5): its budget reservation, its provider's concurrency slot and its share of the
+//! process-wide admission weight. Each is a lease (see [`crate::shm`]), so a killed worker's holds
+//! are reclaimed by the supervisor; a live one's are released by [`Holds::settle`],
+//! [`Holds::release_provider`] or, failing both, on drop.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::Result;
+use crate::shm::{self, Lease, Segment};
+
+/// How long a call refused a concurrency slot waits before trying again (no release time is
+/// known; a release in the same process wakes it earlier, in Python).
+pub const SLOT_POLL_NS: i64 = 5_000_000;
+
+/// A provider's shared-memory limits, resolved from the snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProviderLimits {
+    /// [`shm::PROVIDER_INFLIGHT`] key and cap (`max_concurrent_upstream`), when set.
+    pub slots: Option<(u128, i64)>,
+    /// [`shm::PROVIDER_RATE`] key, emission interval (ns) and burst (`max_outbound_rps`), when set.
+    pub rate: Option<(u128, i64, i64)>,
+}
+
+impl ProviderLimits {
+    /// The limits of the provider with id bytes `provider_id`; non-positive values mean none.
+    #[must_use]
+    pub fn new(provider_id: &[u8; 16], max_concurrent_upstream: Option<i64>, max_outbound_rps: Option<i64>) -> Self {
+        let key = |kind| shm::counter_key(kind, &[0; 16], provider_id, 0);
+        Self {
+            slots: max_concurrent_upstream.filter(|&n| n > 0).map(|n| (key(shm::PROVIDER_INFLIGHT), n)),
+            rate: max_outbound_rps.filter(|&n| n > 0).map(|n| (key(shm::PROVIDER_RATE), 1_000_000_000 / n.min(1_000_000_000), n)),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    budget: Option<Lease>,
+    provider_slot: Option<Lease>,
+    provider_admitted: bool,
+    global: Option<Lease>,
+    settled: bool,
+}
+
+/// The holds of one call; every method is idempotent and safe from any thread.
+pub struct Holds {
+    segment: Option<Arc<Segment>>,
+    /// The [`shm::SPEND_DAY`] counter the call's cost goes to.
+    spend_key: u128,
+    provider: ProviderLimits,
+    /// The call's admission weight before the load factor.
+    weight: u32,
+    state: Mutex<State>,
+}
+
+impl Holds {
+    /// Holds nothing yet; costs go to `spend_key` in `segment` (nowhere without one).
+    #[must_use]
+    pub fn new(segment: Option<Arc<Segment>>, spend_key: u128, provider: ProviderLimits, weight: u32) -> Self {
+        Self { segment, spend_key, provider, weight, state: Mutex::new(State::default()) }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // NOTE: no code panics while holding the lock; a poisoned one still has a valid state.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `lease` as the call's budget reservation.
+    pub fn hold_budget(&self, lease: Lease) {
+        self.state().budget = Some(lease);
+    }
+
+    /// The budget reservation's amount, 0 when none.
+    #[must_use]
+    pub fn reserved_nano(&self) -> i64 {
+        self.state().budget.map_or(0, |lease| lease.amount)
+    }
+
+    /// Provider admission at `now_ns`: a concurrency slot first, then the token bucket; 0 when
+    /// admitted (or already), else the nanoseconds to wait, holding nothing. Table full: error.
+    ///
+    /// With `max_wait_ns > 0` a token that would come within that wait is taken at once, in line:
+    /// the answer `(true, wait)` means admitted, start after `wait` ns. `(false, wait)` means not
+    /// admitted (no slot free, or the token is further away), holding nothing.
+    pub fn admit_provider(&self, now_ns: i64, max_wait_ns: i64) -> Result<(bool, i64)> {
+        let Some(segment) = self.segment.as_deref() else {
+            return Ok((true, 0));
+        };
+        let mut state = self.state();
+        if state.provider_admitted {
+            return Ok((true, 0));
+        }
+        if state.settled {
+            return Err(crate::error::Error::InvalidArgument("the call is already settled".into()));
+        }
+        if let Some((key, cap)) = self.provider.slots {
+            if state.provider_slot.is_none() {
+                match segment.reserve(key, 1, cap)? {
+                    Some(lease) => state.provider_slot = Some(lease),
+                    None => return Ok((false, SLOT_POLL_NS)),
+                }
+            }
+        }
+        let mut start_after = 0;
+        if let Some((key, interval, burst)) = self.provider.rate {
+            match segment.rate_reserve(key, interval, burst, now_ns, max_wait_ns.max(0)) {
+                Ok(Ok(wait)) => start_after = wait,
+                refused => {
+                    if let Some(lease) = state.provider_slot.take() {
+                        segment.release(&lease);
+                    }
+                    return refused.map(|r| (false, r.unwrap_or_else(|wait| wait)));
+                }
+            }
+        }
+        state.provider_admitted = true;
+        Ok((true, start_after))
+    }
+
+    /// Takes `weight × factor` (clamped to `[1, capacity]`) of the process-wide admission weight
+    /// if it fits under `capacity`; true when held (or already). Table full: error.
+    pub fn admit_global(&self, capacity: i64, factor: i64) -> Result<bool> {
+        let Some(segment) = self.segment.as_deref() else {
+            return Ok(true);
+        };
+        let mut state = self.state();
+        if state.global.is_some() {
+            return Ok(true);
+        }
+        if state.settled || capacity <= 0 {
+            return Ok(false);
+        }
+        let weight = i64::from(self.weight).saturating_mul(factor.max(1)).clamp(1, capacity);
+        let lease = segment.reserve(shm::global_inflight_key(), weight, capacity)?;
+        let held = lease.is_some();
+        state.global = lease;
+        Ok(held)
+    }
+
+    /// Gives back the provider slot and the admission weight (the upstream call ended); the
+    /// budget reservation stays until [`Holds::settle`]. A later `admit_provider` admits anew.
+    pub fn release_provider(&self) {
+        let mut state = self.state();
+        Self::release_provider_locked(self.segment.as_deref(), &mut state);
+    }
+
+    fn release_provider_locked(segment: Option<&Segment>, state: &mut State) {
+        let Some(segment) = segment else {
+            return;
+        };
+        for lease in [state.provider_slot.take(), state.global.take()].into_iter().flatten() {
+            segment.release(&lease);
+        }
+        state.provider_admitted = false;
+    }
+
+    /// Turns the reservation into the `actual` cost (negative counts as 0), or adds `actual` to
+    /// the spend counter when nothing was reserved, and releases everything else. True the first
+    /// time; later calls do nothing and return false. Table full (unreserved call): error, and
+    /// the call stays unsettled.
+    pub fn settle(&self, actual_nano: i64) -> Result<bool> {
+        let mut state = self.state();
+        if state.settled {
+            return Ok(false);
+        }
+        let segment = self.segment.as_deref();
+        if let Some(segment) = segment {
+            match state.budget.take() {
+                Some(lease) => segment.settle(&lease, actual_nano.max(0)),
+                None if actual_nano > 0 => {
+                    segment.add(self.spend_key, actual_nano)?;
+                }
+                None => {}
+            }
+        }
+        Self::release_provider_locked(segment, &mut state);
+        state.settled = true;
+        Ok(true)
+    }
+
+    /// Releases every hold without charging (a denial after the reservation, or a drop).
+    pub fn release_all(&self) {
+        let mut state = self.state();
+        if let (Some(segment), Some(lease)) = (self.segment.as_deref(), state.budget.take()) {
+            segment.release(&lease);
+        }
+        Self::release_provider_locked(self.segment.as_deref(), &mut state);
+    }
+}
+
+impl std::fmt::Debug for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holds").field("weight", &self.weight).field("state", &*self.state()).finish_non_exhaustive()
+    }
+}
+
+impl Drop for Holds {
+    fn drop(&mut self) {
+        self.release_all();
+    }
+}
