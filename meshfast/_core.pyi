@@ -36,7 +36,9 @@ CALLS_HOUR: Final[int]
 PROVIDER_CALLS_HOUR: Final[int]
 """Counter kind: calls to a provider in one UTC hour; ``a`` is the zero UUID, ``b`` the provider id."""
 PROVIDER_RATE: Final[int]
-"""Slot kind: a provider's token bucket (GCRA theoretical arrival time, ns); ``a`` zero, ``b`` the provider id, period 0."""
+"""Slot kind: a provider's token bucket (GCRA theoretical arrival time, ns).
+
+``a`` zero, ``b`` the provider id, period 0."""
 PROVIDER_INFLIGHT: Final[int]
 """Counter kind: a provider's calls in flight (concurrency-slot leases); ``a`` zero, ``b`` the provider id, period 0."""
 GLOBAL_INFLIGHT: Final[int]
