@@ -274,10 +274,13 @@ class App:
         declared = scope.headers.get("content-length")
         if declared is not None:
             try:
-                if int(declared) > limit:
-                    raise errors.PayloadTooLarge()
+                length = int(declared)
             except ValueError:
                 raise errors.InvalidRequest("malformed content-length") from None
+            if length > limit:
+                raise errors.PayloadTooLarge()
+            # The server enforces the declared length, so one read takes the whole body.
+            return await proto()
         chunks: list[bytes] = []
         size = 0
         async for chunk in proto:

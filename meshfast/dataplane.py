@@ -162,12 +162,12 @@ class DataPlane:
         incomplete = False
         client_gone = False
         sent: list[bytes] = []
-        idle_s = self.settings.stream_idle_timeout_s
+        tail = b""
         try:
-            while not stream.done:
+            while True:
                 try:
-                    async with asyncio.timeout(idle_s):
-                        chunk = await response.content.readany()
+                    # NOTE: the dispatcher's sock_read timeout is the stream's idle timeout.
+                    chunk = await response.content.readany()
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                     # NOTE: aiohttp keeps this exception on the response; its traceback would
                     # pin this frame, and with it the client transport, until the cyclic GC
@@ -183,18 +183,24 @@ class DataPlane:
                     sent.append(out)
                     if row.ttfb_ms is None:
                         row.ttfb_ms = self._elapsed_ms(started)
+                    if stream.done:
+                        # The last deltas leave together with the done line, in one write.
+                        tail = out
+                        break
                     try:
                         await transport.send_bytes(out)
                     except Exception:
                         client_gone = True
                         break
+                elif stream.done:
+                    break
         finally:
             if incomplete or client_gone or not stream.done:
                 response.close()
             else:
                 response.release()
         self._account_stream(p, stream, row, request_body, sent)
-        final = stream.finish(incomplete)
+        final = tail + stream.finish(incomplete)
         if not client_gone:
             try:
                 await transport.send_bytes(final)
