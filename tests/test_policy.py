@@ -9,7 +9,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-
 from conftest import EmulatedProviders, Gateway, WorkerConnections
 
 
