@@ -234,22 +234,31 @@ class DataPlane:
             raise UpstreamError(None, "upstream answer too large")
         return data
 
-    async def _embeddings(self, p: Any, proto: Any, row: Row, started: float,
-                          governed: list[tuple[str, str]]) -> None:
+    async def _fetch(self, p: Any, proto: Any, row: Row) -> tuple[int, bytes] | None:
+        """Send and read the whole (non-streamed) answer; on failure answer 502 and return None."""
         response = await self._send(p, proto, row)
         if response is None:
-            return
+            return None
         try:
-            data = await self._read_all(response)
-            vector_json, tokens_in = p.extract_embedding(data)
+            return response.status, await self._read_all(response)
         except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+            exc.__traceback__ = None
             self._upstream_failed(p, proto, row, UpstreamError(None, str(exc)), "upstream answer unreadable")
-            return
-        except UpstreamBodyError as exc:
-            self._upstream_failed(p, proto, row, UpstreamError(response.status, str(exc)))
-            return
+            return None
         finally:
             response.release()
+
+    async def _embeddings(self, p: Any, proto: Any, row: Row, started: float,
+                          governed: list[tuple[str, str]]) -> None:
+        fetched = await self._fetch(p, proto, row)
+        if fetched is None:
+            return
+        status, data = fetched
+        try:
+            vector_json, tokens_in = p.extract_embedding(data)
+        except UpstreamBodyError as exc:
+            self._upstream_failed(p, proto, row, UpstreamError(status, str(exc)))
+            return
         self._charge(p, row, tokens_in, 0)
         body = (b'{"id":"' + p.request_id.encode() + b'","model":' + _json.encode(p.model_name)
                 + b',"embedding":' + vector_json + b',"usage":{"input_tokens":' + str(tokens_in).encode() + b"}}\n")
@@ -258,16 +267,10 @@ class DataPlane:
 
     async def _generate(self, p: Any, proto: Any, row: Row, started: float,
                         governed: list[tuple[str, str]]) -> None:
-        response = await self._send(p, proto, row)
-        if response is None:
+        fetched = await self._fetch(p, proto, row)
+        if fetched is None:
             return
-        try:
-            data = await self._read_all(response)
-        except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
-            self._upstream_failed(p, proto, row, UpstreamError(None, str(exc)), "upstream answer unreadable")
-            return
-        finally:
-            response.release()
+        _, data = fetched
         try:
             if p.generation_mode == "async_poll":
                 outputs, seconds, tokens_in, tokens_out = await self._poll_job(p, data)
