@@ -428,13 +428,15 @@ class Prepared:
         admission weight. True the first time, False afterwards (idempotent). :class:`CoreError`
         on a denial; :class:`ShmError` when an unreserved charge finds the table full (the call
         stays unsettled)."""
-    def admit_provider(self, now_ns: int, max_wait_ns: int = 0) -> tuple[bool, int]:
+    def admit_provider(self, now_ns: int, max_wait_ns: int = 0, capacity: int = 0) -> tuple[bool, int]:
         """Provider admission, shared by all workers: a concurrency slot (``max_concurrent_upstream``)
         then a token (GCRA, rate = burst = ``max_outbound_rps``).
 
         ``(True, wait_ns)``: admitted; start the upstream call after ``wait_ns`` (0 = now). A token
         that comes within ``max_wait_ns`` is taken at once, at its place in line, so waiters are
-        served in arrival order. ``(False, wait_ns)``: not admitted, holding nothing; try again
+        served in arrival order. A provider with an admission share may hold at most that
+        percentage of ``capacity`` (the process-wide admission weight).
+        ``(False, wait_ns)``: not admitted, holding nothing; try again
         after ``wait_ns`` (5 ms for a slot, the exact wait for a token). ``now_ns`` as for
         :meth:`Segment.rate_acquire`. :class:`CoreError` on a denial or a settled call,
         :class:`ShmError` when a table is full."""

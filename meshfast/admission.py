@@ -72,7 +72,7 @@ class Admission:
         while True:
             # A token within the remaining wait is taken now, in line; then we sleep until its time.
             allowed_ns = max(0, int((deadline - loop.time()) * 1e9))
-            admitted, wait_ns = prepared.admit_provider(time.monotonic_ns(), allowed_ns)
+            admitted, wait_ns = prepared.admit_provider(time.monotonic_ns(), allowed_ns, self.capacity)
             if admitted:
                 if wait_ns:
                     await asyncio.sleep(wait_ns / 1e9)

@@ -199,7 +199,7 @@ class DataPlane:
                 response.close()
             else:
                 response.release()
-        self._account_stream(p, stream, row, request_body, sent)
+        self._account_stream(p, stream, row, request_body, sent, cut_short=incomplete or client_gone)
         final = tail + stream.finish(incomplete)
         if not client_gone:
             try:
@@ -209,8 +209,13 @@ class DataPlane:
         row.status_code = 200
         row.outcome = "upstream_error" if incomplete else "success"
 
-    def _account_stream(self, p: Any, stream: Any, row: Row, request_body: bytes, sent: list[bytes]) -> None:
+    def _account_stream(self, p: Any, stream: Any, row: Row, request_body: bytes, sent: list[bytes],
+                        cut_short: bool = False) -> None:
         tokens_in, tokens_out = stream.input_tokens, stream.output_tokens
+        if cut_short and stream.usage_reported and stream.deltas:
+            # Providers report output tokens at the end; a stream cut short is charged what it carried.
+            tokens_out = max(tokens_out, self.core.estimate_tokens(_delta_text(sent)))
+            stream.set_usage(tokens_in, tokens_out)
         if not stream.usage_reported:
             # NOTE: only when the upstream reported no usage: tokenize what went each way.
             tokens_in = self.core.estimate_tokens(_prompt_text(request_body))

@@ -89,6 +89,7 @@ class Provider(msgspec.Struct):
     local: bool = False
     max_outbound_rps: int | None = None
     max_concurrent_upstream: int | None = None
+    admission_share_pct: int | None = None
     retry_enabled: bool = True
     max_retries: int = 2
     retry_backoff_ms: int = 200
@@ -194,6 +195,7 @@ def provider_from_row(row: asyncpg.Record, master_key: bytes) -> Provider | None
         local=row["local"],
         max_outbound_rps=row["max_outbound_rps"],
         max_concurrent_upstream=row["max_concurrent_upstream"],
+        admission_share_pct=(settings or {}).get("admission_share_pct"),
         retry_enabled=row["retry_enabled"],
         max_retries=row["max_retries"],
         retry_backoff_ms=row["retry_backoff_ms"],

@@ -143,3 +143,35 @@ def test_a_saturated_provider_does_not_shed_another_providers_calls(gw4: Gateway
     for response in busy:
         assert response.json()["error"] == "provider_busy"
         assert int(response.headers["retry-after"]) >= 1 and response.json()["resume_at"]
+
+
+def test_a_providers_share_caps_its_weight(gw4: Gateway, testserve: EmulatedProviders) -> None:
+    """admission_share_pct 1 of capacity 200 = weight 2: at most two text calls upstream at once."""
+    key, model = _setup(gw4, testserve, "gov-share", admission_share_pct=1)
+    testserve.client.post("/_debug/config", json={"delta_delay_ms": 30})
+    testserve.client.delete("/_debug/requests")
+    try:
+        responses = asyncio.run(_fire(gw4, key, model, 20))
+    finally:
+        testserve.client.post("/_debug/config", json={"delta_delay_ms": 0})
+    assert [r.status_code for r in responses] == [200] * 20
+    assert 1 <= testserve.client.get("/_debug/stats").json()["peak_in_flight"] <= 2
+
+
+def test_a_client_that_leaves_is_charged_what_was_streamed(gw4: Gateway, testserve: EmulatedProviders) -> None:
+    """A caller that disconnects mid-stream pays its input and the output already sent, not nothing."""
+    key, model = _setup(gw4, testserve, "gov-leave", resolved="dummy-huge")
+    testserve.client.post("/_debug/config", json={"delta_delay_ms": 5})
+    try:
+        with httpx.Client(base_url=gw4.base_url, timeout=30) as client:
+            with client.stream("POST", "/v1/proxy", params={"model": model}, json={"query": "hello"},
+                               headers={"authorization": f"Bearer {key}"}) as response:
+                request_id = response.headers["x-request-id"]
+                lines = response.iter_lines()
+                for _ in range(5):
+                    next(lines)
+        row = gw4.fetch_row(request_id, timeout_s=10)
+    finally:
+        testserve.client.post("/_debug/config", json={"delta_delay_ms": 0})
+    assert row["tokens_in"] > 0 and row["tokens_out"] >= 5
+    assert row["output_cost"] > 0

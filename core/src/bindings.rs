@@ -527,9 +527,9 @@ impl PyPrepared {
         self.holds()?.settle(actual_nano).map_err(to_py_err)
     }
 
-    #[pyo3(signature = (now_ns, max_wait_ns = 0))]
-    fn admit_provider(&self, now_ns: i64, max_wait_ns: i64) -> PyResult<(bool, i64)> {
-        self.holds()?.admit_provider(now_ns, max_wait_ns).map_err(to_py_err)
+    #[pyo3(signature = (now_ns, max_wait_ns = 0, capacity = 0))]
+    fn admit_provider(&self, now_ns: i64, max_wait_ns: i64, capacity: i64) -> PyResult<(bool, i64)> {
+        self.holds()?.admit_provider(now_ns, max_wait_ns, capacity).map_err(to_py_err)
     }
 
     fn admit_global(&self, capacity: i64, factor: i64) -> PyResult<bool> {

@@ -20,14 +20,21 @@ pub struct ProviderLimits {
     pub slots: Option<(u128, i64)>,
     /// [`shm::PROVIDER_RATE`] key, emission interval (ns) and burst (`max_outbound_rps`), when set.
     pub rate: Option<(u128, i64, i64)>,
+    /// Key of the provider's held admission weight (a [`shm::PROVIDER_INFLIGHT`] key, period 1)
+    /// and its share of the process-wide capacity in percent, when set.
+    pub share: Option<(u128, i64)>,
 }
 
 impl ProviderLimits {
     /// The limits of the provider with id bytes `provider_id`; non-positive values mean none.
     #[must_use]
-    pub fn new(provider_id: &[u8; 16], max_concurrent_upstream: Option<i64>, max_outbound_rps: Option<i64>) -> Self {
+    pub fn new(provider_id: &[u8; 16], max_concurrent_upstream: Option<i64>, max_outbound_rps: Option<i64>,
+               admission_share_pct: Option<i64>) -> Self {
         let key = |kind| shm::counter_key(kind, &[0; 16], provider_id, 0);
         Self {
+            share: admission_share_pct
+                .filter(|&pct| (1..100).contains(&pct))
+                .map(|pct| (shm::counter_key(shm::PROVIDER_INFLIGHT, &[0; 16], provider_id, 1), pct)),
             slots: max_concurrent_upstream.filter(|&n| n > 0).map(|n| (key(shm::PROVIDER_INFLIGHT), n)),
             rate: max_outbound_rps.filter(|&n| n > 0).map(|n| (key(shm::PROVIDER_RATE), 1_000_000_000 / n.min(1_000_000_000), n)),
         }
@@ -38,6 +45,7 @@ impl ProviderLimits {
 struct State {
     budget: Option<Lease>,
     provider_slot: Option<Lease>,
+    provider_share: Option<Lease>,
     provider_admitted: bool,
     global: Option<Lease>,
     settled: bool,
@@ -80,10 +88,13 @@ impl Holds {
     /// Provider admission at `now_ns`: a concurrency slot first, then the token bucket; 0 when
     /// admitted (or already), else the nanoseconds to wait, holding nothing. Table full: error.
     ///
+    /// `capacity` is the process-wide admission capacity: a provider with a share may hold at
+    /// most that percentage of it (its calls' base weights) at once.
+    ///
     /// With `max_wait_ns > 0` a token that would come within that wait is taken at once, in line:
     /// the answer `(true, wait)` means admitted, start after `wait` ns. `(false, wait)` means not
     /// admitted (no slot free, or the token is further away), holding nothing.
-    pub fn admit_provider(&self, now_ns: i64, max_wait_ns: i64) -> Result<(bool, i64)> {
+    pub fn admit_provider(&self, now_ns: i64, max_wait_ns: i64, capacity: i64) -> Result<(bool, i64)> {
         let Some(segment) = self.segment.as_deref() else {
             return Ok((true, 0));
         };
@@ -102,12 +113,27 @@ impl Holds {
                 }
             }
         }
+        if let Some((key, pct)) = self.provider.share {
+            if state.provider_share.is_none() && capacity > 0 {
+                let cap = (capacity.saturating_mul(pct) / 100).max(1);
+                let weight = i64::from(self.weight).clamp(1, cap);
+                match segment.reserve(key, weight, cap)? {
+                    Some(lease) => state.provider_share = Some(lease),
+                    None => {
+                        if let Some(lease) = state.provider_slot.take() {
+                            segment.release(&lease);
+                        }
+                        return Ok((false, SLOT_POLL_NS));
+                    }
+                }
+            }
+        }
         let mut start_after = 0;
         if let Some((key, interval, burst)) = self.provider.rate {
             match segment.rate_reserve(key, interval, burst, now_ns, max_wait_ns.max(0)) {
                 Ok(Ok(wait)) => start_after = wait,
                 refused => {
-                    if let Some(lease) = state.provider_slot.take() {
+                    for lease in [state.provider_slot.take(), state.provider_share.take()].into_iter().flatten() {
                         segment.release(&lease);
                     }
                     return refused.map(|r| (false, r.unwrap_or_else(|wait| wait)));
@@ -149,7 +175,7 @@ impl Holds {
         let Some(segment) = segment else {
             return;
         };
-        for lease in [state.provider_slot.take(), state.global.take()].into_iter().flatten() {
+        for lease in [state.provider_slot.take(), state.provider_share.take(), state.global.take()].into_iter().flatten() {
             segment.release(&lease);
         }
         state.provider_admitted = false;

@@ -408,7 +408,8 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
 
     // Reserve the worst case against the daily cap: spend + open reservations + worst <= cap.
     let spend_key = grant.spend_key.at(utc_day(req.now_ms));
-    let limits = ProviderLimits::new(&id_bytes(&provider.id), provider.max_concurrent_upstream, provider.max_outbound_rps);
+    let limits = ProviderLimits::new(&id_bytes(&provider.id), provider.max_concurrent_upstream, provider.max_outbound_rps,
+                                     provider.admission_share_pct);
     let holds = Holds::new(segment.cloned(), spend_key, limits, upstream.weight);
     if let Some(segment) = segment.filter(|_| grant.daily_cap_nano_usd > 0) {
         let worst = worst_case_nano(model, provider, &upstream);
@@ -877,6 +878,26 @@ mod tests {
     }
 
     #[test]
+    fn test_provider_share_caps_the_weight_its_calls_hold() {
+        let mut config = config();
+        config["providers"][0]["admission_share_pct"] = json!(10);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let (path, seg) = segment("share");
+        let call = || prepare(&s, Some(&seg), &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        let (a, b) = (call(), call());
+        let (ha, hb) = (a.holds.as_ref().unwrap(), b.holds.as_ref().unwrap());
+        // Capacity 100, share 10 %: one generate call (weight 25, clamped to the share) fills it.
+        assert_eq!(ha.admit_provider(1, 0, 100).unwrap(), (true, 0));
+        assert_eq!(hb.admit_provider(1, 0, 100).unwrap(), (false, crate::govern::SLOT_POLL_NS));
+        ha.release_provider();
+        assert_eq!(hb.admit_provider(1, 0, 100).unwrap(), (true, 0), "released share admits the next");
+        drop(b);
+        assert_eq!(ha.admit_provider(1, 0, 100).unwrap(), (true, 0), "drop gives the share back");
+        drop(a);
+        std::fs::remove_file(path).ok();
+    }
+
+    #[test]
     fn test_provider_admission_takes_a_slot_then_a_token_and_gives_the_slot_back_on_refusal() {
         let mut config = config();
         config["providers"][0]["max_concurrent_upstream"] = json!(1);
@@ -887,22 +908,22 @@ mod tests {
         let (a, b) = (call(), call());
         let (ha, hb) = (a.holds.as_ref().unwrap(), b.holds.as_ref().unwrap());
         let t0 = 5_000_000_000;
-        assert_eq!(ha.admit_provider(t0, 0).unwrap(), (true, 0));
-        assert_eq!(ha.admit_provider(t0, 0).unwrap(), (true, 0), "idempotent");
-        assert_eq!(hb.admit_provider(t0, 0).unwrap(), (false, crate::govern::SLOT_POLL_NS), "the one slot is taken");
+        assert_eq!(ha.admit_provider(t0, 0, 0).unwrap(), (true, 0));
+        assert_eq!(ha.admit_provider(t0, 0, 0).unwrap(), (true, 0), "idempotent");
+        assert_eq!(hb.admit_provider(t0, 0, 0).unwrap(), (false, crate::govern::SLOT_POLL_NS), "the one slot is taken");
         ha.release_provider();
-        assert_eq!(hb.admit_provider(t0, 0).unwrap(), (true, 0), "burst 2: a second token at once");
+        assert_eq!(hb.admit_provider(t0, 0, 0).unwrap(), (true, 0), "burst 2: a second token at once");
         hb.release_provider();
-        assert_eq!(ha.admit_provider(t0 + 100_000_000, 0).unwrap(), (false, 400_000_000), "bucket empty: wait, slot released");
-        assert_eq!(hb.admit_provider(t0 + 100_000_000, 0).unwrap(), (false, 400_000_000), "not the slot: the bucket");
-        assert_eq!(ha.admit_provider(t0 + 500_000_000, 0).unwrap(), (true, 0));
+        assert_eq!(ha.admit_provider(t0 + 100_000_000, 0, 0).unwrap(), (false, 400_000_000), "bucket empty: wait, slot released");
+        assert_eq!(hb.admit_provider(t0 + 100_000_000, 0, 0).unwrap(), (false, 400_000_000), "not the slot: the bucket");
+        assert_eq!(ha.admit_provider(t0 + 500_000_000, 0, 0).unwrap(), (true, 0));
         ha.release_provider();
-        assert_eq!(hb.admit_provider(t0 + 500_000_000, 1_000_000_000).unwrap(), (true, 500_000_000),
+        assert_eq!(hb.admit_provider(t0 + 500_000_000, 1_000_000_000, 0).unwrap(), (true, 500_000_000),
                    "within the allowed wait: the next token is taken, in line");
         hb.release_provider();
-        assert_eq!(ha.admit_provider(t0 + 500_000_000, 600_000_000).unwrap(), (false, 1_000_000_000),
+        assert_eq!(ha.admit_provider(t0 + 500_000_000, 600_000_000, 0).unwrap(), (false, 1_000_000_000),
                    "the token after that is further away than allowed: nothing taken");
-        assert_eq!(ha.admit_provider(t0 + 500_000_000, 1_000_000_000).unwrap(), (true, 1_000_000_000));
+        assert_eq!(ha.admit_provider(t0 + 500_000_000, 1_000_000_000, 0).unwrap(), (true, 1_000_000_000));
         // Process-wide weight: generate weighs 25; × factor 2, clamped to the capacity.
         assert!(ha.admit_global(60, 2).unwrap());
         assert_eq!(seg.get(crate::shm::global_inflight_key()), 50);

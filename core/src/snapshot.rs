@@ -81,6 +81,8 @@ struct RawProvider {
     max_outbound_rps: Option<i64>,
     #[serde(default)]
     max_concurrent_upstream: Option<i64>,
+    #[serde(default)]
+    admission_share_pct: Option<i64>,
     #[serde(default = "yes")]
     retry_enabled: bool,
     #[serde(default = "two")]
@@ -189,6 +191,9 @@ pub struct Provider {
     pub local: bool,
     pub max_outbound_rps: Option<i64>,
     pub max_concurrent_upstream: Option<i64>,
+    /// Largest share (percent) of the process-wide admission weight this provider's calls may
+    /// hold at once; `None` = no share limit.
+    pub admission_share_pct: Option<i64>,
     pub retry_enabled: bool,
     pub max_retries: i64,
     pub retry_backoff_ms: i64,
@@ -403,6 +408,7 @@ impl Snapshot {
                     local: p.local,
                     max_outbound_rps: p.max_outbound_rps,
                     max_concurrent_upstream: p.max_concurrent_upstream,
+                    admission_share_pct: p.admission_share_pct,
                     retry_enabled: p.retry_enabled,
                     max_retries: p.max_retries,
                     retry_backoff_ms: p.retry_backoff_ms,
@@ -606,6 +612,7 @@ pub(crate) mod test_support {
             local: false,
             max_outbound_rps: None,
             max_concurrent_upstream: None,
+            admission_share_pct: None,
             retry_enabled: true,
             max_retries: 2,
             retry_backoff_ms: 200,

@@ -93,6 +93,8 @@ class ProviderCreate(GenericSettings, forbid_unknown_fields=True, kw_only=True):
     log_requests: bool = True
     supports_web_search: bool = False
     web_search_price_per_call: Decimal = Decimal(0)
+    # Largest share (1-100 %) of the process-wide admission weight this provider's calls may hold.
+    admission_share_pct: int | None = None
     # Models created with the provider, in the same transaction: ModelCreate bodies without provider_id.
     models: list[dict[str, Any]] | None = None
 
@@ -127,10 +129,14 @@ def provider_settings(body: ProviderCreate) -> dict[str, Any]:
                 problems.append(f"{required} is required for generation_mode async_poll")
     if body.web_search_price_per_call < 0:
         problems.append("web_search_price_per_call must be non-negative")
+    if body.admission_share_pct is not None and not 1 <= body.admission_share_pct <= 100:
+        problems.append("admission_share_pct must be between 1 and 100")
     if problems:
         raise errors.InvalidRequest("; ".join(problems))
     settings = msgspec.to_builtins(generic)
     settings["web_search_price_per_call"] = str(body.web_search_price_per_call)
+    if body.admission_share_pct is not None:
+        settings["admission_share_pct"] = body.admission_share_pct
     return settings
 
 
