@@ -48,6 +48,7 @@ _READY = b'{"status":"ok"}\n'
 _NOT_READY = b'{"status":"degraded","reason":"database_unreachable"}\n'
 _json = msgspec.json.Encoder()
 COUNTER_CHECKPOINT_S = 5.0
+COUNTER_PURGE_S = 600.0
 _MESH_ROUTES = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
 
 
@@ -175,7 +176,11 @@ class App:
                                self.secrets.master_key)
         await self.feed.rebuild()
         self.feed.start()
-        self.leader = Leader(gateway_url, [(3600.0, ensure_log_partitions), (COUNTER_CHECKPOINT_S, self._checkpoint)])
+        self.leader = Leader(gateway_url, [
+            (3600.0, ensure_log_partitions),
+            (COUNTER_CHECKPOINT_S, self._checkpoint),
+            (COUNTER_PURGE_S, self._purge),
+        ])
         self.leader.start()
         self.dispatcher = Dispatcher(Timeouts(
             connect_s=settings.upstream_connect_timeout_s, idle_s=settings.stream_idle_timeout_s,
@@ -197,6 +202,14 @@ class App:
     async def _checkpoint(self, conn: asyncpg.Connection) -> None:
         if self.feed is not None and self.feed.config is not None:
             await counters.checkpoint(self.segment, conn, self.feed.config, time.time_ns() // 1_000_000)
+
+    async def _purge(self, conn: asyncpg.Connection) -> None:
+        # NOTE: after a checkpoint, so a period's last increments reach the database first.
+        await self._checkpoint(conn)
+        if self.feed is not None and self.feed.config is not None:
+            removed = counters.purge(self.segment, self.feed.config, time.time_ns() // 1_000_000)
+            if removed:
+                log.info("purged %d counters of past periods", removed)
 
     async def shutdown(self) -> None:
         was_leader = self.leader is not None and self.leader.is_leader

@@ -130,3 +130,39 @@ async def seed(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
         put(PROVIDER_CALLS_HOUR, ZERO_ID, str(row["provider_id"]), int(row["hour_start"].timestamp()) // 3600,
             row["call_count"])
     return loaded
+
+
+# Past periods kept after they end: their last increments are checkpointed first.
+KEEP_DAYS = 2
+KEEP_HOURS = 2
+# How far back a purge looks for keys left behind (e.g. while no leader ran).
+PURGE_DAYS = 10
+PURGE_HOURS = 48
+
+
+def purge(segment: Any, config: Config, now_ms: int) -> int:
+    """Remove counters (and shadows) of periods that ended and were checkpointed; returns how many.
+
+    Without this the slot table would fill with one key per grant per hour. Tombstones left by
+    the removal become free slots again through the segment's sweep.
+    """
+    principals, models = config.principals, config.models
+    pairs = {(principals[g.principal].id, models[g.model].id) for g in config.grants}
+    today, hour = now_ms // DAY_MS, now_ms // HOUR_MS
+    removed = 0
+
+    def drop(kind: int, a: str, b: str, period: int) -> None:
+        nonlocal removed
+        removed += segment.remove(counter_key(kind, a, b, period))
+        segment.remove(counter_key(kind, a, b, period | SHADOW_BIT))
+
+    for period in range(today - PURGE_DAYS, today - KEEP_DAYS + 1):
+        for a, b in pairs:
+            drop(SPEND_DAY, a, b, period)
+    for period in range(hour - PURGE_HOURS, hour - KEEP_HOURS + 1):
+        for a, b in pairs:
+            drop(CALLS_HOUR, a, b, period)
+        for provider in config.providers:
+            drop(PROVIDER_CALLS_HOUR, ZERO_ID, provider.id, period)
+    segment.sweep()
+    return removed

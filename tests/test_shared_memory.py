@@ -160,3 +160,37 @@ def test_open_rejects_a_file_that_is_not_a_segment(tmp_path: Path) -> None:
     path.write_bytes(b"not a segment" * 100)
     with pytest.raises(CoreError):
         Segment.open(str(path))
+
+
+def test_purge_frees_the_slots_of_past_periods(tmp_path: Path) -> None:
+    """Counters of ended periods leave the slot table; today's and this hour's stay."""
+    from meshfast import counters
+    from meshfast._core import CALLS_HOUR, SPEND_DAY
+    from meshfast.snapshot import Config, Grant, Model, Principal, Provider
+
+    segment = Segment.create(str(tmp_path / "purge.seg"), slots=4096)
+    config = Config(
+        seq=1, kill_switch=False, keys=[],
+        principals=[Principal(id=P1, email="a@b.c", display_name="A", status="active", expires_at_ms=None)],
+        providers=[Provider(id="33333333-3333-3333-3333-333333333333", name="p", family="openai",
+                            max_calls_per_hour=None, supports_web_search=False)],
+        models=[Model(id=M1, name="m", provider=0, resolved_model="x", max_output_tokens=10, price_per_second_nano=0,
+                      kind="chat", created_ms=0, blocked=False, status="active", supports_image_in=False,
+                      supports_document_in=False, supports_audio_in=False, supports_video_in=False,
+                      supports_web_search=False, output_media_type=None, input_price_nano_per_1k=0,
+                      output_price_nano_per_1k=0)],
+        grants=[Grant(principal=0, model=0, daily_cap_nano_usd=0, max_calls_per_hour=None, allowed_from_min=None,
+                      allowed_to_min=None, timezone="UTC", active_days=[], always_open=True)],
+    )
+    now_ms = 1_764_000_000_000
+    day, hour = now_ms // 86_400_000, now_ms // 3_600_000
+    for back in range(30):
+        segment.add(counter_key(CALLS_HOUR, P1, M1, hour - back), 1)
+    for back in range(5):
+        segment.add(counter_key(SPEND_DAY, P1, M1, day - back), 1)
+    assert counters.purge(segment, config, now_ms) == (30 - 2) + (5 - 2)
+    assert segment.get(counter_key(CALLS_HOUR, P1, M1, hour)) == 1
+    assert segment.get(counter_key(CALLS_HOUR, P1, M1, hour - 1)) == 1
+    assert segment.get(counter_key(CALLS_HOUR, P1, M1, hour - 2)) == 0
+    assert segment.get(counter_key(SPEND_DAY, P1, M1, day - 1)) == 1
+    assert segment.stats()["slots_used"] == 4
