@@ -32,9 +32,7 @@ import datetime as dt
 import json
 import os
 import queue
-import secrets
 import shlex
-import shutil
 import signal
 import statistics
 import sys
@@ -43,7 +41,7 @@ import threading
 import time
 import uuid
 import zoneinfo
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +51,8 @@ if str(ROOT) not in sys.path:
 from bench import loadgen
 from bench import models_bench as mb
 from bench import proxy_bench as pb
-from bench.models_bench import BenchError, Server
+from bench.models_bench import BenchError
+from bench.proxy_bench import Stack
 
 RESULTS_DIR = ROOT / "bench" / "results"
 
@@ -87,86 +86,13 @@ NOTE = (
 # ---------------------------------------------------------------------------------------- servers
 
 
-@dataclass
-class Stack:
-    testserve: Server | None = None
-    meshfast: Server | None = None
-    testserve_url: str = ""
-    meshfast_url: str = ""
-    data_dir: str | None = None
-    admin_token: str = ""
-    user_key: str = ""
-    groups: pb.Groups = field(default_factory=pb.Groups)
-    setup: dict = field(default_factory=dict)
-
-    def servers(self) -> list[Server]:
-        return [s for s in (self.testserve, self.meshfast) if s is not None]
-
-    def secrets(self) -> list[str]:
-        return [s for s in (self.admin_token, self.user_key) if s]
-
-    def check_alive(self) -> None:
-        for s in self.servers():
-            s.check_alive()
-
-    def stop(self) -> dict:
-        report = {}
-        for s in (self.meshfast, self.testserve):
-            if s is not None:
-                report[s.name] = s.stop()
-        if self.data_dir:
-            leftovers = mb.stop_processes_mentioning(self.data_dir)
-            if leftovers:
-                report["leftover_pids_stopped"] = leftovers
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-            report["data_dir_removed"] = not os.path.exists(self.data_dir)
-        return report
-
-
 def start_stack(args, work_dir: Path) -> Stack:
     """testserve and meshfast (started together), then the provider with its rate limit, a user."""
-    st = Stack()
-    py = sys.executable
-    ts_port, mf_port = mb.free_port(), mb.free_port()
-    st.testserve_url = f"http://127.0.0.1:{ts_port}"
-    st.meshfast_url = f"http://127.0.0.1:{mf_port}"
-    env = dict(os.environ)
-    st.testserve = Server(
-        "testserve",
-        [py, "-m", "testserve", "--host", "127.0.0.1", "--port", str(ts_port), "--workers", "1"],
-        env, work_dir / "testserve.log",
-    )
-    st.data_dir = tempfile.mkdtemp(prefix="meshfast-bench-")
-    st.admin_token = secrets.token_urlsafe(32)
-    mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
-    mf_env.pop("DATABASE_URL", None)  # the embedded-database setup a fresh install gets
-    st.meshfast = Server(
-        "meshfast",
-        shlex.split(args.meshfast_cmd) + ["serve", "--workers", str(args.workers),
-                                          "--host", "127.0.0.1", "--port", str(mf_port)],
-        mf_env, work_dir / "meshfast.log",
-    )
-    try:
-        for s in st.servers():
-            s.start()
-            st.groups.sessions[s.name] = s.proc.pid  # start_new_session: the leader's pid is the sid
-        st.groups.data_dirs["meshfast_postgres"] = st.data_dir
-        st.setup["testserve_ready_s"] = mb.wait_until(
-            lambda: mb.http_request("GET", st.testserve_url + "/healthz", timeout_s=2.0)[0] == 200,
-            pb.READY_TIMEOUT_S, st.testserve, "GET /healthz == 200")
-        st.setup["meshfast_ready_s"] = mb.wait_until(
-            lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
-            pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
-        provision(st, args.rps_limit)
-    except BaseException:
-        st.stop()
-        raise
-    return st
+    return pb.start_stack(args, work_dir, forwarder=False, provision=lambda st: provision(st, args.rps_limit))
 
 
 def provision(st: Stack, rps_limit: int) -> None:
     t0 = time.monotonic()
-    admin = {"authorization": f"Bearer {st.admin_token}"}
     provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
         "name": "g-anthropic", "family": "anthropic", "base_url": f"{st.testserve_url}/anthropic",
         "api_key": pb.TESTSERVE_KEY, "local": True, "verify": False, "max_outbound_rps": rps_limit,
@@ -174,38 +100,12 @@ def provision(st: Stack, rps_limit: int) -> None:
                     "input_price_per_1k_tokens": "0.001", "output_price_per_1k_tokens": "0.002",
                     "verify": False}],
     })
-    st.setup["provider_settings"] = {
-        k: provider.get(k) for k in ("retry_enabled", "max_retries", "log_requests", "max_outbound_rps",
-                                     "max_concurrent_upstream", "max_calls_per_hour")
-    }
+    st.setup["provider_settings"] = pb.provider_settings(provider)
     if provider.get("max_outbound_rps") != rps_limit:
         raise BenchError(f"provider max_outbound_rps is {provider.get('max_outbound_rps')}, wanted {rps_limit}")
-    model_id = provider["models"][0]["id"]
-    user = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
-                           {"email": "bench@example.com", "display_name": "Bench"})
-    st.user_key = user["key"]
-    for method, path, body in (
-        ("POST", "/admin/access", {"user_id": user["id"], "model_id": model_id}),
-        ("PUT", f"/admin/users/{user['id']}/policies/{model_id}", pb.BUDGET_POLICY),
-    ):
-        status, _, raw = mb.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
-        if status not in (200, 201, 204):
-            raise BenchError(f"{method} {path} answered {status}: {raw[:500]!r}")
+    pb.grant_user(st, [provider["models"][0]["id"]])
     st.setup["provision_s"] = round(time.monotonic() - t0, 3)
-    auth = {"authorization": f"Bearer {st.user_key}"}
-    seen = 0
-
-    def every_worker_has_it() -> bool:
-        nonlocal seen
-        status, _, raw = mb.http_request("GET", st.meshfast_url + "/v1/models", auth, timeout_s=2.0)
-        doc = json.loads(raw) if status == 200 else {}
-        ready = [m for m in doc.get("models", [])
-                 if (m.get("usage") or {}).get("daily_cap_usd") == pb.BUDGET_POLICY["daily_cap_usd"]]
-        seen = seen + 1 if len(ready) == 1 else 0
-        return seen >= pb.PROPAGATION_CONFIRMATIONS
-
-    st.setup["propagation_s"] = mb.wait_until(every_worker_has_it, pb.CONFIG_PROPAGATION_TIMEOUT_S,
-                                              st.meshfast, "the model with the bench budget on every worker")
+    pb.wait_for_models(st, 1, "the model with the bench budget on every worker")
 
 
 def proxy_target(st: Stack) -> loadgen.Target:

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,8 @@ BUDGET_POLICY = {
     "timezone": "UTC", "active_days": [0, 1, 2, 3, 4, 5, 6], "always_open": True,
 }
 MODEL_COUNT = 2 * len(FAMILIES)
+PROVIDER_SETTINGS = ("retry_enabled", "max_retries", "log_requests", "max_outbound_rps",
+                     "max_concurrent_upstream", "max_calls_per_hour")
 
 READY_TIMEOUT_S = 30.0
 MESHFAST_READY_TIMEOUT_S = 60.0
@@ -232,13 +235,17 @@ class Stack:
         return report
 
 
-def start_stack(args, work_dir: Path) -> Stack:
-    """Start the three servers (in parallel), wait for each, provision meshfast."""
+def start_stack(args, work_dir: Path, *, forwarder: bool = True,
+                provision: Callable[[Stack], None] | None = None) -> Stack:
+    """Start the servers (in parallel), wait for each, provision meshfast.
+
+    `forwarder=False` leaves the bare forwarder out; `provision` replaces this bench's providers, user
+    and grants (governance_bench's rate-limited provider).
+    """
     st = Stack()
     py = sys.executable
-    ts_port, fw_port, mf_port = mb.free_port(), mb.free_port(), mb.free_port()
+    ts_port, mf_port = mb.free_port(), mb.free_port()
     st.testserve_url = f"http://127.0.0.1:{ts_port}"
-    st.forwarder_url = f"http://127.0.0.1:{fw_port}"
     st.meshfast_url = f"http://127.0.0.1:{mf_port}"
     env = dict(os.environ)
     st.testserve = Server(
@@ -246,14 +253,17 @@ def start_stack(args, work_dir: Path) -> Stack:
         [py, "-m", "testserve", "--host", "127.0.0.1", "--port", str(ts_port), "--workers", "1"],
         env, work_dir / "testserve.log",
     )
-    fw_env = dict(env, FORWARDER_UPSTREAM=f"{st.testserve_url}/anthropic/v1/messages",
-                  FORWARDER_API_KEY=TESTSERVE_KEY)
-    st.forwarder = Server(
-        "forwarder",
-        [py, "-m", "granian", "--interface", "rsgi", "--workers", str(args.workers),
-         "--host", "127.0.0.1", "--port", str(fw_port), "bench.forwarder_app:app"],
-        fw_env, work_dir / "forwarder.log",
-    )
+    if forwarder:
+        fw_port = mb.free_port()
+        st.forwarder_url = f"http://127.0.0.1:{fw_port}"
+        fw_env = dict(env, FORWARDER_UPSTREAM=f"{st.testserve_url}/anthropic/v1/messages",
+                      FORWARDER_API_KEY=TESTSERVE_KEY)
+        st.forwarder = Server(
+            "forwarder",
+            [py, "-m", "granian", "--interface", "rsgi", "--workers", str(args.workers),
+             "--host", "127.0.0.1", "--port", str(fw_port), "bench.forwarder_app:app"],
+            fw_env, work_dir / "forwarder.log",
+        )
     st.data_dir = tempfile.mkdtemp(prefix="meshfast-bench-")
     st.admin_token = secrets.token_urlsafe(32)
     mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
@@ -273,13 +283,14 @@ def start_stack(args, work_dir: Path) -> Stack:
         st.setup["testserve_ready_s"] = mb.wait_until(
             lambda: mb.http_request("GET", st.testserve_url + "/healthz", timeout_s=2.0)[0] == 200,
             READY_TIMEOUT_S, st.testserve, "GET /healthz == 200")
-        st.setup["forwarder_ready_s"] = mb.wait_until(
-            lambda: _forwarder_answers(st.forwarder_url), READY_TIMEOUT_S, st.forwarder,
-            "POST /v1/proxy == 200")
+        if st.forwarder is not None:
+            st.setup["forwarder_ready_s"] = mb.wait_until(
+                lambda: _forwarder_answers(st.forwarder_url), READY_TIMEOUT_S, st.forwarder,
+                "POST /v1/proxy == 200")
         st.setup["meshfast_ready_s"] = mb.wait_until(
             lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
             MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
-        provision(st)
+        (provision or provision_families)(st)
     except BaseException:
         st.stop()
         raise
@@ -293,10 +304,9 @@ def _forwarder_answers(url: str) -> bool:
         return resp.status == 200
 
 
-def provision(st: Stack) -> None:
+def provision_families(st: Stack) -> None:
     """Providers with their models (short + huge per family), one user, grants, a large budget."""
     t0 = time.monotonic()
-    admin = {"authorization": f"Bearer {st.admin_token}"}
     model_ids = []
     for family in FAMILIES:
         models = [
@@ -309,10 +319,19 @@ def provision(st: Stack) -> None:
             "api_key": TESTSERVE_KEY, "local": True, "verify": False, "models": models,
         })
         model_ids += [m["id"] for m in provider["models"]]
-        st.setup.setdefault("provider_settings", {})[family] = {
-            k: provider.get(k) for k in ("retry_enabled", "max_retries", "log_requests", "max_outbound_rps",
-                                         "max_concurrent_upstream", "max_calls_per_hour")
-        }
+        st.setup.setdefault("provider_settings", {})[family] = provider_settings(provider)
+    grant_user(st, model_ids)
+    st.setup["provision_s"] = round(time.monotonic() - t0, 3)
+    wait_for_models(st, MODEL_COUNT, f"{MODEL_COUNT} models with the bench budget on every worker")
+
+
+def provider_settings(provider: dict) -> dict:
+    return {k: provider.get(k) for k in PROVIDER_SETTINGS}
+
+
+def grant_user(st: Stack, model_ids: list[str]) -> None:
+    """One user (its key in `st.user_key`) with access to each model and the bench budget on it."""
+    admin = {"authorization": f"Bearer {st.admin_token}"}
     user = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
                            {"email": "bench@example.com", "display_name": "Bench"})
     st.user_key = user["key"]
@@ -324,8 +343,10 @@ def provision(st: Stack) -> None:
             status, _, raw = mb.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
             if status not in (200, 201, 204):
                 raise BenchError(f"{method} {path} answered {status}: {raw[:500]!r}")
-    st.setup["provision_s"] = round(time.monotonic() - t0, 3)
 
+
+def wait_for_models(st: Stack, count: int, what: str) -> None:
+    """Until every worker lists `count` models with the bench budget (`setup.propagation_s`)."""
     auth = {"authorization": f"Bearer {st.user_key}"}
     seen = 0
 
@@ -336,11 +357,11 @@ def provision(st: Stack) -> None:
         doc = json.loads(raw) if status == 200 else {}
         ready = [m for m in doc.get("models", [])
                  if (m.get("usage") or {}).get("daily_cap_usd") == BUDGET_POLICY["daily_cap_usd"]]
-        seen = seen + 1 if len(ready) == MODEL_COUNT else 0
+        seen = seen + 1 if len(ready) == count else 0
         return seen >= PROPAGATION_CONFIRMATIONS
 
     st.setup["propagation_s"] = mb.wait_until(every_worker_has_it, CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast,
-                                              f"{MODEL_COUNT} models with the bench budget on every worker")
+                                              what)
 
 
 # ---------------------------------------------------------------------------------------- targets
