@@ -277,3 +277,15 @@ def test_oversized_headers_are_refused_by_the_server_layer(gateway: Gateway) -> 
     except httpx.HTTPError:
         pass
     assert gateway.client.get("/healthz").status_code == 200
+
+
+def test_first_write_on_a_fresh_instance_is_visible_when_it_returns(fresh_dir) -> None:  # type: ignore[no-untyped-def]
+    """The writer's own worker covers its write before answering, even for the very first write."""
+    from conftest import Gateway as FreshGateway
+
+    gw = FreshGateway(fresh_dir / "data", workers=1).start()
+    try:
+        user = gw.create_user()
+        assert gw.client.get("/v1/models", headers=_bearer(user["key"])).status_code == 200
+    finally:
+        gw.stop()
