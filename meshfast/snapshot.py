@@ -73,7 +73,7 @@ class GenericTemplates(msgspec.Struct, omit_defaults=True):
     generation_duration_seconds_path: str | None = None
 
 
-_TEMPLATE_FIELDS = ("request_body_template", "web_search_request_body_template",
+TEMPLATE_FIELDS = ("request_body_template", "web_search_request_body_template",
                     "embedding_request_body_template", "generation_request_body_template")
 
 
@@ -167,7 +167,7 @@ def generic_templates(settings: Any) -> GenericTemplates | None:
     fields = {k: v for k, v in (settings or {}).items() if k in GenericTemplates.__struct_fields__}
     if not fields:
         return None
-    for name in _TEMPLATE_FIELDS:
+    for name in TEMPLATE_FIELDS:
         if fields.get(name) is not None and not isinstance(fields[name], str):
             fields[name] = json.dumps(fields[name], separators=(",", ":"))
     return msgspec.convert(fields, GenericTemplates)

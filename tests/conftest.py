@@ -263,16 +263,23 @@ def testserve() -> Iterator[EmulatedProviders]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def gateway() -> Iterator[Gateway]:
-    """A shared two-worker gateway for tests that do not restart or kill it."""
+@contextlib.contextmanager
+def running_gateway(workers: int) -> Iterator[Gateway]:
+    """A gateway in a temporary data dir with the short test timeouts, stopped and removed after."""
     root = Path(tempfile.mkdtemp(prefix="mf-"))
-    gw = Gateway(root / "data", workers=2, env=SESSION_ENV).start()
+    gw = Gateway(root / "data", workers=workers, env=SESSION_ENV).start()
     try:
         yield gw
     finally:
         gw.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    """A shared two-worker gateway for tests that do not restart or kill it."""
+    with running_gateway(2) as gw:
+        yield gw
 
 
 @pytest.fixture

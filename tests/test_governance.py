@@ -4,28 +4,20 @@ overshoot, and isolation between providers."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import SESSION_ENV, EmulatedProviders, Gateway
+from conftest import EmulatedProviders, Gateway, running_gateway
 
 
 @pytest.fixture(scope="module")
 def gw4() -> Iterator[Gateway]:
-    root = Path(tempfile.mkdtemp(prefix="mf4-"))
-    gw = Gateway(root / "data", workers=4, env=SESSION_ENV).start()
-    try:
+    with running_gateway(4) as gw:
         yield gw
-    finally:
-        gw.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _setup(gw: Gateway, testserve: EmulatedProviders, name: str, resolved: str = "dummy-chat",

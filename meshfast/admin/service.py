@@ -36,45 +36,22 @@ class UserCreate(msgspec.Struct, forbid_unknown_fields=True):
     tier: str | None = None
 
 
-class GenericSettings(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Mesh's provider-as-data fields: templates with placeholders and dot paths.
+class GenericSettings(snapshot.GenericTemplates, forbid_unknown_fields=True, omit_defaults=True):
+    """Mesh's provider-as-data fields as the admin API takes them: templates with placeholders
+    and dot paths (the snapshot's fields), with body templates as JSON values or JSON text.
 
     Required for family ``generic``; for the other families the built-in preset is used and
     these fields are stored only where the preset has no equivalent (a custom done signal,
     generation endpoints).
     """
 
-    endpoint_url: str | None = None
-    http_method: str = "POST"
-    header_template: dict[str, str] | None = None
     request_body_template: Any = None
-    response_delta_path: str | None = None
-    response_done_signal: str | None = None
-    usage_input_tokens_path: str | None = None
-    usage_output_tokens_path: str | None = None
     web_search_request_body_template: Any = None
-    embedding_endpoint_url: str | None = None
     embedding_request_body_template: Any = None
-    embedding_response_vector_path: str | None = None
-    embedding_usage_tokens_path: str | None = None
-    generation_endpoint_url: str | None = None
     generation_request_body_template: Any = None
-    generation_response_media_path: str | None = None
-    generation_mode: str = "sync"
-    generation_job_id_path: str | None = None
-    generation_status_url_template: str | None = None
-    generation_status_path: str | None = None
-    generation_content_url_template: str | None = None
-    generation_status_success_values: list[str] | None = None
-    generation_status_failure_values: list[str] | None = None
-    generation_poll_interval_ms: int | None = None
-    generation_max_wait_seconds: int | None = None
-    generation_duration_seconds_path: str | None = None
 
 
 _GENERIC_FIELDS = tuple(GenericSettings.__struct_fields__)
-_BODY_TEMPLATES = ("request_body_template", "web_search_request_body_template",
-                   "embedding_request_body_template", "generation_request_body_template")
 
 
 class ProviderCreate(GenericSettings, forbid_unknown_fields=True, kw_only=True):
@@ -107,7 +84,7 @@ def provider_settings(body: ProviderCreate) -> dict[str, Any]:
         for required in ("endpoint_url", "header_template", "request_body_template", "response_delta_path"):
             if not getattr(generic, required):
                 problems.append(f"{required} is required for family generic")
-    for name in _BODY_TEMPLATES:
+    for name in snapshot.TEMPLATE_FIELDS:
         template = getattr(generic, name)
         if template is None:
             continue
