@@ -20,6 +20,8 @@ __all__ = [
     "PROVIDER_INFLIGHT",
     "GLOBAL_INFLIGHT",
     "Segment",
+    "ResponseParser",
+    "encode_request",
     "Lease",
     "Principal",
     "Core",
@@ -526,3 +528,35 @@ class Stream:
         """Billable web searches so far: the highest reported count, else distinct queries, else
         1 if anything was cited, else 0 (always 0 without web search). Pass it to
         :meth:`Core.price`."""
+
+def encode_request(method: str, target: str, host: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """One HTTP/1.1 request: request line, ``host``, the headers (framing and connection headers
+    dropped; ``accept`` and ``accept-encoding: identity`` added unless given), ``content-length``
+    and the body. Raises ValueError on a name or value that could split the request."""
+
+@final
+class ResponseParser:
+    """One upstream exchange's HTTP/1.1 response parser (httparse head, chunked and
+    content-length framing, gzip/deflate inflated, 1xx interim answers skipped)."""
+
+    def __new__(cls, no_body: bool = False) -> ResponseParser: ...
+    def feed(self, data: bytes) -> bytes:
+        """Consume a socket read; return the decoded body bytes it completed (``b""`` if none).
+        Raises ConnectionError on a response that does not follow HTTP/1.1."""
+    def eof(self) -> bytes:
+        """The connection closed: the rest of a close-delimited body, or ConnectionError when
+        the response was cut short."""
+    def header(self, name: str) -> str | None:
+        """The first header named ``name`` (case-insensitive)."""
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Every header, names lower-cased, in order."""
+    @property
+    def head_done(self) -> bool: ...
+    @property
+    def complete(self) -> bool: ...
+    @property
+    def reusable(self) -> bool:
+        """The connection may carry another exchange once this one is complete."""

@@ -184,7 +184,7 @@ class App:
         self.leader.start()
         self.dispatcher = Dispatcher(Timeouts(
             connect_s=settings.upstream_connect_timeout_s, idle_s=settings.stream_idle_timeout_s,
-            total_deadline_s=settings.upstream_deadline_s))
+            total_deadline_s=settings.upstream_deadline_s), client=settings.upstream_client)
         await self.dispatcher.start()
         self.telemetry = Telemetry(self.segment, self.gateway_pool, settings.spool_dir)
         self.telemetry.start()

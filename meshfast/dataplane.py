@@ -13,13 +13,12 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from meshfast import errors
 from meshfast._core import Core, UpstreamBodyError, request_id
 from meshfast.admission import Admission
-from meshfast.dispatch import Dispatcher, UpstreamError
+from meshfast.dispatch import Dispatcher, UpstreamError, UpstreamResponse
 from meshfast.settings import Settings
 from meshfast.telemetry import Row, Telemetry
 
@@ -128,7 +127,7 @@ class DataPlane:
     # --- routes -------------------------------------------------------------------------
 
     async def _send(self, p: Any, proto: Any, row: Row, method: str | None = None, url: str | None = None,
-                    body: bytes | None = None) -> aiohttp.ClientResponse | None:
+                    body: bytes | None = None) -> UpstreamResponse | None:
         """Send upstream with retries; on final failure answer 502 and fill the row."""
         try:
             return await self.dispatcher.send(
@@ -166,13 +165,9 @@ class DataPlane:
         try:
             while True:
                 try:
-                    # NOTE: the dispatcher's sock_read timeout is the stream's idle timeout.
-                    chunk = await response.content.readany()
-                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                    # NOTE: aiohttp keeps this exception on the response; its traceback would
-                    # pin this frame, and with it the client transport, until the cyclic GC
-                    # runs, holding the caller's stream open for tens of seconds.
-                    exc.__traceback__ = None
+                    # NOTE: the dispatcher's idle timeout is the stream's idle timeout.
+                    chunk = await response.read_chunk()
+                except (TimeoutError, OSError):
                     incomplete = True
                     break
                 if not chunk:
@@ -232,9 +227,9 @@ class DataPlane:
         row.tokens_in, row.tokens_out = tokens_in, tokens_out
         row.input_cost_nano, row.output_cost_nano = input_nano, output_nano
 
-    async def _read_all(self, response: aiohttp.ClientResponse) -> bytes:
+    async def _read_all(self, response: UpstreamResponse) -> bytes:
         async with asyncio.timeout(self.settings.stream_idle_timeout_s):
-            data = await response.content.read(MAX_UPSTREAM_BODY + 1)
+            data = await response.read(MAX_UPSTREAM_BODY)
         if len(data) > MAX_UPSTREAM_BODY:
             raise UpstreamError(None, "upstream answer too large")
         return data
@@ -246,7 +241,7 @@ class DataPlane:
             return None
         try:
             return response.status, await self._read_all(response)
-        except (UpstreamError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (UpstreamError, TimeoutError, OSError) as exc:
             exc.__traceback__ = None
             self._upstream_failed(p, proto, row, UpstreamError(None, str(exc)), "upstream answer unreadable")
             return None
@@ -317,9 +312,9 @@ class DataPlane:
             try:
                 response = await self.dispatcher.send("GET", status_url, p.headers, b"", local=p.local,
                                                       attempts=1, backoff_ms=p.backoff_ms)
-                status_body = await response.content.read(256 * 1024)
+                status_body = await response.read(256 * 1024)
                 response.release()
-            except (UpstreamError, aiohttp.ClientError, OSError, TimeoutError):
+            except (UpstreamError, OSError, TimeoutError):
                 continue  # poll errors are retried until the deadline
             try:
                 _, seconds, _, state, _, _ = p.extract_generation(status_body)

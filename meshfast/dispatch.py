@@ -4,20 +4,23 @@ Retries cover transport errors, 429 and 5xx, with exponential backoff and full j
 honouring ``Retry-After``, all within one total deadline. Redirects are never followed (an
 upstream API has no business redirecting a POST, and a redirect is the classic SSRF path);
 providers not marked local may not resolve to loopback, link-local or private addresses.
+
+The client is meshfast's own (:mod:`meshfast.http1`: asyncio protocols, framing in the Rust
+core). ``MESHFAST_UPSTREAM_CLIENT=aiohttp`` selects aiohttp instead, behind the same
+:class:`UpstreamResponse` interface, so the two can be measured side by side (bench/).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import random
-import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from yarl import URL
+import msgspec
+
+from meshfast import http1
+from meshfast.http1 import ForbiddenAddress
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 # Upstream error bodies are read up to this many bytes for provider_message.
@@ -31,31 +34,6 @@ class Timeouts:
     idle_s: float = 300.0
     total_deadline_s: float = 600.0
     max_backoff_s: float = 8.0
-
-
-def _forbidden(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_reserved or ip.is_multicast
-
-
-class GuardedResolver(AbstractResolver):
-    """Resolves like the default resolver, then refuses private, loopback and link-local answers."""
-
-    def __init__(self) -> None:
-        self._inner = aiohttp.ThreadedResolver()
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        allowed = [r for r in results if not _forbidden(r["host"])]
-        if not allowed:
-            raise OSError(f"{host} resolves only to private, loopback or link-local addresses")
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 class UpstreamError(Exception):
@@ -87,8 +65,6 @@ def _retry_after_s(headers: Any) -> float | None:
 
 
 def _provider_message(body: bytes) -> str:
-    import msgspec
-
     try:
         decoded = msgspec.json.decode(body)
         if isinstance(decoded, dict):
@@ -102,48 +78,64 @@ def _provider_message(body: bytes) -> str:
     return body.decode("utf-8", "replace").strip()
 
 
+class UpstreamResponse(Protocol):
+    """What :meth:`Dispatcher.send` returns, whichever client is in use."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> Any: ...
+    async def read_chunk(self) -> bytes:
+        """Body bytes as they arrive; ``b""`` at the end. Raises TimeoutError after the idle
+        timeout and ConnectionError (an OSError) when the body is cut short."""
+    async def read(self, limit: int) -> bytes:
+        """The body, at most ``limit + 1`` bytes (so a caller can tell it was longer)."""
+    def release(self) -> None:
+        """Done: the connection is reused when the body was read to its end, else closed."""
+    def close(self) -> None:
+        """Abandon the exchange and its connection."""
+
+
 class Dispatcher:
-    def __init__(self, timeouts: Timeouts | None = None) -> None:
+    def __init__(self, timeouts: Timeouts | None = None, client: str = "native") -> None:
+        if client not in ("native", "aiohttp"):
+            raise ValueError(f"unknown upstream client {client!r} (native or aiohttp)")
         self.timeouts = timeouts or Timeouts()
-        self._local: aiohttp.ClientSession | None = None
-        self._public: aiohttp.ClientSession | None = None
+        self.client = client
+        self._native: http1.Client | None = None
+        self._aiohttp: Any = None
 
     async def start(self) -> None:
-        def session(resolver: AbstractResolver | None) -> aiohttp.ClientSession:
-            connector = aiohttp.TCPConnector(
-                limit=512, limit_per_host=256, keepalive_timeout=60, resolver=resolver, ttl_dns_cache=60,
-            )
-            return aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s),
-                auto_decompress=True,
-                skip_auto_headers=("User-Agent",),
-            )
+        if self.client == "native":
+            self._native = http1.Client(self.timeouts.connect_s)
+        else:
+            from meshfast import aiohttp_client
 
-        self._local = session(None)
-        self._public = session(GuardedResolver())
+            self._aiohttp = aiohttp_client.AiohttpClient(self.timeouts.connect_s)
+            await self._aiohttp.start()
 
     async def close(self) -> None:
-        for s in (self._local, self._public):
-            if s is not None:
-                await s.close()
+        if self._native is not None:
+            await self._native.close()
+        if self._aiohttp is not None:
+            await self._aiohttp.close()
+
+    async def _request(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes,
+                       local: bool) -> UpstreamResponse:
+        if self._native is not None:
+            return await self._native.request(method, url, headers, body, guard=not local,
+                                              idle_timeout_s=self.timeouts.idle_s)
+        assert self._aiohttp is not None, "Dispatcher.start() was not awaited"
+        return await self._aiohttp.request(method, url, headers, body, guard=not local,
+                                           idle_timeout_s=self.timeouts.idle_s)
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes, *,
                    local: bool, attempts: int, backoff_ms: int, attempts_log: Attempts | None = None
-                   ) -> aiohttp.ClientResponse:
+                   ) -> UpstreamResponse:
         """Send with retries; returns a 2xx-3xx response whose body is still unread.
 
         Raises :class:`UpstreamError` when every attempt failed.
         """
-        session = self._local if local else self._public
-        assert session is not None, "Dispatcher.start() was not awaited"
-        if not local:
-            host = URL(url).host or ""
-            try:
-                if _forbidden(host):
-                    raise UpstreamError(None, "upstream address is private, loopback or link-local")
-            except ValueError:
-                pass  # a name: checked by the resolver
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeouts.total_deadline_s
         base_s = max(backoff_ms, 1) / 1000
@@ -153,12 +145,14 @@ class Dispatcher:
                 attempts_log.count += 1
             retry_after: float | None = None
             try:
-                response = await session.request(
-                    method, url, headers=headers, data=body, allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s,
-                                                  sock_read=self.timeouts.idle_s),
-                )
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                response = await self._request(method, url, headers, body, local)
+            except (ForbiddenAddress, ValueError) as exc:
+                # A refused address, URL or header: the same on every attempt.
+                if attempts_log is not None:
+                    attempts_log.statuses.append(None)
+                raise UpstreamError(None, str(exc)) from None
+            except (TimeoutError, OSError) as exc:
+                exc.__traceback__ = None
                 last = UpstreamError(None, f"{type(exc).__name__}: {exc}".strip())
                 if attempts_log is not None:
                     attempts_log.statuses.append(None)
@@ -166,14 +160,14 @@ class Dispatcher:
                 if response.status < 400:
                     return response
                 try:
-                    error_body = await response.content.read(ERROR_BODY_LIMIT)
-                except (TimeoutError, aiohttp.ClientError):
+                    error_body = await response.read(ERROR_BODY_LIMIT)
+                except (TimeoutError, OSError):
                     error_body = b""
                 retry_after = _retry_after_s(response.headers)
                 response.release()
                 if attempts_log is not None:
                     attempts_log.statuses.append(response.status)
-                last = UpstreamError(response.status, _provider_message(error_body),
+                last = UpstreamError(response.status, _provider_message(error_body[:ERROR_BODY_LIMIT]),
                                      None if retry_after is None else max(1, int(retry_after + 0.999)))
                 if response.status not in RETRYABLE_STATUS:
                     raise last
@@ -188,3 +182,4 @@ class Dispatcher:
             await asyncio.sleep(delay)
         assert last is not None
         raise last
+

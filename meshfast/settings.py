@@ -20,6 +20,7 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_RECONCILE_S", "seconds between unconditional snapshot rebuilds (default 45)"),
     ("MESHFAST_STREAM_IDLE_TIMEOUT_S", "seconds a stream may sit idle before it is cut (default 300)"),
     ("MESHFAST_UPSTREAM_CONNECT_TIMEOUT_S", "seconds to connect to a provider (default 5)"),
+    ("MESHFAST_UPSTREAM_CLIENT", "upstream HTTP client: native (default, meshfast's own) or aiohttp"),
     ("MESHFAST_UPSTREAM_DEADLINE_S", "total seconds for an upstream call including retries (default 600)"),
     ("MESHFAST_ADMISSION_CAPACITY", "process-wide admission weight (text 1, image 5, ... video 25; default 200)"),
     ("MESHFAST_INFLIGHT_CEILING", "in-flight calls per worker at which pressure is 1.0 (default 5000)"),
@@ -66,6 +67,7 @@ class Settings:
     log_retention_days: int
     stream_idle_timeout_s: float
     upstream_connect_timeout_s: float
+    upstream_client: str
     upstream_deadline_s: float
     admission_capacity: int
     inflight_ceiling: int
@@ -86,6 +88,7 @@ class Settings:
             log_retention_days=_int_env("LOG_RETENTION_DAYS", 30),
             stream_idle_timeout_s=_float_env("MESHFAST_STREAM_IDLE_TIMEOUT_S", 300.0),
             upstream_connect_timeout_s=_float_env("MESHFAST_UPSTREAM_CONNECT_TIMEOUT_S", 5.0),
+            upstream_client=(os.environ.get("MESHFAST_UPSTREAM_CLIENT") or "native").lower(),
             upstream_deadline_s=_float_env("MESHFAST_UPSTREAM_DEADLINE_S", 600.0),
             admission_capacity=max(1, _int_env("MESHFAST_ADMISSION_CAPACITY", 200)),
             inflight_ceiling=max(1, _int_env("MESHFAST_INFLIGHT_CEILING", 5000)),

@@ -68,7 +68,7 @@ async def verify(dispatcher: Dispatcher, provider: Provider, models: list[Model]
                                                      prepared.upstream_body, local=prepared.local, attempts=1,
                                                      backoff_ms=prepared.backoff_ms)
                     try:
-                        await response.content.read(64 * 1024)
+                        await response.read(64 * 1024)
                     finally:
                         response.close()
             except UpstreamError as exc:

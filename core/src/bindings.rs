@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyConnectionError, PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::keyindex::{extract_token, KeyIndex};
 use crate::prepare::{self, Route};
 use crate::snapshot::Snapshot;
-use crate::{ids, pricing, shm, stream, views};
+use crate::{http1, ids, pricing, shm, stream, views};
 
 create_exception!(meshfast._core, CoreError, PyException, "Base class of every error raised by meshfast._core.");
 create_exception!(meshfast._core, SnapshotError, CoreError, "A config failed validation; `.errors` lists every problem.");
@@ -672,6 +672,78 @@ impl PyStream {
     }
 }
 
+/// `method target HTTP/1.1` with host, the given headers and a content length, then the body.
+/// Raises ValueError when a header could split the request.
+#[pyfunction]
+fn encode_request<'py>(
+    py: Python<'py>,
+    method: &str,
+    target: &str,
+    host: &str,
+    headers: Vec<(String, String)>,
+    body: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let wire = http1::encode_request(method, target, host, &headers, body).map_err(PyValueError::new_err)?;
+    Ok(PyBytes::new(py, &wire))
+}
+
+/// One upstream exchange's HTTP/1.1 response parser; `feed` returns decoded body bytes and
+/// raises ConnectionError on a response that does not follow the protocol.
+#[pyclass(name = "ResponseParser", module = "meshfast._core")]
+struct PyResponseParser {
+    inner: http1::ResponseParser,
+    out: Vec<u8>,
+}
+
+#[pymethods]
+impl PyResponseParser {
+    #[new]
+    #[pyo3(signature = (no_body = false))]
+    fn new(no_body: bool) -> Self {
+        Self { inner: http1::ResponseParser::new(no_body), out: Vec::new() }
+    }
+
+    fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        self.out.clear();
+        self.inner.feed(data, &mut self.out).map_err(|e| PyConnectionError::new_err(e.to_string()))?;
+        Ok(PyBytes::new(py, &self.out))
+    }
+
+    /// The connection closed: the rest of a close-delimited body, or ConnectionError when the
+    /// response was cut short.
+    fn eof<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        self.out.clear();
+        self.inner.eof(&mut self.out).map_err(|e| PyConnectionError::new_err(e.to_string()))?;
+        Ok(PyBytes::new(py, &self.out))
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.inner.header(name).map(str::to_owned)
+    }
+
+    #[getter]
+    fn status(&self) -> u16 {
+        self.inner.status
+    }
+    #[getter]
+    fn headers(&self) -> Vec<(String, String)> {
+        self.inner.headers.clone()
+    }
+    #[getter]
+    fn head_done(&self) -> bool {
+        self.inner.head_done()
+    }
+    #[getter]
+    fn complete(&self) -> bool {
+        self.inner.complete()
+    }
+    /// Whether the connection may carry another exchange (once this one is complete).
+    #[getter]
+    fn reusable(&self) -> bool {
+        self.inner.keep_alive && !self.inner.trailing_garbage
+    }
+}
+
 #[pymodule(gil_used = false)]
 #[pyo3(name = "_core")]
 fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -692,6 +764,8 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCore>()?;
     m.add_class::<PyPrepared>()?;
     m.add_class::<PyStream>()?;
+    m.add_class::<PyResponseParser>()?;
+    m.add_function(wrap_pyfunction!(encode_request, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;
     m.add_function(wrap_pyfunction!(request_id, m)?)?;
     Ok(())

@@ -5,6 +5,7 @@
 pub mod content;
 pub mod error;
 pub mod govern;
+pub mod http1;
 pub mod ids;
 pub mod keyindex;
 pub mod policy;
