@@ -1,7 +1,8 @@
 """A bare forwarder: the floor that meshfast's governed `POST /v1/proxy` is measured against.
 
-A Granian RSGI app with one pooled aiohttp `ClientSession` per worker (opened in `__rsgi_init__`, as
-meshfast's dispatcher is, with the same connector settings). It takes the Mesh-native request
+A Granian RSGI app with one pooled aiohttp `ClientSession` per worker (opened in `__rsgi_init__`, with
+the connector settings meshfast uses when told `MESHFAST_UPSTREAM_CLIENT=aiohttp`); with
+`FORWARDER_CLIENT=native` it uses meshfast's own upstream client (`meshfast.http1`) instead. It takes the Mesh-native request
 `POST /v1/proxy?model=NAME` with body `{"query": ..., "max_tokens": ...}`, splices the query into a
 pre-rendered Anthropic Messages body, sends it to testserve and streams the upstream bytes back chunk
 by chunk: no authentication, policy, accounting, SSE parsing or re-encoding. What it adds over a direct
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 from urllib.parse import parse_qs
 
 import aiohttp
@@ -23,6 +25,7 @@ from granian.rsgi import ProtocolClosed
 
 ENV_UPSTREAM = "FORWARDER_UPSTREAM"
 ENV_API_KEY = "FORWARDER_API_KEY"
+ENV_CLIENT = "FORWARDER_CLIENT"
 DEFAULT_API_KEY = "testserve-key"
 # The Mesh model names the bench grants, mapped to testserve models (suffix = scenario).
 MODELS: dict[str, bytes] = {
@@ -61,8 +64,10 @@ def render(model: bytes, query: str, max_tokens: int) -> bytes:
 class ForwarderApp:
     def __init__(self) -> None:
         self.session: aiohttp.ClientSession | None = None
+        self.native: Any = None
         self.upstream = ""
         self.upstream_headers: dict[str, str] = {}
+        self.header_list: list[tuple[str, str]] = []
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(self.startup())
@@ -70,6 +75,8 @@ class ForwarderApp:
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.session is not None:
             loop.run_until_complete(self.session.close())
+        if self.native is not None:
+            loop.run_until_complete(self.native.close())
 
     async def startup(self) -> None:
         self.upstream = os.environ[ENV_UPSTREAM]
@@ -78,7 +85,13 @@ class ForwarderApp:
             "x-api-key": os.environ.get(ENV_API_KEY, DEFAULT_API_KEY),
             "anthropic-version": "2023-06-01",
         }
-        # Same pool settings as meshfast.dispatch.Dispatcher, so the comparison is the governance.
+        self.header_list = list(self.upstream_headers.items())
+        if os.environ.get(ENV_CLIENT, "aiohttp") == "native":
+            from meshfast.http1 import Client
+
+            self.native = Client(connect_timeout_s=10)
+            return
+        # Same pool settings as meshfast's aiohttp client, so the comparison is the governance.
         connector = aiohttp.TCPConnector(limit=512, limit_per_host=256, keepalive_timeout=60)
         self.session = aiohttp.ClientSession(
             connector=connector,
@@ -101,8 +114,11 @@ class ForwarderApp:
         except msgspec.DecodeError:
             proto.response_bytes(400, _JSON_HEADERS, _BAD_REQUEST)
             return
-        assert self.session is not None, "__rsgi_init__ did not run"
         body = render(model, req.query, req.max_tokens)
+        if self.native is not None:
+            await self._forward_native(proto, body)
+            return
+        assert self.session is not None, "__rsgi_init__ did not run"
         async with self.session.post(self.upstream, data=body, headers=self.upstream_headers) as resp:
             if resp.status >= 300:
                 await resp.read()
@@ -116,6 +132,25 @@ class ForwarderApp:
                     await transport.send_bytes(chunk)
             except ProtocolClosed:
                 pass  # the caller left mid-stream (wrk closing its connections at the end of a run)
+
+    async def _forward_native(self, proto, body: bytes) -> None:
+        resp = await self.native.request("POST", self.upstream, self.header_list, body, guard=False,
+                                         idle_timeout_s=300)
+        if resp.status >= 300:
+            await resp.read(1 << 20)
+            resp.release()
+            proto.response_bytes(502, _JSON_HEADERS, _BAD_GATEWAY)
+            return
+        transport = proto.response_stream(
+            200, [("content-type", resp.headers.get("content-type", "text/event-stream"))]
+        )
+        try:
+            while chunk := await resp.read_chunk():
+                await transport.send_bytes(chunk)
+        except ProtocolClosed:
+            resp.close()
+            return
+        resp.release()
 
 
 app = ForwarderApp()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import secrets
@@ -201,9 +202,11 @@ class CpuMeter:
 class Stack:
     testserve: Server | None = None
     forwarder: Server | None = None
+    forwarder_native: Server | None = None
     meshfast: Server | None = None
     testserve_url: str = ""
     forwarder_url: str = ""
+    forwarder_native_url: str = ""
     meshfast_url: str = ""
     data_dir: str | None = None
     admin_token: str = ""
@@ -212,7 +215,7 @@ class Stack:
     setup: dict = field(default_factory=dict)
 
     def servers(self) -> list[Server]:
-        return [s for s in (self.testserve, self.forwarder, self.meshfast) if s is not None]
+        return [s for s in (self.testserve, self.forwarder, self.forwarder_native, self.meshfast) if s is not None]
 
     def secrets(self) -> list[str]:
         return [s for s in (self.admin_token, self.user_key) if s]
@@ -223,7 +226,7 @@ class Stack:
 
     def stop(self) -> dict:
         report = {}
-        for s in (self.meshfast, self.forwarder, self.testserve):
+        for s in (self.meshfast, self.forwarder, self.forwarder_native, self.testserve):
             if s is not None:
                 report[s.name] = s.stop()
         if self.data_dir:
@@ -264,9 +267,19 @@ def start_stack(args, work_dir: Path, *, forwarder: bool = True,
              "--host", "127.0.0.1", "--port", str(fw_port), "bench.forwarder_app:app"],
             fw_env, work_dir / "forwarder.log",
         )
+        # The same forwarder on meshfast's own upstream client: the client's share, measured apart.
+        fn_port = mb.free_port()
+        st.forwarder_native_url = f"http://127.0.0.1:{fn_port}"
+        st.forwarder_native = Server(
+            "forwarder-native",
+            [py, "-m", "granian", "--interface", "rsgi", "--workers", str(args.workers),
+             "--host", "127.0.0.1", "--port", str(fn_port), "bench.forwarder_app:app"],
+            dict(fw_env, FORWARDER_CLIENT="native"), work_dir / "forwarder-native.log",
+        )
     st.data_dir = tempfile.mkdtemp(prefix="meshfast-bench-")
     st.admin_token = secrets.token_urlsafe(32)
-    mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
+    mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token,
+                  MESHFAST_UPSTREAM_CLIENT=getattr(args, "meshfast_client", "native"))
     # NOTE: the bench measures the embedded-database setup a fresh install gets.
     mf_env.pop("DATABASE_URL", None)
     st.meshfast = Server(
@@ -286,6 +299,10 @@ def start_stack(args, work_dir: Path, *, forwarder: bool = True,
         if st.forwarder is not None:
             st.setup["forwarder_ready_s"] = mb.wait_until(
                 lambda: _forwarder_answers(st.forwarder_url), READY_TIMEOUT_S, st.forwarder,
+                "POST /v1/proxy == 200")
+        if st.forwarder_native is not None:
+            st.setup["forwarder_native_ready_s"] = mb.wait_until(
+                lambda: _forwarder_answers(st.forwarder_native_url), READY_TIMEOUT_S, st.forwarder_native,
                 "POST /v1/proxy == 200")
         st.setup["meshfast_ready_s"] = mb.wait_until(
             lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
@@ -415,9 +432,10 @@ def build_targets(st: Stack) -> tuple[dict[str, loadgen.Target], dict]:
             _exchange_once(direct)
             targets[mesh.name], targets[direct.name] = mesh, direct
             wire[direct.name] = shape
-    for suffix in ("", "-huge"):
-        fw = loadgen.Target.post(f"forwarder-anthropic{suffix}",
-                                 f"{st.forwarder_url}/v1/proxy?model=b-anthropic{suffix}",
+    for (prefix, base), suffix in itertools.product(
+            (("forwarder", st.forwarder_url), ("forwarder-native", st.forwarder_native_url)), ("", "-huge")):
+        fw = loadgen.Target.post(f"{prefix}-anthropic{suffix}",
+                                 f"{base}/v1/proxy?model=b-anthropic{suffix}",
                                  {"content-type": "application/json"}, PROXY_BODY, SSE_END["anthropic"])
         _exchange_once(fw)
         cap = _last_upstream_call(st)
@@ -493,7 +511,7 @@ def run_wrk_target(args, work_dir: Path, name: str, target: loadgen.Target, st: 
 
 
 def phase_latency(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
-    names = ["direct-anthropic", "forwarder-anthropic", "meshfast-anthropic",
+    names = ["direct-anthropic", "forwarder-anthropic", "forwarder-native-anthropic", "meshfast-anthropic",
              "direct-openai", "meshfast-openai", "direct-gemini", "meshfast-gemini"]
     chosen = [targets[n] for n in names]
     deadline = 2 * len(chosen) * args.duration + 60
@@ -503,7 +521,7 @@ def phase_latency(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
     st.check_alive()
     reports = {s.target: s.report() for s in series}
     for name, rep in reports.items():
-        direct = reports["direct-" + name.split("-", 1)[1]]
+        direct = reports["direct-" + name.rsplit("-", 1)[1]]
         if name.startswith("direct-"):
             continue
         rep["added_us"] = {
@@ -541,15 +559,17 @@ def phase_ttfb(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
 
 def phase_throughput(args, st: Stack, targets: dict[str, loadgen.Target], work_dir: Path) -> dict:
     runs = {}
-    for name in ("direct-anthropic", "forwarder-anthropic", "meshfast-anthropic"):
+    for name in ("direct-anthropic", "forwarder-anthropic", "forwarder-native-anthropic", "meshfast-anthropic"):
         print(f"[bench] wrk: {name} ...", flush=True)
         runs[name] = run_wrk_target(args, work_dir, name, targets[name], st)
         st.check_alive()
     fw, mf = runs["forwarder-anthropic"]["requests_per_s"], runs["meshfast-anthropic"]["requests_per_s"]
+    fn = runs["forwarder-native-anthropic"]["requests_per_s"]
     return {
         "connections": args.connections, "threads": args.threads, "duration_s": args.wrk_duration,
         "warmup_s": args.wrk_warmup, "runs": runs,
         "ratio_meshfast_over_forwarder_rps": round(mf / fw, 4) if fw > 0 else None,
+        "ratio_meshfast_over_forwarder_native_rps": round(mf / fn, 4) if fn > 0 else None,
     }
 
 
@@ -642,7 +662,8 @@ def print_tables(doc: dict) -> None:
             print(f"{name:<22}{r['requests_per_s']:>10,.0f}"
                   f"{r['latency_p50_ms']:>9.2f}{r['latency_p99_ms']:>9.2f}{r['errors_total']:>8}"
                   f"{_f(cpu['machine_busy_pct']):>7}{_f(cpu['other_busy_pct']):>8}")
-        print(f"meshfast/forwarder req/s: {tp['ratio_meshfast_over_forwarder_rps']}")
+        print(f"meshfast/forwarder req/s: {tp['ratio_meshfast_over_forwarder_rps']} "
+              f"(over the forwarder on meshfast's client: {tp.get('ratio_meshfast_over_forwarder_native_rps')})")
     crit = doc.get("criteria") or {}
     if crit:
         print("\nCriteria (reported, not enforced):")
@@ -689,6 +710,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="wrk threads")
     p.add_argument("--wrk-duration", type=int, default=10, help="measured wrk seconds per target")
     p.add_argument("--wrk-warmup", type=int, default=2, help="wrk seconds before each, kept apart (0: none)")
+    p.add_argument("--meshfast-client", choices=("native", "aiohttp"), default="native",
+                   help="meshfast's upstream client (MESHFAST_UPSTREAM_CLIENT)")
     p.add_argument("--quick", action="store_true",
                    help="smoke check in < 60 s (3 s per target, 10 TTFB requests, 3 s wrk)")
     p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
@@ -717,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         "provenance": provenance(args),
         "config": {
             "workers": args.workers, "testserve_workers": 1, "rate_rps": args.rate,
+            "meshfast_upstream_client": args.meshfast_client,
             "duration_s_per_target": args.duration, "slice_s": SLICE_S, "ttfb_count": args.ttfb_count,
             "wrk": {"connections": args.connections, "threads": args.threads, "duration_s": args.wrk_duration,
                     "warmup_s": args.wrk_warmup, "timeout": mb.WRK_TIMEOUT},
@@ -738,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
             doc["setup"] = stack.setup
             targets, doc["wire_shapes"] = build_targets(stack)
-            print(f"[bench] latency: 7 targets x {args.duration:g} s at {args.rate:g} req/s ...", flush=True)
+            print(f"[bench] latency: 8 targets x {args.duration:g} s at {args.rate:g} req/s ...", flush=True)
             doc["latency"] = phase_latency(args, stack, targets)
             print(f"[bench] TTFB: {args.ttfb_count} x 4 sequential ...", flush=True)
             doc["ttfb"] = phase_ttfb(args, stack, targets)

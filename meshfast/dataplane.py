@@ -160,6 +160,7 @@ class DataPlane:
         ])
         incomplete = False
         client_gone = False
+        ended = False  # the upstream body ended, or the stream reached its done signal
         sent: list[bytes] = []
         tail = b""
         try:
@@ -171,7 +172,8 @@ class DataPlane:
                     incomplete = True
                     break
                 if not chunk:
-                    # EOF: a clean end unless the body was cut short.
+                    # The body's end (a body cut short raises above).
+                    ended = True
                     break
                 out = stream.feed(chunk)
                 if out:
@@ -181,6 +183,7 @@ class DataPlane:
                     if stream.done:
                         # The last deltas leave together with the done line, in one write.
                         tail = out
+                        ended = True
                         break
                     try:
                         await transport.send_bytes(out)
@@ -188,12 +191,15 @@ class DataPlane:
                         client_gone = True
                         break
                 elif stream.done:
+                    ended = True
                     break
         finally:
-            if incomplete or client_gone or not stream.done:
-                response.close()
-            else:
+            # NOTE: release pools the connection (after the body's last framing arrives); a
+            # stream cut short, abandoned by its caller or cancelled closes it instead.
+            if ended:
                 response.release()
+            else:
+                response.close()
         self._account_stream(p, stream, row, request_body, sent, cut_short=incomplete or client_gone)
         final = tail + stream.finish(incomplete)
         if not client_gone:

@@ -25,6 +25,9 @@ from meshfast._core import ResponseParser, encode_request
 
 # Buffered body bytes above which the socket stops being read until the caller catches up.
 HIGH_WATER = 1 << 20
+# How long a released exchange may take to deliver the rest of its body (often just the last
+# chunk's framing) before its connection is given up instead of pooled.
+DRAIN_S = 5.0
 # Idle connections kept per origin, and how long one may idle before it is dropped.
 MAX_IDLE_PER_ORIGIN = 256
 IDLE_TTL_S = 30.0
@@ -156,6 +159,11 @@ class Response:
             self._conn.abort()
             self._wake()
             return
+        if self._finished:
+            # Released before its end: the rest is discarded, then the connection is pooled.
+            if self._parser.complete:
+                self._pool_or_close()
+            return
         if body:
             self._chunks.append(body)
             self._buffered += len(body)
@@ -166,6 +174,9 @@ class Response:
             self._wake()
 
     def _lost(self, exc: Exception | None) -> None:
+        if self._finished:
+            self._conn.exchange = None
+            return
         if not self._parser.complete and self._error is None:
             try:
                 tail = self._parser.eof()
@@ -251,11 +262,30 @@ class Response:
 
     def release(self) -> None:
         """Done with the exchange: the connection goes back to the pool when it can carry
-        another one (the body was read to its end), otherwise it is closed."""
+        another one, otherwise it is closed. A body not read to its end (a stream that ended on
+        its done event, before the last chunk's framing arrived) is let finish for up to
+        :data:`DRAIN_S` in the background, discarded, and then pooled."""
         if self._finished:
             return
         self._finished = True
+        self._chunks.clear()
+        if self._paused and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        if self._parser.complete or self._error is not None or self._conn.closed:
+            self._pool_or_close()
+        else:
+            asyncio.get_running_loop().call_later(DRAIN_S, self._drain_expired)
+
+    def _drain_expired(self) -> None:
+        if self._conn.exchange is self:
+            self._conn.exchange = None
+            self._conn.abort()
+
+    def _pool_or_close(self) -> None:
         conn = self._conn
+        if conn.exchange is not self:
+            return
         conn.exchange = None
         if self._parser.complete and self._parser.reusable and self._error is None and not conn.closed:
             self._client._put(conn)
@@ -264,11 +294,10 @@ class Response:
 
     def close(self) -> None:
         """Abandon the exchange and its connection."""
-        if self._finished:
-            return
         self._finished = True
-        self._conn.exchange = None
-        self._conn.abort()
+        if self._conn.exchange is self:
+            self._conn.exchange = None
+            self._conn.abort()
 
 
 class Client:
