@@ -16,6 +16,7 @@ pub mod shm;
 pub mod snapshot;
 pub mod stream;
 pub mod template;
+pub mod translate;
 pub mod views;
 pub mod websearch;
 

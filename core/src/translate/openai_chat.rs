@@ -1,0 +1,751 @@
+//! OpenAI Chat Completions (`/v1/chat/completions`) ↔ IR.
+//!
+//! Losses: `is_error` of tool results, thinking signatures (Chat has no field; DeepSeek-style
+//! `reasoning_content` carries the text), cache-write token counts, `StopSequence` (sent as
+//! `stop`). A system message in the middle of the conversation joins the system prompt.
+
+use serde_json::{json, Map, Value};
+
+use super::stream::{BlockKind, Delta, Event};
+use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str, Drift};
+use super::{decode_call_id, encode_call_id, Block, Decoded, Message, Request, Response, Role, StopReason};
+use super::{ToolCall, ToolChoice, ToolResult, Usage};
+
+/// Top-level request fields this codec maps into the IR.
+pub(crate) const MAPPED: &[&str] = &[
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "stream",
+    "stream_options",
+];
+
+/// Fields known and deliberately not carried: caller identity and OpenAI-side storage
+/// (API.md: meshfast sends no caller identity upstream).
+pub(crate) const IGNORED: &[&str] =
+    &["user", "metadata", "safety_identifier", "store", "service_tier", "prompt_cache_key", "parallel_tool_calls"];
+
+pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> {
+    let body = object(value, "body")?;
+    let mut drift = Drift::default();
+    drift.check("", body, &[MAPPED, IGNORED].concat());
+    let mut request = Request {
+        model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
+        max_tokens: opt_u64(body, "max_completion_tokens")?.or(opt_u64(body, "max_tokens")?),
+        temperature: opt_f64(body, "temperature")?,
+        top_p: opt_f64(body, "top_p")?,
+        stop: wire::stop_list(body.get("stop"))?,
+        stream: wire::flag(body, "stream")?,
+        ..Request::default()
+    };
+    if let Some(options) = body.get("stream_options").filter(|v| !v.is_null()) {
+        let options = object(options, "stream_options")?;
+        drift.check("stream_options", options, &["include_usage", "include_obfuscation"]);
+        request.include_usage = wire::flag(options, "include_usage")?;
+    }
+    for message in array(body.get("messages").unwrap_or(&Value::Null), "messages")? {
+        decode_message(message, &mut request, &mut drift)?;
+    }
+    if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
+        for tool in array(tools, "tools")? {
+            request.tools.push(wire::function_tool(tool, &mut drift, "tools[]")?);
+        }
+    }
+    request.tool_choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(choice) => Some(decode_tool_choice(choice)?),
+    };
+    Ok(Decoded { value: request, unknown: drift.unknown })
+}
+
+fn decode_tool_choice(choice: &Value) -> Result<ToolChoice, String> {
+    Ok(match choice {
+        Value::String(s) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => return Err(format!("unknown tool_choice {other:?}")),
+        },
+        Value::Object(map) => {
+            let function = object(map.get("function").unwrap_or(&Value::Null), "tool_choice.function")?;
+            ToolChoice::Tool(req_str(function, "name")?.to_owned())
+        }
+        _ => return Err("tool_choice is not a string or an object".to_owned()),
+    })
+}
+
+fn decode_message(value: &Value, request: &mut Request, drift: &mut Drift) -> Result<(), String> {
+    let message = object(value, "message")?;
+    drift.check(
+        "messages[]",
+        message,
+        &["role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "refusal"],
+    );
+    let content = message.get("content").unwrap_or(&Value::Null);
+    match req_str(message, "role")? {
+        "system" | "developer" => request.system.extend(text_parts(content, drift)?),
+        "user" => {
+            let blocks = user_parts(content, drift)?;
+            request.messages.push(Message { role: Role::User, content: blocks });
+        }
+        "assistant" => {
+            let mut blocks = Vec::new();
+            if let Some(reasoning) = opt_str(message, "reasoning_content")?.filter(|s| !s.is_empty()) {
+                blocks.push(Block::Thinking { text: reasoning.to_owned(), signature: None });
+            }
+            blocks.extend(text_parts(content, drift)?.into_iter().map(Block::Text));
+            if let Some(calls) = message.get("tool_calls").filter(|v| !v.is_null()) {
+                for call in array(calls, "tool_calls")? {
+                    blocks.push(Block::ToolCall(decode_tool_call(call, drift)?));
+                }
+            }
+            request.messages.push(Message { role: Role::Assistant, content: blocks });
+        }
+        "tool" => {
+            let result = ToolResult {
+                id: req_str(message, "tool_call_id")?.to_owned(),
+                name: String::new(),
+                content: text_parts(content, drift)?.concat(),
+                is_error: false,
+            };
+            let (id, _) = decode_call_id(&result.id);
+            let result = ToolResult { id, ..result };
+            // NOTE: consecutive tool messages answer one assistant turn; they become one user
+            // message, as the other formats carry them.
+            match request.messages.last_mut() {
+                Some(last)
+                    if last.role == Role::User && last.content.iter().all(|b| matches!(b, Block::ToolResult(_))) =>
+                {
+                    last.content.push(Block::ToolResult(result));
+                }
+                _ => request.messages.push(Message { role: Role::User, content: vec![Block::ToolResult(result)] }),
+            }
+        }
+        other => return Err(format!("unknown message role {other:?}")),
+    }
+    Ok(())
+}
+
+fn decode_tool_call(value: &Value, drift: &mut Drift) -> Result<ToolCall, String> {
+    let call = object(value, "tool call")?;
+    drift.check("messages[].tool_calls[]", call, &["id", "type", "function", "extra_content"]);
+    let function = object(call.get("function").unwrap_or(&Value::Null), "tool call function")?;
+    let (id, mut signature) = decode_call_id(req_str(call, "id")?);
+    if let Some(extra) = extra_signature(call) {
+        signature = Some(extra);
+    }
+    Ok(ToolCall {
+        id,
+        name: req_str(function, "name")?.to_owned(),
+        arguments: opt_str(function, "arguments")?.unwrap_or_default().to_owned(),
+        signature,
+    })
+}
+
+/// Gemini's signature in its OpenAI-compatible extension field.
+fn extra_signature(call: &Map<String, Value>) -> Option<String> {
+    call.get("extra_content")?.get("google")?.get("thought_signature")?.as_str().map(str::to_owned)
+}
+
+/// Text of a `content` that is a string or a list of text parts.
+fn text_parts(content: &Value, drift: &mut Drift) -> Result<Vec<String>, String> {
+    Ok(match content {
+        Value::Null => Vec::new(),
+        Value::String(s) => vec![s.clone()],
+        Value::Array(parts) => {
+            let mut texts = Vec::new();
+            for part in parts {
+                let part = object(part, "content part")?;
+                match req_str(part, "type")? {
+                    "text" => texts.push(req_str(part, "text")?.to_owned()),
+                    "refusal" => texts.push(req_str(part, "refusal")?.to_owned()),
+                    other => drift.note(format!("messages[].content[].type={other}")),
+                }
+            }
+            texts
+        }
+        _ => return Err("content is not a string or a list".to_owned()),
+    })
+}
+
+fn user_parts(content: &Value, drift: &mut Drift) -> Result<Vec<Block>, String> {
+    let Value::Array(parts) = content else {
+        return Ok(text_parts(content, drift)?.into_iter().map(Block::Text).collect());
+    };
+    let mut blocks = Vec::new();
+    for part in parts {
+        let map = object(part, "content part")?;
+        match req_str(map, "type")? {
+            "text" => blocks.push(Block::Text(req_str(map, "text")?.to_owned())),
+            "image_url" => {
+                let image = object(map.get("image_url").unwrap_or(&Value::Null), "image_url")?;
+                drift.check("messages[].content[].image_url", image, &["url", "detail"]);
+                blocks.push(Block::Image(wire::image_from_url(req_str(image, "url")?)));
+            }
+            other => {
+                drift.note(format!("messages[].content[].type={other}"));
+            }
+        }
+    }
+    Ok(blocks)
+}
+
+pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
+    let mut messages: Vec<Value> =
+        request.system.iter().map(|text| json!({"role": "system", "content": text})).collect();
+    for message in &request.messages {
+        encode_message(message, &mut messages, false);
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), json!(request.model));
+    body.insert("messages".into(), Value::Array(messages));
+    if !request.tools.is_empty() {
+        let tools = request.tools.iter().map(|tool| {
+            let mut function = json!({"name": tool.name, "parameters": tool.parameters});
+            if let Some(description) = &tool.description {
+                function["description"] = json!(description);
+            }
+            json!({"type": "function", "function": function})
+        });
+        body.insert("tools".into(), Value::Array(tools.collect()));
+    }
+    if let Some(choice) = &request.tool_choice {
+        body.insert(
+            "tool_choice".into(),
+            match choice {
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::None => json!("none"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+            },
+        );
+    }
+    if let Some(max) = request.max_tokens {
+        body.insert("max_completion_tokens".into(), json!(max));
+    }
+    insert_sampling(&mut body, request);
+    if !request.stop.is_empty() {
+        body.insert("stop".into(), json!(request.stop));
+    }
+    if request.stream {
+        body.insert("stream".into(), json!(true));
+        if request.include_usage {
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+    }
+    Ok(Value::Object(body))
+}
+
+fn insert_sampling(body: &mut Map<String, Value>, request: &Request) {
+    if let Some(t) = request.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = request.top_p {
+        body.insert("top_p".into(), json!(p));
+    }
+}
+
+/// Appends `message` as Chat messages: tool results become `tool` messages ahead of the rest.
+/// `response` (a response to a client) writes Gemini signatures into the ids too, where
+/// requests to an upstream carry them only in `extra_content`, and joins the text.
+fn encode_message(message: &Message, out: &mut Vec<Value>, response: bool) {
+    let mut parts = Vec::new();
+    let mut texts = Vec::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for block in &message.content {
+        match block {
+            Block::Text(text) => {
+                texts.push(text.clone());
+                parts.push(json!({"type": "text", "text": text}));
+            }
+            Block::Image(image) => {
+                parts.push(json!({"type": "image_url", "image_url": {"url": wire::image_to_url(image)}}))
+            }
+            Block::Thinking { text, .. } => reasoning.push_str(text),
+            Block::RedactedThinking(_) => {}
+            Block::ToolCall(call) => calls.push(encode_tool_call(call, response)),
+            Block::ToolResult(result) => {
+                out.push(json!({"role": "tool", "tool_call_id": result.id, "content": result.content}));
+            }
+        }
+    }
+    match message.role {
+        Role::User => {
+            let has_image = parts.len() != texts.len();
+            if has_image || texts.len() > 1 {
+                out.push(json!({"role": "user", "content": parts}));
+            } else if let Some(text) = texts.pop() {
+                out.push(json!({"role": "user", "content": text}));
+            }
+        }
+        Role::Assistant => {
+            let mut assistant = Map::new();
+            assistant.insert("role".into(), json!("assistant"));
+            // NOTE: a response's content is one string (the SDKs type it so); a request may
+            // carry parts.
+            let content = match texts.len() {
+                0 => Value::Null,
+                1 => json!(texts[0]),
+                _ if response => json!(texts.concat()),
+                _ => Value::Array(parts),
+            };
+            assistant.insert("content".into(), content);
+            if !reasoning.is_empty() {
+                assistant.insert("reasoning_content".into(), json!(reasoning));
+            }
+            if !calls.is_empty() {
+                assistant.insert("tool_calls".into(), Value::Array(calls));
+            }
+            out.push(Value::Object(assistant));
+        }
+    }
+}
+
+fn encode_tool_call(call: &ToolCall, signed_id: bool) -> Value {
+    let id = if signed_id { encode_call_id(&call.id, call.signature.as_deref()) } else { call.id.clone() };
+    let mut value = json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
+    if let Some(signature) = &call.signature {
+        value["extra_content"] = json!({"google": {"thought_signature": signature}});
+    }
+    value
+}
+
+pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
+    let body = object(value, "body")?;
+    let choices = array(body.get("choices").unwrap_or(&Value::Null), "choices")?;
+    let choice = object(choices.first().ok_or("no choices")?, "choice")?;
+    let message = object(choice.get("message").unwrap_or(&Value::Null), "message")?;
+    let mut content = Vec::new();
+    if let Some(reasoning) = opt_str(message, "reasoning_content")?.filter(|s| !s.is_empty()) {
+        content.push(Block::Thinking { text: reasoning.to_owned(), signature: None });
+    }
+    let mut ignored = Drift::default();
+    let texts = text_parts(message.get("content").unwrap_or(&Value::Null), &mut ignored)?;
+    content.extend(texts.into_iter().filter(|t| !t.is_empty()).map(Block::Text));
+    if let Some(refusal) = opt_str(message, "refusal")? {
+        content.push(Block::Text(refusal.to_owned()));
+    }
+    if let Some(calls) = message.get("tool_calls").filter(|v| !v.is_null()) {
+        for call in array(calls, "tool_calls")? {
+            content.push(Block::ToolCall(decode_tool_call(call, &mut ignored)?));
+        }
+    }
+    Ok(Response {
+        id: opt_str(body, "id")?.unwrap_or_default().to_owned(),
+        model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
+        content,
+        stop_reason: opt_str(choice, "finish_reason")?.map(decode_stop),
+        usage: body.get("usage").and_then(Value::as_object).map(decode_usage).unwrap_or_default(),
+    })
+}
+
+fn decode_usage(usage: &Map<String, Value>) -> Usage {
+    let details = usage.get("prompt_tokens_details").and_then(Value::as_object);
+    let cached = count(details, "cached_tokens");
+    Usage {
+        input_tokens: count(Some(usage), "prompt_tokens").saturating_sub(cached),
+        output_tokens: count(Some(usage), "completion_tokens"),
+        cache_read_tokens: cached,
+        cache_write_tokens: 0,
+    }
+}
+
+fn encode_usage(usage: &Usage) -> Value {
+    json!({
+        "prompt_tokens": usage.prompt_tokens(),
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.prompt_tokens() + usage.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens},
+    })
+}
+
+fn decode_stop(reason: &str) -> StopReason {
+    match reason {
+        "length" => StopReason::MaxTokens,
+        "tool_calls" | "function_call" => StopReason::ToolUse,
+        "content_filter" => StopReason::ContentFilter,
+        _ => StopReason::EndTurn,
+    }
+}
+
+fn encode_stop(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::EndTurn | StopReason::StopSequence => "stop",
+        StopReason::MaxTokens => "length",
+        StopReason::ToolUse => "tool_calls",
+        StopReason::ContentFilter => "content_filter",
+    }
+}
+
+pub(crate) fn encode_response(response: &Response) -> Value {
+    let mut messages = Vec::new();
+    encode_message(&Message { role: Role::Assistant, content: response.content.clone() }, &mut messages, true);
+    let mut message = messages.pop().unwrap_or_else(|| json!({"role": "assistant", "content": null}));
+    message["refusal"] = Value::Null;
+    json!({
+        "id": response.id,
+        "object": "chat.completion",
+        "created": wire::now_unix(),
+        "model": response.model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": encode_stop(response.stop_reason.unwrap_or(StopReason::EndTurn)),
+        }],
+        "usage": encode_usage(&response.usage),
+    })
+}
+
+/// Chat chunk decoding state.
+#[derive(Debug, Default)]
+pub(crate) struct StreamDecoder {
+    started: bool,
+    /// The open block: its IR index and whether it is text (else thinking or a tool call).
+    open: Option<(usize, OpenKind)>,
+    next_index: usize,
+    /// Wire `tool_calls[].index` → IR block index.
+    calls: Vec<(u64, usize)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpenKind {
+    Text,
+    Thinking,
+    Call,
+}
+
+impl StreamDecoder {
+    pub(crate) fn event(&mut self, data: &str, out: &mut Vec<Event>) -> Result<(), String> {
+        if data.trim() == "[DONE]" {
+            self.close(out);
+            out.push(Event::End);
+            return Ok(());
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
+        let chunk = object(&chunk, "chunk")?;
+        if let Some(error) = chunk.get("error") {
+            out.push(Event::Error(error.to_string()));
+            return Ok(());
+        }
+        if !self.started {
+            self.started = true;
+            out.push(Event::Start {
+                id: opt_str(chunk, "id")?.unwrap_or_default().to_owned(),
+                model: opt_str(chunk, "model")?.unwrap_or_default().to_owned(),
+            });
+        }
+        if let Some(choice) = chunk.get("choices").and_then(Value::as_array).and_then(|c| c.first()) {
+            let choice = object(choice, "choice")?;
+            if let Some(delta) = choice.get("delta").and_then(Value::as_object) {
+                self.delta(delta, out)?;
+            }
+            if let Some(reason) = opt_str(choice, "finish_reason")? {
+                self.close(out);
+                out.push(Event::Finish(decode_stop(reason)));
+            }
+        }
+        if let Some(usage) = chunk.get("usage").and_then(Value::as_object) {
+            out.push(Event::Usage(decode_usage(usage)));
+        }
+        Ok(())
+    }
+
+    fn delta(&mut self, delta: &Map<String, Value>, out: &mut Vec<Event>) -> Result<(), String> {
+        if let Some(text) = opt_str(delta, "reasoning_content")?.filter(|s| !s.is_empty()) {
+            let index = self.ensure(OpenKind::Thinking, out);
+            out.push(Event::Delta { index, delta: Delta::Thinking(text.to_owned()) });
+        }
+        // NOTE: a refusal is the answer's text, as the non-streamed decoder reads it.
+        for key in ["content", "refusal"] {
+            if let Some(text) = opt_str(delta, key)?.filter(|s| !s.is_empty()) {
+                let index = self.ensure(OpenKind::Text, out);
+                out.push(Event::Delta { index, delta: Delta::Text(text.to_owned()) });
+            }
+        }
+        let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) else { return Ok(()) };
+        for call in calls {
+            let call = object(call, "tool call delta")?;
+            let wire_index = opt_u64(call, "index")?.unwrap_or(0);
+            let function = call.get("function").and_then(Value::as_object);
+            let known = self.calls.iter().find(|(w, _)| *w == wire_index).map(|&(_, i)| i);
+            let index = match known {
+                Some(index) => index,
+                None => {
+                    self.close(out);
+                    let index = self.next_index;
+                    self.next_index += 1;
+                    self.calls.push((wire_index, index));
+                    self.open = Some((index, OpenKind::Call));
+                    let (id, mut signature) = decode_call_id(opt_str(call, "id")?.unwrap_or_default());
+                    if let Some(extra) = extra_signature(call) {
+                        signature = Some(extra);
+                    }
+                    let name = function.map(|f| opt_str(f, "name")).transpose()?.flatten().unwrap_or_default();
+                    out.push(Event::BlockStart {
+                        index,
+                        block: BlockKind::ToolCall { id, name: name.to_owned(), signature },
+                    });
+                    index
+                }
+            };
+            // NOTE: a delta for an earlier call (providers that interleave parallel calls) keeps
+            // its own index; the single-open-block rule holds for the usual sequential order.
+            if let Some(arguments) =
+                function.map(|f| opt_str(f, "arguments")).transpose()?.flatten().filter(|s| !s.is_empty())
+            {
+                out.push(Event::Delta { index, delta: Delta::Arguments(arguments.to_owned()) });
+            }
+        }
+        Ok(())
+    }
+
+    fn ensure(&mut self, kind: OpenKind, out: &mut Vec<Event>) -> usize {
+        if let Some((index, open)) = self.open {
+            if open == kind {
+                return index;
+            }
+        }
+        self.close(out);
+        let index = self.next_index;
+        self.next_index += 1;
+        self.open = Some((index, kind));
+        let block = if kind == OpenKind::Text { BlockKind::Text } else { BlockKind::Thinking };
+        out.push(Event::BlockStart { index, block });
+        index
+    }
+
+    fn close(&mut self, out: &mut Vec<Event>) {
+        if let Some((index, _)) = self.open.take() {
+            out.push(Event::BlockStop { index });
+        }
+    }
+}
+
+/// Chat chunk encoding state.
+#[derive(Debug)]
+pub(crate) struct StreamEncoder {
+    include_usage: bool,
+    id: String,
+    model: String,
+    created: u64,
+    /// IR block index → `tool_calls[].index` for tool-call blocks.
+    calls: Vec<(usize, usize)>,
+    usage: Option<Usage>,
+}
+
+impl StreamEncoder {
+    pub(crate) fn new(include_usage: bool) -> Self {
+        Self { include_usage, id: String::new(), model: String::new(), created: 0, calls: Vec::new(), usage: None }
+    }
+
+    fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
+        let data = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        super::stream::write_sse(out, "", &data);
+    }
+
+    pub(crate) fn encode(&mut self, event: &Event, out: &mut Vec<u8>) {
+        match event {
+            Event::Start { id, model } => {
+                self.id.clone_from(id);
+                self.model.clone_from(model);
+                self.created = wire::now_unix();
+                self.chunk(out, json!({"role": "assistant", "content": ""}), None);
+            }
+            Event::BlockStart { index, block: BlockKind::ToolCall { id, name, signature } } => {
+                let wire_index = self.calls.len();
+                self.calls.push((*index, wire_index));
+                let call = ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: String::new(),
+                    signature: signature.clone(),
+                };
+                let mut value = encode_tool_call(&call, true);
+                value["index"] = json!(wire_index);
+                self.chunk(out, json!({"tool_calls": [value]}), None);
+            }
+            Event::Delta { index, delta } => match delta {
+                Delta::Text(text) => self.chunk(out, json!({"content": text}), None),
+                Delta::Thinking(text) => self.chunk(out, json!({"reasoning_content": text}), None),
+                Delta::Arguments(arguments) => {
+                    let Some(&(_, wire_index)) = self.calls.iter().find(|(i, _)| i == index) else { return };
+                    self.chunk(
+                        out,
+                        json!({"tool_calls": [{"index": wire_index, "function": {"arguments": arguments}}]}),
+                        None,
+                    );
+                }
+                Delta::Signature(_) => {}
+            },
+            Event::Usage(usage) => self.usage.get_or_insert_with(Usage::default).merge(usage),
+            Event::Finish(reason) => self.chunk(out, json!({}), Some(encode_stop(*reason))),
+            Event::End => {
+                if let (true, Some(usage)) = (self.include_usage, &self.usage) {
+                    let data = json!({
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": encode_usage(usage),
+                    });
+                    super::stream::write_sse(out, "", &data);
+                }
+                out.extend_from_slice(b"data: [DONE]\n\n");
+            }
+            Event::Error(message) => {
+                let error = json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_incomplete"}});
+                super::stream::write_sse(out, "", &error);
+            }
+            Event::BlockStart { .. } | Event::BlockStop { .. } => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{decode_request, decode_response, encode_request, Format, Image, Tool};
+    use super::*;
+
+    /// A request as openai-python sends it for a tool-using, image-bearing conversation.
+    const SDK_REQUEST: &str = r#"{
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is in this image?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}}
+            ]},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "call_abc", "content": "18C"}
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+        "tool_choice": "auto",
+        "max_completion_tokens": 256,
+        "temperature": 0.2,
+        "stop": "END",
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "user": "u-1",
+        "seed": 7,
+        "frequency_penalty": 0.5
+    }"#;
+
+    #[test]
+    fn test_sdk_request_decodes_to_ir_and_reports_unmapped_fields() {
+        let decoded = decode_request(Format::OpenAiChat, SDK_REQUEST.as_bytes()).unwrap();
+        assert_eq!(decoded.unknown, ["frequency_penalty", "seed"]);
+        let request = decoded.value;
+        assert_eq!(request.system, ["You are terse."]);
+        assert_eq!(request.max_tokens, Some(256));
+        assert_eq!(request.stop, ["END"]);
+        assert!(request.stream && request.include_usage);
+        assert_eq!(request.tool_choice, Some(ToolChoice::Auto));
+        assert_eq!(request.tools[0].name, "get_weather");
+        assert_eq!(
+            request.messages[0].content[1],
+            Block::Image(Image::Base64 { media_type: "image/png".into(), data: "iVBORw0KGgo=".into() })
+        );
+        assert_eq!(
+            request.messages[2].content,
+            [Block::ToolResult(ToolResult {
+                id: "call_abc".into(),
+                name: "get_weather".into(),
+                content: "18C".into(),
+                is_error: false
+            })]
+        );
+    }
+
+    #[test]
+    fn test_gemini_signature_rides_in_extra_content_upstream_and_in_the_id_downstream() {
+        let call =
+            ToolCall { id: "c1".into(), name: "f".into(), arguments: "{}".into(), signature: Some("sig/+=".into()) };
+        let request = Request {
+            messages: vec![Message { role: Role::Assistant, content: vec![Block::ToolCall(call.clone())] }],
+            tools: vec![Tool { name: "f".into(), description: None, parameters: wire::empty_schema() }],
+            ..Request::default()
+        };
+        let body: Value = serde_json::from_slice(&encode_request(Format::OpenAiChat, &request).unwrap()).unwrap();
+        let wire_call = &body["messages"][0]["tool_calls"][0];
+        assert_eq!(wire_call["id"], "c1");
+        assert_eq!(wire_call["extra_content"]["google"]["thought_signature"], "sig/+=");
+        let response = Response { content: vec![Block::ToolCall(call.clone())], ..Response::default() };
+        let body: Value =
+            serde_json::from_slice(&super::super::encode_response(Format::OpenAiChat, &response)).unwrap();
+        let id = body["choices"][0]["message"]["tool_calls"][0]["id"].as_str().unwrap();
+        assert_eq!(decode_call_id(id), ("c1".to_owned(), Some("sig/+=".to_owned())));
+        // A client that echoes only the id still gives the signature back.
+        let echoed = json!({"model": "m", "messages": [
+            {"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+        ]});
+        let decoded = decode_request(Format::OpenAiChat, echoed.to_string().as_bytes()).unwrap();
+        assert_eq!(decoded.value.messages[0].content, [Block::ToolCall(call)]);
+    }
+
+    #[test]
+    fn test_response_with_cached_tokens_and_tool_calls_decodes() {
+        let body = json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-4o",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]}}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 9, "total_tokens": 109, "prompt_tokens_details": {"cached_tokens": 60}}
+        });
+        let response = decode_response(Format::OpenAiChat, body.to_string().as_bytes()).unwrap();
+        assert_eq!(response.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(
+            response.usage,
+            Usage { input_tokens: 40, output_tokens: 9, cache_read_tokens: 60, cache_write_tokens: 0 }
+        );
+        assert!(matches!(&response.content[0], Block::ToolCall(c) if c.arguments == "{\"a\":1}"));
+    }
+
+    #[test]
+    fn test_stream_chunks_decode_to_events_with_tool_argument_deltas() {
+        let stream = concat!(
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]}}]}\n\n",
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n",
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut decoder = super::super::stream::Decoder::new(Format::OpenAiChat);
+        let mut events = Vec::new();
+        decoder.feed(stream.as_bytes(), &mut events);
+        let call = BlockKind::ToolCall { id: "call_1".into(), name: "f".into(), signature: None };
+        assert_eq!(
+            events,
+            [
+                Event::Start { id: "c".into(), model: "m".into() },
+                Event::BlockStart { index: 0, block: BlockKind::Text },
+                Event::Delta { index: 0, delta: Delta::Text("Hi".into()) },
+                Event::BlockStop { index: 0 },
+                Event::BlockStart { index: 1, block: call },
+                Event::Delta { index: 1, delta: Delta::Arguments("{}".into()) },
+                Event::BlockStop { index: 1 },
+                Event::Finish(StopReason::ToolUse),
+                Event::Usage(Usage { input_tokens: 5, output_tokens: 2, ..Usage::default() }),
+                Event::End,
+            ]
+        );
+    }
+}
