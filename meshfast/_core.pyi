@@ -21,6 +21,9 @@ __all__ = [
     "GLOBAL_INFLIGHT",
     "Segment",
     "ResponseParser",
+    "EntryStream",
+    "entry_error",
+    "entry_stream_content_type",
     "encode_request",
     "Lease",
     "Principal",
@@ -259,7 +262,8 @@ class Core:
 
     def prepare(
         self,
-        route: Literal["proxy", "embeddings", "generate"],
+        route: Literal["proxy", "embeddings", "generate", "openai_chat", "openai_responses", "anthropic", "gemini",
+                       "ollama"],
         authorization: str | None,
         x_api_key: str | None,
         x_goog_api_key: str | None,
@@ -267,8 +271,20 @@ class Core:
         body: bytes,
         content_length: int | None,
         now_ms: int,
+        model: str | None = None,
+        stream: bool | None = None,
     ) -> Prepared:
-        """The decision for a Mesh-native POST route (model in ``?model=``), in Mesh's order.
+        """The decision for a data-plane POST route, in Mesh's order.
+
+        Mesh-native routes (``proxy``, ``embeddings``, ``generate``) name the model in ``?model=``.
+        Entry routes (a wire format's name) read it from the body, or from ``model`` (Gemini's
+        path; ``stream`` likewise overrides the body's stream flag). Their body is decoded into
+        the IR right after authentication (400 ``invalid_request`` with the decoder's message).
+        Unknown and not-permitted models are 404 ``model_not_found`` (``deny_reason``
+        ``unknown_model`` / ``model_not_permitted``); every denial body is in the entry API's own
+        shape (:func:`entry_error`). An admitted entry call goes upstream in its provider's format
+        for the resolved model, always streamed, always asking for usage, ``max_tokens``
+        defaulting to the model's ``max_output_tokens``; generic (template) providers are 400.
 
         401 ``invalid_or_revoked_key``; 403 ``model_not_permitted`` (not granted for the route's
         kind: chat / embedding / image or video generation; unknown names too); 403
@@ -467,6 +483,14 @@ class Prepared:
         """The async status URL for ``job_id`` (``{{model}}`` renders as ``""``, as Mesh)."""
     def render_content_url(self, job_id: str) -> str:
         """The async content URL for ``job_id``."""
+    def entry_stream(self) -> EntryStream:
+        """The response side of an entry-route call. :class:`CoreError` unless it is one."""
+    @property
+    def client_stream(self) -> bool:
+        """The entry-route caller asked for a stream (False on Mesh routes)."""
+    @property
+    def unknown_fields(self) -> list[str]:
+        """Request fields the entry codec could not classify (schema drift), e.g. ``seed``."""
     def stream(self) -> Stream:
         """A fresh SSE-to-NDJSON reader for this chat call. :class:`CoreError` unless it is one.
 
@@ -560,3 +584,43 @@ class ResponseParser:
     @property
     def reusable(self) -> bool:
         """The connection may carry another exchange once this one is complete."""
+
+def entry_error(format: str, status: int, code: str, detail: str | None = None) -> bytes:
+    """An error body in an entry format's own shape (``openai_chat``, ``openai_responses``,
+    ``anthropic``, ``gemini``, ``ollama``), so the official SDKs raise their usual exception
+    for ``status``; the Mesh ``code`` goes in ``error.code`` (OpenAI, Ollama), ``error.type``
+    (Anthropic) or ``error.details[0].reason`` (Gemini, whose ``error.code`` is the status)."""
+
+def entry_stream_content_type(format: str) -> str:
+    """``text/event-stream``, or ``application/x-ndjson`` for Ollama."""
+
+@final
+class EntryStream:
+    """An entry-route call's response: the upstream's stream decoded into IR events and written
+    in the caller's format, as a stream or (caller asked for none) one response at the end."""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Read an upstream chunk (split anywhere); return what the caller gets now."""
+    def finish(self) -> bytes:
+        """The upstream ended: a stream's last bytes (its format's error signal when it broke),
+        or the whole response for a non-streaming caller (nothing if :attr:`error` is set)."""
+    def set_usage(self, input_tokens: int, output_tokens: int) -> None:
+        """Replace the usage (a tokenizer estimate when the upstream reported none)."""
+    @property
+    def usage(self) -> tuple[int, int, int, int]:
+        """``(input, output, cache_read, cache_write)`` tokens reported so far."""
+    @property
+    def usage_reported(self) -> bool: ...
+    @property
+    def error(self) -> str | None:
+        """Why the upstream stream broke, when it did."""
+    @property
+    def ended(self) -> bool:
+        """The upstream stream reached its end (clean or error)."""
+    @property
+    def deltas(self) -> int: ...
+    @property
+    def malformed(self) -> int: ...
+    @property
+    def output_text(self) -> str:
+        """Text and tool-call arguments received (for a tokenizer estimate)."""

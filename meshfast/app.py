@@ -18,11 +18,11 @@ import asyncpg
 import msgspec
 
 from meshfast import counters, errors, verify
-from meshfast._core import Core, Segment, SnapshotError, request_id
+from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
-from meshfast.dataplane import DataPlane
+from meshfast.dataplane import ENTRY_ROUTES, DataPlane, gemini_call, ollama_tags
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, ensure_log_partitions
 from meshfast.secrets import Secrets, load_or_create
@@ -238,6 +238,12 @@ class App:
         try:
             if path in _MESH_ROUTES and method == "POST":
                 await self.data.handle(scope, proto, _MESH_ROUTES[path], self._read_body)  # type: ignore[union-attr]
+            elif method == "POST" and path in ENTRY_ROUTES:
+                await self.data.handle_entry(scope, proto, ENTRY_ROUTES[path], self._read_body)  # type: ignore[union-attr]
+            elif method == "POST" and (gemini := gemini_call(path)) is not None:
+                await self.data.handle_entry(scope, proto, "gemini", self._read_body, *gemini)  # type: ignore[union-attr]
+            elif path == "/api/tags":
+                self._ollama_tags(scope, proto, method)
             elif path == "/v1/models" or path == "/v1/usage":
                 self._data_view(scope, proto, path, method)
             elif path.startswith("/admin/"):
@@ -252,6 +258,23 @@ class App:
             log.exception("unhandled error on %s %s", method, path)
             with contextlib.suppress(Exception):
                 self._error(proto, errors.MeshfastError())
+
+    def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
+        rid = request_id()
+        if method != "GET":
+            proto.response_bytes(405, [("content-type", JSON), ("x-request-id", rid)],
+                                 entry_error("ollama", 405, "method_not_allowed"))
+            return
+        h = scope.headers
+        status, body = self.core.models_json(  # type: ignore[union-attr]
+            h.get("authorization"), h.get("x-api-key"), h.get("x-goog-api-key"), scope.query_string,
+            time.time_ns() // 1_000_000,
+        )
+        if status == 200:
+            body = ollama_tags(body)
+        else:
+            body = entry_error("ollama", status, "invalid_or_revoked_key")
+        proto.response_bytes(status, [("content-type", JSON), ("x-request-id", rid)], body)
 
     def _data_view(self, scope: Any, proto: Any, path: str, method: str) -> None:
         rid = request_id()

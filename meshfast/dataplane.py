@@ -1,14 +1,18 @@
-"""The Mesh-native data plane: ``POST /v1/proxy``, ``/v1/embeddings``, ``/v1/generate``.
+"""The data plane: Mesh's ``POST /v1/proxy``, ``/v1/embeddings``, ``/v1/generate`` and the
+standard chat entry routes (OpenAI Chat and Responses, Anthropic Messages, Gemini, Ollama).
 
-One call into the core decides (authenticate, authorize, policy, validate, render); Python
-moves bytes: it sends the rendered request, feeds the upstream stream to the core's SSE reader
-and writes the NDJSON lines it returns, one flush per delta. Every POST ends in exactly one row.
+One call into the core decides (authenticate, authorize, policy, validate, render or
+translate); Python moves bytes: it sends the upstream request, feeds the upstream stream to the
+core's reader (SSE to NDJSON, or the IR translator) and writes what it returns, one flush per
+upstream read. Every POST ends in exactly one row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import collections
+import contextlib
 import logging
 import time
 from typing import Any
@@ -16,7 +20,7 @@ from typing import Any
 import msgspec
 
 from meshfast import errors
-from meshfast._core import Core, UpstreamBodyError, request_id
+from meshfast._core import Core, UpstreamBodyError, entry_error, entry_stream_content_type, request_id
 from meshfast.admission import Admission
 from meshfast.dispatch import Dispatcher, UpstreamError, UpstreamResponse
 from meshfast.settings import Settings
@@ -56,6 +60,8 @@ class DataPlane:
         self.dispatcher = dispatcher
         self.telemetry = telemetry
         self.settings = settings
+        # Schema drift: request fields an entry codec could not classify, by format and path.
+        self.unclassified: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # --- entry --------------------------------------------------------------------------
 
@@ -339,6 +345,165 @@ class DataPlane:
             raise UpstreamError(None, "generation job returned no content")
         return [("base64", base64.b64encode(content).decode())], seconds, tokens_in, tokens_out
 
+    # --- standard entry routes -----------------------------------------------------------
+
+    async def handle_entry(self, scope: Any, proto: Any, fmt: str, read_body: Any, model: str | None = None,
+                           stream: bool | None = None) -> None:
+        """One call on a standard route (``fmt`` is its wire format). Same steps and row as the
+        Mesh routes; errors in the API's own shape, the response translated back from the IR."""
+        started = time.perf_counter()
+        now_ms = time.time_ns() // 1_000_000
+        headers = scope.headers
+        user_agent = _header(headers, "user-agent")
+        source_ip = client_ip(scope)
+        try:
+            body = await read_body(scope, proto, self.settings.max_body_bytes)
+        except errors.PayloadTooLarge as exc:
+            rid = request_id()
+            self._respond(proto, exc.status, rid, entry_error(fmt, exc.status, exc.code))
+            self.telemetry.record(Row(
+                request_id=rid, created_ms=now_ms, route=fmt, outcome="denied", status_code=exc.status,
+                deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
+                user_agent=user_agent, requested_model=model))
+            return
+        p = self.core.prepare(
+            fmt, _header(headers, "authorization"), _header(headers, "x-api-key"),
+            _header(headers, "x-goog-api-key"), scope.query_string, body, len(body), now_ms, model, stream,
+        )
+        row = Row(
+            request_id=p.request_id, created_ms=now_ms, route=fmt, outcome="denied", status_code=p.status,
+            mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
+            model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
+            source_ip=source_ip, user_agent=user_agent,
+        )
+        governed = _status_headers(p)
+        if p.status:
+            extra = governed
+            if p.retry_after_s:
+                extra.append(("retry-after", str(p.retry_after_s)))
+            if p.should_retry is False:
+                extra.append(("x-should-retry", "false"))
+            self._respond(proto, p.status, p.request_id, p.body, extra)
+            row.latency_ms = self._elapsed_ms(started)
+            if p.log_requests:
+                self.telemetry.record(row)
+            return
+        self._note_unclassified(fmt, p.unknown_fields)
+        try:
+            await self.admission.admit(p)
+        except errors.MeshfastError as exc:
+            extra = [*governed, ("retry-after", str(exc.retry_after_s or 1))]
+            self._respond(proto, exc.status, p.request_id, entry_error(fmt, exc.status, exc.code), extra)
+            row.status_code, row.deny_reason = exc.status, exc.code
+            row.latency_ms = self._elapsed_ms(started)
+            p.settle(0)
+            if p.log_requests:
+                self.telemetry.record(row)
+            return
+        row.deny_reason = None
+        try:
+            await self._entry(p, proto, row, started, fmt, body, governed)
+        finally:
+            self.admission.release(p)
+            p.settle(row.input_cost_nano + row.output_cost_nano)
+            row.latency_ms = self._elapsed_ms(started)
+            if p.log_requests:
+                self.telemetry.record(row)
+
+    def _note_unclassified(self, fmt: str, fields: list[str]) -> None:
+        for field in fields:
+            key = (fmt, field)
+            if key not in self.unclassified:
+                log.warning("unclassified request field %r on %s (counted, not forwarded)", field, fmt)
+            self.unclassified[key] += 1
+
+    def _entry_failed(self, proto: Any, fmt: str, p: Any, row: Row, exc: UpstreamError) -> None:
+        """The final upstream failure: 429 stays a 429 (with the provider's Retry-After),
+        anything else is 502; both in the API's shape."""
+        extra: list[tuple[str, str]] = []
+        if exc.status == 429:
+            status, code = 429, "upstream_rate_limited"
+            if exc.retry_after_s:
+                extra.append(("retry-after", str(exc.retry_after_s)))
+        else:
+            status, code = 502, "upstream_unavailable"
+        detail = f"(provider status {exc.status}: {exc.message})" if exc.status is not None else None
+        self._respond(proto, status, p.request_id, entry_error(fmt, status, code, detail), extra)
+        row.outcome = "upstream_error"
+        row.status_code = exc.status if exc.status is not None else 502
+
+    async def _entry(self, p: Any, proto: Any, row: Row, started: float, fmt: str, request_body: bytes,
+                     governed: list[tuple[str, str]]) -> None:
+        try:
+            response = await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
+                                                  attempts=p.attempts, backoff_ms=p.backoff_ms)
+        except UpstreamError as exc:
+            self._entry_failed(proto, fmt, p, row, exc)
+            return
+        es = p.entry_stream()
+        transport = None
+        if p.client_stream:
+            transport = proto.response_stream(200, [
+                ("content-type", entry_stream_content_type(fmt)), ("x-request-id", p.request_id),
+                ("cache-control", "no-cache"), *governed,
+            ])
+        cut_short = client_gone = ended = False
+        try:
+            while True:
+                try:
+                    chunk = await response.read_chunk()
+                except (TimeoutError, OSError):
+                    cut_short = True
+                    break
+                if not chunk:
+                    ended = True
+                    break
+                out = es.feed(chunk)
+                if out and row.ttfb_ms is None:
+                    row.ttfb_ms = self._elapsed_ms(started)
+                if out and transport is not None:
+                    try:
+                        await transport.send_bytes(out)
+                    except Exception:
+                        client_gone = True
+                        break
+                if es.ended:
+                    ended = True
+                    break
+        finally:
+            if ended:
+                response.release()
+            else:
+                response.close()
+        usage_in, usage_out, cache_read, cache_write = es.usage
+        if not es.usage_reported:
+            # NOTE: only when the upstream reported no usage: tokenize what went each way.
+            usage_in = self.core.estimate_tokens(request_body.decode("utf-8", "replace"))
+            usage_out = self.core.estimate_tokens(es.output_text)
+            es.set_usage(usage_in, usage_out)
+            row.usage_estimated = True
+        elif (cut_short or client_gone) and es.deltas:
+            usage_out = max(usage_out, self.core.estimate_tokens(es.output_text))
+            es.set_usage(usage_in, usage_out)
+        final = es.finish()
+        broken = cut_short or es.error is not None
+        row.cache_read_tokens, row.cache_write_tokens = cache_read, cache_write
+        # NOTE: cached prompt tokens are priced as input until prices per token class exist.
+        self._charge(p, row, usage_in + cache_read + cache_write, usage_out)
+        row.tokens_in = usage_in
+        if transport is not None:
+            if final and not client_gone:
+                with contextlib.suppress(Exception):
+                    await transport.send_bytes(final)
+            row.status_code = 200
+            row.outcome = "upstream_error" if broken else "success"
+            return
+        if broken:
+            self._entry_failed(proto, fmt, p, row, UpstreamError(None, es.error or "upstream stream cut short"))
+            return
+        self._respond(proto, 200, p.request_id, final, governed)
+        row.outcome, row.status_code = "success", 200
+
     # --- helpers ------------------------------------------------------------------------
 
     @staticmethod
@@ -351,6 +516,42 @@ class DataPlane:
         if extra:
             headers.extend(extra)
         proto.response_bytes(status, headers, body)
+
+
+# The standard routes whose body names the model, and the wire format each speaks.
+ENTRY_ROUTES = {
+    "/v1/chat/completions": "openai_chat",
+    "/v1/responses": "openai_responses",
+    "/v1/messages": "anthropic",
+    "/api/chat": "ollama",
+}
+_GEMINI_PREFIXES = ("/v1beta/models/", "/v1/models/")
+_GEMINI_METHODS = {"generateContent": False, "streamGenerateContent": True}
+
+
+def gemini_call(path: str) -> tuple[str, bool] | None:
+    """``(model, stream)`` of a Gemini ``models/{model}:generateContent`` (or
+    ``:streamGenerateContent``) path under ``/v1beta`` or ``/v1``; None for any other path."""
+    for prefix in _GEMINI_PREFIXES:
+        if path.startswith(prefix):
+            model, sep, method = path[len(prefix):].rpartition(":")
+            if sep and model and method in _GEMINI_METHODS:
+                from urllib.parse import unquote
+
+                return unquote(model), _GEMINI_METHODS[method]
+    return None
+
+
+def ollama_tags(models_json: bytes) -> bytes:
+    """Ollama's ``GET /api/tags`` from the ``/v1/models`` view of the same key."""
+    listed = msgspec.json.decode(models_json)
+    tags = []
+    for entry in listed.get("data", ()):
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.get("created", 0)))
+        tags.append({"name": entry["id"], "model": entry["id"], "modified_at": created, "size": 0,
+                     "digest": "", "details": {"format": "", "family": entry.get("owned_by", ""),
+                                               "families": None, "parameter_size": "", "quantization_level": ""}})
+    return _json.encode({"models": tags}) + b"\n"
 
 
 def _status_headers(p: Any) -> list[tuple[str, str]]:

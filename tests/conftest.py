@@ -110,6 +110,32 @@ class Gateway:
                 raise AssertionError(f"no request_logs row for {request_id}")
             time.sleep(0.1)
 
+    def fetch_rows(self, column: str, values: list[str], at_least: int = 1,
+                   timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """The rows whose ``column`` is one of ``values``, oldest first, once at least
+        ``at_least`` of them are written."""
+        import asyncio
+
+        import asyncpg
+
+        assert column in ("model_name", "requested_model", "request_id"), column
+
+        async def query() -> list[dict[str, Any]]:
+            conn = await asyncpg.connect(self.database_url)
+            try:
+                rows = await conn.fetch(
+                    f"SELECT * FROM request_logs WHERE {column} = ANY($1::text[]) ORDER BY request_id", values)
+                return [dict(r) for r in rows]
+            finally:
+                await conn.close()
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = asyncio.run(query())
+            if len(rows) >= at_least or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.1)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-8000:] if self.log_path.exists() else ""
 

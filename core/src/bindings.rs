@@ -13,7 +13,8 @@ use crate::error::Error;
 use crate::keyindex::{extract_token, KeyIndex};
 use crate::prepare::{self, Route};
 use crate::snapshot::Snapshot;
-use crate::{http1, ids, pricing, shm, stream, views};
+use crate::translate::Format;
+use crate::{entry, http1, ids, pricing, shm, stream, views};
 
 create_exception!(meshfast._core, CoreError, PyException, "Base class of every error raised by meshfast._core.");
 create_exception!(meshfast._core, SnapshotError, CoreError, "A config failed validation; `.errors` lists every problem.");
@@ -320,8 +321,8 @@ impl PyCore {
         Some(loaded.principal_by_key[key as usize].clone_ref(py))
     }
 
-    /// The decision for a Mesh-native POST route; see the stub.
-    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms))]
+    /// The decision for a data-plane POST route; see the stub.
+    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None))]
     #[expect(clippy::too_many_arguments, reason = "one call per request with the raw request parts")]
     fn prepare(
         &self,
@@ -333,11 +334,13 @@ impl PyCore {
         body: &[u8],
         content_length: Option<i64>,
         now_ms: i64,
+        model: Option<&str>,
+        stream: Option<bool>,
     ) -> PyResult<PyPrepared> {
         let _ = content_length; // NOTE: 413 and the byte-cost admission are Python's, before this call.
         let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
         let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
-        let request = prepare::Request { route, authorization, x_api_key, x_goog_api_key, query_string, body, now_ms };
+        let request = prepare::Request { route, model, stream, authorization, x_api_key, x_goog_api_key, query_string, body, now_ms };
         Ok(PyPrepared { inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request) })
     }
 
@@ -590,6 +593,29 @@ impl PyPrepared {
         })
     }
 
+    /// The response side of an entry-route call.
+    fn entry_stream(&self) -> PyResult<PyEntryStream> {
+        let upstream = self.upstream()?;
+        let plan = upstream.entry.as_ref().ok_or_else(|| CoreError::new_err("not an entry-route call"))?;
+        let model = self.inner.model_name.clone().unwrap_or_default();
+        Ok(PyEntryStream {
+            inner: entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model),
+            out: Vec::with_capacity(4096),
+        })
+    }
+
+    /// Whether the caller of an entry route asked for a stream (False on Mesh routes).
+    #[getter]
+    fn client_stream(&self) -> bool {
+        self.inner.upstream.as_ref().and_then(|u| u.entry.as_ref()).is_some_and(|e| e.client_stream)
+    }
+
+    /// Request fields the entry codec could not classify (schema drift), e.g. `seed`.
+    #[getter]
+    fn unknown_fields(&self) -> Vec<String> {
+        self.inner.upstream.as_ref().and_then(|u| u.entry.as_ref()).map(|e| e.unknown.clone()).unwrap_or_default()
+    }
+
     fn extract_embedding<'py>(&self, py: Python<'py>, body: &[u8]) -> PyResult<(Bound<'py, PyBytes>, i64)> {
         let plan = &self.upstream()?.plan;
         let (vector, tokens) = released(py, || prepare::extract_embedding(plan, body)).map_err(|e| to_py_err(Error::UpstreamBody(e)))?;
@@ -670,6 +696,78 @@ impl PyStream {
     fn web_searches(&self) -> i64 {
         self.inner.web_searches()
     }
+}
+
+/// An error body in an entry format's own shape (see the stub).
+#[pyfunction]
+#[pyo3(signature = (format, status, code, detail = None))]
+fn entry_error<'py>(py: Python<'py>, format: &str, status: u16, code: &str, detail: Option<&str>) -> PyResult<Bound<'py, PyBytes>> {
+    let format = Format::parse(format).ok_or_else(|| PyValueError::new_err(format!("unknown format {format:?}")))?;
+    Ok(PyBytes::new(py, &entry::error_body(format, status, code, detail)))
+}
+
+/// An entry-route call's response: upstream stream in, the caller's format out.
+#[pyclass(name = "EntryStream", module = "meshfast._core")]
+struct PyEntryStream {
+    inner: entry::EntryStream,
+    out: Vec<u8>,
+}
+
+#[pymethods]
+impl PyEntryStream {
+    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
+        self.out.clear();
+        self.inner.feed(chunk, &mut self.out);
+        PyBytes::new(py, &self.out)
+    }
+
+    fn finish<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        self.out.clear();
+        self.inner.finish(&mut self.out);
+        PyBytes::new(py, &self.out)
+    }
+
+    fn set_usage(&mut self, input_tokens: i64, output_tokens: i64) {
+        self.inner.set_usage(u64::try_from(input_tokens).unwrap_or(0), u64::try_from(output_tokens).unwrap_or(0));
+    }
+
+    /// `(input, output, cache_read, cache_write)` tokens reported so far.
+    #[getter]
+    fn usage(&self) -> (u64, u64, u64, u64) {
+        let u = self.inner.usage();
+        (u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens)
+    }
+    #[getter]
+    fn usage_reported(&self) -> bool {
+        self.inner.usage_reported()
+    }
+    #[getter]
+    fn error(&self) -> Option<String> {
+        self.inner.error().map(str::to_owned)
+    }
+    #[getter]
+    fn ended(&self) -> bool {
+        self.inner.ended()
+    }
+    #[getter]
+    fn deltas(&self) -> u64 {
+        self.inner.deltas()
+    }
+    #[getter]
+    fn malformed(&self) -> u64 {
+        self.inner.malformed()
+    }
+    #[getter]
+    fn output_text(&self) -> String {
+        self.inner.output_text().to_owned()
+    }
+}
+
+/// The content type of an entry format's stream.
+#[pyfunction]
+fn entry_stream_content_type(format: &str) -> PyResult<&'static str> {
+    let format = Format::parse(format).ok_or_else(|| PyValueError::new_err(format!("unknown format {format:?}")))?;
+    Ok(entry::stream_content_type(format))
 }
 
 /// `method target HTTP/1.1` with host, the given headers and a content length, then the body.
@@ -765,6 +863,9 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPrepared>()?;
     m.add_class::<PyStream>()?;
     m.add_class::<PyResponseParser>()?;
+    m.add_class::<PyEntryStream>()?;
+    m.add_function(wrap_pyfunction!(entry_error, m)?)?;
+    m.add_function(wrap_pyfunction!(entry_stream_content_type, m)?)?;
     m.add_function(wrap_pyfunction!(encode_request, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;
     m.add_function(wrap_pyfunction!(request_id, m)?)?;

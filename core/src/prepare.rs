@@ -1,7 +1,8 @@
-//! The decision for the Mesh-native POST routes (`/v1/proxy`, `/v1/embeddings`,
-//! `/v1/generate`): authentication, grant, policy and body validation in Mesh's exact order
-//! (mesh-behaviour §2.4, §2.7, §2.8, §5.2), then the rendered upstream request. A pure function
-//! of the snapshot, the counters and the request bytes; Python only moves bytes.
+//! The decision for the data-plane POST routes: the Mesh-native ones (`/v1/proxy`,
+//! `/v1/embeddings`, `/v1/generate`) and the standard chat entry routes (OpenAI, Anthropic,
+//! Gemini, Ollama): authentication, grant, policy and body validation in Mesh's exact order
+//! (mesh-behaviour §2.4, §2.7, §2.8, §5.2), then the rendered (or translated) upstream request.
+//! A pure function of the snapshot, the counters and the request bytes; Python only moves bytes.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -17,34 +18,37 @@ use crate::provider::Plan;
 use crate::shm::{id_bytes, utc_day, utc_hour, Segment};
 use crate::snapshot::{Grant, Model, ModelKind, Provider, Secret, Snapshot};
 use crate::template::Vars;
+use crate::translate::{self, Format};
 use crate::views::{self, write_int, write_str, write_time, write_usd};
 
 /// Seconds a client is told to wait while the kill switch is tripped (it has no known end).
 pub const KILL_SWITCH_RETRY_S: u32 = 30;
 
-/// A Mesh-native POST route.
+/// A data-plane POST route: Mesh-native, or a standard chat entry route in its wire format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
     Proxy,
     Embeddings,
     Generate,
+    Entry(Format),
 }
 
 impl Route {
-    /// Parses `"proxy"`, `"embeddings"` or `"generate"`.
+    /// Parses `"proxy"`, `"embeddings"`, `"generate"` or an entry format's name
+    /// (`"openai_chat"`, `"openai_responses"`, `"anthropic"`, `"gemini"`, `"ollama"`).
     #[must_use]
     pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
             "proxy" => Self::Proxy,
             "embeddings" => Self::Embeddings,
             "generate" => Self::Generate,
-            _ => return None,
+            other => Self::Entry(Format::parse(other)?),
         })
     }
 
     fn admits(self, kind: ModelKind) -> bool {
         match self {
-            Self::Proxy => kind == ModelKind::Chat,
+            Self::Proxy | Self::Entry(_) => kind == ModelKind::Chat,
             Self::Embeddings => kind == ModelKind::Embedding,
             Self::Generate => matches!(kind, ModelKind::ImageGeneration | ModelKind::VideoGeneration),
         }
@@ -55,6 +59,11 @@ impl Route {
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
     pub route: Route,
+    /// The model named outside the body (Gemini's path); entry routes otherwise read the body's.
+    pub model: Option<&'a str>,
+    /// Whether the caller wants a stream, when the route says it rather than the body (Gemini's
+    /// `:streamGenerateContent`).
+    pub stream: Option<bool>,
     pub authorization: Option<&'a str>,
     pub x_api_key: Option<&'a str>,
     pub x_goog_api_key: Option<&'a str>,
@@ -85,6 +94,23 @@ pub struct Upstream {
     /// Kept for rendering async status and content URLs (generate only).
     pub api_key: Secret,
     pub output_media_type: Option<String>,
+    /// Set on the standard entry routes: how the response is translated back.
+    pub entry: Option<EntryPlan>,
+}
+
+/// How an entry-route call's response reaches the caller.
+#[derive(Clone, Debug)]
+pub struct EntryPlan {
+    /// The upstream's wire format (always streamed).
+    pub upstream: Format,
+    /// The caller's.
+    pub entry: Format,
+    /// Whether the caller asked for a stream.
+    pub client_stream: bool,
+    /// OpenAI's `stream_options.include_usage` as the caller set it.
+    pub include_usage: bool,
+    /// Request fields the entry codec could not classify (schema drift).
+    pub unknown: Vec<String>,
 }
 
 /// The decision: either a denial (status and body to answer) or an upstream call (status 0).
@@ -307,10 +333,33 @@ impl Prepared {
 /// Decides one request. Reads counters from `segment` and, when the call goes upstream, reserves
 /// its worst-case cost against the grant's daily cap (held in [`Prepared::holds`]) and counts it
 /// (provider and principal×model hourly calls, Mesh step 14).
+///
+/// On the entry routes, unknown and not-permitted models are the same 404 `model_not_found`
+/// (their rows tell them apart) and every denial is in the entry API's own error shape.
 #[must_use]
 pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Request<'_>) -> Prepared {
+    let mut p = prepare_inner(snapshot, segment, req);
+    if let (Route::Entry(format), true) = (req.route, p.status != 0) {
+        let code = if p.status == 404 { "model_not_found" } else { p.deny_reason.unwrap_or("invalid_request") };
+        let detail = mesh_detail(&p.body);
+        p.body = crate::entry::error_body(format, p.status, code, detail.as_deref());
+    }
+    p
+}
+
+/// The `detail` of a Mesh error body, when it has one.
+fn mesh_detail(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    value.get("detail").and_then(|d| d.as_str()).map(str::to_owned)
+}
+
+fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Request<'_>) -> Prepared {
     let mut p = Prepared { request_id: crate::ids::request_id(), log_requests: true, ..Prepared::default() };
-    p.requested_model = req.query_string.and_then(|q| query_param(q, "model")).map(Cow::into_owned).unwrap_or_default();
+    if let Some(model) = req.model {
+        model.clone_into(&mut p.requested_model);
+    } else if !matches!(req.route, Route::Entry(_)) {
+        p.requested_model = req.query_string.and_then(|q| query_param(q, "model")).map(Cow::into_owned).unwrap_or_default();
+    }
 
     // 1-2. Authentication, key and principal status.
     let token = extract_token(req.authorization, req.x_api_key, req.x_goog_api_key, req.query_string);
@@ -322,10 +371,35 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     p.key_id = Some(key.id.clone());
     p.principal_id = Some(snapshot.principals[key.principal as usize].id.clone());
 
-    // 3. The grant for this route's kind; unknown names are the same 403.
+    // An entry route's body names the model (except Gemini's, named in the path).
+    let mut decoded = None;
+    if let Route::Entry(format) = req.route {
+        match translate::decode_request(format, req.body) {
+            Ok(mut d) => {
+                if let Some(stream) = req.stream {
+                    d.value.stream = stream;
+                }
+                if req.model.is_none() {
+                    p.requested_model.clone_from(&d.value.model);
+                }
+                decoded = Some(d);
+            }
+            Err(e) => {
+                p.invalid(Some(&e.to_string()));
+                return p;
+            }
+        }
+    }
+
+    // 3. The grant for this route's kind; unknown names are the same 403 (404 on entry routes).
     let grant = snapshot.grant_by_name(key.principal, &p.requested_model);
     let Some((grant, model)) = grant.map(|g| (g, &snapshot.models[g.model as usize])).filter(|(_, m)| req.route.admits(m.kind)) else {
-        p.deny(403, "model_not_permitted", |_| {});
+        if let Route::Entry(_) = req.route {
+            let known = snapshot.models.iter().any(|m| m.name == p.requested_model);
+            p.deny(404, if known { "model_not_permitted" } else { "unknown_model" }, |_| {});
+        } else {
+            p.deny(403, "model_not_permitted", |_| {});
+        }
         return p;
     };
     let provider = &snapshot.providers[model.provider as usize];
@@ -344,7 +418,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     // 5. Provider capability (embeddings, generate).
     let plan = &provider.plan;
     match req.route {
-        Route::Proxy if plan.chat.is_none() => {
+        Route::Proxy | Route::Entry(_) if plan.chat.is_none() => {
             // A provider without a chat endpoint cannot serve a chat model; Mesh would 500.
             p.deny(500, "internal_error", |_| {});
             return p;
@@ -401,6 +475,10 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         Route::Proxy => proxy(&mut p, req.body, model, provider),
         Route::Embeddings => embeddings(&mut p, req.body, model, provider),
         Route::Generate => generate(&mut p, req.body, model, provider),
+        Route::Entry(format) => match decoded {
+            Some(decoded) => entry(&mut p, format, decoded, model, provider),
+            None => None,
+        },
     };
     let Some(upstream) = upstream else {
         return p;
@@ -478,6 +556,80 @@ fn base_upstream(provider: &Provider, model: &Model, url: String, headers: Vec<(
         plan: Arc::clone(&provider.plan),
         api_key: Secret::default(),
         output_media_type: model.output_media_type.clone(),
+        entry: None,
+    }
+}
+
+fn retry_plan(upstream: &mut Upstream, provider: &Provider) {
+    upstream.attempts = if provider.retry_enabled && provider.max_retries > 0 {
+        u32::try_from(provider.max_retries).unwrap_or(u32::MAX - 1) + 1
+    } else {
+        1
+    };
+    upstream.backoff_ms = u32::try_from(provider.retry_backoff_ms).ok().filter(|&ms| ms > 0).unwrap_or(100);
+}
+
+/// An entry route's upstream call: the caller's request, decoded to the IR, encoded in the
+/// provider's format for the resolved model, always streamed and always asking for usage.
+fn entry(p: &mut Prepared, format: Format, decoded: translate::Decoded<translate::Request>, model: &Model,
+         provider: &Provider) -> Option<Upstream> {
+    let translate::Decoded { value: mut request, unknown } = decoded;
+    let Some(upstream_format) = crate::entry::upstream_format(provider.plan.family) else {
+        p.invalid(Some("the model's provider has custom templates; call it through /v1/proxy"));
+        return None;
+    };
+    let images = request.messages.iter().flat_map(|m| &m.content).filter(|b| matches!(b, translate::Block::Image(_))).count();
+    if images > 0 && !model.supports_image_in {
+        p.deny(400, "content_type_not_supported_by_model", |out| out.extend_from_slice(b",\"content_type\":\"image\""));
+        return None;
+    }
+    let max_tokens = match request.max_tokens {
+        Some(0) => {
+            p.invalid(Some(content::INVALID_MAX_TOKENS));
+            return None;
+        }
+        Some(n) => i64::try_from(n).unwrap_or(i64::MAX),
+        None => model.max_output_tokens,
+    };
+    let (client_stream, include_usage) = (request.stream, request.include_usage);
+    // Text bytes / 3, images as media blocks: the same bound /v1/proxy reserves.
+    let text_bytes: usize = request.system.iter().map(String::len).sum::<usize>()
+        + request.messages.iter().flat_map(|m| &m.content).map(block_text_len).sum::<usize>();
+    request.model.clone_from(&model.resolved_model);
+    request.max_tokens = Some(u64::try_from(max_tokens).unwrap_or(u64::MAX));
+    request.stream = true;
+    request.include_usage = true;
+    let body = match translate::encode_request(upstream_format, &request) {
+        Ok(body) => body,
+        Err(e) => {
+            p.invalid(Some(&e.to_string()));
+            return None;
+        }
+    };
+    let chat = provider.plan.chat.as_ref()?;
+    let vars = Vars { api_key: Some(&provider.api_key.0), model: Some(&model.resolved_model), ..Vars::default() };
+    let mut upstream = base_upstream(provider, model, chat.url.render_string(&vars), headers(&provider.plan, &vars), body);
+    retry_plan(&mut upstream, provider);
+    upstream.max_tokens = max_tokens;
+    upstream.weight = u32::try_from(1 + 5 * images).unwrap_or(u32::MAX);
+    upstream.input_tokens_bound = text_token_bound_len(text_bytes)
+        + i64::try_from(images).unwrap_or(0) * MEDIA_BLOCK_TOKENS;
+    upstream.output_tokens_bound = max_tokens;
+    upstream.entry = Some(EntryPlan { upstream: upstream_format, entry: format, client_stream, include_usage, unknown });
+    Some(upstream)
+}
+
+fn text_token_bound_len(bytes: usize) -> i64 {
+    (i64::try_from(bytes).unwrap_or(i64::MAX - 2) + BYTES_PER_TOKEN_BOUND - 1) / BYTES_PER_TOKEN_BOUND
+}
+
+fn block_text_len(block: &translate::Block) -> usize {
+    match block {
+        translate::Block::Text(t) => t.len(),
+        translate::Block::ToolCall(call) => call.arguments.len() + call.name.len(),
+        translate::Block::ToolResult(result) => result.content.len(),
+        translate::Block::Thinking { text, .. } => text.len(),
+        _ => 0,
     }
 }
 
@@ -551,12 +703,7 @@ fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> O
     let body_vars = Vars { api_key: None, ..vars };
     body_template.render_into(&body_vars, &mut upstream_body);
     let mut upstream = base_upstream(provider, model, chat.url.render_string(&vars), headers(&provider.plan, &vars), upstream_body);
-    upstream.attempts = if provider.retry_enabled && provider.max_retries > 0 {
-        u32::try_from(provider.max_retries).unwrap_or(u32::MAX - 1) + 1
-    } else {
-        1
-    };
-    upstream.backoff_ms = u32::try_from(provider.retry_backoff_ms).ok().filter(|&ms| ms > 0).unwrap_or(100);
+    retry_plan(&mut upstream, provider);
     upstream.max_tokens = max_tokens;
     upstream.web_search = web_search;
     upstream.weight = blocks.iter().map(|b| b.kind.weight()).sum::<u32>().max(1);
@@ -683,6 +830,8 @@ mod tests {
     fn req(route: Route, query: &str, body: &[u8]) -> Request<'static> {
         Request {
             route,
+            model: None,
+            stream: None,
             authorization: Some(Box::leak(format!("Bearer {TOKEN}").into_boxed_str())),
             x_api_key: None,
             x_goog_api_key: None,
@@ -711,6 +860,39 @@ mod tests {
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!((up.attempts, up.weight, up.max_tokens), (3, 1, 5));
         assert_eq!(up.headers.len(), 1, "no key configured: no Authorization header");
+    }
+
+    #[test]
+    fn test_entry_route_translates_to_the_providers_format() {
+        let s = snapshot();
+        let body = br#"{"model":"gpt-b","max_tokens":9,"system":"be brief","messages":[{"role":"user","content":"hi"}]}"#;
+        let p = prepare(&s, None, &req(Route::Entry(Format::Anthropic), "", body));
+        assert_eq!(p.status, 0, "{}", String::from_utf8_lossy(&p.body));
+        assert_eq!(p.requested_model, "gpt-b");
+        let up = p.upstream.as_ref().unwrap();
+        let sent: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
+        assert_eq!(sent["messages"][0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!((sent["max_completion_tokens"].as_i64(), sent["stream"].as_bool()), (Some(9), Some(true)));
+        assert_eq!(sent["stream_options"]["include_usage"], true, "usage is always asked for");
+        let plan = up.entry.as_ref().unwrap();
+        assert_eq!((plan.upstream, plan.entry, plan.client_stream), (Format::OpenAiChat, Format::Anthropic, false));
+        assert_eq!(up.output_tokens_bound, 9);
+    }
+
+    #[test]
+    fn test_entry_route_denials_are_404_for_unknown_and_unpermitted_models_in_the_apis_shape() {
+        let s = snapshot();
+        let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", br#"{"model":"nope","messages":[]}"#));
+        assert_eq!((p.status, p.deny_reason), (404, Some("unknown_model")));
+        assert_eq!(body_json(&p)["error"]["code"], "model_not_found");
+        let mut r = req(Route::Entry(Format::Gemini), "", br#"{"contents":[{"role":"user","parts":[{"text":"x"}]}]}"#);
+        r.model = Some("gpt-a-image");
+        let p = prepare(&s, None, &r);
+        assert_eq!((p.status, p.deny_reason), (404, Some("model_not_permitted")));
+        assert_eq!(body_json(&p)["error"]["status"], "NOT_FOUND");
+        let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", b"{nope"));
+        assert_eq!((p.status, p.deny_reason), (400, Some("invalid_request")));
+        assert_eq!(body_json(&p)["error"]["code"], "invalid_request");
     }
 
     #[test]

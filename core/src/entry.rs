@@ -1,0 +1,360 @@
+//! The standard entry routes (API.md "Standard routes"): which wire format a provider family
+//! speaks, each API's own error shape, and the response side of a call: the upstream stream
+//! decoded into IR events and re-encoded in the caller's format, either as a stream or, for a
+//! caller that did not ask for one, as one response at the end.
+//!
+//! meshfast always streams from the upstream; a non-streaming caller's answer is accumulated
+//! from the events, so there is one response path and every call reports usage.
+
+use crate::provider::Family;
+use crate::translate::stream::{Accumulator, Decoder, Encoder, Event};
+use crate::translate::{encode_response, Format, StopReason, Usage};
+use crate::views::write_str;
+
+/// The format a provider family's chat endpoint speaks; `None` for generic providers, whose
+/// templates are Mesh's.
+#[must_use]
+pub fn upstream_format(family: Family) -> Option<Format> {
+    Some(match family {
+        Family::Anthropic => Format::Anthropic,
+        // NOTE: the Ollama preset calls Ollama's OpenAI-compatible endpoint.
+        Family::OpenAi | Family::Ollama => Format::OpenAiChat,
+        Family::OpenAiResponses => Format::OpenAiResponses,
+        Family::Gemini => Format::Gemini,
+        Family::Generic => return None,
+    })
+}
+
+/// A sentence for a Mesh code, for the `message` field SDKs show.
+#[must_use]
+pub fn message_for(code: &str) -> &'static str {
+    match code {
+        "invalid_or_revoked_key" => "The API key is missing, unknown, revoked or expired.",
+        "model_not_found" => "The model does not exist or you do not have access to it.",
+        "model_blocked" => "The model is blocked by an administrator.",
+        "outside_allowed_hours" => "Calls to this model are not allowed at this time.",
+        "provider_hourly_limit_reached" => "The provider's hourly call quota is used up.",
+        "user_model_hourly_limit_reached" => "Your hourly call limit for this model is used up.",
+        "budget_exceeded" => "Your spending cap for this model is reached.",
+        "paused_by_admin" => "The gateway is paused by an administrator.",
+        "server_busy" => "The gateway is at capacity; retry shortly.",
+        "provider_busy" => "The provider is at capacity; retry shortly.",
+        "content_type_not_supported_by_model" => "The model does not accept this kind of content.",
+        "payload_too_large" => "The request body is too large.",
+        "upstream_rate_limited" => "The provider is rate limiting requests.",
+        "upstream_unavailable" => "The provider failed to answer.",
+        "invalid_request" => "The request is not valid.",
+        _ => "The request could not be served.",
+    }
+}
+
+fn anthropic_type(status: u16) -> &'static str {
+    match status {
+        400 | 413 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+fn google_status(status: u16) -> &'static str {
+    match status {
+        400 | 413 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        429 => "RESOURCE_EXHAUSTED",
+        503 => "UNAVAILABLE",
+        502 | 504 => "UNAVAILABLE",
+        _ => "INTERNAL",
+    }
+}
+
+fn openai_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        500.. => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// An error body in `format`'s own shape, so the official SDKs raise their usual exception for
+/// `status`. The Mesh `code` is in the error's `code` (OpenAI, Ollama), `type` (Anthropic) or
+/// `details[0].reason` (Gemini); `detail`, when given, is appended to the message.
+#[must_use]
+pub fn error_body(format: Format, status: u16, code: &str, detail: Option<&str>) -> Vec<u8> {
+    let base = message_for(code);
+    let message = match detail {
+        Some(d) if !d.is_empty() => format!("{base} {d}"),
+        _ => base.to_owned(),
+    };
+    let mut out = Vec::with_capacity(160 + message.len());
+    match format {
+        Format::OpenAiChat | Format::OpenAiResponses => {
+            out.extend_from_slice(b"{\"error\":{\"message\":");
+            write_str(&mut out, &message);
+            out.extend_from_slice(b",\"type\":");
+            write_str(&mut out, openai_type(status));
+            out.extend_from_slice(b",\"param\":null,\"code\":");
+            write_str(&mut out, code);
+            out.extend_from_slice(b"}}");
+        }
+        Format::Anthropic => {
+            out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
+            write_str(&mut out, code);
+            out.extend_from_slice(b",\"message\":");
+            write_str(&mut out, &message);
+            out.extend_from_slice(b",\"category\":");
+            write_str(&mut out, anthropic_type(status));
+            out.extend_from_slice(b"}}");
+        }
+        Format::Gemini => {
+            out.extend_from_slice(b"{\"error\":{\"code\":");
+            out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
+            out.extend_from_slice(b",\"message\":");
+            write_str(&mut out, &message);
+            out.extend_from_slice(b",\"status\":");
+            write_str(&mut out, google_status(status));
+            out.extend_from_slice(b",\"details\":[{\"@type\":\"type.googleapis.com/google.rpc.ErrorInfo\",\"reason\":");
+            write_str(&mut out, code);
+            out.extend_from_slice(b",\"domain\":\"meshfast\"}]}}");
+        }
+        Format::Ollama => {
+            out.extend_from_slice(b"{\"error\":");
+            write_str(&mut out, &message);
+            out.extend_from_slice(b",\"code\":");
+            write_str(&mut out, code);
+            out.push(b'}');
+        }
+    }
+    out.push(b'\n');
+    out
+}
+
+/// The content type of `format`'s stream.
+#[must_use]
+pub fn stream_content_type(format: Format) -> &'static str {
+    match format {
+        Format::Ollama => "application/x-ndjson",
+        _ => "text/event-stream",
+    }
+}
+
+/// One call's response side: upstream stream in, the caller's format out.
+#[derive(Debug)]
+pub struct EntryStream {
+    decoder: Decoder,
+    encoder: Option<Encoder>,
+    accumulator: Option<Accumulator>,
+    entry: Format,
+    model: String,
+    events: Vec<Event>,
+    usage: Usage,
+    usage_reported: bool,
+    stop_reason: Option<StopReason>,
+    /// Text and argument bytes received, for a tokenizer estimate when no usage comes.
+    output_text: String,
+    error: Option<String>,
+    ended: bool,
+    deltas: u64,
+}
+
+impl EntryStream {
+    /// `model` replaces the upstream's model name in what the caller sees (the registry name
+    /// it asked for). With `client_stream` false, nothing is written until [`finish`](Self::finish).
+    #[must_use]
+    pub fn new(upstream: Format, entry: Format, client_stream: bool, include_usage: bool, model: String) -> Self {
+        Self {
+            decoder: Decoder::new(upstream),
+            encoder: client_stream.then(|| Encoder::new(entry, include_usage)),
+            accumulator: (!client_stream).then(Accumulator::default),
+            entry,
+            model,
+            events: Vec::new(),
+            usage: Usage::default(),
+            usage_reported: false,
+            stop_reason: None,
+            output_text: String::new(),
+            error: None,
+            ended: false,
+            deltas: 0,
+        }
+    }
+
+    /// Reads an upstream chunk (split anywhere); appends what the caller gets now to `out`.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+        self.decoder.feed(chunk, &mut self.events);
+        self.drain(out);
+        if let Some(encoder) = self.encoder.as_mut() {
+            encoder.flush(out);
+        }
+    }
+
+    /// The upstream ended (cleanly or not). A streaming caller gets the stream's last bytes (or
+    /// its format's error signal); a non-streaming caller gets the whole response, unless the
+    /// stream broke ([`error`](Self::error) is then set and the caller answers an error).
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        self.decoder.finish(&mut self.events);
+        self.drain(out);
+        if let Some(encoder) = self.encoder.as_mut() {
+            encoder.flush(out);
+        }
+        if let Some(acc) = self.accumulator.as_ref() {
+            if self.error.is_none() {
+                let mut response = acc.response().clone();
+                response.model.clone_from(&self.model);
+                response.usage = self.usage;
+                out.extend_from_slice(&encode_response(self.entry, &response));
+            }
+        }
+    }
+
+    /// Replaces the usage (a tokenizer estimate when the upstream reported none). Only what
+    /// is written after this call carries it: set it before [`finish`](Self::finish).
+    pub fn set_usage(&mut self, input: u64, output: u64) {
+        self.usage.input_tokens = input;
+        self.usage.output_tokens = output;
+    }
+
+    fn drain(&mut self, out: &mut Vec<u8>) {
+        for mut event in std::mem::take(&mut self.events) {
+            match &mut event {
+                Event::Start { model, .. } => model.clone_from(&self.model),
+                Event::Usage(usage) => {
+                    self.usage.merge(usage);
+                    self.usage_reported = true;
+                }
+                Event::Finish(reason) => self.stop_reason = Some(*reason),
+                Event::Delta { delta, .. } => {
+                    self.deltas += 1;
+                    use crate::translate::stream::Delta;
+                    match delta {
+                        Delta::Text(t) | Delta::Thinking(t) | Delta::Arguments(t) => self.output_text.push_str(t),
+                        Delta::Signature(_) => {}
+                    }
+                }
+                Event::Error(message) => {
+                    self.error = Some(message.clone());
+                    self.ended = true;
+                }
+                Event::End => self.ended = true,
+                _ => {}
+            }
+            if let Some(encoder) = self.encoder.as_mut() {
+                if let Event::Usage(_) = event {
+                    // NOTE: encoders keep the latest counts; give them the merged view.
+                    encoder.encode(&Event::Usage(self.usage), out);
+                } else {
+                    encoder.encode(&event, out);
+                }
+            } else if let Some(acc) = self.accumulator.as_mut() {
+                acc.push(&event);
+            }
+        }
+    }
+
+    #[must_use]
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+    #[must_use]
+    pub fn usage_reported(&self) -> bool {
+        self.usage_reported
+    }
+    #[must_use]
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.stop_reason
+    }
+    /// Why the stream broke, when it did.
+    #[must_use]
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+    /// The stream reached its end (clean or error); later upstream bytes are ignored.
+    #[must_use]
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+    #[must_use]
+    pub fn deltas(&self) -> u64 {
+        self.deltas
+    }
+    #[must_use]
+    pub fn malformed(&self) -> u64 {
+        self.decoder.malformed()
+    }
+    /// The text (and tool-call arguments) received so far.
+    #[must_use]
+    pub fn output_text(&self) -> &str {
+        &self.output_text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anthropic_stream(text: &[&str]) -> Vec<u8> {
+        let mut s = String::from("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"upstream-name\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n");
+        s.push_str("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+        for t in text {
+            s.push_str(&format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":{}}}}}\n\n", serde_json::to_string(t).unwrap()));
+        }
+        s.push_str("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n");
+        s.push_str("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":5}}\n\n");
+        s.push_str("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+        s.into_bytes()
+    }
+
+    #[test]
+    fn non_streaming_caller_gets_one_response_with_the_registry_model_and_usage() {
+        let mut es = EntryStream::new(Format::Anthropic, Format::OpenAiChat, false, false, "my-model".into());
+        let mut out = Vec::new();
+        let wire = anthropic_stream(&["Hel", "lo"]);
+        for piece in wire.chunks(7) {
+            es.feed(piece, &mut out);
+        }
+        assert!(out.is_empty(), "nothing before the end");
+        es.finish(&mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "Hello");
+        assert_eq!(v["model"], "my-model");
+        assert_eq!(v["usage"]["prompt_tokens"], 7);
+        assert_eq!(v["usage"]["completion_tokens"], 5);
+        assert_eq!(es.usage().output_tokens, 5);
+        assert!(es.usage_reported() && es.error().is_none() && es.ended());
+    }
+
+    #[test]
+    fn streaming_caller_gets_its_format_and_a_cut_stream_ends_in_its_error_signal() {
+        let mut es = EntryStream::new(Format::Anthropic, Format::OpenAiChat, true, true, "m".into());
+        let mut out = Vec::new();
+        let wire = anthropic_stream(&["a", "b"]);
+        es.feed(&wire[..wire.len() / 2], &mut out);
+        es.finish(&mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("chat.completion.chunk"), "{text}");
+        assert!(text.contains("upstream_incomplete"), "{text}");
+        assert!(!text.contains("[DONE]"));
+        assert!(es.error().is_some());
+    }
+
+    #[test]
+    fn error_bodies_follow_each_api() {
+        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::OpenAiChat, 404, "model_not_found", None)).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_found");
+        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::Anthropic, 429, "budget_exceeded", Some("x"))).unwrap();
+        assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("budget_exceeded")));
+        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::Gemini, 401, "invalid_or_revoked_key", None)).unwrap();
+        assert_eq!(v["error"]["code"], 401);
+        assert_eq!(v["error"]["status"], "UNAUTHENTICATED");
+        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::Ollama, 503, "server_busy", None)).unwrap();
+        assert!(v["error"].is_string());
+    }
+}
