@@ -11,18 +11,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import time
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from meshfast import counters, errors, verify
+from meshfast import background, counters, errors, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
-from meshfast.dataplane import ENTRY_ROUTES, DataPlane, gemini_call, ollama_tags
+from meshfast.dataplane import ENTRY_ROUTES, DataPlane, gemini_call, ollama_tags, openai_embeddings_call
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, ensure_log_partitions
 from meshfast.secrets import Secrets, load_or_create
@@ -46,6 +47,7 @@ _SECURITY_HEADERS = [
 ]
 _READY = b'{"status":"ok"}\n'
 _NOT_READY = b'{"status":"degraded","reason":"database_unreachable"}\n'
+_DRAINING = b'{"status":"draining"}\n'
 _json = msgspec.json.Encoder()
 COUNTER_CHECKPOINT_S = 5.0
 COUNTER_PURGE_S = 600.0
@@ -93,7 +95,8 @@ class ConfigFeed:
             await self.rebuild()
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._rebuild_loop()), asyncio.create_task(self._listen_loop())]
+        self._tasks = [background.start("config_rebuild", self._rebuild_loop),
+                       background.start("config_listen", self._listen_loop)]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -106,6 +109,7 @@ class ConfigFeed:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout=self._reconcile_s)
+            background.fault_point("config_rebuild")
             self._dirty.clear()
             try:
                 await self.rebuild()
@@ -116,6 +120,7 @@ class ConfigFeed:
 
     async def _listen_loop(self) -> None:
         while True:
+            background.fault_point("config_listen")
             lost = asyncio.Event()
             try:
                 conn = await database.connect(self._listen_url, role=database.GATEWAY_ROLE)
@@ -149,6 +154,8 @@ class App:
         self.dispatcher: Dispatcher | None = None
         self.telemetry: Telemetry | None = None
         self.data: DataPlane | None = None
+        self._draining = False
+        self._in_flight: set[asyncio.Task[Any]] = set()
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
 
@@ -156,6 +163,46 @@ class App:
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(self.startup())
+        self._watch_stop_signals(loop)
+
+    def _watch_stop_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bound the drain: Granian, told to stop, waits for in-flight requests with no limit.
+
+        NOTE: chained in front of the handler Granian installed (asyncio's, which only wakes the
+        loop through its wakeup fd, so Granian still sees the signal).
+        """
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(signum)
+
+            def handler(num: int, frame: Any, previous: Any = previous) -> None:
+                loop.call_soon_threadsafe(self._begin_drain, loop)
+                if callable(previous):
+                    previous(num, frame)
+
+            signal.signal(signum, handler)
+
+    def _begin_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._draining or self.settings is None:
+            return
+        self._draining = True
+        timeout_s = self.settings.drain_timeout_s
+        log.info("worker %d draining: in-flight calls have %.0f s to finish", os.getpid(), timeout_s)
+        loop.call_later(timeout_s, lambda: loop.create_task(self._cut_in_flight()))
+
+    async def _cut_in_flight(self) -> None:
+        """Past the drain bound: close the upstream client, then cancel the calls still running.
+
+        Closing the client ends its streams as an upstream failure does (terminal event marked
+        incomplete, row written, spend settled) where the client aborts in-flight exchanges;
+        whatever still runs a second later is cancelled, which records its row as it stands.
+        """
+        log.warning("worker %d: drain timeout; cutting %d calls still in flight", os.getpid(), len(self._in_flight))
+        if self.dispatcher is not None:
+            with contextlib.suppress(Exception):
+                await self.dispatcher.close()
+        await asyncio.sleep(1.0)
+        for task in list(self._in_flight):
+            task.cancel()
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(self.shutdown())
@@ -177,9 +224,9 @@ class App:
         await self.feed.rebuild()
         self.feed.start()
         self.leader = Leader(gateway_url, [
-            (3600.0, ensure_log_partitions),
-            (COUNTER_CHECKPOINT_S, self._checkpoint),
-            (COUNTER_PURGE_S, self._purge),
+            ("log_partitions", 3600.0, ensure_log_partitions),
+            ("checkpoint", COUNTER_CHECKPOINT_S, self._checkpoint),
+            ("purge", COUNTER_PURGE_S, self._purge),
         ])
         self.leader.start()
         self.dispatcher = Dispatcher(Timeouts(
@@ -235,8 +282,13 @@ class App:
             return
         path = scope.path
         method = scope.method
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_flight.add(task)
         try:
-            if path in _MESH_ROUTES and method == "POST":
+            if method == "POST" and openai_embeddings_call(path, scope.query_string):
+                await self.data.handle_entry(scope, proto, "openai_embeddings", self._read_body)  # type: ignore[union-attr]
+            elif path in _MESH_ROUTES and method == "POST":
                 await self.data.handle(scope, proto, _MESH_ROUTES[path], self._read_body)  # type: ignore[union-attr]
             elif method == "POST" and path in ENTRY_ROUTES:
                 await self.data.handle_entry(scope, proto, ENTRY_ROUTES[path], self._read_body)  # type: ignore[union-attr]
@@ -254,10 +306,17 @@ class App:
                 await self._readyz(proto)
             else:
                 self._error(proto, errors.NotFound())
+        except asyncio.CancelledError:
+            if not self._draining:
+                raise
+            # Cut at the drain bound (see _cut_in_flight): the row is recorded, the caller's
+            # connection closes.
         except Exception:
             log.exception("unhandled error on %s %s", method, path)
             with contextlib.suppress(Exception):
                 self._error(proto, errors.MeshfastError())
+        finally:
+            self._in_flight.discard(task)  # type: ignore[arg-type]
 
     def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
         rid = request_id()
@@ -328,6 +387,10 @@ class App:
 
     async def _readyz(self, proto: Any) -> None:
         assert self.gateway_pool is not None
+        if self._draining:
+            # A load balancer stops sending work here while in-flight calls finish.
+            proto.response_bytes(503, [("content-type", JSON)], _DRAINING)
+            return
         try:
             async with asyncio.timeout(2):
                 async with self.gateway_pool.acquire() as conn:

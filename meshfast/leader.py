@@ -1,7 +1,9 @@
 """The leader: one worker across the cluster runs the maintenance loops.
 
 Leadership is a PostgreSQL advisory lock held on a dedicated connection, so it moves to
-another worker (on any host) as soon as the leader's process or connection dies.
+another worker (on any host) as soon as the leader's process or connection dies. The loop runs
+under :func:`meshfast.background.supervise`: whatever escapes it (a lost connection, a bug) ends
+this term, releases the lock and starts a new attempt after a backoff.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from meshfast import background
 from meshfast.store import database, sql
 
 log = logging.getLogger("meshfast.leader")
 
 # NOTE: distinct from the migration lock key in store.database.
 _LEADER_LOCK = 0x6D657368_6C656164
+
+_CONNECTION_ERRORS = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 Job = Callable[[asyncpg.Connection], Awaitable[None]]
 
@@ -30,7 +35,13 @@ async def ensure_log_partitions(conn: asyncpg.Connection) -> None:
 
 
 class Leader:
-    def __init__(self, url: str, jobs: list[tuple[float, Job]], retry_s: float = 15.0) -> None:
+    """Runs ``jobs`` (name, interval in seconds, job) while this worker holds the leader lock.
+
+    A failing job is logged and runs again at its next interval; the fault injector names jobs
+    ``leader_job:<name>`` and the loop itself ``leader``.
+    """
+
+    def __init__(self, url: str, jobs: list[tuple[str, float, Job]], retry_s: float = 5.0) -> None:
         self._url = url
         self._jobs = jobs
         self._retry_s = retry_s
@@ -38,7 +49,7 @@ class Leader:
         self.is_leader = False
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._task = background.start("leader", self._run)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -48,21 +59,24 @@ class Leader:
 
     async def _run(self) -> None:
         while True:
+            background.fault_point("leader")
             try:
                 conn = await database.connect(self._url, role=database.GATEWAY_ROLE)
-                try:
-                    if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _LEADER_LOCK):
-                        self.is_leader = True
-                        log.info("this worker is the leader")
-                        await self._lead(conn)
-                finally:
-                    self.is_leader = False
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("leader loop: %s", exc)
+            except _CONNECTION_ERRORS as exc:
+                log.warning("leader loop cannot reach the database: %s", exc)
+                await asyncio.sleep(self._retry_s)
+                continue
+            try:
+                if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _LEADER_LOCK):
+                    self.is_leader = True
+                    log.info("this worker is the leader")
+                    await self._lead(conn)
+            except _CONNECTION_ERRORS as exc:
+                log.warning("leader connection lost: %s", exc)
+            finally:
+                self.is_leader = False
+                with contextlib.suppress(Exception):
+                    await conn.close()
             await asyncio.sleep(self._retry_s)
 
     async def _lead(self, conn: asyncpg.Connection) -> None:
@@ -70,13 +84,16 @@ class Leader:
         due = [loop.time()] * len(self._jobs)
         while True:
             now = loop.time()
-            for i, (interval_s, job) in enumerate(self._jobs):
+            for i, (name, interval_s, job) in enumerate(self._jobs):
                 if now >= due[i]:
                     try:
+                        background.fault_point(f"leader_job:{name}")
                         await job(conn)
-                    except (asyncpg.PostgresConnectionError, ConnectionError):
+                    except _CONNECTION_ERRORS:
                         raise
                     except Exception:
-                        log.exception("leader job %s failed", getattr(job, "__name__", job))
+                        log.exception("leader job %s failed; next run in %.0f s", name, interval_s)
                     due[i] = now + interval_s
+            if conn.is_closed():
+                raise ConnectionError("leader connection closed")
             await asyncio.sleep(max(0.05, min(due) - loop.time()))

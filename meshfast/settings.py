@@ -26,6 +26,11 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_INFLIGHT_CEILING", "in-flight calls per worker at which pressure is 1.0 (default 5000)"),
     ("MESHFAST_MEMORY_CEILING_MB", "worker RSS in MiB at which pressure is 1.0 (default 1024)"),
     ("MESHFAST_SHM_DIR", "where the shared-memory segment lives (default /dev/shm)"),
+    ("MESHFAST_TELEMETRY_RING_ROWS", "request rows the shared-memory ring holds before the spool (default 8192)"),
+    ("MESHFAST_DRAIN_TIMEOUT_S", "seconds SIGTERM lets in-flight calls finish before cutting them (default 30)"),
+    ("MESHFAST_HEADER_TIMEOUT_S", "seconds a client has to send its request headers (default 30)"),
+    ("MESHFAST_MAX_CONNECTIONS", "requests served at once per instance; more wait in the backlog (default 1024)"),
+    ("MESHFAST_FAULT_INJECT", "tests only: background loops that fail on purpose, e.g. telemetry:2,leader"),
     ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
 )
@@ -72,6 +77,10 @@ class Settings:
     admission_capacity: int
     inflight_ceiling: int
     memory_ceiling_bytes: int
+    telemetry_ring_rows: int
+    drain_timeout_s: float
+    header_timeout_s: float
+    max_connections: int
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -93,6 +102,12 @@ class Settings:
             admission_capacity=max(1, _int_env("MESHFAST_ADMISSION_CAPACITY", 200)),
             inflight_ceiling=max(1, _int_env("MESHFAST_INFLIGHT_CEILING", 5000)),
             memory_ceiling_bytes=max(1, _int_env("MESHFAST_MEMORY_CEILING_MB", 1024)) * 1024 * 1024,
+            # NOTE: the core takes 1..2^24 records and rounds up to a power of two.
+            telemetry_ring_rows=min(1 << 24, max(16, _int_env("MESHFAST_TELEMETRY_RING_ROWS", 8192))),
+            drain_timeout_s=_float_env("MESHFAST_DRAIN_TIMEOUT_S", 30.0),
+            # NOTE: Granian takes 1 ms to 60 s.
+            header_timeout_s=min(60.0, _float_env("MESHFAST_HEADER_TIMEOUT_S", 30.0)),
+            max_connections=max(1, _int_env("MESHFAST_MAX_CONNECTIONS", 1024)),
         )
 
     @property

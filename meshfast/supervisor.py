@@ -4,6 +4,12 @@ It owns start-up and shutdown: first-run secrets, the embedded PostgreSQL (unles
 ``DATABASE_URL`` is set), migrations, the bootstrap admin token and the shared-memory segment;
 then it runs Granian with N worker processes (respawned when they fail) and, beside it, the
 loop that reclaims leases held by dead workers. On exit it stops what it started.
+
+SIGTERM drains: Granian stops accepting and waits for in-flight requests (each worker cuts the
+upstream calls still open after ``MESHFAST_DRAIN_TIMEOUT_S``, and Granian kills a worker that
+is still there a margin later); then the supervisor writes what the workers left behind (ring
+rows, spool files) and checkpoints the counters before it stops the database, so one instance
+after another can be rolled without losing a row or a nano-dollar.
 """
 
 from __future__ import annotations
@@ -11,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from meshfast import app as app_module
+from meshfast import telemetry
 from meshfast._core import Segment
 from meshfast.secrets import Secrets, load_or_create, new_admin_token
 from meshfast.settings import Settings
@@ -25,6 +34,10 @@ from meshfast.store import database, sql
 log = logging.getLogger("meshfast.supervisor")
 
 _RECLAIM_INTERVAL_S = 0.25
+# After the drain bound: a worker's own shutdown (last COPY, pools) before Granian kills it.
+_WORKER_STOP_MARGIN_S = 15.0
+# What the supervisor spends writing the workers' leftovers before it stops the database.
+_FINAL_FLUSH_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +140,7 @@ def serve(options: ServeOptions) -> int:
                     f"-H 'authorization: Bearer {key}' -d '{{\"query\":\"hello\"}}'",
                     flush=True,
                 )
-            return _run_workers(options, settings, db.url)
+            return _run_workers(options, settings, db.url, secrets)
     return 0
 
 
@@ -145,12 +158,33 @@ async def _seed_counters(url: str, segment: Segment) -> None:
         log.info("seeded %d counters from the database", loaded)
 
 
-def _run_workers(options: ServeOptions, settings: Settings, database_url: str) -> int:
+async def _final_flush(url: str, segment: Segment, settings: Settings, secrets: Secrets) -> None:
+    """Write the stopped workers' leftovers: ring rows and spool files, then the counters."""
+    from meshfast import counters
+    from meshfast.snapshot import load_config
+
+    pool = await database.create_pool(url, role=database.GATEWAY_ROLE, min_size=0, max_size=1)
+    try:
+        totals = await telemetry.final_flush(segment, pool, settings.spool_dir)
+        log.info("request rows: %s", " ".join(f"{name}={value}" for name, value in totals.items()))
+        async with pool.acquire() as conn:
+            config = await load_config(conn, secrets.master_key)
+            moved = await counters.checkpoint(segment, conn, config, time.time_ns() // 1_000_000)
+        if moved:
+            log.info("checkpointed %d counters on the way out", moved)
+    finally:
+        await pool.close()
+
+
+def _run_workers(options: ServeOptions, settings: Settings, database_url: str, secrets: Secrets) -> int:
     from granian import Granian
     from granian.constants import Interfaces
+    from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
-    segment = Segment.create(str(settings.shm_path))
+    segment = Segment.create(str(settings.shm_path), ring_records=settings.telemetry_ring_rows)
+    # No worker runs yet: whatever a previous run left in the spool is queued for replay.
+    telemetry.Spool(settings.spool_dir).adopt_orphans(everyone=True)
     asyncio.run(_seed_counters(database_url, segment))
     reclaimer = Reclaimer(segment)
     os.environ[app_module.ENV_DATABASE_URL] = database_url
@@ -168,6 +202,9 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str) -
             respawn_failed_workers=True,
             respawn_interval=1.0,
             log_level=LogLevels(settings.log_level),
+            workers_kill_timeout=math.ceil(settings.drain_timeout_s + _WORKER_STOP_MARGIN_S),
+            http1_settings=HTTP1Settings(header_read_timeout=max(1, int(settings.header_timeout_s * 1000))),
+            backpressure=max(1, math.ceil(settings.max_connections / options.workers)),
         )
         print(
             f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
@@ -176,6 +213,11 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str) -
         server.serve()
     finally:
         reclaimer.stop()
+        try:
+            gateway_url = settings.gateway_database_url or database_url
+            asyncio.run(asyncio.wait_for(_final_flush(gateway_url, segment, settings, secrets), _FINAL_FLUSH_S))
+        except Exception:
+            log.exception("final flush incomplete; the spool keeps what was not written")
         with contextlib.suppress(FileNotFoundError):
             settings.shm_path.unlink()
     return 0

@@ -1,10 +1,23 @@
 """Request rows: recorded before a response ends, written to PostgreSQL in batches with COPY.
 
-A row enters the shared-memory ring (or, if the ring is full, this worker's spool) before the
-last byte of its response; every live worker drains the ring, so the death of the worker that
-served a request loses no completed row. A drain writes up to 500 rows with one COPY, at least
-every second. When the database is away, rows wait in memory and then in spool files in the
-data dir, which are replayed when it is back.
+A row enters the shared-memory ring before the last byte of its response (or, when the ring is
+full, this worker's spool file: a write(2) into the page cache, which a SIGKILL cannot undo).
+Every live worker drains the ring, so the death of the worker that served a request loses no
+completed row. A drain writes what it pops with one COPY, at least every second.
+
+When the database is away or slow, drained rows go to the spool instead: append-only files in
+the data dir, fsynced once per drain (batched), replayed oldest first once the database answers
+again (probed at most every few seconds). Replays may repeat rows that did reach the table (a
+COPY that committed as its connection died); the ingest trigger skips a row whose request id is
+already stored (migration 0005), so each request keeps exactly one row.
+
+When a drain finds the ring more than half full, identical denials (same key, deny reason and
+second, and the same route, status and model) are merged into one row whose ``count`` says how
+many requests it stands for: a flood of bad keys costs the database one row per second instead
+of one per request, and no denial goes uncounted.
+
+Totals of rows written, spooled, replayed and merged live in the shared-memory segment (see
+:func:`metrics`), so any worker, and a future ``/metrics``, reads the instance's numbers.
 """
 
 from __future__ import annotations
@@ -16,8 +29,10 @@ import datetime as dt
 import ipaddress
 import logging
 import os
+import struct
 import time
 import uuid
+import zlib
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -25,15 +40,26 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import useragent
+from meshfast import background, useragent
+from meshfast._core import GLOBAL_INFLIGHT, counter_key
 
 log = logging.getLogger("meshfast.telemetry")
 
 BATCH_ROWS = 500
+# Rows per COPY when a spool file is replayed.
+REPLAY_BATCH_ROWS = 2000
+# Pops (each up to half the ring) per drain pass.
+FLUSH_ROUNDS = 16
 FLUSH_INTERVAL_S = 1.0
-# Rows held in memory while the database is away, before they go to a spool file.
-MEMORY_LIMIT_ROWS = 20_000
+# While the database is away, it is probed with backoff up to this interval, so a replay starts
+# within seconds of its return (the contract is 30 s).
+MAX_PROBE_INTERVAL_S = 5.0
+# A COPY that takes longer counts as a database outage: its rows go to the spool.
+COPY_TIMEOUT_S = 10.0
+# What a stopping worker spends on writing its last rows before it spools them.
+STOP_FLUSH_S = 5.0
 NANOS = Decimal(1_000_000_000)
+METRIC_NAMES = ("written", "spooled", "replayed", "merged", "rejected", "outages")
 
 _CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
 
@@ -117,121 +143,465 @@ def to_record(row: Row) -> tuple[Any, ...]:
     )
 
 
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def _metric_key(name: str) -> bytes:
+    # NOTE: the core only takes its own counter kinds; GLOBAL_INFLIGHT is the process-wide one,
+    # and the non-zero ids keep these keys apart from the in-flight weight's (all zeros).
+    return counter_key(GLOBAL_INFLIGHT, "meshfast.telemetry", name, 0)
+
+
+_METRIC_KEYS = {name: _metric_key(name) for name in METRIC_NAMES}
+
+
+def metrics(segment: Any) -> dict[str, int]:
+    """Instance-wide row totals since the segment was created: ``written`` (rows COPYed),
+    ``spooled`` (rows put on disk), ``replayed`` (rows read back from the spool), ``merged``
+    (denial rows folded into another row's ``count``), ``rejected`` (rows the database refused,
+    kept in ``rejected-*.rows`` files), ``outages`` (drains that found the database away)."""
+    return {name: segment.get(key) for name, key in _METRIC_KEYS.items()}
+
+
+# --- merging ---------------------------------------------------------------------------------
+
+
+def merge_denials(rows: list[bytes]) -> tuple[list[bytes], int]:
+    """Fold identical denials (same key, reason and second) into the first one's ``count``.
+
+    Returns the rows in their original order (a merged row where its first member was) and how
+    many rows were folded away. Everything but latency, client address and user agent must
+    match, so a merged row says nothing its members did not.
+    """
+    out: list[bytes | Row] = []
+    first: dict[tuple[Any, ...], int] = {}
+    folded = 0
+    for data in rows:
+        try:
+            row = _decoder.decode(data)
+        except msgspec.DecodeError:
+            out.append(data)
+            continue
+        if row.outcome != "denied":
+            out.append(data)
+            continue
+        key = (row.mesh_key_id, row.deny_reason, row.created_ms // 1000, row.route, row.status_code,
+               row.user_id, row.model_id, row.model_name, row.requested_model, row.provider_id)
+        index = first.get(key)
+        if index is None:
+            first[key] = len(out)
+            out.append(row)
+            continue
+        head = out[index]
+        assert isinstance(head, Row)
+        head.count += row.count
+        folded += 1
+    if not folded:
+        return rows, 0
+    return [item if isinstance(item, bytes) else _encoder.encode(item) for item in out], folded
+
+
+# --- the spool -------------------------------------------------------------------------------
+
+# Each row on disk: length and CRC-32 (little endian), then the row's msgpack bytes.
+_FRAME = struct.Struct("<II")
+
+
+def frame(rows: list[bytes]) -> bytes:
+    return b"".join(_FRAME.pack(len(row), zlib.crc32(row)) + row for row in rows)
+
+
+def read_frames(data: bytes) -> tuple[list[bytes], int]:
+    """The rows of a spool file, and how many trailing bytes were torn (a write cut short)."""
+    rows: list[bytes] = []
+    pos = 0
+    while pos + _FRAME.size <= len(data):
+        length, crc = _FRAME.unpack_from(data, pos)
+        end = pos + _FRAME.size + length
+        if end > len(data) or zlib.crc32(data[pos + _FRAME.size:end]) != crc:
+            break
+        rows.append(data[pos + _FRAME.size:end])
+        pos = end
+    return rows, len(data) - pos
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner(path: Path) -> int | None:
+    """The pid that holds a spool file: the replayer of ``.replay-<pid>``, else the writer."""
+    if path.suffix.startswith(".replay-"):
+        pid = path.suffix[len(".replay-"):]
+    else:
+        pid = path.name.split(".", 1)[0].partition("-")[2]
+    return int(pid) if pid.isdigit() else None
+
+
+class Spool:
+    """Append-only spool files in one directory, shared by the workers of an instance.
+
+    A worker appends to its own ``<ns>-<pid>.open``; sealing it (fsync, rename to ``.spool``)
+    hands it to the replay. A replaying worker claims the oldest sealed file by renaming it to
+    ``.replay-<pid>``, so each file has one reader, and deletes it once every row is written.
+    Files of dead processes (``.open`` or ``.replay-*``) are adopted back into the queue. Names
+    start with a zero-padded nanosecond timestamp, so sorting them is replay order.
+    """
+
+    MAX_FILE_BYTES = 8 * 1024 * 1024
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fd: int | None = None
+        self._path: Path | None = None
+        self._size = 0
+        self._unsynced = False
+        # A file created since the last sync: its directory entry must reach the disk too.
+        self._new_entry = False
+
+    def append(self, rows: list[bytes]) -> None:
+        """Append rows to this process's open file (no fsync: :meth:`sync` batches that)."""
+        if not rows:
+            return
+        if self._fd is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._path = self.directory / f"{time.time_ns():020d}-{os.getpid()}.open"
+            self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            self._size = 0
+            self._new_entry = True
+        view = memoryview(frame(rows))
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+            self._size += written
+        self._unsynced = True
+        if self._size >= self.MAX_FILE_BYTES:
+            self.seal()
+
+    def sync(self) -> None:
+        """fsync what was appended since the last call (the drain calls this once per pass)."""
+        if self._unsynced and self._fd is not None:
+            os.fsync(self._fd)
+            self._unsynced = False
+        if self._new_entry:
+            self._sync_directory()
+
+    def _sync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._new_entry = False
+
+    def seal(self) -> None:
+        """Hand this process's open file (if any) over to the replay."""
+        if self._fd is None or self._path is None:
+            return
+        fd, path = self._fd, self._path
+        self._fd = self._path = None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._unsynced = False
+        path.rename(path.with_suffix(".spool"))
+        self._sync_directory()
+
+    def adopt_orphans(self, everyone: bool = False) -> None:
+        """Queue the files of processes that died (or of every process but this one)."""
+        if not self.directory.is_dir():
+            return
+        for path in self.directory.iterdir():
+            if path.suffix == ".spool" or path == self._path:
+                continue
+            if path.suffix != ".open" and not path.suffix.startswith(".replay-"):
+                continue
+            owner = _owner(path)
+            # NOTE: a file named with this pid that is not the open one was left by an earlier
+            # process that had the same pid (claims never outlive a replay pass).
+            if not everyone and owner is not None and owner != os.getpid() and _pid_alive(owner):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                path.rename(path.with_suffix(".spool"))
+                log.warning("adopted spool file %s of stopped process %s", path.name, owner)
+
+    def claim_oldest(self) -> Path | None:
+        if not self.directory.is_dir():
+            return None
+        for path in sorted(self.directory.glob("*.spool")):
+            claimed = path.with_suffix(f".replay-{os.getpid()}")
+            try:
+                path.rename(claimed)
+            except FileNotFoundError:
+                continue  # another worker claimed it first
+            return claimed
+        return None
+
+    @staticmethod
+    def release(claimed: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            claimed.rename(claimed.with_suffix(".spool"))
+
+    def close(self) -> None:
+        self.seal()
+
+
+# --- the writer ------------------------------------------------------------------------------
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether a failed COPY means the database is away (spool and retry) rather than a bad row."""
+    return not isinstance(exc, asyncpg.DataError | asyncpg.IntegrityConstraintViolationError)
+
+
 class Telemetry:
-    """Per-worker side of the row pipeline: record() on the request path, drain() in a task."""
+    """Per-worker side of the row pipeline: record() on the request path, a drain in a task."""
 
     def __init__(self, segment: Any, pool: asyncpg.Pool, spool_dir: Path) -> None:
         self._segment = segment
-        self._ring = hasattr(segment, "push_row")
         self._pool = pool
-        self._spool_dir = spool_dir
+        self.spool = Spool(spool_dir)
+        # Last resort when the spool cannot be written either (disk full): memory.
         self._local: collections.deque[bytes] = collections.deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.written_total = 0
-        self.spooled_total = 0
-        self.copy_failures_total = 0
+        self._half_ring = segment.stats()["ring_records"] // 2
+        # NOTE: one pop takes more than half the ring, so "more than half was waiting" needs no
+        # extra call into shared memory: it is what the pop returned.
+        self._pop_max = self._half_ring + 1
+        self._wake_every = max(1, min(BATCH_ROWS, self._half_ring // 2))
+        self._pushed = 0
+        self._db_down = False
+        self._probe_s = FLUSH_INTERVAL_S
+        self._next_probe = 0.0
+        self._overflowed = False
+        self._spool_failed = False
+
+    def _bump(self, name: str, n: int) -> None:
+        if n:
+            self._segment.add(_METRIC_KEYS[name], n)
+
+    def metrics(self) -> dict[str, int]:
+        return metrics(self._segment)
 
     def record(self, row: Row) -> None:
         """Hand one row over; never blocks and never waits on the database."""
         data = _encoder.encode(row)
-        if not (self._ring and self._segment.push_row(data)):
+        if self._segment.push_row(data):
+            self._pushed += 1
+            # NOTE: while the database is away the drain keeps its interval: disk is not the
+            # bottleneck, and a ring found past half full has its denials merged.
+            if self._pushed >= self._wake_every and not self._db_down:
+                self._pushed = 0
+                self._wake.set()
+            return
+        # The ring is full (or the row does not fit a record): straight to this worker's spool.
+        self._overflowed = True
+        try:
+            self.spool.append([data])
+        except OSError as exc:
+            if not self._spool_failed:
+                self._spool_failed = True
+                log.error("cannot write the telemetry spool (%s); keeping rows in memory", exc)
             self._local.append(data)
-        if len(self._local) >= BATCH_ROWS:
-            self._wake.set()
+            return
+        self._bump("spooled", 1)
 
     def start(self) -> None:
-        self._spool_dir.mkdir(parents=True, exist_ok=True)
-        self._task = asyncio.create_task(self._drain_loop())
+        self._task = background.start("telemetry", self._drain_loop)
 
     async def stop(self) -> None:
+        """Write what is waiting (or spool it), then seal this worker's spool file."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        # Final flush: what the database does not take now goes to the spool.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.flush(), timeout=5)
-        self._spool(list(self._local))
-        self._local.clear()
-
-    def _take(self, limit: int) -> list[bytes]:
-        taken: list[bytes] = []
-        while self._local and len(taken) < limit:
-            taken.append(self._local.popleft())
-        if self._ring and len(taken) < limit:
-            taken.extend(self._segment.pop_rows(limit - len(taken)))
-        return taken
-
-    async def flush(self) -> int:
-        """Write everything pending (ring, local queue); returns rows written."""
-        written = 0
-        while True:
-            batch = self._take(BATCH_ROWS)
-            if not batch:
-                return written
-            try:
-                await self._copy(batch)
-            except Exception:
-                # NOTE: back to the front of the local queue, in order; the ring stays drainable
-                # by the other workers meanwhile.
-                self._local.extendleft(reversed(batch))
-                raise
-            written += len(batch)
-
-    async def _copy(self, batch: list[bytes]) -> None:
-        records = [to_record(_decoder.decode(data)) for data in batch]
-        async with self._pool.acquire() as conn:
-            await conn.copy_records_to_table("request_logs_ingest", records=records, columns=COLUMNS)
-        self.written_total += len(records)
+        if not self._db_down:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(STOP_FLUSH_S):
+                    await self._flush_ring()
+        self.spool_pending()
+        with contextlib.suppress(OSError):
+            self.spool.seal()
 
     async def _drain_loop(self) -> None:
-        backoff_s = FLUSH_INTERVAL_S
         while True:
+            background.fault_point("telemetry")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=backoff_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=FLUSH_INTERVAL_S)
             self._wake.clear()
-            try:
-                await self.flush()
-                await self._replay_spool()
-                backoff_s = FLUSH_INTERVAL_S
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.copy_failures_total += 1
-                log.warning("request rows not written yet (%s); %d waiting", exc, len(self._local))
-                if len(self._local) > MEMORY_LIMIT_ROWS:
-                    self._spool([self._local.popleft() for _ in range(len(self._local))])
-                backoff_s = min(backoff_s * 2, 30.0)
+            await self.drain_once()
 
-    def _spool(self, rows: list[bytes]) -> None:
-        if not rows:
+    async def drain_once(self) -> None:
+        """One pass: replay the spool and write the ring, or spool the ring while the database is away."""
+        try:
+            if self._db_down:
+                # The ring drains to disk every pass; the database is probed on its backoff.
+                self.spool_pending()
+                if time.monotonic() < self._next_probe:
+                    return
+                if not await self._database_answers():
+                    self._probe_s = min(self._probe_s * 2, MAX_PROBE_INTERVAL_S)
+                    self._next_probe = time.monotonic() + self._probe_s
+                    return
+                self._db_down = False
+                self._probe_s = FLUSH_INTERVAL_S
+                log.warning("database answers again; replaying the telemetry spool")
+            try:
+                await self._replay_spool()
+                await self._flush_ring()
+            except Exception as exc:
+                if not _unavailable(exc):
+                    raise
+                self._db_down = True
+                self._next_probe = time.monotonic() + self._probe_s
+                self._bump("outages", 1)
+                log.warning("request rows go to the spool in %s: database unavailable (%s: %s)",
+                            self.spool.directory, type(exc).__name__, exc)
+                self.spool_pending()
+        finally:
+            self.spool.sync()
+
+    async def _database_answers(self) -> bool:
+        try:
+            async with asyncio.timeout(2):
+                async with self._pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+        except Exception:
+            return False
+        return True
+
+    def _take(self) -> tuple[list[bytes], bool]:
+        """Rows to write next, and whether the ring was more than half full (or overflowed)."""
+        taken: list[bytes] = []
+        while self._local and len(taken) < self._pop_max:
+            taken.append(self._local.popleft())
+        popped = self._segment.pop_rows(self._pop_max - len(taken)) if len(taken) < self._pop_max else []
+        taken.extend(popped)
+        pressure = self._overflowed or len(popped) > self._half_ring
+        self._overflowed = False
+        return taken, pressure
+
+    def _merge(self, rows: list[bytes], pressure: bool) -> list[bytes]:
+        if not pressure:
+            return rows
+        merged, folded = merge_denials(rows)
+        self._bump("merged", folded)
+        return merged
+
+    def spool_pending(self) -> None:
+        """Move everything waiting (ring, memory) to the spool, merging denials under pressure."""
+        while True:
+            rows, pressure = self._take()
+            if not rows:
+                return
+            rows = self._merge(rows, pressure)
+            try:
+                self.spool.append(rows)
+            except OSError as exc:
+                log.error("cannot write the telemetry spool (%s); keeping %d rows in memory", exc, len(rows))
+                self._local.extendleft(reversed(rows))
+                return
+            self._bump("spooled", len(rows))
+
+    async def _flush_ring(self) -> None:
+        # NOTE: bounded, so a flood that refills the ring as fast as it drains still lets the
+        # drain replay the spool and fsync between rounds.
+        for _ in range(FLUSH_ROUNDS):
+            rows, pressure = self._take()
+            if not rows:
+                return
+            rows = self._merge(rows, pressure)
+            try:
+                await self._copy(rows)
+            except BaseException:
+                # NOTE: to disk before the failure is reported; rows the COPY did write are
+                # skipped when the spool is replayed (same request id).
+                try:
+                    self.spool.append(rows)
+                    self._bump("spooled", len(rows))
+                except OSError:
+                    self._local.extendleft(reversed(rows))
+                raise
+
+    async def flush(self) -> None:
+        """Write everything waiting now (tests, shutdown); raises if the database is away."""
+        await self._replay_spool()
+        await self._flush_ring()
+
+    async def _copy(self, rows: list[bytes]) -> None:
+        pairs: list[tuple[bytes, tuple[Any, ...]]] = []
+        for data in rows:
+            try:
+                pairs.append((data, to_record(_decoder.decode(data))))
+            except (msgspec.DecodeError, ValueError, KeyError, TypeError) as exc:
+                self._reject([data], exc)
+        if not pairs:
             return
-        self._spool_dir.mkdir(parents=True, exist_ok=True)
-        path = self._spool_dir / f"{time.time_ns()}-{os.getpid()}.rows"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(_encoder.encode(rows))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.rename(path)
-        self.spooled_total += len(rows)
-        log.warning("spooled %d request rows to %s", len(rows), path)
+        try:
+            await self._copy_records([record for _, record in pairs])
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError):
+            # One bad row must not hold back the others: write them one by one.
+            for data, record in pairs:
+                try:
+                    await self._copy_records([record])
+                except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+                    self._reject([data], exc)
+
+    async def _copy_records(self, records: list[tuple[Any, ...]]) -> None:
+        async with asyncio.timeout(COPY_TIMEOUT_S):
+            async with self._pool.acquire() as conn:
+                await conn.copy_records_to_table("request_logs_ingest", records=records, columns=COLUMNS)
+        self._bump("written", len(records))
+
+    def _reject(self, rows: list[bytes], exc: BaseException) -> None:
+        """Keep rows the database refuses beside the spool (never replayed, never dropped)."""
+        path = self.spool.directory / f"rejected-{os.getpid()}.rows"
+        self.spool.directory.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.write(frame(rows))
+        self._bump("rejected", len(rows))
+        log.error("%d request rows refused (%s: %s); kept in %s", len(rows), type(exc).__name__, exc, path)
 
     async def _replay_spool(self) -> None:
-        for path in sorted(self._spool_dir.glob("*.rows")):
-            claimed = path.with_suffix(f".replaying-{os.getpid()}")
+        # This worker's own rows join the queue first, so they replay in the order they came.
+        self.spool.seal()
+        self.spool.adopt_orphans()
+        while (claimed := self.spool.claim_oldest()) is not None:
+            rows, torn = read_frames(claimed.read_bytes())
+            if torn:
+                log.warning("spool file %s ends in %d torn bytes (a write cut short); skipped", claimed.name, torn)
             try:
-                path.rename(claimed)  # one worker replays each file
-            except FileNotFoundError:
-                continue
-            rows = msgspec.msgpack.decode(claimed.read_bytes(), type=list[bytes])
-            for start in range(0, len(rows), BATCH_ROWS):
-                try:
-                    await self._copy(rows[start:start + BATCH_ROWS])
-                except Exception:
-                    # Keep only what was not written, so a replay never duplicates a row.
-                    self._spool(rows[start:])
-                    claimed.unlink()
-                    raise
+                for start in range(0, len(rows), REPLAY_BATCH_ROWS):
+                    await self._copy(rows[start:start + REPLAY_BATCH_ROWS])
+            except BaseException:
+                # Back in the queue; what was written is skipped on the next replay.
+                self.spool.release(claimed)
+                raise
             claimed.unlink()
+            self._bump("replayed", len(rows))
+            log.info("replayed %d request rows from %s (totals %s)", len(rows), claimed.name, self.metrics())
+
+
+async def final_flush(segment: Any, pool: asyncpg.Pool, spool_dir: Path) -> dict[str, int]:
+    """Write what the stopped workers left (ring rows, spool files); the supervisor's last step.
+
+    What the database does not take stays in the spool for the next start.
+    """
+    telemetry = Telemetry(segment, pool, spool_dir)
+    telemetry.spool.adopt_orphans(everyone=True)
+    try:
+        await telemetry.flush()
+    except Exception as exc:
+        log.warning("request rows left in the spool for the next start (%s)", exc)
+        telemetry.spool_pending()
+    finally:
+        telemetry.spool.close()
+    return telemetry.metrics()
