@@ -263,7 +263,7 @@ class Core:
     def prepare(
         self,
         route: Literal["proxy", "embeddings", "generate", "openai_chat", "openai_responses", "anthropic", "gemini",
-                       "ollama"],
+                       "ollama", "openai_embeddings"],
         authorization: str | None,
         x_api_key: str | None,
         x_goog_api_key: str | None,
@@ -285,6 +285,9 @@ class Core:
         shape (:func:`entry_error`). An admitted entry call goes upstream in its provider's format
         for the resolved model, always streamed, always asking for usage, ``max_tokens``
         defaulting to the model's ``max_output_tokens``; generic (template) providers are 400.
+        ``openai_embeddings`` (OpenAI's body: ``model``, ``input`` a string or up to 2048 strings,
+        ``encoding_format`` float or base64) renders one upstream body per input
+        (:attr:`Prepared.embedding_bodies`), reserving for all of them, errors in OpenAI's shape.
 
         401 ``invalid_or_revoked_key``; 403 ``model_not_permitted`` (not granted for the route's
         kind: chat / embedding / image or video generation; unknown names too); 403
@@ -485,6 +488,9 @@ class Prepared:
         """The async content URL for ``job_id``."""
     def entry_stream(self) -> EntryStream:
         """The response side of an entry-route call. :class:`CoreError` unless it is one."""
+    @property
+    def embedding_bodies(self) -> list[bytes]:
+        """OpenAI embeddings: the upstream body of each input, in order."""
     @property
     def client_stream(self) -> bool:
         """The entry-route caller asked for a stream (False on Mesh routes)."""

@@ -9,11 +9,13 @@ upstream read. Every POST ends in exactly one row.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import base64
 import collections
 import contextlib
 import logging
+import sys
 import time
 from typing import Any
 
@@ -31,6 +33,8 @@ log = logging.getLogger("meshfast.dataplane")
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 _json = msgspec.json.Encoder()
+# Upstream calls in flight at once for one multi-input OpenAI embeddings request.
+EMBEDDING_PARALLEL = 8
 # Largest non-streamed upstream answer read (embeddings, generation).
 MAX_UPSTREAM_BODY = 300 * 1024 * 1024
 
@@ -360,7 +364,7 @@ class DataPlane:
             body = await read_body(scope, proto, self.settings.max_body_bytes)
         except errors.PayloadTooLarge as exc:
             rid = request_id()
-            self._respond(proto, exc.status, rid, entry_error(fmt, exc.status, exc.code))
+            self._respond(proto, exc.status, rid, entry_error(_shape(fmt), exc.status, exc.code))
             self.telemetry.record(Row(
                 request_id=rid, created_ms=now_ms, route=fmt, outcome="denied", status_code=exc.status,
                 deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
@@ -393,7 +397,7 @@ class DataPlane:
             await self.admission.admit(p)
         except errors.MeshfastError as exc:
             extra = [*governed, ("retry-after", str(exc.retry_after_s or 1))]
-            self._respond(proto, exc.status, p.request_id, entry_error(fmt, exc.status, exc.code), extra)
+            self._respond(proto, exc.status, p.request_id, entry_error(_shape(fmt), exc.status, exc.code), extra)
             row.status_code, row.deny_reason = exc.status, exc.code
             row.latency_ms = self._elapsed_ms(started)
             p.settle(0)
@@ -402,13 +406,62 @@ class DataPlane:
             return
         row.deny_reason = None
         try:
-            await self._entry(p, proto, row, started, fmt, body, governed)
+            if fmt == "openai_embeddings":
+                await self._openai_embeddings(p, proto, row, body, governed)
+            else:
+                await self._entry(p, proto, row, started, fmt, body, governed)
         finally:
             self.admission.release(p)
             p.settle(row.input_cost_nano + row.output_cost_nano)
             row.latency_ms = self._elapsed_ms(started)
             if p.log_requests:
                 self.telemetry.record(row)
+
+    async def _openai_embeddings(self, p: Any, proto: Any, row: Row, request_body: bytes,
+                                 governed: list[tuple[str, str]]) -> None:
+        """One upstream call per input (a few at a time), answered as OpenAI's list."""
+        gate = asyncio.Semaphore(EMBEDDING_PARALLEL)
+
+        async def one(body: bytes) -> tuple[bytes, int]:
+            async with gate:
+                response = await self.dispatcher.send(p.method, p.url, p.headers, body, local=p.local,
+                                                      attempts=p.attempts, backoff_ms=p.backoff_ms)
+                try:
+                    data = await self._read_all(response)
+                finally:
+                    response.release()
+            return p.extract_embedding(data)
+
+        try:
+            results = await asyncio.gather(*(one(b) for b in p.embedding_bodies))
+        except UpstreamError as exc:
+            self._entry_failed(proto, "openai_chat", p, row, exc)
+            return
+        except (UpstreamBodyError, TimeoutError, OSError) as exc:
+            self._entry_failed(proto, "openai_chat", p, row, UpstreamError(None, str(exc)))
+            return
+        options = _EmbeddingOptions.of(request_body)
+        as_base64 = options.encoding_format == "base64"
+        data = []
+        for index, (vector_json, _) in enumerate(results):
+            embedding: Any = msgspec.Raw(vector_json)
+            if as_base64:
+                floats = array.array("f", msgspec.json.decode(vector_json, type=list[float]))
+                if sys.byteorder != "little":
+                    floats.byteswap()
+                embedding = base64.b64encode(floats.tobytes()).decode()
+            data.append({"object": "embedding", "index": index, "embedding": embedding})
+        tokens_in = sum(tokens for _, tokens in results)
+        if tokens_in == 0:
+            # NOTE: only when the upstream reported no usage: tokenize the inputs.
+            inputs = [options.input] if isinstance(options.input, str) else options.input
+            tokens_in = sum(self.core.estimate_tokens(text) for text in inputs)
+            row.usage_estimated = True
+        self._charge(p, row, tokens_in, 0)
+        body = _json.encode({"object": "list", "data": data, "model": p.model_name,
+                             "usage": {"prompt_tokens": tokens_in, "total_tokens": tokens_in}}) + b"\n"
+        self._respond(proto, 200, p.request_id, body, governed)
+        row.outcome, row.status_code = "success", 200
 
     def _note_unclassified(self, fmt: str, fields: list[str]) -> None:
         for field in fields:
@@ -529,6 +582,16 @@ _GEMINI_PREFIXES = ("/v1beta/models/", "/v1/models/")
 _GEMINI_METHODS = {"generateContent": False, "streamGenerateContent": True}
 
 
+def _shape(fmt: str) -> str:
+    """The wire format whose error shape a route answers in."""
+    return "openai_chat" if fmt == "openai_embeddings" else fmt
+
+
+def openai_embeddings_call(path: str, query: str | None) -> bool:
+    """``POST /v1/embeddings`` with the model in the body (OpenAI) rather than ``?model=`` (Mesh)."""
+    return path == "/v1/embeddings" and "model=" not in (query or "")
+
+
 def gemini_call(path: str) -> tuple[str, bool] | None:
     """``(model, stream)`` of a Gemini ``models/{model}:generateContent`` (or
     ``:streamGenerateContent``) path under ``/v1beta`` or ``/v1``; None for any other path."""
@@ -595,6 +658,18 @@ def _delta_text(sent: list[bytes]) -> str:
         d.delta or "" for chunk in sent for line in chunk.splitlines() if line
         for d in (_delta_decoder.decode(line),)
     )
+
+
+class _EmbeddingOptions(msgspec.Struct):
+    input: str | list[str] = ""
+    encoding_format: str | None = None
+
+    @classmethod
+    def of(cls, body: bytes) -> _EmbeddingOptions:
+        try:
+            return msgspec.json.decode(body, type=cls)
+        except msgspec.MsgspecError:
+            return cls()
 
 
 def _model_param(query: str) -> str | None:

@@ -46,6 +46,10 @@ def world(gateway: Gateway, testserve: EmulatedProviders) -> dict[str, Any]:
             models[name] = gateway.create_model(provider["id"], name, resolved_model=f"dummy-{scenario}",
                                                 supports_image_in=True)
             gateway.grant(user["id"], models[name]["id"])
+        if family in ("openai", "gemini"):
+            embed = gateway.create_model(provider["id"], f"en-{family}-embed", resolved_model="dummy-embed",
+                                         kind="embedding")
+            gateway.grant(user["id"], embed["id"])
     gateway.create_model(provider["id"], "en-not-granted", resolved_model="dummy-ok")
     return {"user": user, "models": models}
 
@@ -259,3 +263,24 @@ def test_ollama_tags_lists_the_keys_models(gateway: Gateway, world: dict[str, An
     assert set(world["models"]) <= names and "en-not-granted" not in names
     r = httpx.get(f"{gateway.base_url}/api/tags")
     assert r.status_code == 401 and json.loads(r.text)["error"]
+
+
+@pytest.mark.parametrize("family", ["openai", "gemini"])
+def test_openai_embeddings_with_the_model_in_the_body(gateway: Gateway, world: dict[str, Any], family: str) -> None:
+    """String and list input, base64 (the SDK's default) and float, one row per request."""
+    key = world["user"]["key"]
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0)
+    model = f"en-{family}-embed"
+    listed = client.embeddings.create(model=model, input=["hello", "world"])
+    assert [d.index for d in listed.data] == [0, 1] and listed.model == model
+    floats = client.embeddings.create(model=model, input="hello", encoding_format="float")
+    assert len(floats.data) == 1 and len(floats.data[0].embedding) == len(listed.data[0].embedding) > 0
+    # base64 carries float32: the same vector up to float32 rounding.
+    assert listed.data[0].embedding == pytest.approx(floats.data[0].embedding, rel=1e-6)
+    rows = gateway.fetch_rows("model_name", [model], at_least=2)
+    assert [(r["route"], r["outcome"], r["status_code"]) for r in rows] == [("openai_embeddings", "success", 200)] * 2
+    assert rows[0]["tokens_in"] == listed.usage.prompt_tokens > 0
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model=f"en-{family}-ok", input="a chat model")
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=model, input=[[1, 2, 3]])

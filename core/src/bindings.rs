@@ -604,6 +604,12 @@ impl PyPrepared {
         })
     }
 
+    /// OpenAI embeddings: the upstream body of each input, in order.
+    #[getter]
+    fn embedding_bodies<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        Ok(self.upstream()?.embedding_bodies.iter().map(|b| PyBytes::new(py, b)).collect())
+    }
+
     /// Whether the caller of an entry route asked for a stream (False on Mesh routes).
     #[getter]
     fn client_stream(&self) -> bool {

@@ -31,6 +31,8 @@ pub enum Route {
     Embeddings,
     Generate,
     Entry(Format),
+    /// OpenAI's `POST /v1/embeddings` (model and input in the body).
+    OpenAiEmbeddings,
 }
 
 impl Route {
@@ -42,6 +44,7 @@ impl Route {
             "proxy" => Self::Proxy,
             "embeddings" => Self::Embeddings,
             "generate" => Self::Generate,
+            "openai_embeddings" => Self::OpenAiEmbeddings,
             other => Self::Entry(Format::parse(other)?),
         })
     }
@@ -49,7 +52,7 @@ impl Route {
     fn admits(self, kind: ModelKind) -> bool {
         match self {
             Self::Proxy | Self::Entry(_) => kind == ModelKind::Chat,
-            Self::Embeddings => kind == ModelKind::Embedding,
+            Self::Embeddings | Self::OpenAiEmbeddings => kind == ModelKind::Embedding,
             Self::Generate => matches!(kind, ModelKind::ImageGeneration | ModelKind::VideoGeneration),
         }
     }
@@ -96,6 +99,8 @@ pub struct Upstream {
     pub output_media_type: Option<String>,
     /// Set on the standard entry routes: how the response is translated back.
     pub entry: Option<EntryPlan>,
+    /// OpenAI embeddings: the upstream body of every input, one call each (`body` is the first).
+    pub embedding_bodies: Vec<Vec<u8>>,
 }
 
 /// How an entry-route call's response reaches the caller.
@@ -339,7 +344,12 @@ impl Prepared {
 #[must_use]
 pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Request<'_>) -> Prepared {
     let mut p = prepare_inner(snapshot, segment, req);
-    if let (Route::Entry(format), true) = (req.route, p.status != 0) {
+    let shape = match req.route {
+        Route::Entry(format) => Some(format),
+        Route::OpenAiEmbeddings => Some(Format::OpenAiChat),
+        _ => None,
+    };
+    if let (Some(format), true) = (shape, p.status != 0) {
         let code = if p.status == 404 { "model_not_found" } else { p.deny_reason.unwrap_or("invalid_request") };
         let detail = mesh_detail(&p.body);
         p.body = crate::entry::error_body(format, p.status, code, detail.as_deref());
@@ -357,7 +367,7 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
     let mut p = Prepared { request_id: crate::ids::request_id(), log_requests: true, ..Prepared::default() };
     if let Some(model) = req.model {
         model.clone_into(&mut p.requested_model);
-    } else if !matches!(req.route, Route::Entry(_)) {
+    } else if !matches!(req.route, Route::Entry(_) | Route::OpenAiEmbeddings) {
         p.requested_model = req.query_string.and_then(|q| query_param(q, "model")).map(Cow::into_owned).unwrap_or_default();
     }
 
@@ -391,10 +401,26 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
         }
     }
 
+    let mut embedding_inputs = Vec::new();
+    if req.route == Route::OpenAiEmbeddings {
+        match openai_embedding_request(req.body) {
+            Ok((model, inputs)) => {
+                if req.model.is_none() {
+                    p.requested_model = model;
+                }
+                embedding_inputs = inputs;
+            }
+            Err(detail) => {
+                p.invalid(Some(detail));
+                return p;
+            }
+        }
+    }
+
     // 3. The grant for this route's kind; unknown names are the same 403 (404 on entry routes).
     let grant = snapshot.grant_by_name(key.principal, &p.requested_model);
     let Some((grant, model)) = grant.map(|g| (g, &snapshot.models[g.model as usize])).filter(|(_, m)| req.route.admits(m.kind)) else {
-        if let Route::Entry(_) = req.route {
+        if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
             let known = snapshot.models.iter().any(|m| m.name == p.requested_model);
             p.deny(404, if known { "model_not_permitted" } else { "unknown_model" }, |_| {});
         } else {
@@ -423,7 +449,7 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
             p.deny(500, "internal_error", |_| {});
             return p;
         }
-        Route::Embeddings if plan.embedding.is_none() => {
+        Route::Embeddings | Route::OpenAiEmbeddings if plan.embedding.is_none() => {
             p.deny(400, "embeddings_not_supported_by_provider", |_| {});
             return p;
         }
@@ -475,6 +501,7 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
         Route::Proxy => proxy(&mut p, req.body, model, provider),
         Route::Embeddings => embeddings(&mut p, req.body, model, provider),
         Route::Generate => generate(&mut p, req.body, model, provider),
+        Route::OpenAiEmbeddings => openai_embeddings(&embedding_inputs, model, provider),
         Route::Entry(format) => match decoded {
             Some(decoded) => entry(&mut p, format, decoded, model, provider),
             None => None,
@@ -557,6 +584,7 @@ fn base_upstream(provider: &Provider, model: &Model, url: String, headers: Vec<(
         api_key: Secret::default(),
         output_media_type: model.output_media_type.clone(),
         entry: None,
+        embedding_bodies: Vec::new(),
     }
 }
 
@@ -718,6 +746,54 @@ fn json_string(text: &str) -> Vec<u8> {
     out
 }
 
+/// `(model, inputs)` of an OpenAI embeddings body; `input` is a string or a list of strings
+/// (token-id arrays are refused: meshfast does not know the provider's tokenizer).
+fn openai_embedding_request(body: &[u8]) -> Result<(String, Vec<String>), &'static str> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| "the body is not a JSON object")?;
+    let model = value.get("model").and_then(|m| m.as_str()).filter(|m| !m.is_empty()).ok_or("model must be a non-empty string")?;
+    let inputs = match value.get("input") {
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(items)) if !items.is_empty() && items.len() <= MAX_EMBEDDING_INPUTS => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("input must be a string or a list of strings (token arrays are not supported)")?,
+        Some(serde_json::Value::Array(items)) if items.len() > MAX_EMBEDDING_INPUTS => return Err("at most 2048 inputs per request"),
+        _ => return Err("input must be a non-empty string or list of strings"),
+    };
+    if inputs.iter().any(String::is_empty) {
+        return Err("input must not contain empty strings");
+    }
+    if let Some(format) = value.get("encoding_format") {
+        if !matches!(format.as_str(), Some("float" | "base64")) {
+            return Err("encoding_format must be float or base64");
+        }
+    }
+    Ok((model.to_owned(), inputs))
+}
+
+/// OpenAI's limit on inputs in one embeddings request.
+pub const MAX_EMBEDDING_INPUTS: usize = 2048;
+
+fn openai_embeddings(inputs: &[String], model: &Model, provider: &Provider) -> Option<Upstream> {
+    let mut upstream = render_embedding(provider, model, inputs.first()?)?;
+    upstream.embedding_bodies = inputs.iter().filter_map(|i| render_embedding(provider, model, i).map(|u| u.body)).collect();
+    upstream.input_tokens_bound = inputs.iter().map(|i| text_token_bound(i)).sum();
+    upstream.weight = u32::try_from(inputs.len()).unwrap_or(u32::MAX);
+    Some(upstream)
+}
+
+/// The upstream call embedding `input` with the provider's embedding plan.
+fn render_embedding(provider: &Provider, model: &Model, input: &str) -> Option<Upstream> {
+    let plan = provider.plan.embedding.as_ref()?;
+    let input_json = json_string(input);
+    let vars = Vars { api_key: Some(&provider.api_key.0), model: Some(&model.resolved_model), input_json: Some(&input_json), ..Vars::default() };
+    let body = plan.body.render(&Vars { api_key: None, ..vars });
+    let mut upstream = base_upstream(provider, model, plan.url.render_string(&vars), headers(&provider.plan, &vars), body);
+    upstream.input_tokens_bound = text_token_bound(input);
+    Some(upstream)
+}
+
 fn embeddings(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> Option<Upstream> {
     let Ok(request) = serde_json::from_slice::<EmbeddingsBody<'_>>(body) else {
         p.invalid(None);
@@ -727,13 +803,7 @@ fn embeddings(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider)
         p.invalid(Some(EMPTY_INPUT));
         return None;
     };
-    let plan = provider.plan.embedding.as_ref()?;
-    let input_json = json_string(&input);
-    let vars = Vars { api_key: Some(&provider.api_key.0), model: Some(&model.resolved_model), input_json: Some(&input_json), ..Vars::default() };
-    let body = plan.body.render(&Vars { api_key: None, ..vars });
-    let mut upstream = base_upstream(provider, model, plan.url.render_string(&vars), headers(&provider.plan, &vars), body);
-    upstream.input_tokens_bound = text_token_bound(&input);
-    Some(upstream)
+    render_embedding(provider, model, &input)
 }
 
 fn generate(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> Option<Upstream> {
@@ -893,6 +963,20 @@ mod tests {
         let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", b"{nope"));
         assert_eq!((p.status, p.deny_reason), (400, Some("invalid_request")));
         assert_eq!(body_json(&p)["error"]["code"], "invalid_request");
+    }
+
+    #[test]
+    fn test_openai_embeddings_body_is_validated_and_rendered_per_input() {
+        assert_eq!(openai_embedding_request(br#"{"model":"m","input":"a"}"#), Ok(("m".into(), vec!["a".into()])));
+        assert_eq!(openai_embedding_request(br#"{"model":"m","input":["a","b"]}"#).unwrap().1.len(), 2);
+        for bad in [&br#"{"model":"m","input":[1,2]}"#[..], br#"{"model":"m","input":[]}"#, br#"{"input":"a"}"#,
+                    br#"{"model":"m","input":"a","encoding_format":"int8"}"#, br#"{"model":"m","input":[""]}"#, b"[]"] {
+            assert!(openai_embedding_request(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let s = snapshot();
+        let p = prepare(&s, None, &req(Route::OpenAiEmbeddings, "", br#"{"model":"gpt-b","input":["x"]}"#));
+        assert_eq!((p.status, p.deny_reason), (404, Some("model_not_permitted")), "a chat model is not an embedding model");
+        assert_eq!(body_json(&p)["error"]["code"], "model_not_found");
     }
 
     #[test]
