@@ -171,6 +171,7 @@ class DataPlane:
         incomplete = False
         client_gone = False
         ended = False  # the upstream body ended, or the stream reached its done signal
+        cancelled = False
         sent: list[bytes] = []
         tail = b""
         try:
@@ -203,6 +204,9 @@ class DataPlane:
                 elif stream.done:
                     ended = True
                     break
+        except asyncio.CancelledError:
+            # Cut at the drain bound: charged for what it carried, recorded, then cancelled.
+            incomplete = cancelled = True
         finally:
             # NOTE: release pools the connection (after the body's last framing arrives); a
             # stream cut short, abandoned by its caller or cancelled closes it instead.
@@ -211,14 +215,16 @@ class DataPlane:
             else:
                 response.close()
         self._account_stream(p, stream, row, request_body, sent, cut_short=incomplete or client_gone)
+        row.status_code = 200
+        row.outcome = "upstream_error" if incomplete else "success"
+        if cancelled:
+            raise asyncio.CancelledError
         final = tail + stream.finish(incomplete)
         if not client_gone:
             try:
                 await transport.send_bytes(final)
             except Exception:
                 client_gone = True
-        row.status_code = 200
-        row.outcome = "upstream_error" if incomplete else "success"
 
     def _account_stream(self, p: Any, stream: Any, row: Row, request_body: bytes, sent: list[bytes],
                         cut_short: bool = False) -> None:
@@ -500,7 +506,7 @@ class DataPlane:
                 ("content-type", entry_stream_content_type(fmt)), ("x-request-id", p.request_id),
                 ("cache-control", "no-cache"), *governed,
             ])
-        cut_short = client_gone = ended = False
+        cut_short = client_gone = ended = cancelled = False
         try:
             while True:
                 try:
@@ -523,6 +529,9 @@ class DataPlane:
                 if es.ended:
                     ended = True
                     break
+        except asyncio.CancelledError:
+            # Cut at the drain bound: charged for what it carried, recorded, then cancelled.
+            cut_short = cancelled = True
         finally:
             if ended:
                 response.release()
@@ -544,6 +553,10 @@ class DataPlane:
         # NOTE: cached prompt tokens are priced as input until prices per token class exist.
         self._charge(p, row, usage_in + cache_read + cache_write, usage_out)
         row.tokens_in = usage_in
+        if cancelled:
+            row.status_code = 200 if transport is not None else 503
+            row.outcome = "upstream_error"
+            raise asyncio.CancelledError
         if transport is not None:
             if final and not client_gone:
                 with contextlib.suppress(Exception):

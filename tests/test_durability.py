@@ -469,8 +469,13 @@ def test_drain_is_bounded(fresh_dir: Path, slow_testserve: EmulatedProviders) ->
         assert gw.proc.wait(40) == 0
         assert time.monotonic() - started < 15
         thread.join(30)
-        assert len([line for line in out["lines"] if "delta" in line]) < 80
-        assert _stored_row(gw.data_dir / "pg", out["rid"]) is not None
+        delivered = len([line for line in out["lines"] if "delta" in line])
+        assert 0 < delivered < 80
+        row = _stored_row(gw.data_dir / "pg", out["rid"])
+        assert row is not None
+        # Cut at the bound: an interrupted stream, charged for what it carried.
+        assert (row["outcome"], row["status_code"]) == ("upstream_error", 200)
+        assert row["tokens_out"] >= delivered and row["output_cost"] > 0
     finally:
         gw.stop()
 
