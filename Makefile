@@ -35,6 +35,7 @@ test: setup ## set up and run every test: Rust unit tests, Python tests, benchma
 	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
+	$(MAKE) fuzz-quick
 
 .PHONY: test-rust
 test-rust: ## Rust unit and property tests only
@@ -67,6 +68,21 @@ lint: ## ruff, clippy and the stub check
 .PHONY: stubtest
 stubtest: ## check meshfast/_core.pyi against the built module
 	$(BIN)/python -m mypy.stubtest meshfast._core
+
+FUZZ_TARGETS := http1_response sse_stream translate template
+FUZZ_SECONDS ?= 150
+
+.PHONY: fuzz
+fuzz: ## libFuzzer on the core's parsers (nightly + cargo-fuzz), FUZZ_SECONDS each (default: 10 min in all)
+	@cargo +nightly --version >/dev/null 2>&1 || { echo "fuzz: needs a nightly toolchain (rustup toolchain install nightly)"; exit 1; }
+	@command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+	cd core && for t in $(FUZZ_TARGETS); do \
+		cargo +nightly fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; done
+
+.PHONY: fuzz-quick
+fuzz-quick: ## a short fuzz run of every target (CI); skipped without a nightly toolchain
+	@if cargo +nightly --version >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=15; \
+	else echo "fuzz-quick: no nightly toolchain, skipped (the Hypothesis parser tests still ran)"; fi
 
 .PHONY: lock
 lock: $(BIN)/python ## refresh requirements-lock.txt from the current environment
