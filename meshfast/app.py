@@ -26,6 +26,7 @@ from meshfast.admission import Admission
 from meshfast.dataplane import ENTRY_ROUTES, DataPlane, gemini_call, ollama_tags, openai_embeddings_call
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, ensure_log_partitions
+from meshfast.metrics import Metrics
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
 from meshfast.snapshot import Config, encode, load_config
@@ -152,6 +153,7 @@ class App:
         self.admin: AdminRouter | None = None
         self.leader: Leader | None = None
         self.dispatcher: Dispatcher | None = None
+        self.metrics: Metrics | None = None
         self.telemetry: Telemetry | None = None
         self.data: DataPlane | None = None
         self._draining = False
@@ -229,14 +231,15 @@ class App:
             ("purge", COUNTER_PURGE_S, self._purge),
         ])
         self.leader.start()
+        self.metrics = Metrics(self.segment)
         self.dispatcher = Dispatcher(Timeouts(
             connect_s=settings.upstream_connect_timeout_s, idle_s=settings.stream_idle_timeout_s,
-            total_deadline_s=settings.upstream_deadline_s), client=settings.upstream_client)
+            total_deadline_s=settings.upstream_deadline_s), client=settings.upstream_client, metrics=self.metrics)
         await self.dispatcher.start()
         self.telemetry = Telemetry(self.segment, self.gateway_pool, settings.spool_dir)
         self.telemetry.start()
         admission = Admission(settings.admission_capacity, settings.inflight_ceiling, settings.memory_ceiling_bytes)
-        self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission)
+        self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics)
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
@@ -298,6 +301,8 @@ class App:
                 self._ollama_tags(scope, proto, method)
             elif path == "/v1/models" or path == "/v1/usage":
                 self._data_view(scope, proto, path, method)
+            elif path == "/admin/metrics":
+                await self._metrics(scope, proto, method)
             elif path.startswith("/admin/"):
                 await self._admin(scope, proto, path, method)
             elif path == "/healthz":
@@ -348,6 +353,22 @@ class App:
             time.time_ns() // 1_000_000,
         )
         proto.response_bytes(status, [("content-type", JSON), ("x-request-id", rid)], body)
+
+    async def _metrics(self, scope: Any, proto: Any, method: str) -> None:
+        """``GET /admin/metrics``: the instance's counters in Prometheus text (admin auth)."""
+        assert self.admin is not None and self.metrics is not None
+        try:
+            if method != "GET":
+                raise errors.MethodNotAllowed()
+            await self.admin.authenticate(scope.headers.get("authorization"))
+        except errors.MeshfastError as exc:
+            self._error(proto, exc)
+            return
+        except (TimeoutError, asyncpg.PostgresConnectionError, OSError):
+            self._error(proto, errors.DatabaseUnavailable())
+            return
+        proto.response_bytes(200, [("content-type", "text/plain; version=0.0.4"), ("cache-control", "no-store")],
+                             self.metrics.prometheus())
 
     async def _admin(self, scope: Any, proto: Any, path: str, method: str) -> None:
         assert self.admin is not None and self.settings is not None

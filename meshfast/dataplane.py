@@ -25,6 +25,7 @@ from meshfast import errors
 from meshfast._core import Core, UpstreamBodyError, entry_error, entry_stream_content_type, request_id
 from meshfast.admission import Admission
 from meshfast.dispatch import Dispatcher, UpstreamError, UpstreamResponse
+from meshfast.metrics import Metrics
 from meshfast.settings import Settings
 from meshfast.telemetry import Row, Telemetry
 
@@ -58,8 +59,9 @@ class _ClientGone(Exception):
 
 class DataPlane:
     def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings,
-                 admission: Admission) -> None:
+                 admission: Admission, metrics: Metrics | None = None) -> None:
         self.core = core
+        self.metrics = metrics
         self.admission = admission
         self.dispatcher = dispatcher
         self.telemetry = telemetry
@@ -80,7 +82,7 @@ class DataPlane:
         except errors.PayloadTooLarge as exc:
             rid = request_id()
             self._respond(proto, exc.status, rid, exc.body())
-            self.telemetry.record(Row(
+            self._record(Row(
                 request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=exc.status,
                 deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
                 user_agent=user_agent, requested_model=_model_param(scope.query_string)))
@@ -104,8 +106,7 @@ class DataPlane:
                 extra.append(("x-should-retry", "false"))
             self._respond(proto, p.status, p.request_id, p.body, extra)
             row.latency_ms = self._elapsed_ms(started)
-            if p.log_requests:
-                self.telemetry.record(row)
+            self._record(row, p.log_requests)
             return
         try:
             await self.admission.admit(p)
@@ -115,8 +116,7 @@ class DataPlane:
             row.status_code, row.deny_reason = exc.status, exc.code
             row.latency_ms = self._elapsed_ms(started)
             p.settle(0)
-            if p.log_requests:
-                self.telemetry.record(row)
+            self._record(row, p.log_requests)
             return
         row.deny_reason = None
         try:
@@ -131,22 +131,32 @@ class DataPlane:
             # Turns the budget reservation into the actual cost (0 when the call failed).
             p.settle(row.input_cost_nano + row.output_cost_nano)
             row.latency_ms = self._elapsed_ms(started)
-            if p.log_requests:
-                self.telemetry.record(row)
+            self._record(row, p.log_requests)
 
     # --- routes -------------------------------------------------------------------------
 
-    async def _send(self, p: Any, proto: Any, row: Row, method: str | None = None, url: str | None = None,
-                    body: bytes | None = None) -> UpstreamResponse | None:
-        """Send upstream with retries; on final failure answer 502 and fill the row."""
+    async def _send(self, p: Any, proto: Any, row: Row) -> UpstreamResponse | None:
+        """Send upstream with retries and one failover; on final failure answer 502 and fill the row."""
         try:
-            return await self.dispatcher.send(
-                method or p.method, url or p.url, p.headers, p.upstream_body if body is None else body,
-                local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
-            )
+            return await self._dispatch(p, row)
         except UpstreamError as exc:
             self._upstream_failed(p, proto, row, exc)
             return None
+
+    async def _dispatch(self, p: Any, row: Row) -> UpstreamResponse:
+        """Send with the deployment's retries; after a final transport failure (no HTTP answer) or
+        503, once more to the model's next deployment, whose provider the row then names."""
+        try:
+            return await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
+                                              attempts=p.attempts, backoff_ms=p.backoff_ms)
+        except UpstreamError as exc:
+            if exc.status not in (None, 503) or not p.failover():
+                raise
+            log.info("request %s: failing over to provider %s (%s)", p.request_id, p.provider_id,
+                     exc.status or "no answer")
+        row.provider_id = p.provider_id
+        return await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
+                                          attempts=p.attempts, backoff_ms=p.backoff_ms)
 
     def _upstream_failed(self, p: Any, proto: Any, row: Row, exc: UpstreamError, detail: str | None = None) -> None:
         payload: dict[str, Any] = {"error": "upstream_unavailable"}
@@ -242,9 +252,11 @@ class DataPlane:
         self._charge(p, row, tokens_in, tokens_out, web_searches=stream.web_searches)
 
     def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0,
-                web_searches: int = 0) -> None:
-        """Price the call into the row; `handle` settles the reservation with it."""
-        input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, web_searches)
+                web_searches: int = 0, cache_read: int = 0, cache_write: int = 0) -> None:
+        """Price the call into the row (each token class at its price; ``tokens_in`` excludes
+        cached tokens); `handle` settles the reservation with it."""
+        input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, web_searches,
+                                                  cache_read, cache_write)
         row.web_searches = web_searches
         row.tokens_in, row.tokens_out = tokens_in, tokens_out
         row.input_cost_nano, row.output_cost_nano = input_nano, output_nano
@@ -371,7 +383,7 @@ class DataPlane:
         except errors.PayloadTooLarge as exc:
             rid = request_id()
             self._respond(proto, exc.status, rid, entry_error(_shape(fmt), exc.status, exc.code))
-            self.telemetry.record(Row(
+            self._record(Row(
                 request_id=rid, created_ms=now_ms, route=fmt, outcome="denied", status_code=exc.status,
                 deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
                 user_agent=user_agent, requested_model=model))
@@ -395,8 +407,7 @@ class DataPlane:
                 extra.append(("x-should-retry", "false"))
             self._respond(proto, p.status, p.request_id, p.body, extra)
             row.latency_ms = self._elapsed_ms(started)
-            if p.log_requests:
-                self.telemetry.record(row)
+            self._record(row, p.log_requests)
             return
         self._note_unclassified(fmt, p.unknown_fields)
         try:
@@ -407,8 +418,7 @@ class DataPlane:
             row.status_code, row.deny_reason = exc.status, exc.code
             row.latency_ms = self._elapsed_ms(started)
             p.settle(0)
-            if p.log_requests:
-                self.telemetry.record(row)
+            self._record(row, p.log_requests)
             return
         row.deny_reason = None
         try:
@@ -420,8 +430,7 @@ class DataPlane:
             self.admission.release(p)
             p.settle(row.input_cost_nano + row.output_cost_nano)
             row.latency_ms = self._elapsed_ms(started)
-            if p.log_requests:
-                self.telemetry.record(row)
+            self._record(row, p.log_requests)
 
     async def _openai_embeddings(self, p: Any, proto: Any, row: Row, request_body: bytes,
                                  governed: list[tuple[str, str]]) -> None:
@@ -469,7 +478,16 @@ class DataPlane:
         self._respond(proto, 200, p.request_id, body, governed)
         row.outcome, row.status_code = "success", 200
 
+    def _record(self, row: Row, log_requests: bool = True) -> None:
+        """Counts the request in the metrics and, unless its provider opted out, writes its row."""
+        if self.metrics is not None:
+            self.metrics.request(row.route, row.outcome, row.deny_reason, row.count)
+        if log_requests:
+            self.telemetry.record(row)
+
     def _note_unclassified(self, fmt: str, fields: list[str]) -> None:
+        if fields and self.metrics is not None:
+            self.metrics.unclassified(len(fields))
         for field in fields:
             key = (fmt, field)
             if key not in self.unclassified:
@@ -494,8 +512,7 @@ class DataPlane:
     async def _entry(self, p: Any, proto: Any, row: Row, started: float, fmt: str, request_body: bytes,
                      governed: list[tuple[str, str]]) -> None:
         try:
-            response = await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
-                                                  attempts=p.attempts, backoff_ms=p.backoff_ms)
+            response = await self._dispatch(p, row)
         except UpstreamError as exc:
             self._entry_failed(proto, fmt, p, row, exc)
             return
@@ -550,9 +567,7 @@ class DataPlane:
         final = es.finish()
         broken = cut_short or es.error is not None
         row.cache_read_tokens, row.cache_write_tokens = cache_read, cache_write
-        # NOTE: cached prompt tokens are priced as input until prices per token class exist.
-        self._charge(p, row, usage_in + cache_read + cache_write, usage_out)
-        row.tokens_in = usage_in
+        self._charge(p, row, usage_in, usage_out, cache_read=cache_read, cache_write=cache_write)
         if cancelled:
             row.status_code = 200 if transport is not None else 503
             row.outcome = "upstream_error"

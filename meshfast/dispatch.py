@@ -97,11 +97,13 @@ class UpstreamResponse(Protocol):
 
 
 class Dispatcher:
-    def __init__(self, timeouts: Timeouts | None = None, client: str = "native") -> None:
+    def __init__(self, timeouts: Timeouts | None = None, client: str = "native", metrics: Any = None) -> None:
         if client not in ("native", "aiohttp"):
             raise ValueError(f"unknown upstream client {client!r} (native or aiohttp)")
         self.timeouts = timeouts or Timeouts()
         self.client = client
+        # meshfast.metrics.Metrics, counting every attempt's result.
+        self.metrics = metrics
         self._native: http1.Client | None = None
         self._aiohttp: Any = None
 
@@ -150,13 +152,19 @@ class Dispatcher:
                 # A refused address, URL or header: the same on every attempt.
                 if attempts_log is not None:
                     attempts_log.statuses.append(None)
+                if self.metrics is not None:
+                    self.metrics.attempt(None, attempt > 0)
                 raise UpstreamError(None, str(exc)) from None
             except (TimeoutError, OSError) as exc:
                 exc.__traceback__ = None
                 last = UpstreamError(None, f"{type(exc).__name__}: {exc}".strip())
                 if attempts_log is not None:
                     attempts_log.statuses.append(None)
+                if self.metrics is not None:
+                    self.metrics.attempt(None, attempt > 0)
             else:
+                if self.metrics is not None:
+                    self.metrics.attempt(response.status, attempt > 0)
                 if response.status < 400:
                     return response
                 try:

@@ -1,0 +1,105 @@
+"""Instance-wide Prometheus counters, kept in the shared-memory segment.
+
+Every worker adds to the same counters (one atomic add each, no lock, no database), so a scrape
+of any worker sees the whole instance, and a worker's death loses nothing it counted. Series are
+a fixed set (routes x outcomes, deny reasons, upstream attempt results): the segment is a hash
+table, so what is exported must be known up front; anything else is counted under ``other``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshfast._core import GLOBAL_INFLIGHT, counter_key
+from meshfast.telemetry import metrics as telemetry_metrics
+
+ROUTES = ("proxy", "embeddings", "generate", "openai_chat", "openai_responses", "anthropic", "gemini", "ollama",
+          "openai_embeddings")
+OUTCOMES = ("success", "upstream_error", "denied")
+DENY_REASONS = (
+    "invalid_or_revoked_key", "model_not_permitted", "unknown_model", "model_blocked", "outside_allowed_hours",
+    "provider_hourly_limit_reached", "user_model_hourly_limit_reached", "budget_exceeded", "paused_by_admin",
+    "server_busy", "provider_busy", "invalid_request", "content_type_not_supported_by_model",
+    "web_search_not_supported_by_model", "embeddings_not_supported_by_provider",
+    "generation_not_supported_by_provider", "payload_too_large", "internal_error", "other",
+)
+# An upstream attempt ends in a status class or a transport failure.
+ATTEMPT_RESULTS = ("2xx", "4xx", "429", "5xx", "transport")
+
+
+def _key(series: str) -> bytes:
+    # NOTE: GLOBAL_INFLIGHT is the core's process-wide counter kind (no period); the name keeps
+    # these keys apart from the in-flight weight's and from telemetry's.
+    return counter_key(GLOBAL_INFLIGHT, "meshfast.metrics", series, 0)
+
+
+_REQUESTS = {(r, o): _key(f"requests:{r}:{o}") for r in ROUTES for o in OUTCOMES}
+_DENIALS = {reason: _key(f"denials:{reason}") for reason in DENY_REASONS}
+_ATTEMPTS = {result: _key(f"attempts:{result}") for result in ATTEMPT_RESULTS}
+_RETRIES = _key("retries")
+_UNCLASSIFIED = _key("unclassified_fields")
+
+
+class Metrics:
+    """The counters of one instance; cheap enough for the request path (a dict lookup and an
+    atomic add per event)."""
+
+    def __init__(self, segment: Any) -> None:
+        self._segment = segment
+
+    def request(self, route: str, outcome: str, deny_reason: str | None, count: int = 1) -> None:
+        key = _REQUESTS.get((route, outcome))
+        if key is not None:
+            self._segment.add(key, count)
+        if deny_reason is not None:
+            self._segment.add(_DENIALS.get(deny_reason, _DENIALS["other"]), count)
+
+    def attempt(self, status: int | None, retried: bool) -> None:
+        if status is None:
+            result = "transport"
+        elif status == 429:
+            result = "429"
+        else:
+            result = f"{min(status // 100, 5)}xx" if status >= 200 else "transport"
+        self._segment.add(_ATTEMPTS.get(result, _ATTEMPTS["transport"]), 1)
+        if retried:
+            self._segment.add(_RETRIES, 1)
+
+    def unclassified(self, n: int) -> None:
+        self._segment.add(_UNCLASSIFIED, n)
+
+    def snapshot(self) -> dict[str, Any]:
+        get = self._segment.get
+        return {
+            "requests": {f"{r}:{o}": get(k) for (r, o), k in _REQUESTS.items()},
+            "denials": {reason: get(k) for reason, k in _DENIALS.items()},
+            "attempts": {result: get(k) for result, k in _ATTEMPTS.items()},
+            "retries": get(_RETRIES),
+            "unclassified_fields": get(_UNCLASSIFIED),
+            "telemetry": telemetry_metrics(self._segment),
+        }
+
+    def prometheus(self, extra: dict[str, float] | None = None) -> bytes:
+        """The Prometheus text exposition (version 0.0.4) of every series."""
+        get = self._segment.get
+        lines = [
+            "# HELP meshfast_requests_total Data-plane POST requests by route and outcome.",
+            "# TYPE meshfast_requests_total counter",
+        ]
+        lines += [f'meshfast_requests_total{{route="{r}",outcome="{o}"}} {get(k)}' for (r, o), k in _REQUESTS.items()]
+        lines += ["# HELP meshfast_denials_total Denied requests by reason.", "# TYPE meshfast_denials_total counter"]
+        lines += [f'meshfast_denials_total{{reason="{reason}"}} {get(k)}' for reason, k in _DENIALS.items()]
+        lines += ["# HELP meshfast_upstream_attempts_total Upstream attempts by result.",
+                  "# TYPE meshfast_upstream_attempts_total counter"]
+        lines += [f'meshfast_upstream_attempts_total{{result="{res}"}} {get(k)}' for res, k in _ATTEMPTS.items()]
+        lines += ["# HELP meshfast_upstream_retries_total Upstream attempts that were retries.",
+                  "# TYPE meshfast_upstream_retries_total counter", f"meshfast_upstream_retries_total {get(_RETRIES)}",
+                  "# HELP meshfast_unclassified_request_fields_total Request fields an entry codec could not classify.",
+                  "# TYPE meshfast_unclassified_request_fields_total counter",
+                  f"meshfast_unclassified_request_fields_total {get(_UNCLASSIFIED)}"]
+        for name, value in telemetry_metrics(self._segment).items():
+            series = f"meshfast_telemetry_rows_{name}_total"
+            lines += [f"# TYPE {series} counter", f"{series} {value}"]
+        for name, value in (extra or {}).items():
+            lines += [f"# TYPE meshfast_{name} gauge", f"meshfast_{name} {value:g}"]
+        return ("\n".join(lines) + "\n").encode()
