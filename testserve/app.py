@@ -25,7 +25,8 @@ from .families import Call, Plan, enc
 dec = msgspec.json.decode
 
 SCENARIOS = ("ok", "slow", "hang", "error-400", "error-429", "error-500", "flaky", "conn-reset", "badjson",
-             "nousage", "empty", "unicode", "huge", "keepalive", "customdone", "failed")
+             "nousage", "empty", "unicode", "huge", "keepalive", "customdone", "failed", "tools", "cache",
+             "reasoning")
 # Longest first, so `-error-500` wins over a shorter suffix that also matches.
 _SUFFIXES = tuple(sorted((s for s in SCENARIOS if s != "ok"), key=len, reverse=True))
 PLACEHOLDERS = ("{{content_json}}", "{{max_tokens_json}}", "{{input_json}}", "{{prompt_json}}", "{{query}}",
@@ -300,10 +301,18 @@ class App:
         if prompt.rejected:
             self.send_error(proto, family, 400, "invalid_request_error", f"testserve: {prompt.rejected}")
             return
+        results = content.trailing_tool_results(family, body)
+        if results:
+            # The caller answered the model's calls: the reply acknowledges the results (the
+            # earlier user text is not repeated, whichever turn each family calls "last user").
+            prompt = Prompt()
+            for result in results:
+                prompt.add_tool_result(result)
         label = "ollama" if family == "ollama_native" else family
         text = content.reply_text(label, prompt, scenario)
         words = [] if scenario == "empty" else content.split_words(text)
-        call = Call(label, model, body, scenario, words, prompt.input_tokens, _tool_call(family, body, prompt),
+        tool = _tool_call(family, body, prompt, scenario, after_results=bool(results))
+        call = Call(label, model, body, scenario, words, prompt.input_tokens, tool,
                     _search_query(family, body, prompt))
         so = body.get("stream_options")
         call.include_usage = isinstance(so, dict) and so.get("include_usage") is True
@@ -637,11 +646,14 @@ def _function_tools(tools: Any) -> list[tuple[str, Any]]:
 
 
 def _pick(declared: list[tuple[str, Any]], forced: str | None, force_any: bool, prompt: Prompt,
-          ) -> tuple[str, str] | None:
+          scenario: str, after_results: bool) -> tuple[str, str] | None:
     if not declared:
         return None
     if forced:
         chosen = next((d for d in declared if d[0] == forced), None)
+    elif scenario == "tools" and not after_results:
+        # NOTE: fixed arguments, so SDK tests can assert them whatever schema they declared.
+        return declared[0][0], enc(content.TOOL_ARGUMENTS).decode()
     elif force_any or content.wants_tool_call(prompt):
         chosen = declared[0]
     else:
@@ -651,19 +663,22 @@ def _pick(declared: list[tuple[str, Any]], forced: str | None, force_any: bool, 
     return chosen[0], enc(content.example_arguments(chosen[1])).decode()
 
 
-def _tool_call(family: str, body: dict[str, Any], prompt: Prompt) -> tuple[str, str] | None:
-    """(function name, JSON arguments) when this request should be answered with a tool call."""
+def _tool_call(family: str, body: dict[str, Any], prompt: Prompt, scenario: str = "ok",
+               after_results: bool = False) -> tuple[str, str] | None:
+    """(function name, JSON arguments) when this request should be answered with a tool call:
+    a forcing tool choice, "call tool" in the prompt, or the `tools` scenario (unless the
+    conversation ends with the results of earlier calls)."""
     tools = body.get("tools")
     if not tools:
         return None
-    if family in ("openai", "ollama", "ollama_native"):
+    if family in ("openai", "ollama", "ollama_native", "openai_responses"):
         choice = body.get("tool_choice")
         if choice == "none":
             return None
         forced = None
         if isinstance(choice, dict):
             forced = _str(_obj(choice.get("function")).get("name") or choice.get("name")) or None
-        return _pick(_function_tools(tools), forced, choice == "required", prompt)
+        return _pick(_function_tools(tools), forced, choice == "required", prompt, scenario, after_results)
     if family == "anthropic":
         declared = [(t["name"], t.get("input_schema")) for t in _list(tools)
                     if isinstance(t, dict) and t.get("name") and "input_schema" in t]
@@ -671,21 +686,22 @@ def _tool_call(family: str, body: dict[str, Any], prompt: Prompt) -> tuple[str, 
         if choice.get("type") == "none":
             return None
         forced = choice.get("name") if choice.get("type") == "tool" else None
-        return _pick(declared, forced, choice.get("type") == "any", prompt)
+        return _pick(declared, forced, choice.get("type") == "any", prompt, scenario, after_results)
     if family == "gemini":
         declared = []
         for tool in _list(tools):
             tool = _obj(tool)
             for fn in _list(tool.get("functionDeclarations") or tool.get("function_declarations")):
                 if isinstance(fn, dict) and fn.get("name"):
-                    declared.append((fn["name"], fn.get("parameters")))
+                    declared.append((fn["name"], fn.get("parameters") or fn.get("parametersJsonSchema")))
         cfg = _obj(body.get("toolConfig") or body.get("tool_config"))
         fcc = _obj(cfg.get("functionCallingConfig") or cfg.get("function_calling_config"))
         mode = str(fcc.get("mode", "")).upper()
         if mode == "NONE":
             return None
         allowed = _list(fcc.get("allowedFunctionNames") or fcc.get("allowed_function_names"))
-        return _pick(declared, allowed[0] if mode == "ANY" and allowed else None, mode == "ANY", prompt)
+        return _pick(declared, allowed[0] if mode == "ANY" and allowed else None, mode == "ANY", prompt,
+                     scenario, after_results)
     return None
 
 

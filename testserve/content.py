@@ -8,9 +8,19 @@ import hashlib
 import math
 from typing import Any
 
+import msgspec
+
 UNICODE_HEAD = "🚀 héllo 日本語 "
 UNICODE_TAIL = " naïve café 👍🏽 中文テスト Ωμέγα ✓"
 HUGE_REPEAT = 200
+# The `tools` scenario's call: the first declared tool, always these arguments.
+TOOL_ARGUMENTS = {"city": "Paris", "unit": "celsius"}
+# The `cache` scenario's prompt-cache counts (Anthropic reports both; the others only reads).
+CACHE_READ_TOKENS = 7
+CACHE_WRITE_TOKENS = 5
+# The `reasoning` scenario's thinking block, streamed ahead of the answer.
+REASONING_TEXT = "testserve is thinking"
+REASONING_SIGNATURE = "dGVzdHNlcnZlLXNpZ25hdHVyZQ"
 SEARCH_RESULTS = (
     ("https://example.com/testserve/result-1", "testserve result one"),
     ("https://example.org/testserve/result-2", "testserve result two"),
@@ -20,11 +30,12 @@ SEARCH_RESULTS = (
 class Prompt:
     """Text blocks and media descriptors of the last user turn, plus the input-token count."""
 
-    __slots__ = ("texts", "media", "input_tokens", "rejected")
+    __slots__ = ("texts", "media", "tool_results", "input_tokens", "rejected")
 
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.media: list[str] = []
+        self.tool_results: list[str] = []
         self.input_tokens = 0
         self.rejected: str | None = None
 
@@ -33,9 +44,14 @@ class Prompt:
             self.texts.append(text)
             self.input_tokens += max(1, len(text) // 4)
 
-    def add_media(self, kind: str, media_type: str | None, data_b64: str | None, url: str | None) -> None:
+    def add_media(self, kind: str, media_type: str | None, data_b64: str | None, url: str | None,
+                  urlsafe: bool = False) -> None:
         raw = b""
         if data_b64:
+            if urlsafe:
+                # NOTE: protobuf JSON (Gemini) takes either alphabet and google-genai sends base64url;
+                # the other APIs take the standard alphabet only, so there it stays undecoded.
+                data_b64 = data_b64.replace("-", "+").replace("_", "/")
             try:
                 raw = base64.b64decode(data_b64, validate=False)
             except (ValueError, TypeError):
@@ -43,6 +59,10 @@ class Prompt:
         ident = url if url else hashlib.sha256(raw).hexdigest()[:16]
         self.media.append(f"{kind}({media_type or url},{len(raw)}B,{ident})")
         self.input_tokens += 100 + len(raw) // 1000
+
+    def add_tool_result(self, result: str) -> None:
+        self.tool_results.append(result)
+        self.input_tokens += max(1, len(result) // 4)
 
     def add_data_uri_or_url(self, kind: str, value: Any) -> None:
         if not isinstance(value, str):
@@ -65,7 +85,9 @@ def reply_text(family: str, prompt: Prompt, scenario: str = "ok") -> str:
         text += f" prompt<{prompt.query[:400]}>"
     for desc in prompt.media:
         text += " " + desc
-    if not prompt.texts and not prompt.media:
+    for result in prompt.tool_results:
+        text += f" tool_result<{result[:200]}>"
+    if not prompt.texts and not prompt.media and not prompt.tool_results:
         text += " empty-content"
     if scenario == "unicode":
         text = UNICODE_HEAD + text + UNICODE_TAIL
@@ -185,7 +207,7 @@ def prompt_gemini(body: dict[str, Any]) -> Prompt:
         inline = part.get("inline_data") or part.get("inlineData")
         if isinstance(inline, dict):
             mime = inline.get("mime_type") or inline.get("mimeType")
-            p.add_media(_gemini_kind(mime), mime, inline.get("data"), None)
+            p.add_media(_gemini_kind(mime), mime, inline.get("data"), None, urlsafe=True)
         fdata = part.get("file_data") or part.get("fileData")
         if isinstance(fdata, dict):
             mime = fdata.get("mime_type") or fdata.get("mimeType")
@@ -203,6 +225,67 @@ def prompt_ollama_native(body: dict[str, Any]) -> Prompt:
             if isinstance(img, str):
                 p.add_media("image", None, img, None)
     return p
+
+
+# --- tool results: the turn that answers the model's calls ------------------------------------
+
+def _result_text(value: Any) -> str:
+    """A tool result's content as text: a string, or the text parts of a block list."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(b.get("text", "") for b in value if isinstance(b, dict) and isinstance(b.get("text"), str))
+    return ""
+
+
+def _gemini_result_text(response: Any) -> str:
+    if isinstance(response, dict) and len(response) == 1:
+        only = next(iter(response.values()))
+        if isinstance(only, str):
+            return only
+    return json_text(response)
+
+
+def json_text(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def trailing_tool_results(family: str, body: dict[str, Any]) -> list[str]:
+    """The tool results the conversation ends with (the caller's answer to the model's calls),
+    oldest first; empty when the last turn is something else."""
+    if family == "gemini":
+        contents = body.get("contents")
+        last = contents[-1] if isinstance(contents, list) and contents else None
+        parts = last.get("parts") if isinstance(last, dict) else None
+        out = []
+        for part in parts if isinstance(parts, list) else ():
+            fr = (part.get("functionResponse") or part.get("function_response")) if isinstance(part, dict) else None
+            if isinstance(fr, dict):
+                out.append(_gemini_result_text(fr.get("response")))
+        return out
+    if family == "anthropic":
+        messages = body.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if not isinstance(last, dict) or last.get("role") != "user" or not isinstance(last.get("content"), list):
+            return []
+        return [_result_text(b.get("content")) for b in last["content"]
+                if isinstance(b, dict) and b.get("type") == "tool_result"]
+    if family == "openai_responses":
+        items = body.get("input")
+        out = []
+        for item in reversed(items if isinstance(items, list) else []):
+            if not isinstance(item, dict) or item.get("type") != "function_call_output":
+                break
+            out.append(_result_text(item.get("output")))
+        return out[::-1]
+    # OpenAI chat, Ollama (both routes): `tool` role messages after the assistant's calls.
+    messages = body.get("messages")
+    out = []
+    for msg in reversed(messages if isinstance(messages, list) else []):
+        if not isinstance(msg, dict) or msg.get("role") != "tool":
+            break
+        out.append(_result_text(msg.get("content")))
+    return out[::-1]
 
 
 # --- tool calls --------------------------------------------------------------------------------

@@ -11,7 +11,14 @@ from typing import Any
 
 import msgspec
 
-from .content import SEARCH_RESULTS, chunk_text
+from .content import (
+    CACHE_READ_TOKENS,
+    CACHE_WRITE_TOKENS,
+    REASONING_SIGNATURE,
+    REASONING_TEXT,
+    SEARCH_RESULTS,
+    chunk_text,
+)
 
 enc = msgspec.json.Encoder().encode
 dec = msgspec.json.decode
@@ -52,6 +59,16 @@ class Call:
     def usage(self) -> bool:
         return self.scenario != "nousage"
 
+    @property
+    def cache(self) -> bool:
+        """Usage reports prompt-cache tokens (the `cache` scenario)."""
+        return self.scenario == "cache"
+
+    @property
+    def reasoning(self) -> bool:
+        """A thinking block comes ahead of the answer (the `reasoning` scenario; not with a tool call)."""
+        return self.scenario == "reasoning" and not self.tool
+
 
 class Plan:
     """A stream: head frames, one frame per delta, tail frames; `keepalive` goes before every
@@ -79,7 +96,12 @@ def citations(text: str) -> list[dict[str, Any]]:
 
 # --- OpenAI chat completions (also Ollama's OpenAI-compatible route) ---------------------------
 
-def _openai_usage(c: Call, n: int) -> dict[str, int]:
+def _openai_usage(c: Call, n: int) -> dict[str, Any]:
+    if c.cache:
+        # OpenAI counts cached tokens inside prompt_tokens.
+        prompt = c.input_tokens + CACHE_READ_TOKENS
+        return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+                "prompt_tokens_details": {"cached_tokens": CACHE_READ_TOKENS}}
     return {"prompt_tokens": c.input_tokens, "completion_tokens": n, "total_tokens": c.input_tokens + n}
 
 
@@ -103,6 +125,9 @@ def openai_chat_stream(c: Call) -> Plan:
         finish = b"tool_calls"
     else:
         head = [pre + b'{"role":"assistant","content":"","refusal":null}' + post]
+        if c.reasoning:
+            # DeepSeek-style reasoning text, the Chat form meshfast's codec reads.
+            head.append(pre + enc({"reasoning_content": REASONING_TEXT}) + post)
         deltas = [pre + b'{"content":' + enc(w) + b"}" + post for w in c.words]
         finish = b"stop"
     tail = []
@@ -127,6 +152,8 @@ def openai_chat_full(c: Call) -> bytes:
         n = len(chunk_text(c.tool[1]))
     elif c.search_query:
         message["annotations"] = [{"type": "url_citation", "url_citation": cit} for cit in citations(c.text)]
+    if c.reasoning:
+        message["reasoning_content"] = REASONING_TEXT
     out: dict[str, Any] = {
         "id": f"chatcmpl-ts{c.seq}", "object": "chat.completion", "created": c.created, "model": c.model,
         "system_fingerprint": "fp_testserve",
@@ -163,8 +190,19 @@ def _anthropic_citation(c: Call) -> dict[str, Any]:
             "cited_text": c.text[:100]}
 
 
+def _anthropic_cache(usage: dict[str, Any], c: Call) -> dict[str, Any]:
+    if c.cache:
+        usage["cache_read_input_tokens"] = CACHE_READ_TOKENS
+        usage["cache_creation_input_tokens"] = CACHE_WRITE_TOKENS
+    return usage
+
+
+def _anthropic_thinking() -> dict[str, Any]:
+    return {"type": "thinking", "thinking": REASONING_TEXT, "signature": REASONING_SIGNATURE}
+
+
 def anthropic_stream(c: Call) -> Plan:
-    start_usage = {"input_tokens": c.input_tokens, "output_tokens": 0}
+    start_usage = _anthropic_cache({"input_tokens": c.input_tokens, "output_tokens": 0}, c)
     head = [sse("message_start", {"type": "message_start",
                                   "message": _anthropic_message(c, [], start_usage, None)})]
     index = 0
@@ -179,6 +217,14 @@ def anthropic_stream(c: Call) -> Plan:
                                                 "content_block": result}))
         head.append(sse("content_block_stop", {"type": "content_block_stop", "index": 1}))
         index = 2
+    elif c.reasoning:
+        empty = {"type": "thinking", "thinking": "", "signature": ""}
+        head.append(sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": empty}))
+        for delta in ({"type": "thinking_delta", "thinking": REASONING_TEXT},
+                      {"type": "signature_delta", "signature": REASONING_SIGNATURE}):
+            head.append(sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}))
+        head.append(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        index = 1
     idx = str(index).encode()
     if c.tool:
         block = {"type": "tool_use", "id": f"toolu_ts{c.seq}", "name": c.tool[0], "input": {}}
@@ -215,8 +261,8 @@ def anthropic_stream(c: Call) -> Plan:
 
 
 def anthropic_full(c: Call) -> bytes:
-    content: list[Any] = []
-    usage: dict[str, Any] = {"input_tokens": c.input_tokens, "output_tokens": len(c.words)}
+    content: list[Any] = [_anthropic_thinking()] if c.reasoning else []
+    usage: dict[str, Any] = _anthropic_cache({"input_tokens": c.input_tokens, "output_tokens": len(c.words)}, c)
     if c.tool:
         content.append({"type": "tool_use", "id": f"toolu_ts{c.seq}", "name": c.tool[0],
                         "input": dec(c.tool[1])})
@@ -237,8 +283,21 @@ def anthropic_full(c: Call) -> bytes:
 # --- OpenAI Responses ------------------------------------------------------------------------------
 
 def _responses_usage(c: Call, n: int) -> dict[str, Any]:
-    return {"input_tokens": c.input_tokens, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n,
-            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": c.input_tokens + n}
+    cached = CACHE_READ_TOKENS if c.cache else 0
+    prompt = c.input_tokens + cached  # Responses counts cached tokens inside input_tokens
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": n,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + n}
+
+
+def _responses_call(c: Call, arguments: str, status: str) -> dict[str, Any]:
+    assert c.tool is not None
+    return {"type": "function_call", "id": f"fc_ts{c.seq}", "call_id": f"call_ts{c.seq}", "name": c.tool[0],
+            "arguments": arguments, "status": status}
+
+
+def _responses_reasoning(c: Call) -> dict[str, Any]:
+    return {"type": "reasoning", "id": f"rs_ts{c.seq}", "status": "completed",
+            "summary": [{"type": "summary_text", "text": REASONING_TEXT}], "encrypted_content": REASONING_SIGNATURE}
 
 
 def _responses_object(c: Call, status: str, output: list[Any], usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -263,10 +322,39 @@ def responses_stream(c: Call) -> Plan:
     def ev(kind: str, **fields: Any) -> bytes:
         return sse(kind, {"type": kind, "sequence_number": next(seq), **fields})
 
-    search, message = _responses_items(c)
     head = [ev("response.created", response=_responses_object(c, "in_progress", [], None)),
             ev("response.in_progress", response=_responses_object(c, "in_progress", [], None))]
+    if c.tool:
+        item = _responses_call(c, c.tool[1], "completed")
+        head.append(ev("response.output_item.added", output_index=0, item=_responses_call(c, "", "in_progress")))
+        pieces = chunk_text(c.tool[1])
+        deltas = [ev("response.function_call_arguments.delta", item_id=item["id"], output_index=0, delta=piece)
+                  for piece in pieces]
+        tail = [ev("response.function_call_arguments.done", item_id=item["id"], output_index=0,
+                   arguments=c.tool[1]),
+                ev("response.output_item.done", output_index=0, item=item),
+                ev("response.completed",
+                   response=_responses_object(c, "completed", [item], _responses_usage(c, len(pieces))))]
+        if c.scenario == "customdone":
+            tail.append(CUSTOM_DONE)
+        return Plan(head, deltas, tail)
+    search, message = _responses_items(c)
     out_index = 0
+    if c.reasoning:
+        thought = _responses_reasoning(c)
+        summary = thought["summary"][0]
+        head.append(ev("response.output_item.added", output_index=0,
+                       item={**thought, "status": "in_progress", "summary": []}))
+        head.append(ev("response.reasoning_summary_part.added", item_id=thought["id"], output_index=0,
+                       summary_index=0, part={"type": "summary_text", "text": ""}))
+        head.append(ev("response.reasoning_summary_text.delta", item_id=thought["id"], output_index=0,
+                       summary_index=0, delta=REASONING_TEXT))
+        head.append(ev("response.reasoning_summary_text.done", item_id=thought["id"], output_index=0,
+                       summary_index=0, text=REASONING_TEXT))
+        head.append(ev("response.reasoning_summary_part.done", item_id=thought["id"], output_index=0,
+                       summary_index=0, part=summary))
+        head.append(ev("response.output_item.done", output_index=0, item=thought))
+        out_index = 1
     if search:
         head.append(ev("response.output_item.added", output_index=0, item={**search, "status": "in_progress"}))
         for step in ("in_progress", "searching", "completed"):
@@ -293,6 +381,8 @@ def responses_stream(c: Call) -> Plan:
                    part=part))
     tail.append(ev("response.output_item.done", output_index=out_index, item=message))
     output = [search, message] if search else [message]
+    if c.reasoning:
+        output.insert(0, _responses_reasoning(c))
     tail.append(ev("response.completed",
                    response=_responses_object(c, "completed", output, _responses_usage(c, len(deltas)))))
     if c.scenario == "customdone":
@@ -301,8 +391,15 @@ def responses_stream(c: Call) -> Plan:
 
 
 def responses_full(c: Call) -> bytes:
+    if c.tool:
+        item = _responses_call(c, c.tool[1], "completed")
+        body = _responses_object(c, "completed", [item], _responses_usage(c, len(chunk_text(c.tool[1]))))
+        body["output_text"] = ""
+        return enc(body)
     search, message = _responses_items(c)
     output = [search, message] if search else [message]
+    if c.reasoning:
+        output.insert(0, _responses_reasoning(c))
     body = _responses_object(c, "completed", output, _responses_usage(c, len(c.words)))
     body["output_text"] = c.text
     return enc(body)
@@ -321,7 +418,16 @@ def _gemini_grounding(c: Call) -> dict[str, Any]:
 
 
 def _gemini_usage(c: Call, n: int) -> dict[str, int]:
+    if c.cache:
+        # Gemini counts cached tokens inside promptTokenCount.
+        prompt = c.input_tokens + CACHE_READ_TOKENS
+        return {"promptTokenCount": prompt, "candidatesTokenCount": n, "totalTokenCount": prompt + n,
+                "cachedContentTokenCount": CACHE_READ_TOKENS}
     return {"promptTokenCount": c.input_tokens, "candidatesTokenCount": n, "totalTokenCount": c.input_tokens + n}
+
+
+def _gemini_thought() -> dict[str, Any]:
+    return {"text": REASONING_TEXT, "thought": True, "thoughtSignature": REASONING_SIGNATURE}
 
 
 def _gemini_chunk(c: Call, parts: list[Any], n: int, last: bool) -> dict[str, Any]:
@@ -346,14 +452,19 @@ def gemini_stream(c: Call) -> Plan:
         return Plan([], [b"data: " + enc(_gemini_chunk(c, [part], 1, True)) + end], _gemini_tail(c))
     words = c.words or [""]
     deltas = []
+    if c.reasoning:
+        deltas.append(b"data: " + enc(_gemini_chunk(c, [_gemini_thought()], 0, False)) + end)
     if len(words) > 1:
         pre = b'data: {"candidates":[{"content":{"parts":[{"text":'
         mid = b'}],"role":"model"},"index":0}]'
         rest = b',"modelVersion":"testserve","responseId":"ts' + str(c.seq).encode() + b'"}' + end
         p = c.input_tokens
         for i, w in enumerate(words[:-1]):
-            usage = (b',"usageMetadata":{"promptTokenCount":%d,"candidatesTokenCount":%d,"totalTokenCount":%d}'
-                     % (p, i + 1, p + i + 1)) if c.usage else b""
+            if c.cache:
+                usage = b',"usageMetadata":' + enc(_gemini_usage(c, i + 1))
+            else:
+                usage = (b',"usageMetadata":{"promptTokenCount":%d,"candidatesTokenCount":%d,"totalTokenCount":%d}'
+                         % (p, i + 1, p + i + 1)) if c.usage else b""
             deltas.append(pre + enc(w) + mid + usage + rest)
     n_last = len(c.words)
     deltas.append(b"data: " + enc(_gemini_chunk(c, [{"text": words[-1]}], n_last, True)) + end)
@@ -368,7 +479,8 @@ def gemini_full(c: Call) -> bytes:
     if c.tool:
         parts: list[Any] = [{"functionCall": {"name": c.tool[0], "args": dec(c.tool[1])}}]
         return enc(_gemini_chunk(c, parts, 1, True))
-    return enc(_gemini_chunk(c, [{"text": c.text}], len(c.words), True))
+    parts = [_gemini_thought()] if c.reasoning else []
+    return enc(_gemini_chunk(c, [*parts, {"text": c.text}], len(c.words), True))
 
 
 # --- Ollama native /api/chat (NDJSON) -------------------------------------------------------------
@@ -378,6 +490,8 @@ def _ollama_final(c: Call, content: str, n: int) -> dict[str, Any]:
                            "message": {"role": "assistant", "content": content}, "done": True, "done_reason": "stop"}
     if c.tool:
         out["message"]["tool_calls"] = [{"function": {"name": c.tool[0], "arguments": dec(c.tool[1])}}]
+    elif c.reasoning and content:  # the stream sent its thinking in the first line
+        out["message"]["thinking"] = REASONING_TEXT
     if c.usage:
         out.update(total_duration=1000, load_duration=100, prompt_eval_count=c.input_tokens,
                    prompt_eval_duration=100, eval_count=n, eval_duration=800)
@@ -393,6 +507,8 @@ def ollama_stream(c: Call) -> Plan:
            + b'","message":{"role":"assistant","content":')
     deltas = [] if c.tool else [pre + enc(w) + b'},"done":false}\n' for w in c.words]
     tail = [enc(_ollama_final(c, "", len(deltas) or (1 if c.tool else 0))) + b"\n"]
+    if c.reasoning:
+        deltas.insert(0, pre + b'"","thinking":' + enc(REASONING_TEXT) + b'},"done":false}\n')
     return Plan([], deltas, tail, keepalive=b"\n", content_type="application/x-ndjson")
 
 

@@ -15,7 +15,7 @@ import msgspec
 API_KEY = "testserve-key"
 # Scenarios worth a seeded model; `hang` and `error-400` stay reachable by resolved name only.
 SCENARIO_MODELS = ("slow", "error-429", "error-500", "flaky", "conn-reset", "badjson", "nousage", "empty",
-                   "unicode", "huge", "keepalive", "customdone")
+                   "unicode", "huge", "keepalive", "customdone", "tools", "cache", "reasoning")
 FAMILY_PREFIX = {
     "openai": "openai",
     "openai_responses": "openai",
