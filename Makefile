@@ -20,6 +20,7 @@ $(BIN)/python:
 setup: $(BIN)/python ## create .venv, install pinned dependencies and build meshfast (release, thin LTO)
 	$(BIN)/pip install -q -r requirements-lock.txt
 	$(BIN)/pip install -q --no-deps --force-reinstall .
+	@if command -v npm >/dev/null; then cd tests/node && npm ci --no-audit --no-fund --silent; fi
 
 .PHONY: build
 build: $(BIN)/python ## rebuild and reinstall the Rust core and the package
