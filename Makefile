@@ -70,6 +70,14 @@ lint: ## ruff, clippy and the stub check
 stubtest: ## check meshfast/_core.pyi against the built module
 	$(BIN)/python -m mypy.stubtest meshfast._core
 
+.PHONY: flood
+flood: ## a bad-key flood of a million requests: every denial must be in the logs
+	FLOOD_REQUESTS=1000000 PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q -s tests/test_flood.py
+
+.PHONY: soak
+soak: ## a million mixed requests, worker RSS sampled every second: the leak rate
+	$(BIN)/python bench/soak.py --requests 1000000 --workers $(WORKERS)
+
 FUZZ_TARGETS := http1_response sse_stream translate template
 FUZZ_SECONDS ?= 150
 
