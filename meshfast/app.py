@@ -39,6 +39,9 @@ log = logging.getLogger("meshfast.worker")
 ENV_DATABASE_URL = "MESHFAST_RUNTIME_DATABASE_URL"
 ENV_GATEWAY_DATABASE_URL = "MESHFAST_RUNTIME_GATEWAY_DATABASE_URL"
 ENV_SHM_PATH = "MESHFAST_RUNTIME_SHM_PATH"
+# Requests one worker serves at once (MESHFAST_MAX_CONNECTIONS split over the workers).
+ENV_WORKER_LIMIT = "MESHFAST_RUNTIME_WORKER_LIMIT"
+_ALWAYS_ANSWERED = frozenset({"/healthz", "/readyz"})
 
 JSON = "application/json"
 _SECURITY_HEADERS = [
@@ -158,6 +161,7 @@ class App:
         self.data: DataPlane | None = None
         self._draining = False
         self._in_flight: set[asyncio.Task[Any]] = set()
+        self._limit: int | None = None
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
 
@@ -217,6 +221,9 @@ class App:
         self.settings = settings
         self.secrets = load_or_create(settings.secrets_path)
         self.segment = Segment.open(os.environ[ENV_SHM_PATH])
+        # NOTE: read here, in the worker: the module (and this object) is imported by the
+        # supervisor before it sets the variable.
+        self._limit = int(os.environ.get(ENV_WORKER_LIMIT) or 0) or None
         self.segment.register()
         self.core = Core(self.secrets.key_pepper, self.segment)
         self.gateway_pool = await database.create_pool(gateway_url, role=database.GATEWAY_ROLE, min_size=1, max_size=8)
@@ -289,7 +296,9 @@ class App:
         if task is not None:
             self._in_flight.add(task)
         try:
-            if method == "POST" and openai_embeddings_call(path, scope.query_string):
+            if self._limit is not None and len(self._in_flight) > self._limit and path not in _ALWAYS_ANSWERED:
+                self._busy(scope, proto, path, method)
+            elif method == "POST" and openai_embeddings_call(path, scope.query_string):
                 await self.data.handle_entry(scope, proto, "openai_embeddings", self._read_body)  # type: ignore[union-attr]
             elif path in _MESH_ROUTES and method == "POST":
                 await self.data.handle(scope, proto, _MESH_ROUTES[path], self._read_body)  # type: ignore[union-attr]
@@ -322,6 +331,25 @@ class App:
                 self._error(proto, errors.MeshfastError())
         finally:
             self._in_flight.discard(task)  # type: ignore[arg-type]
+
+    def _busy(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        """Past the worker's request limit: a quick 503 ``server_busy`` in the route's shape (and,
+        for a data-plane POST, its row) instead of a wait in the listen backlog."""
+        route: str | None = None
+        if method == "POST":
+            if openai_embeddings_call(path, scope.query_string):
+                route = "openai_embeddings"
+            elif path in _MESH_ROUTES:
+                route = _MESH_ROUTES[path]
+            elif path in ENTRY_ROUTES:
+                route = ENTRY_ROUTES[path]
+            elif gemini_call(path) is not None:
+                route = "gemini"
+        if route is not None and self.data is not None:
+            self.data.reject(scope, proto, route, errors.ServerBusy(retry_after_s=1))
+            return
+        error = errors.ServerBusy(retry_after_s=1)
+        proto.response_bytes(error.status, [("content-type", JSON), ("retry-after", "1")], error.body())
 
     def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
         rid = request_id()

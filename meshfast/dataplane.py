@@ -478,6 +478,19 @@ class DataPlane:
         self._respond(proto, 200, p.request_id, body, governed)
         row.outcome, row.status_code = "success", 200
 
+    def reject(self, scope: Any, proto: Any, route: str, error: errors.MeshfastError) -> None:
+        """Answers a POST without looking at it (the worker is past its request limit) and
+        records its row: Mesh routes in Mesh's shape, standard routes in their API's."""
+        rid = request_id()
+        mesh = route in ("proxy", "embeddings", "generate")
+        body = error.body() if mesh else entry_error(_shape(route), error.status, error.code)
+        self._respond(proto, error.status, rid, body, [("retry-after", str(error.retry_after_s or 1))])
+        self._record(Row(
+            request_id=rid, created_ms=time.time_ns() // 1_000_000, route=route, outcome="denied",
+            status_code=error.status, deny_reason=error.code, source_ip=client_ip(scope),
+            user_agent=_header(scope.headers, "user-agent"),
+            requested_model=_model_param(scope.query_string) if mesh else None))
+
     def _record(self, row: Row, log_requests: bool = True) -> None:
         """Counts the request in the metrics and, unless its provider opted out, writes its row."""
         if self.metrics is not None:

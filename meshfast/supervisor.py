@@ -191,6 +191,8 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     if settings.gateway_database_url:
         os.environ[app_module.ENV_GATEWAY_DATABASE_URL] = settings.gateway_database_url
     os.environ[app_module.ENV_SHM_PATH] = str(settings.shm_path)
+    worker_limit = max(1, math.ceil(settings.max_connections / options.workers))
+    os.environ[app_module.ENV_WORKER_LIMIT] = str(worker_limit)
     try:
         reclaimer.start()
         server = Granian(
@@ -204,7 +206,9 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
             log_level=LogLevels(settings.log_level),
             workers_kill_timeout=math.ceil(settings.drain_timeout_s + _WORKER_STOP_MARGIN_S),
             http1_settings=HTTP1Settings(header_read_timeout=max(1, int(settings.header_timeout_s * 1000))),
-            backpressure=max(1, math.ceil(settings.max_connections / options.workers)),
+            # NOTE: Granian admits up to twice the limit, so the excess reaches the worker and gets a
+            # quick 503 server_busy instead of waiting unanswered in the listen backlog.
+            backpressure=2 * worker_limit,
         )
         print(
             f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
