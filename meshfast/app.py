@@ -20,6 +20,7 @@ import msgspec
 
 from meshfast import background, counters, errors, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
+from meshfast.admin import openapi
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
@@ -162,6 +163,7 @@ class App:
         self._draining = False
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._limit: int | None = None
+        self._openapi = openapi.encoded()
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
 
@@ -312,6 +314,8 @@ class App:
                 self._data_view(scope, proto, path, method)
             elif path == "/admin/metrics":
                 await self._metrics(scope, proto, method)
+            elif path == "/admin/openapi.json" and method == "GET":
+                proto.response_bytes(200, [("content-type", JSON), ("cache-control", "no-cache")], self._openapi)
             elif path.startswith("/admin/"):
                 await self._admin(scope, proto, path, method)
             elif path == "/healthz":

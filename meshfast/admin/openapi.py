@@ -1,0 +1,96 @@
+"""The OpenAPI 3.1 document of the admin API, served at ``GET /admin/openapi.json``.
+
+Request bodies are the admin service's own msgspec structs, so their schemas cannot drift from
+what the routes decode; the operation list is checked against the router's table by a test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from meshfast.admin import service as svc
+
+# (method, path, summary, body struct name in the service or None, success status)
+OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
+    ("POST", "/admin/users", "Create a user and its first key (shown once)", "UserCreate", 201),
+    ("GET", "/admin/users", "List users", None, 200),
+    ("GET", "/admin/users/{id}", "One user", None, 200),
+    ("DELETE", "/admin/users/{id}", "Delete a user", None, 200),
+    ("POST", "/admin/users/{id}/rotate-key", "Issue a new key; the previous one stops working", None, 200),
+    ("POST", "/admin/users/{id}/revoke", "Revoke a user's key", None, 200),
+    ("GET", "/admin/users/{id}/policies", "A user's policies", None, 200),
+    ("PUT", "/admin/users/{id}/policies/{model}", "Set a user's policy on a model (upsert)", "PolicyBody", 200),
+    ("POST", "/admin/providers", "Create a provider (its key is sealed, never returned)", "ProviderCreate", 201),
+    ("GET", "/admin/providers", "List providers", None, 200),
+    ("GET", "/admin/providers/{id}", "One provider, with its ETag", None, 200),
+    ("DELETE", "/admin/providers/{id}", "Delete a provider", None, 200),
+    ("POST", "/admin/models", "Create a model", "ModelCreate", 201),
+    ("GET", "/admin/models", "List models", None, 200),
+    ("GET", "/admin/models/{id}", "One model, with its ETag", None, 200),
+    ("DELETE", "/admin/models/{id}", "Delete a model", None, 200),
+    ("POST", "/admin/models/{id}/deployments", "Add a deployment to a model", "DeploymentCreate", 201),
+    ("GET", "/admin/models/{id}/deployments", "A model's deployments", None, 200),
+    ("DELETE", "/admin/models/{id}/deployments/{deployment}", "Remove a deployment", None, 200),
+    ("POST", "/admin/access", "Grant a user a model", "AccessBody", 200),
+    ("DELETE", "/admin/access", "Revoke a grant", "AccessBody", 200),
+    ("POST", "/admin/kill-switch", "Trip or reset the kill switch (super admin)", "KillSwitchBody", 200),
+    ("GET", "/admin/metrics", "Prometheus counters of the instance", None, 200),
+    ("GET", "/admin/openapi.json", "This document", None, 200),
+)
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_ERRORS = {
+    "400": "invalid_request: malformed JSON, a wrong type or an unknown field",
+    "401": "unauthorized: no valid admin token",
+    "403": "forbidden: the operation needs a super admin",
+    "404": "not found",
+    "405": "method_not_allowed",
+    "409": "conflict (a duplicate name, or a stale If-Match)",
+    "413": "payload_too_large",
+    "422": "model_verification_failed: the live verification call failed",
+    "428": "If-Match required",
+    "503": "database unavailable",
+}
+
+
+def document() -> dict[str, Any]:
+    structs = sorted({body for *_, body, _ in OPERATIONS if body}, key=str)
+    _, components = msgspec.json.schema_components([getattr(svc, name) for name in structs],
+                                                   ref_template="#/components/schemas/{name}")
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path, summary, body, status in OPERATIONS:
+        params = [{"name": name.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in path.split("/") if name.startswith("{")]
+        operation: dict[str, Any] = {
+            "summary": summary,
+            "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+            "responses": {str(status): {"description": "success", "content": {"application/json": {"schema": {}}}},
+                          **{code: {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+                             for code, text in _ERRORS.items()}},
+        }
+        if path == "/admin/metrics":
+            operation["responses"][str(status)] = {"description": "Prometheus text",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}
+        if path != "/admin/openapi.json":
+            operation["security"] = [{"bearer": []}]
+        if params:
+            operation["parameters"] = params
+        if body:
+            operation["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{getattr(svc, body).__name__}"}}}}
+        paths.setdefault(path, {})[method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "meshfast admin API", "version": "1",
+                 "description": "Providers, models, users, keys, grants, policies and the kill switch."},
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                      "description": "an admin token"}}},
+    }
+
+
+def encoded() -> bytes:
+    return msgspec.json.encode(document()) + b"\n"
