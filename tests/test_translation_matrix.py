@@ -84,11 +84,6 @@ FORMATS = {
                      "of tool results is dropped"),
 }
 
-# Known translation bugs, by cell; the cell's test asserts the bug so a fix makes it fail.
-GEMINI_BASE64URL = ("google-genai sends `inlineData.data` in base64url; it is forwarded unconverted, where "
-                    "this upstream takes standard base64 only (bug in core/src/translate/gemini.rs)")
-
-
 @dataclass(frozen=True)
 class Cell:
     status: str  # "yes" | "partial" | "no"
@@ -115,8 +110,6 @@ def _intersect(feature: str, entry: str, family: str) -> Cell:
 def cell(entry: str, family: str, feature: str) -> Cell:
     """One cell of the matrix, from `FORMATS`."""
     up = UPSTREAM_FORMAT[family]
-    if feature == "images" and entry == "gemini" and family != "gemini":
-        return Cell("partial", GEMINI_BASE64URL)
     if feature == "tool_results" and FORMATS[entry].tool_result_error and not FORMATS[up].tool_result_error:
         return Cell("partial", f"`is_error` dropped ({up} has no field)")
     if feature in ("cache_tokens", "reasoning"):
@@ -612,12 +605,8 @@ def check(caller: Caller, feature: str, want: Cell) -> None:
     elif feature == "images":
         answer, up = caller.call("ok", Ask(image=True))
         image_text, _ = _expected(family, image=True)
-        if want.status == "yes":
-            assert answer.text == image_text
-        else:
-            # The loss: the caller's base64url text arrives unconverted, so the upstream decodes other bytes.
-            assert PNG_B64URL in json.dumps(up) and PNG_B64URL != PNG_B64
-            assert answer.text != image_text and "image(image/png," in answer.text
+        assert want.status == "yes"
+        assert answer.text == image_text
     elif feature == "tools":
         for stream in (False, True):
             answer, up = caller.call("tools", Ask(tools=True, stream=stream))

@@ -3,13 +3,22 @@
 //! Anthropic's content blocks are the IR's, so little is lost: `cache_control` (the IR has no
 //! breakpoints; the raw-rewrite plan keeps them for Anthropic upstreams), tool results made of
 //! blocks other than text, and Gemini tool-call signatures travel in the tool-use id.
+//!
+//! Request fields: `thinking` and `output_config.effort` map to [`Reasoning`]; another
+//! format's reasoning is sent as `thinking` with a budget under `max_tokens` (none when
+//! `max_tokens` leaves less than Anthropic's 1024-token floor). `output_config.format` maps to
+//! [`OutputFormat::JsonSchema`]; schemaless JSON from another format is lost (Anthropic needs
+//! a schema), as are `seed` and the penalties (Anthropic has none). [`PASSTHROUGH`] fields
+//! reach Anthropic upstreams only. Ignored: caller identity (`metadata`, `user_profile_id`),
+//! account selection (`workspace_id`), and `service_tier`, `speed` and `inference_geo`, which
+//! are priced apart from the registry's prices.
 
 use serde_json::{json, Map, Value};
 
 use super::stream::{write_sse, BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str, Drift};
 use super::{decode_call_id, encode_call_id, Block, Decoded, Image, Message, Request, Response, Role, StopReason};
-use super::{Tool, ToolCall, ToolChoice, ToolResult, Usage};
+use super::{Effort, OutputFormat, Reasoning, Tool, ToolCall, ToolChoice, ToolResult, Usage};
 
 pub(crate) const MAPPED: &[&str] = &[
     "model",
@@ -22,10 +31,23 @@ pub(crate) const MAPPED: &[&str] = &[
     "stream",
     "tools",
     "tool_choice",
+    "top_k",
+    "thinking",
+    "output_config",
 ];
 
-/// Known and not carried: caller identity and Anthropic-side routing.
-pub(crate) const IGNORED: &[&str] = &["metadata", "service_tier"];
+/// Fields the IR does not model, carried verbatim to an upstream of this format.
+pub(crate) const PASSTHROUGH: &[&str] = &["cache_control", "container", "diagnostics"];
+
+/// Mapped fields with more in them than the IR holds: the same format gets the caller's value.
+const KEPT: &[&str] = &["thinking", "output_config"];
+
+/// Known and not carried (see the module docs).
+pub(crate) const IGNORED: &[&str] =
+    &["metadata", "service_tier", "user_profile_id", "workspace_id", "speed", "inference_geo"];
+
+/// Anthropic's smallest thinking budget.
+const MIN_THINKING_BUDGET: u64 = 1024;
 
 /// Block fields every block may carry and the IR drops (see the module docs).
 const BLOCK_COMMON: &[&str] = &["type", "cache_control"];
@@ -33,16 +55,26 @@ const BLOCK_COMMON: &[&str] = &["type", "cache_control"];
 pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> {
     let body = object(value, "body")?;
     let mut drift = Drift::default();
-    drift.check("", body, &[MAPPED, IGNORED].concat());
+    drift.check("", body, &[MAPPED, PASSTHROUGH, IGNORED].concat());
     let mut request = Request {
         model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
         max_tokens: opt_u64(body, "max_tokens")?,
         temperature: opt_f64(body, "temperature")?,
         top_p: opt_f64(body, "top_p")?,
+        top_k: opt_u64(body, "top_k")?,
         stop: wire::stop_list(body.get("stop_sequences"))?,
         stream: wire::flag(body, "stream")?,
+        reasoning: decode_reasoning(body),
+        output_format: body.get("output_config").and_then(|c| c.get("format")).and_then(|format| {
+            (format.get("type")?.as_str()? == "json_schema").then(|| OutputFormat::JsonSchema {
+                name: String::new(),
+                schema: format.get("schema").cloned().unwrap_or_else(wire::empty_schema),
+                strict: None,
+            })
+        }),
         ..Request::default()
     };
+    wire::keep(body, &[PASSTHROUGH, KEPT].concat(), &mut request.passthrough);
     match body.get("system") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => request.system.push(s.clone()),
@@ -87,6 +119,7 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
     if let Some(choice) = body.get("tool_choice").filter(|v| !v.is_null()) {
         let choice = object(choice, "tool_choice")?;
         drift.check("tool_choice", choice, &["type", "name", "disable_parallel_tool_use"]);
+        request.parallel_tool_calls = wire::opt_bool(choice, "disable_parallel_tool_use")?.map(|disable| !disable);
         request.tool_choice = Some(match req_str(choice, "type")? {
             "auto" => ToolChoice::Auto,
             "any" => ToolChoice::Required,
@@ -96,6 +129,26 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         });
     }
     Ok(Decoded { value: request, unknown: drift.unknown })
+}
+
+/// `thinking` with `output_config.effort`: a budget or a switch, else the effort level.
+fn decode_reasoning(body: &Map<String, Value>) -> Option<Reasoning> {
+    let effort = body.get("output_config").and_then(|c| c.get("effort")?.as_str()).and_then(Effort::parse);
+    let by_effort = effort.map(Reasoning::Effort);
+    let Some(thinking) = body.get("thinking").filter(|t| !t.is_null()) else { return by_effort };
+    match thinking.get("type").and_then(Value::as_str) {
+        Some("enabled") => thinking.get("budget_tokens").and_then(Value::as_u64).map(Reasoning::Budget),
+        Some("disabled") => Some(Reasoning::Off),
+        _ => by_effort.or(Some(Reasoning::Auto)),
+    }
+}
+
+/// `thinking` for another format's reasoning: a budget under `max_tokens`, or `None` when
+/// there is no room for Anthropic's minimum.
+fn encode_thinking(reasoning: Reasoning, max_tokens: u64) -> Option<Value> {
+    let Some(budget) = reasoning.budget_tokens() else { return Some(json!({"type": "disabled"})) };
+    let budget = budget.max(MIN_THINKING_BUDGET).min(max_tokens.saturating_sub(1));
+    (budget >= MIN_THINKING_BUDGET).then(|| json!({"type": "enabled", "budget_tokens": budget}))
 }
 
 fn decode_blocks(blocks: &[Value], drift: &mut Drift) -> Result<Vec<Block>, String> {
@@ -199,7 +252,8 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
     let mut body = Map::new();
     body.insert("model".into(), json!(request.model));
     // NOTE: Anthropic requires max_tokens; translate_request fills the registry default first.
-    body.insert("max_tokens".into(), json!(request.max_tokens.ok_or("max_tokens is required")?));
+    let max_tokens = request.max_tokens.ok_or("max_tokens is required")?;
+    body.insert("max_tokens".into(), json!(max_tokens));
     match request.system.as_slice() {
         [] => {}
         [one] => {
@@ -233,14 +287,29 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
         };
         body.insert("tool_choice".into(), value);
     }
+    if let (Some(false), false) = (request.parallel_tool_calls, request.tools.is_empty()) {
+        let choice = body.entry("tool_choice").or_insert_with(|| json!({"type": "auto"}));
+        if choice["type"] != "none" {
+            choice["disable_parallel_tool_use"] = json!(true);
+        }
+    }
     if let Some(t) = request.temperature {
         body.insert("temperature".into(), json!(t));
     }
     if let Some(p) = request.top_p {
         body.insert("top_p".into(), json!(p));
     }
+    if let Some(k) = request.top_k {
+        body.insert("top_k".into(), json!(k));
+    }
     if !request.stop.is_empty() {
         body.insert("stop_sequences".into(), json!(request.stop));
+    }
+    if let Some(thinking) = request.reasoning.and_then(|r| encode_thinking(r, max_tokens)) {
+        body.insert("thinking".into(), thinking);
+    }
+    if let Some(OutputFormat::JsonSchema { schema, .. }) = &request.output_format {
+        body.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
     }
     if request.stream {
         body.insert("stream".into(), json!(true));
@@ -504,10 +573,11 @@ mod tests {
     }"##;
 
     #[test]
-    fn test_sdk_request_keeps_thinking_signature_and_reports_thinking_config() {
+    fn test_sdk_request_keeps_thinking_signature_and_maps_thinking_config() {
         let decoded = decode_request(Format::Anthropic, SDK_REQUEST.as_bytes()).unwrap();
-        assert_eq!(decoded.unknown, ["thinking"]);
+        assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
         let request = decoded.value;
+        assert_eq!(request.reasoning, Some(Reasoning::Budget(512)));
         assert_eq!(request.system, ["Be brief."]);
         assert_eq!(request.tool_choice, Some(ToolChoice::Required));
         assert_eq!(

@@ -13,6 +13,19 @@
 //!
 //! Losses: images by URL are sent as `fileData` with a media type guessed from the extension,
 //! `is_error` of tool results becomes an `error` key, cache-write counts (Gemini has none).
+//!
+//! Request fields: `generationConfig.thinkingConfig` maps to [`Reasoning`] (budget 0 is off,
+//! -1 is the model's choice, `thinkingLevel` a level); another format's reasoning is sent as a
+//! `thinkingBudget` of at most 24576 (Flash's ceiling) with `includeThoughts`, so the thinking
+//! reaches clients that show it, and reasoning turned off as budget 0, which models that
+//! always think refuse in Gemini's own error. `responseMimeType: application/json` with
+//! `responseJsonSchema` maps to [`OutputFormat`]; a `responseSchema` (OpenAPI, not JSON
+//! Schema) reaches other formats as schemaless JSON. `topK`, `seed` and the penalties map;
+//! Gemini has no parallel-call switch. [`PASSTHROUGH`] and [`GENERATION_PASSTHROUGH`] fields
+//! reach Gemini upstreams only. Ignored: `labels` (caller metadata), `serviceTier` and `store`
+//! (as for OpenAI), `candidateCount` (the reservation covers one candidate) and output media
+//! (`responseModalities`, `speechConfig`, `imageConfig`, `audioTranscriptionConfig`: the chat
+//! route neither meters nor translates them).
 
 use std::borrow::Cow;
 
@@ -21,7 +34,7 @@ use serde_json::{json, Map, Value};
 use super::stream::{write_sse, BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, Calls, Drift};
 use super::{Block, Decoded, Image, Message, Request, Response, Role, StopReason, Tool, ToolCall, ToolChoice};
-use super::{ToolResult, Usage};
+use super::{Effort, OutputFormat, Reasoning, ToolResult, Usage};
 
 const SYNTH_PREFIX: &str = "gcall_";
 
@@ -89,24 +102,109 @@ fn req_field<'a>(map: &'a Map<String, Value>, camel: &str) -> Result<&'a str, St
 pub(crate) const MAPPED: &[&str] =
     &["model", "contents", "systemInstruction", "tools", "toolConfig", "generationConfig"];
 
-/// Known and not carried: safety settings have no equivalent elsewhere, labels are caller
-/// metadata.
-pub(crate) const IGNORED: &[&str] = &["safetySettings", "labels"];
+/// Fields the IR does not model, carried verbatim to an upstream of this format.
+pub(crate) const PASSTHROUGH: &[&str] = &["safetySettings", "cachedContent", "continuationToken"];
 
-const GENERATION_MAPPED: &[&str] = &["maxOutputTokens", "temperature", "topP", "stopSequences", "candidateCount"];
+/// Known and not carried (see the module docs).
+pub(crate) const IGNORED: &[&str] = &["labels", "serviceTier", "store"];
+
+pub(crate) const GENERATION_MAPPED: &[&str] = &[
+    "maxOutputTokens",
+    "temperature",
+    "topP",
+    "topK",
+    "stopSequences",
+    "seed",
+    "presencePenalty",
+    "frequencyPenalty",
+    "responseMimeType",
+    "responseJsonSchema",
+    "responseSchema",
+    "thinkingConfig",
+];
+
+/// `generationConfig` fields carried verbatim to an upstream of this format.
+pub(crate) const GENERATION_PASSTHROUGH: &[&str] =
+    &["responseLogprobs", "logprobs", "mediaResolution", "enableEnhancedCivicAnswers"];
+
+/// Mapped `generationConfig` fields with more in them than the IR holds.
+const GENERATION_KEPT: &[&str] = &["responseMimeType", "responseSchema", "thinkingConfig"];
+
+/// `generationConfig` fields known and not carried (see the module docs).
+pub(crate) const GENERATION_IGNORED: &[&str] =
+    &["candidateCount", "responseModalities", "speechConfig", "imageConfig", "audioTranscriptionConfig"];
+
+/// The largest `thinkingBudget` every thinking model accepts (2.5 Flash's ceiling).
+const MAX_THINKING_BUDGET: u64 = 24_576;
+
+/// Keeps the fields of `map` whose camelCase names are in `keys`, under their camelCase name
+/// so that they cannot duplicate what the encoder writes.
+fn keep(map: &Map<String, Value>, keys: &[&str], container: &str, passthrough: &mut super::Passthrough) {
+    for (key, value) in map {
+        let name = camel(key);
+        if keys.contains(&&*name) {
+            passthrough.keep(container, &name, value);
+        }
+    }
+}
+
+/// `thinkingConfig`: a budget (0 off, negative the model's choice), else a level.
+fn decode_thinking(config: &Map<String, Value>) -> Option<Reasoning> {
+    match field(config, "thinkingBudget").and_then(wire::integer) {
+        Some(0) => Some(Reasoning::Off),
+        Some(n) if n < 0 => Some(Reasoning::Auto),
+        Some(n) => u64::try_from(n).ok().map(Reasoning::Budget),
+        None => match field(config, "thinkingLevel").and_then(Value::as_str).and_then(Effort::parse) {
+            Some(effort) => Some(Reasoning::Effort(effort)),
+            None => Some(Reasoning::Auto),
+        },
+    }
+}
+
+fn encode_thinking(reasoning: Reasoning) -> Value {
+    match reasoning {
+        Reasoning::Off => json!({"thinkingBudget": 0}),
+        Reasoning::Auto => json!({"thinkingBudget": -1, "includeThoughts": true}),
+        other => {
+            let budget = other.budget_tokens().unwrap_or(MAX_THINKING_BUDGET).min(MAX_THINKING_BUDGET);
+            json!({"thinkingBudget": budget, "includeThoughts": true})
+        }
+    }
+}
+
+/// `responseMimeType` with its schemas.
+fn decode_output_format(config: &Map<String, Value>) -> Option<OutputFormat> {
+    if field(config, "responseMimeType")?.as_str()? != "application/json" {
+        return None;
+    }
+    Some(match field(config, "responseJsonSchema") {
+        Some(schema) => OutputFormat::JsonSchema { name: String::new(), schema: schema.clone(), strict: None },
+        None => OutputFormat::Json,
+    })
+}
 
 pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> {
     let body = object(value, "body")?;
     let mut drift = Drift::default();
-    check(&mut drift, "", body, &[MAPPED, IGNORED].concat());
+    check(&mut drift, "", body, &[MAPPED, PASSTHROUGH, IGNORED].concat());
     let mut request = Request { model: str_field(body, "model")?.unwrap_or_default().to_owned(), ..Request::default() };
+    keep(body, PASSTHROUGH, "", &mut request.passthrough);
     if let Some(config) = field(body, "generationConfig") {
         let config = object(config, "generationConfig")?;
-        check(&mut drift, "generationConfig", config, GENERATION_MAPPED);
-        request.max_tokens = field(config, "maxOutputTokens").and_then(Value::as_u64);
+        let known = [GENERATION_MAPPED, GENERATION_PASSTHROUGH, GENERATION_IGNORED].concat();
+        check(&mut drift, "generationConfig", config, &known);
+        keep(config, &[GENERATION_PASSTHROUGH, GENERATION_KEPT].concat(), "generationConfig", &mut request.passthrough);
+        let count = |key| field(config, key).and_then(wire::integer).and_then(|n| u64::try_from(n).ok());
+        request.max_tokens = count("maxOutputTokens");
+        request.top_k = count("topK");
+        request.seed = field(config, "seed").and_then(wire::integer);
         request.temperature = field(config, "temperature").and_then(Value::as_f64);
         request.top_p = field(config, "topP").and_then(Value::as_f64);
+        request.presence_penalty = field(config, "presencePenalty").and_then(Value::as_f64);
+        request.frequency_penalty = field(config, "frequencyPenalty").and_then(Value::as_f64);
         request.stop = wire::stop_list(field(config, "stopSequences"))?;
+        request.reasoning = field(config, "thinkingConfig").and_then(Value::as_object).and_then(decode_thinking);
+        request.output_format = decode_output_format(config);
     }
     if let Some(system) = field(body, "systemInstruction") {
         let system = object(system, "systemInstruction")?;
@@ -203,7 +301,7 @@ fn decode_parts(parts: &[Value], calls: &mut Calls, drift: &mut Drift, merge: bo
         } else if let Some(data) = field(part, "inlineData") {
             let data = object(data, "inlineData")?;
             let media_type = req_field(data, "mimeType")?.to_owned();
-            blocks.push(Block::Image(Image::Base64 { media_type, data: req_field(data, "data")?.to_owned() }));
+            blocks.push(Block::Image(Image::Base64 { media_type, data: standard_base64(req_field(data, "data")?) }));
         } else if let Some(file) = field(part, "fileData") {
             blocks.push(Block::Image(Image::Url(req_field(object(file, "fileData")?, "fileUri")?.to_owned())));
         } else if let Some(text) = str_field(part, "text")? {
@@ -350,8 +448,29 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
     if let Some(p) = request.top_p {
         config.insert("topP".into(), json!(p));
     }
+    if let Some(k) = request.top_k {
+        config.insert("topK".into(), json!(k));
+    }
     if !request.stop.is_empty() {
         config.insert("stopSequences".into(), json!(request.stop));
+    }
+    if let Some(seed) = request.seed {
+        config.insert("seed".into(), json!(seed));
+    }
+    if let Some(penalty) = request.presence_penalty {
+        config.insert("presencePenalty".into(), json!(penalty));
+    }
+    if let Some(penalty) = request.frequency_penalty {
+        config.insert("frequencyPenalty".into(), json!(penalty));
+    }
+    if let Some(reasoning) = request.reasoning {
+        config.insert("thinkingConfig".into(), encode_thinking(reasoning));
+    }
+    if let Some(format) = &request.output_format {
+        config.insert("responseMimeType".into(), json!("application/json"));
+        if let OutputFormat::JsonSchema { schema, .. } = format {
+            config.insert("responseJsonSchema".into(), schema.clone());
+        }
     }
     if !config.is_empty() {
         body.insert("generationConfig".into(), Value::Object(config));
@@ -641,8 +760,28 @@ impl StreamEncoder {
     }
 }
 
+/// Gemini accepts image data in either base64 alphabet (google-genai sends the URL-safe one);
+/// the IR, like every other API, carries the standard alphabet, padded.
+fn standard_base64(data: &str) -> String {
+    let mut out: String = data.chars().filter(|c| !c.is_ascii_whitespace()).map(|c| match c {
+        '-' => '+',
+        '_' => '/',
+        c => c,
+    }).collect();
+    while out.len() % 4 != 0 {
+        out.push('=');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn test_url_safe_image_data_becomes_standard_base64() {
+        assert_eq!(super::standard_base64("4__8_AwAI"), "4//8/AwAI===");
+        assert_eq!(super::standard_base64("iVBORw0KGgo="), "iVBORw0KGgo=");
+    }
+
     use super::super::stream::{Accumulator, Decoder};
     use super::super::{decode_request, decode_response, encode_request, Format};
     use super::*;
@@ -667,8 +806,9 @@ mod tests {
     #[test]
     fn test_sdk_request_matches_results_to_calls_by_name() {
         let decoded = decode_request(Format::Gemini, SDK_REQUEST.as_bytes()).unwrap();
-        assert_eq!(decoded.unknown, ["generationConfig.topK"]);
+        assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
         let request = decoded.value;
+        assert_eq!(request.top_k, Some(40));
         assert_eq!(request.tool_choice, Some(ToolChoice::Tool("get_weather".into())));
         assert_eq!(request.max_tokens, Some(200));
         let Block::ToolCall(call) = &request.messages[1].content[0] else { panic!("not a call") };

@@ -7,8 +7,19 @@
 //!
 //! Schema drift is a signal: every request decoder returns, next to the IR, the fields it could
 //! not classify ([`Decoded::unknown`]), so the caller can count them instead of losing them
-//! silently. Fields a codec knows but deliberately does not carry (caller identity, `store`, …)
-//! are classified and not reported.
+//! silently. Every field a codec knows is in one of three classes ([`known_fields`]):
+//!
+//! - **mapped**: the IR models it, so it survives a change of format (`temperature`, `top_k`,
+//!   reasoning effort ↔ thinking budget, JSON output, …);
+//! - **passthrough**: the IR does not model it but the format does (`logit_bias`,
+//!   `safetySettings`, Ollama's `options.num_ctx`, …): the decoder keeps the caller's value in
+//!   [`Request::passthrough`] and the encoder of the same format writes it back verbatim (the
+//!   identity and envelope plans); another format loses it, as each codec's docs list. Mapped
+//!   fields whose mapping is approximate (reasoning, output format) are kept there too, so the
+//!   same format gets the caller's exact value;
+//! - **ignored**: known and deliberately not carried: caller identity (API.md: none is sent
+//!   upstream), provider-side storage and account selection, and options that the registry's
+//!   prices or the gateway's reservation do not cover (`n`, `service_tier`, audio output).
 //!
 //! # Gemini thought signatures in tool-call ids
 //!
@@ -32,7 +43,7 @@ pub mod stream;
 
 mod wire;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::{Error, Result};
 
@@ -102,6 +113,180 @@ pub struct Request {
     pub stream: bool,
     /// The caller asked for usage in the stream (OpenAI `stream_options.include_usage`).
     pub include_usage: bool,
+    /// Sample from the `k` likeliest tokens (Anthropic, Gemini, Ollama; OpenAI has none).
+    pub top_k: Option<u64>,
+    /// Sampling seed (OpenAI Chat, Gemini, Ollama).
+    pub seed: Option<i64>,
+    /// OpenAI Chat, Gemini and Ollama penalties.
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// Whether the model may call several tools in one turn (OpenAI `parallel_tool_calls`,
+    /// Anthropic `tool_choice.disable_parallel_tool_use` negated).
+    pub parallel_tool_calls: Option<bool>,
+    /// How much the model should reason, when the caller said.
+    pub reasoning: Option<Reasoning>,
+    /// The answer must be JSON.
+    pub output_format: Option<OutputFormat>,
+    /// Fields only the caller's own format understands (see the module docs).
+    pub passthrough: Passthrough,
+}
+
+/// The reasoning a caller asked for, in whichever terms its format uses; each encoder converts
+/// to its own with [`Reasoning::effort`] and [`Reasoning::budget_tokens`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reasoning {
+    /// No reasoning (OpenAI `none`, Anthropic `disabled`, Gemini budget 0, Ollama `think: false`).
+    Off,
+    /// The model decides (Anthropic `adaptive`, Gemini budget -1, Ollama `think: true`).
+    Auto,
+    /// A level (OpenAI `reasoning_effort`, Anthropic `output_config.effort`, Gemini `thinkingLevel`).
+    Effort(Effort),
+    /// A token budget (Anthropic `budget_tokens`, Gemini `thinkingBudget`).
+    Budget(u64),
+}
+
+impl Reasoning {
+    /// The level; a budget maps to the nearest one ([`Effort::from_budget`]).
+    #[must_use]
+    pub fn effort(self) -> Option<Effort> {
+        match self {
+            Self::Off | Self::Auto => None,
+            Self::Effort(effort) => Some(effort),
+            Self::Budget(tokens) => Some(Effort::from_budget(tokens)),
+        }
+    }
+
+    /// The token budget; a level maps to [`Effort::budget_tokens`], [`Reasoning::Auto`] to the
+    /// medium budget.
+    #[must_use]
+    pub fn budget_tokens(self) -> Option<u64> {
+        match self {
+            Self::Off => None,
+            Self::Auto => Some(Effort::Medium.budget_tokens()),
+            Self::Effort(effort) => Some(effort.budget_tokens()),
+            Self::Budget(tokens) => Some(tokens),
+        }
+    }
+}
+
+/// A reasoning level, OpenAI's names (Anthropic's `output_config.effort` is a subset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Effort {
+    Minimal,
+    Low,
+    Medium,
+    High,
+    XHigh,
+    Max,
+}
+
+impl Effort {
+    /// Parses a level name, in any case (Gemini writes them upper case).
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "minimal" => Self::Minimal,
+            "low" => Self::Low,
+            "medium" => Self::Medium,
+            "high" => Self::High,
+            "xhigh" => Self::XHigh,
+            "max" => Self::Max,
+            _ => return None,
+        })
+    }
+
+    /// The name [`Effort::parse`] accepts, lower case.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+            Self::XHigh => "xhigh",
+            Self::Max => "max",
+        }
+    }
+
+    /// The thinking budget a level stands for. Anthropic's floor is 1024 tokens; each level
+    /// doubles or quadruples the one below, as the vendors' own presets do.
+    #[must_use]
+    pub fn budget_tokens(self) -> u64 {
+        match self {
+            Self::Minimal => 1024,
+            Self::Low => 2048,
+            Self::Medium => 8192,
+            Self::High => 24_576,
+            Self::XHigh => 32_768,
+            Self::Max => 65_536,
+        }
+    }
+
+    /// The level whose budget is nearest above `tokens`, between `low` and `high`: the levels
+    /// every reasoning model accepts (`minimal` and `xhigh` are some models' only).
+    #[must_use]
+    pub fn from_budget(tokens: u64) -> Self {
+        match tokens {
+            0..=2048 => Self::Low,
+            2049..=8192 => Self::Medium,
+            _ => Self::High,
+        }
+    }
+}
+
+/// The answer must be JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OutputFormat {
+    /// Any JSON (OpenAI `json_object`, Gemini `application/json`, Ollama `"json"`).
+    Json,
+    /// JSON that matches `schema` (OpenAI `json_schema`, Anthropic `output_config.format`,
+    /// Gemini `responseJsonSchema`, Ollama's schema `format`).
+    JsonSchema { name: String, schema: Value, strict: Option<bool> },
+}
+
+/// The caller's fields for the same format only: top-level keys as the body had them, and the
+/// nested ones under their container (`generationConfig`, `options`). [`encode_request`] of
+/// [`Passthrough::format`] writes them over what it encoded; any other format ignores them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Passthrough {
+    /// The format the fields came from; `None` while there are none.
+    pub format: Option<Format>,
+    pub fields: Map<String, Value>,
+}
+
+impl Passthrough {
+    /// Keeps `value` at `key`, or at `container.key` when `container` is not empty.
+    pub(crate) fn keep(&mut self, container: &str, key: &str, value: &Value) {
+        if value.is_null() {
+            return;
+        }
+        let map = if container.is_empty() {
+            &mut self.fields
+        } else {
+            let slot = self.fields.entry(container).or_insert_with(|| Value::Object(Map::new()));
+            match slot {
+                Value::Object(map) => map,
+                _ => return,
+            }
+        };
+        map.insert(key.to_owned(), value.clone());
+    }
+
+    /// Writes the fields over `body`: a container object merges key by key, anything else
+    /// replaces the encoder's value.
+    fn apply(&self, body: &mut Value) {
+        let Value::Object(body) = body else { return };
+        for (key, value) in &self.fields {
+            match (body.get_mut(key), value) {
+                (Some(Value::Object(into)), Value::Object(from)) => {
+                    into.extend(from.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+                _ => {
+                    body.insert(key.clone(), value.clone());
+                }
+            }
+        }
+    }
 }
 
 /// Who wrote a message. Tool results are [`Block::ToolResult`]s in a user message, as in
@@ -301,16 +486,20 @@ pub fn decode_request(format: Format, body: &[u8]) -> Result<Decoded<Request>> {
     }
     .map_err(|msg: String| bad_request(format, &msg))?;
     fill_tool_result_names(&mut decoded.value.messages);
+    if !decoded.value.passthrough.fields.is_empty() {
+        decoded.value.passthrough.format = Some(format);
+    }
     Ok(decoded)
 }
 
-/// Encodes an IR request as `format`'s body.
+/// Encodes an IR request as `format`'s body, with the [`Request::passthrough`] fields when
+/// they came from `format`.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when the request holds something the format cannot express at
 /// all (an image by URL for Ollama); lesser losses are documented per codec.
 pub fn encode_request(format: Format, request: &Request) -> Result<Vec<u8>> {
-    let value = match format {
+    let mut value = match format {
         Format::OpenAiChat => openai_chat::encode_request(request),
         Format::OpenAiResponses => openai_responses::encode_request(request),
         Format::Anthropic => anthropic::encode_request(request),
@@ -318,6 +507,9 @@ pub fn encode_request(format: Format, request: &Request) -> Result<Vec<u8>> {
         Format::Ollama => ollama::encode_request(request),
     }
     .map_err(|msg: String| bad_request(format, &msg))?;
+    if request.passthrough.format == Some(format) {
+        request.passthrough.apply(&mut value);
+    }
     Ok(wire::to_vec(&value))
 }
 
@@ -379,19 +571,67 @@ pub fn translate_response(from: Format, to: Format, body: &[u8]) -> Result<Vec<u
     Ok(encode_response(to, &decode_response(from, body)?))
 }
 
-/// The top-level request fields `format`'s decoder classifies: those it maps into the IR and
-/// those it knows and deliberately drops (caller identity, provider-side storage). Any other
-/// field is reported as unknown; the SDK coverage test compares the official SDKs' request
-/// types with these lists. Gemini's are in camelCase (snake_case is accepted too).
+/// The request fields `format`'s decoder classifies, by class (see the module docs).
+/// Nested fields are written `container.field` (`generationConfig.topK`, `options.num_ctx`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KnownFields {
+    /// Carried into the IR, so across formats.
+    pub mapped: Vec<String>,
+    /// Carried verbatim to an upstream of the same format only.
+    pub passthrough: Vec<String>,
+    /// Known and not carried.
+    pub ignored: Vec<String>,
+}
+
+/// The fields `format`'s decoder classifies; any other is reported as unknown. The SDK
+/// coverage test (`tests/test_schema_drift.py`) compares the official SDKs' request types with
+/// these lists. Gemini's are in camelCase (snake_case is accepted too).
 #[must_use]
-pub fn known_fields(format: Format) -> (&'static [&'static str], &'static [&'static str]) {
+pub fn known_fields(format: Format) -> KnownFields {
+    let nested = |container: &str, fields: &[&str]| -> Vec<String> {
+        fields.iter().map(|f| format!("{container}.{f}")).collect()
+    };
+    let own = |fields: &[&str]| -> Vec<String> { fields.iter().map(|f| (*f).to_owned()).collect() };
+    let mut known = match format {
+        Format::OpenAiChat => KnownFields {
+            mapped: own(openai_chat::MAPPED),
+            passthrough: own(openai_chat::PASSTHROUGH),
+            ignored: own(openai_chat::IGNORED),
+        },
+        Format::OpenAiResponses => KnownFields {
+            mapped: own(openai_responses::MAPPED),
+            passthrough: own(openai_responses::PASSTHROUGH),
+            ignored: own(openai_responses::IGNORED),
+        },
+        Format::Anthropic => KnownFields {
+            mapped: own(anthropic::MAPPED),
+            passthrough: own(anthropic::PASSTHROUGH),
+            ignored: own(anthropic::IGNORED),
+        },
+        Format::Gemini => KnownFields {
+            mapped: own(gemini::MAPPED),
+            passthrough: own(gemini::PASSTHROUGH),
+            ignored: own(gemini::IGNORED),
+        },
+        Format::Ollama => KnownFields {
+            mapped: own(ollama::MAPPED),
+            passthrough: own(ollama::PASSTHROUGH),
+            ignored: own(ollama::IGNORED),
+        },
+    };
     match format {
-        Format::OpenAiChat => (openai_chat::MAPPED, openai_chat::IGNORED),
-        Format::OpenAiResponses => (openai_responses::MAPPED, openai_responses::IGNORED),
-        Format::Anthropic => (anthropic::MAPPED, anthropic::IGNORED),
-        Format::Gemini => (gemini::MAPPED, gemini::IGNORED),
-        Format::Ollama => (ollama::MAPPED, ollama::IGNORED),
+        Format::Gemini => {
+            known.mapped.extend(nested("generationConfig", gemini::GENERATION_MAPPED));
+            known.passthrough.extend(nested("generationConfig", gemini::GENERATION_PASSTHROUGH));
+            known.ignored.extend(nested("generationConfig", gemini::GENERATION_IGNORED));
+        }
+        Format::Ollama => {
+            known.mapped.extend(nested("options", ollama::OPTIONS_MAPPED));
+            known.passthrough.extend(nested("options", ollama::OPTIONS_PASSTHROUGH));
+        }
+        _ => {}
     }
+    known
 }
 
 /// Writes `signature` into a tool-call id as the module docs describe; `None` leaves the id.
@@ -558,13 +798,268 @@ mod tests {
             (Format::Ollama, json!({"messages": []})),
         ];
         for (format, mut body) in bodies {
-            let (mapped, ignored) = known_fields(format);
-            for field in mapped.iter().chain(ignored) {
-                body.as_object_mut().unwrap().entry(*field).or_insert(Value::Null);
+            let known = known_fields(format);
+            for path in known.mapped.iter().chain(&known.passthrough).chain(&known.ignored) {
+                let object = body.as_object_mut().unwrap();
+                match path.split_once('.') {
+                    None => {
+                        object.entry(path.as_str()).or_insert(Value::Null);
+                    }
+                    Some((container, field)) => {
+                        let slot = object.entry(container).or_insert_with(|| json!({}));
+                        if !slot.is_object() {
+                            *slot = json!({});
+                        }
+                        slot[field] = Value::Null;
+                    }
+                }
             }
             body["surely_new_field"] = json!(1);
+            let nested = match format {
+                Format::Gemini => Some("generationConfig"),
+                Format::Ollama => Some("options"),
+                _ => None,
+            };
+            if let Some(container) = nested {
+                body[container]["surely_new_option"] = json!(1);
+            }
             let decoded = decode_request(format, body.to_string().as_bytes()).unwrap();
-            assert_eq!(decoded.unknown, ["surely_new_field"], "{format:?}");
+            let mut expected = vec!["surely_new_field".to_owned()];
+            expected.extend(nested.map(|c| format!("{c}.surely_new_option")));
+            let mut unknown = decoded.unknown.clone();
+            unknown.sort();
+            expected.sort();
+            assert_eq!(unknown, expected, "{format:?}");
+        }
+    }
+
+    #[test]
+    fn test_field_classes_are_disjoint() {
+        for format in Format::ALL {
+            let known = known_fields(format);
+            let mut all: Vec<&String> = known.mapped.iter().chain(&known.passthrough).chain(&known.ignored).collect();
+            let count = all.len();
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), count, "{format:?}: a field is in two classes");
+        }
+    }
+
+    /// `body` of `from` translated for a `to` upstream, as JSON.
+    fn upstream(from: Format, to: Format, body: &Value) -> Value {
+        let options = RequestOptions { model: "m".into(), default_max_tokens: 64_000, ..RequestOptions::default() };
+        let translated = translate_request(from, to, body.to_string().as_bytes(), &options).unwrap();
+        assert!(translated.unknown.is_empty(), "{from:?}: {:?}", translated.unknown);
+        serde_json::from_slice(&translated.body).unwrap()
+    }
+
+    #[test]
+    fn test_passthrough_fields_reach_the_same_format_verbatim_and_no_other() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let cases = [
+            (
+                Format::OpenAiChat,
+                json!({"model": "x", "messages": user, "logit_bias": {"50256": -100}, "logprobs": true,
+                    "top_logprobs": 3, "prediction": {"type": "content", "content": "hi"}, "verbosity": "low",
+                    "user": "u-1"}),
+                vec!["logit_bias", "logprobs", "top_logprobs", "prediction", "verbosity"],
+            ),
+            (
+                Format::OpenAiResponses,
+                json!({"model": "x", "input": "hi", "previous_response_id": "resp_1", "include": ["reasoning.encrypted_content"],
+                    "truncation": "auto", "reasoning": {"effort": "low", "summary": "auto"}, "metadata": {"k": "v"}}),
+                vec!["previous_response_id", "include", "truncation", "reasoning"],
+            ),
+            (
+                Format::Anthropic,
+                json!({"model": "x", "max_tokens": 4096, "messages": user, "cache_control": {"type": "ephemeral"},
+                    "thinking": {"type": "enabled", "budget_tokens": 2048, "display": "omitted"},
+                    "metadata": {"user_id": "u-1"}}),
+                vec!["cache_control", "thinking"],
+            ),
+            (
+                Format::Ollama,
+                json!({"model": "x", "messages": user, "think": "high", "format": {"type": "object"},
+                    "options": {"temperature": 0.5, "num_ctx": 8192, "mirostat": 2}, "keep_alive": "1h"}),
+                vec!["think", "format", "options"],
+            ),
+        ];
+        for (format, body, carried) in cases {
+            let same = upstream(format, format, &body);
+            for key in &carried {
+                assert_eq!(same[key], body[key], "{format:?} {key}");
+            }
+            for key in ["user", "metadata", "keep_alive"] {
+                assert!(same.get(key).is_none(), "{format:?} sent {key}");
+            }
+            for other in Format::ALL.into_iter().filter(|f| *f != format) {
+                let translated = upstream(format, other, &body);
+                for key in ["logit_bias", "prediction", "previous_response_id", "cache_control", "num_ctx"] {
+                    assert!(!translated.to_string().contains(key), "{format:?} -> {other:?} carried {key}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn test_gemini_passthrough_joins_the_encoded_generation_config_in_camel_case() {
+        let body = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+            "safety_settings": [{"category": "HARM_CATEGORY_HATE_SPEECH", "threshold": "BLOCK_NONE"}],
+            "generation_config": {"max_output_tokens": 100, "top_k": 40.0, "response_logprobs": true,
+                "thinking_config": {"thinking_budget": 512}, "candidate_count": 2},
+            "labels": {"team": "a"}});
+        let same = upstream(Format::Gemini, Format::Gemini, &body);
+        assert_eq!(same["safetySettings"], body["safety_settings"]);
+        assert_eq!(
+            same["generationConfig"],
+            json!({"maxOutputTokens": 100, "topK": 40, "responseLogprobs": true,
+                "thinkingConfig": {"thinking_budget": 512}})
+        );
+        assert!(same.get("generation_config").is_none() && same.get("labels").is_none());
+        let chat = upstream(Format::Gemini, Format::OpenAiChat, &body);
+        assert!(chat.get("safetySettings").is_none() && chat.get("responseLogprobs").is_none());
+        assert_eq!(chat["reasoning_effort"], "low");
+    }
+
+    #[test]
+    fn test_reasoning_maps_between_effort_budget_and_switch() {
+        let chat = json!({"model": "x", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high",
+            "max_completion_tokens": 30_000});
+        let claude = upstream(Format::OpenAiChat, Format::Anthropic, &chat);
+        assert_eq!(claude["thinking"], json!({"type": "enabled", "budget_tokens": 24_576}));
+        let gemini = upstream(Format::OpenAiChat, Format::Gemini, &chat);
+        assert_eq!(
+            gemini["generationConfig"]["thinkingConfig"],
+            json!({"thinkingBudget": 24_576, "includeThoughts": true})
+        );
+        assert_eq!(
+            upstream(Format::OpenAiChat, Format::OpenAiResponses, &chat)["reasoning"],
+            json!({"effort": "high"})
+        );
+        assert_eq!(upstream(Format::OpenAiChat, Format::Ollama, &chat)["think"], json!(true));
+
+        let claude = json!({"model": "x", "max_tokens": 1500, "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": 2048}});
+        assert_eq!(upstream(Format::Anthropic, Format::OpenAiChat, &claude)["reasoning_effort"], "low");
+        assert_eq!(
+            upstream(Format::Anthropic, Format::Gemini, &claude)["generationConfig"]["thinkingConfig"]
+                ["thinkingBudget"],
+            2048
+        );
+        // A budget from another format stays under max_tokens, and is dropped below Anthropic's floor.
+        let chat_small =
+            json!({"model": "x", "messages": [], "reasoning_effort": "medium", "max_completion_tokens": 4000});
+        assert_eq!(upstream(Format::OpenAiChat, Format::Anthropic, &chat_small)["thinking"]["budget_tokens"], 3999);
+        let chat_tiny =
+            json!({"model": "x", "messages": [], "reasoning_effort": "medium", "max_completion_tokens": 1000});
+        assert!(upstream(Format::OpenAiChat, Format::Anthropic, &chat_tiny).get("thinking").is_none());
+
+        let off = json!({"contents": [], "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}}});
+        assert_eq!(upstream(Format::Gemini, Format::Anthropic, &off)["thinking"], json!({"type": "disabled"}));
+        assert_eq!(upstream(Format::Gemini, Format::Ollama, &off)["think"], json!(false));
+        assert!(upstream(Format::Gemini, Format::OpenAiChat, &off).get("reasoning_effort").is_none());
+        let auto = json!({"model": "x", "messages": [], "think": true});
+        assert_eq!(
+            upstream(Format::Ollama, Format::Gemini, &auto)["generationConfig"]["thinkingConfig"]["thinkingBudget"],
+            -1
+        );
+        let adaptive = json!({"model": "x", "max_tokens": 100, "messages": [], "thinking": {"type": "adaptive"},
+            "output_config": {"effort": "low"}});
+        assert_eq!(
+            upstream(Format::Anthropic, Format::OpenAiResponses, &adaptive)["reasoning"],
+            json!({"effort": "low"})
+        );
+    }
+
+    #[test]
+    fn test_json_output_maps_where_the_target_has_it() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+        let chat = json!({"model": "x", "messages": [], "response_format": {"type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema, "strict": true}}});
+        let gemini = upstream(Format::OpenAiChat, Format::Gemini, &chat);
+        assert_eq!(gemini["generationConfig"]["responseMimeType"], "application/json");
+        assert_eq!(gemini["generationConfig"]["responseJsonSchema"], schema);
+        let claude = upstream(Format::OpenAiChat, Format::Anthropic, &chat);
+        assert_eq!(claude["output_config"], json!({"format": {"type": "json_schema", "schema": schema}}));
+        assert_eq!(upstream(Format::OpenAiChat, Format::Ollama, &chat)["format"], schema);
+        assert_eq!(
+            upstream(Format::OpenAiChat, Format::OpenAiResponses, &chat)["text"],
+            json!({"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": true}})
+        );
+        let gemini = json!({"contents": [], "generationConfig": {"responseMimeType": "application/json",
+            "responseJsonSchema": schema}});
+        let back = upstream(Format::Gemini, Format::OpenAiChat, &gemini);
+        assert_eq!(back["response_format"]["json_schema"], json!({"name": "response", "schema": schema}));
+
+        let mode = json!({"model": "x", "messages": [], "format": "json"});
+        assert_eq!(
+            upstream(Format::Ollama, Format::OpenAiChat, &mode)["response_format"],
+            json!({"type": "json_object"})
+        );
+        assert_eq!(
+            upstream(Format::Ollama, Format::Gemini, &mode)["generationConfig"],
+            json!({"responseMimeType": "application/json"})
+        );
+        // Anthropic needs a schema: schemaless JSON is a documented loss.
+        assert!(upstream(Format::Ollama, Format::Anthropic, &mode).get("output_config").is_none());
+    }
+
+    #[test]
+    fn test_sampling_fields_map_where_the_target_has_them() {
+        let claude = json!({"model": "x", "max_tokens": 10, "messages": [], "top_k": 5,
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}});
+        assert_eq!(upstream(Format::Anthropic, Format::Gemini, &claude)["generationConfig"]["topK"], 5);
+        assert_eq!(upstream(Format::Anthropic, Format::Ollama, &claude)["options"]["top_k"], 5);
+        let chat = upstream(Format::Anthropic, Format::OpenAiChat, &claude);
+        assert!(chat.get("top_k").is_none());
+        assert_eq!(chat["parallel_tool_calls"], false);
+        let same = upstream(Format::Anthropic, Format::Anthropic, &claude);
+        assert_eq!((same["top_k"].clone(), same["tool_choice"].clone()), (json!(5), claude["tool_choice"].clone()));
+
+        let chat = json!({"model": "x", "messages": [], "seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "parallel_tool_calls": false, "tools": [{"type": "function", "function": {"name": "f"}}]});
+        let ollama = upstream(Format::OpenAiChat, Format::Ollama, &chat);
+        assert_eq!(ollama["options"], json!({"seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.25}));
+        let gemini = upstream(Format::OpenAiChat, Format::Gemini, &chat);
+        assert_eq!(gemini["generationConfig"], json!({"seed": 7, "presencePenalty": 0.5, "frequencyPenalty": -0.25}));
+        let claude = upstream(Format::OpenAiChat, Format::Anthropic, &chat);
+        assert_eq!(claude["tool_choice"], json!({"type": "auto", "disable_parallel_tool_use": true}));
+    }
+
+    #[test]
+    fn test_effort_and_budget_convert_both_ways_within_the_common_levels() {
+        for effort in [Effort::Low, Effort::Medium, Effort::High] {
+            assert_eq!(Effort::from_budget(effort.budget_tokens()), effort);
+            assert_eq!(Effort::parse(&effort.as_str().to_uppercase()), Some(effort));
+        }
+        assert_eq!(Effort::from_budget(100), Effort::Low);
+        assert_eq!(Effort::from_budget(1_000_000), Effort::High);
+        assert_eq!(Reasoning::Auto.budget_tokens(), Some(Effort::Medium.budget_tokens()));
+        assert_eq!((Reasoning::Off.effort(), Reasoning::Off.budget_tokens()), (None, None));
+    }
+
+    #[test]
+    fn test_governed_fields_are_not_passthrough() {
+        for format in Format::ALL {
+            let known = known_fields(format);
+            for governed in [
+                "model",
+                "stream",
+                "stream_options",
+                "max_tokens",
+                "max_completion_tokens",
+                "max_output_tokens",
+                "generationConfig.maxOutputTokens",
+                "options.num_predict",
+                "n",
+                "service_tier",
+                "user",
+                "metadata",
+                "safety_identifier",
+            ] {
+                assert!(!known.passthrough.iter().any(|p| p == governed), "{format:?}: {governed}");
+            }
         }
     }
 

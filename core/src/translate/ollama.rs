@@ -8,6 +8,14 @@
 //! Losses: images by URL are refused (Ollama takes inline data only), several text or thinking
 //! blocks of one message are joined, thinking signatures and cache token counts have no field,
 //! `is_error` of tool results is dropped. `stream` defaults to true, as in Ollama.
+//!
+//! Request fields: `think` maps to [`Reasoning`] (`false` off, `true` the model's choice, a
+//! level name a level) and is sent as a boolean to Ollama upstreams from other formats (only
+//! some models take levels); `format` maps to [`OutputFormat`] (`"json"` or a schema);
+//! `options.top_k`, `seed` and the penalties map. The other `options` ([`OPTIONS_PASSTHROUGH`]:
+//! context size, mirostat, GPU placement, …) and the [`PASSTHROUGH`] fields reach Ollama
+//! upstreams only. Ignored: `keep_alive` (how long the server keeps the model loaded is the
+//! operator's choice).
 
 use serde_json::{json, Map, Value};
 
@@ -16,31 +24,98 @@ use super::wire::{self, array, count, object, opt_str, req_str, Calls, Drift};
 use super::{
     decode_call_id, encode_call_id, Block, Decoded, Image, Message, Request, Response, Role, StopReason, Tool,
 };
-use super::{ToolCall, ToolResult, Usage};
+use super::{Effort, OutputFormat, Reasoning, ToolCall, ToolResult, Usage};
 
 const SYNTH_PREFIX: &str = "ocall_";
 
-pub(crate) const MAPPED: &[&str] = &["model", "messages", "tools", "options", "stream"];
+pub(crate) const MAPPED: &[&str] = &["model", "messages", "tools", "options", "stream", "format", "think"];
+
+/// Fields the IR does not model, carried verbatim to an upstream of this format.
+pub(crate) const PASSTHROUGH: &[&str] = &["logprobs", "top_logprobs"];
+
+/// Mapped fields with more in them than the IR holds: the same format gets the caller's value.
+const KEPT: &[&str] = &["format", "think"];
 
 /// Known and not carried: how long the Ollama server keeps the model loaded.
 pub(crate) const IGNORED: &[&str] = &["keep_alive"];
 
-const OPTIONS_MAPPED: &[&str] = &["temperature", "top_p", "num_predict", "stop"];
+pub(crate) const OPTIONS_MAPPED: &[&str] =
+    &["temperature", "top_p", "num_predict", "stop", "top_k", "seed", "presence_penalty", "frequency_penalty"];
+
+/// `options` carried verbatim to an upstream of this format: the runner's own knobs.
+pub(crate) const OPTIONS_PASSTHROUGH: &[&str] = &[
+    "numa",
+    "num_ctx",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "low_vram",
+    "f16_kv",
+    "logits_all",
+    "vocab_only",
+    "use_mmap",
+    "use_mlock",
+    "embedding_only",
+    "num_thread",
+    "num_keep",
+    "tfs_z",
+    "typical_p",
+    "min_p",
+    "repeat_last_n",
+    "repeat_penalty",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "penalize_newline",
+];
+
+/// `think`: a switch or a level name.
+fn decode_think(think: &Value) -> Option<Reasoning> {
+    match think {
+        Value::Bool(false) => Some(Reasoning::Off),
+        Value::Bool(true) => Some(Reasoning::Auto),
+        Value::String(level) => Effort::parse(level).map(Reasoning::Effort),
+        _ => None,
+    }
+}
+
+/// `format`: `"json"` or a JSON Schema.
+fn decode_format(format: &Value) -> Option<OutputFormat> {
+    match format {
+        Value::String(s) if s == "json" => Some(OutputFormat::Json),
+        Value::Object(_) => {
+            Some(OutputFormat::JsonSchema { name: String::new(), schema: format.clone(), strict: None })
+        }
+        _ => None,
+    }
+}
 
 pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> {
     let body = object(value, "body")?;
     let mut drift = Drift::default();
-    drift.check("", body, &[MAPPED, IGNORED].concat());
+    drift.check("", body, &[MAPPED, PASSTHROUGH, IGNORED].concat());
     let mut request = Request {
         model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(true),
+        reasoning: body.get("think").and_then(decode_think),
+        output_format: body.get("format").and_then(decode_format),
         ..Request::default()
     };
+    wire::keep(body, &[PASSTHROUGH, KEPT].concat(), &mut request.passthrough);
     if let Some(options) = body.get("options").filter(|v| !v.is_null()) {
         let options = object(options, "options")?;
-        drift.check("options", options, OPTIONS_MAPPED);
+        drift.check("options", options, &[OPTIONS_MAPPED, OPTIONS_PASSTHROUGH].concat());
+        for key in OPTIONS_PASSTHROUGH {
+            if let Some(value) = options.get(*key) {
+                request.passthrough.keep("options", key, value);
+            }
+        }
         request.temperature = wire::opt_f64(options, "temperature")?;
         request.top_p = wire::opt_f64(options, "top_p")?;
+        request.top_k = options.get("top_k").and_then(wire::integer).and_then(|n| u64::try_from(n).ok());
+        request.seed = wire::opt_i64(options, "seed")?;
+        request.presence_penalty = wire::opt_f64(options, "presence_penalty")?;
+        request.frequency_penalty = wire::opt_f64(options, "frequency_penalty")?;
         // NOTE: Ollama's -1 (unbounded) and -2 (fill the context) mean no caller limit.
         request.max_tokens = options.get("num_predict").and_then(Value::as_u64);
         request.stop = wire::stop_list(options.get("stop"))?;
@@ -214,8 +289,32 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
     if !request.stop.is_empty() {
         options.insert("stop".into(), json!(request.stop));
     }
+    if let Some(k) = request.top_k {
+        options.insert("top_k".into(), json!(k));
+    }
+    if let Some(seed) = request.seed {
+        options.insert("seed".into(), json!(seed));
+    }
+    if let Some(penalty) = request.presence_penalty {
+        options.insert("presence_penalty".into(), json!(penalty));
+    }
+    if let Some(penalty) = request.frequency_penalty {
+        options.insert("frequency_penalty".into(), json!(penalty));
+    }
     if !options.is_empty() {
         body.insert("options".into(), Value::Object(options));
+    }
+    if let Some(reasoning) = request.reasoning {
+        body.insert("think".into(), json!(reasoning != Reasoning::Off));
+    }
+    match &request.output_format {
+        None => {}
+        Some(OutputFormat::Json) => {
+            body.insert("format".into(), json!("json"));
+        }
+        Some(OutputFormat::JsonSchema { schema, .. }) => {
+            body.insert("format".into(), schema.clone());
+        }
     }
     // NOTE: always explicit, since Ollama streams when the field is absent.
     body.insert("stream".into(), json!(request.stream));
@@ -452,8 +551,10 @@ mod tests {
     #[test]
     fn test_sdk_request_defaults_to_streaming_and_matches_results_by_name() {
         let decoded = decode_request(Format::Ollama, SDK_REQUEST.as_bytes()).unwrap();
-        assert_eq!(decoded.unknown, ["format", "options.num_ctx"]);
+        assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
         let request = decoded.value;
+        assert_eq!(request.output_format, Some(OutputFormat::Json));
+        assert_eq!(request.passthrough.fields["options"], json!({"num_ctx": 8192}));
         assert!(request.stream);
         assert_eq!(request.max_tokens, Some(64));
         assert_eq!(

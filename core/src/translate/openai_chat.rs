@@ -3,13 +3,22 @@
 //! Losses: `is_error` of tool results, thinking signatures (Chat has no field; DeepSeek-style
 //! `reasoning_content` carries the text), cache-write token counts, `StopSequence` (sent as
 //! `stop`). A system message in the middle of the conversation joins the system prompt.
+//!
+//! Request fields: `reasoning_effort` maps to [`Reasoning`] (a thinking budget from another
+//! format becomes the nearest level; reasoning turned off or left to the model is not sent, as
+//! non-reasoning models refuse the field), `response_format` to [`OutputFormat`]; `top_k` from
+//! another format is lost (Chat has none). [`PASSTHROUGH`] fields reach OpenAI-format upstreams
+//! only. Ignored: caller identity, OpenAI-side storage, `service_tier`, `n` (the reservation
+//! covers one choice), audio output (`modalities`, `audio`: neither metered nor translated),
+//! `web_search_options` (web search is the proxy route's governed flag) and the deprecated
+//! `functions`/`function_call`.
 
 use serde_json::{json, Map, Value};
 
 use super::stream::{BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str, Drift};
 use super::{decode_call_id, encode_call_id, Block, Decoded, Message, Request, Response, Role, StopReason};
-use super::{ToolCall, ToolChoice, ToolResult, Usage};
+use super::{Effort, OutputFormat, Reasoning, ToolCall, ToolChoice, ToolResult, Usage};
 
 /// Top-level request fields this codec maps into the IR.
 pub(crate) const MAPPED: &[&str] = &[
@@ -24,17 +33,50 @@ pub(crate) const MAPPED: &[&str] = &[
     "stop",
     "stream",
     "stream_options",
+    "reasoning_effort",
+    "response_format",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "parallel_tool_calls",
 ];
 
-/// Fields known and deliberately not carried: caller identity and OpenAI-side storage
-/// (API.md: meshfast sends no caller identity upstream).
-pub(crate) const IGNORED: &[&str] =
-    &["user", "metadata", "safety_identifier", "store", "service_tier", "prompt_cache_key", "parallel_tool_calls"];
+/// Fields the IR does not model, carried verbatim to an upstream of this format.
+pub(crate) const PASSTHROUGH: &[&str] = &[
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "prediction",
+    "verbosity",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "moderation",
+];
+
+/// Mapped fields whose mapping is approximate: the same format gets the caller's value.
+const KEPT: &[&str] = &["reasoning_effort", "response_format"];
+
+/// Fields known and deliberately not carried (see the module docs; API.md: meshfast sends no
+/// caller identity upstream).
+pub(crate) const IGNORED: &[&str] = &[
+    "user",
+    "metadata",
+    "safety_identifier",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "n",
+    "modalities",
+    "audio",
+    "web_search_options",
+    "functions",
+    "function_call",
+];
 
 pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> {
     let body = object(value, "body")?;
     let mut drift = Drift::default();
-    drift.check("", body, &[MAPPED, IGNORED].concat());
+    drift.check("", body, &[MAPPED, PASSTHROUGH, IGNORED].concat());
     let mut request = Request {
         model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
         max_tokens: opt_u64(body, "max_completion_tokens")?.or(opt_u64(body, "max_tokens")?),
@@ -42,8 +84,15 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         top_p: opt_f64(body, "top_p")?,
         stop: wire::stop_list(body.get("stop"))?,
         stream: wire::flag(body, "stream")?,
+        seed: wire::opt_i64(body, "seed")?,
+        presence_penalty: opt_f64(body, "presence_penalty")?,
+        frequency_penalty: opt_f64(body, "frequency_penalty")?,
+        parallel_tool_calls: wire::opt_bool(body, "parallel_tool_calls")?,
+        reasoning: opt_str(body, "reasoning_effort")?.and_then(decode_effort),
+        output_format: body.get("response_format").and_then(decode_response_format),
         ..Request::default()
     };
+    wire::keep(body, &[PASSTHROUGH, KEPT].concat(), &mut request.passthrough);
     if let Some(options) = body.get("stream_options").filter(|v| !v.is_null()) {
         let options = object(options, "stream_options")?;
         drift.check("stream_options", options, &["include_usage", "include_obfuscation"]);
@@ -62,6 +111,43 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         Some(choice) => Some(decode_tool_choice(choice)?),
     };
     Ok(Decoded { value: request, unknown: drift.unknown })
+}
+
+/// `reasoning_effort`; a level the IR does not know is kept for the same format only.
+fn decode_effort(effort: &str) -> Option<Reasoning> {
+    match effort {
+        "none" => Some(Reasoning::Off),
+        other => Effort::parse(other).map(Reasoning::Effort),
+    }
+}
+
+/// `response_format`; `text` (the default) and unknown types are no constraint.
+fn decode_response_format(format: &Value) -> Option<OutputFormat> {
+    match format.get("type")?.as_str()? {
+        "json_object" => Some(OutputFormat::Json),
+        "json_schema" => {
+            let spec = format.get("json_schema")?;
+            Some(OutputFormat::JsonSchema {
+                name: spec.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                schema: spec.get("schema").cloned().unwrap_or_else(wire::empty_schema),
+                strict: spec.get("strict").and_then(Value::as_bool),
+            })
+        }
+        _ => None,
+    }
+}
+
+fn encode_response_format(format: &OutputFormat) -> Value {
+    match format {
+        OutputFormat::Json => json!({"type": "json_object"}),
+        OutputFormat::JsonSchema { name, schema, strict } => {
+            let mut spec = json!({"name": wire::schema_name(name), "schema": schema});
+            if let Some(strict) = strict {
+                spec["strict"] = json!(strict);
+            }
+            json!({"type": "json_schema", "json_schema": spec})
+        }
+    }
 }
 
 fn decode_tool_choice(choice: &Value) -> Result<ToolChoice, String> {
@@ -232,6 +318,24 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
     insert_sampling(&mut body, request);
     if !request.stop.is_empty() {
         body.insert("stop".into(), json!(request.stop));
+    }
+    if let Some(seed) = request.seed {
+        body.insert("seed".into(), json!(seed));
+    }
+    if let Some(penalty) = request.presence_penalty {
+        body.insert("presence_penalty".into(), json!(penalty));
+    }
+    if let Some(penalty) = request.frequency_penalty {
+        body.insert("frequency_penalty".into(), json!(penalty));
+    }
+    if let (Some(parallel), false) = (request.parallel_tool_calls, request.tools.is_empty()) {
+        body.insert("parallel_tool_calls".into(), json!(parallel));
+    }
+    if let Some(effort) = request.reasoning.and_then(Reasoning::effort) {
+        body.insert("reasoning_effort".into(), json!(effort.as_str()));
+    }
+    if let Some(format) = &request.output_format {
+        body.insert("response_format".into(), encode_response_format(format));
     }
     if request.stream {
         body.insert("stream".into(), json!(true));
@@ -649,10 +753,11 @@ mod tests {
     }"#;
 
     #[test]
-    fn test_sdk_request_decodes_to_ir_and_reports_unmapped_fields() {
+    fn test_sdk_request_decodes_to_ir_and_classifies_every_field() {
         let decoded = decode_request(Format::OpenAiChat, SDK_REQUEST.as_bytes()).unwrap();
-        assert_eq!(decoded.unknown, ["frequency_penalty", "seed"]);
+        assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
         let request = decoded.value;
+        assert_eq!((request.seed, request.frequency_penalty), (Some(7), Some(0.5)));
         assert_eq!(request.system, ["You are terse."]);
         assert_eq!(request.max_tokens, Some(256));
         assert_eq!(request.stop, ["END"]);

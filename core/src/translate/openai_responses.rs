@@ -8,18 +8,60 @@
 //! Losses: stop sequences (Responses has none), `is_error` of tool results, cache-write counts;
 //! reasoning is not sent back upstream in requests (an input reasoning item needs the id
 //! OpenAI gave it, which the IR does not hold). Gemini tool-call signatures ride in `call_id`.
+//!
+//! Request fields: `reasoning.effort` maps to [`Reasoning`] (as in the Chat codec) and
+//! `text.format` to [`OutputFormat`]; the rest of `reasoning` and `text` (`summary`,
+//! `verbosity`) reaches Responses upstreams only. Responses has no `top_k`, `seed` or penalties:
+//! another format's are lost. [`PASSTHROUGH`] fields, the server-side state among them
+//! (`previous_response_id`, `conversation`, `prompt`), reach Responses upstreams only; another
+//! format answers without that state. Ignored: caller identity, OpenAI-side storage,
+//! `service_tier`, and `background` (a background response would escape the metering of the
+//! call meshfast holds open).
 
 use serde_json::{json, Map, Value};
 
 use super::stream::{write_sse, Accumulator, BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str, Drift};
 use super::{decode_call_id, encode_call_id, Block, Decoded, Message, Request, Response, Role, StopReason, Tool};
-use super::{ToolCall, ToolChoice, ToolResult, Usage};
+use super::{Effort, OutputFormat, Reasoning, ToolCall, ToolChoice, ToolResult, Usage};
 
-pub(crate) const MAPPED: &[&str] =
-    &["model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools", "tool_choice"];
+pub(crate) const MAPPED: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "stream",
+    "tools",
+    "tool_choice",
+    "reasoning",
+    "text",
+    "parallel_tool_calls",
+];
 
-/// Known and not carried: caller identity, OpenAI-side storage and stream obfuscation.
+/// Fields the IR does not model, carried verbatim to an upstream of this format.
+pub(crate) const PASSTHROUGH: &[&str] = &[
+    "include",
+    "previous_response_id",
+    "conversation",
+    "prompt",
+    "truncation",
+    "max_tool_calls",
+    "context_management",
+    "top_logprobs",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "moderation",
+    "image",
+    "access_programs",
+];
+
+/// Mapped fields with more in them than the IR holds: the same format gets the caller's value.
+const KEPT: &[&str] = &["reasoning", "text"];
+
+/// Known and not carried: caller identity, OpenAI-side storage, stream obfuscation and
+/// background execution (see the module docs).
 pub(crate) const IGNORED: &[&str] = &[
     "user",
     "metadata",
@@ -27,22 +69,30 @@ pub(crate) const IGNORED: &[&str] = &[
     "store",
     "service_tier",
     "prompt_cache_key",
-    "parallel_tool_calls",
     "stream_options",
+    "background",
+    "background_options",
 ];
 
 pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> {
     let body = object(value, "body")?;
     let mut drift = Drift::default();
-    drift.check("", body, &[MAPPED, IGNORED].concat());
+    drift.check("", body, &[MAPPED, PASSTHROUGH, IGNORED].concat());
     let mut request = Request {
         model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
         max_tokens: opt_u64(body, "max_output_tokens")?,
         temperature: opt_f64(body, "temperature")?,
         top_p: opt_f64(body, "top_p")?,
         stream: wire::flag(body, "stream")?,
+        parallel_tool_calls: wire::opt_bool(body, "parallel_tool_calls")?,
+        reasoning: body.get("reasoning").and_then(|r| r.get("effort")?.as_str()).and_then(|effort| match effort {
+            "none" => Some(Reasoning::Off),
+            other => Effort::parse(other).map(Reasoning::Effort),
+        }),
+        output_format: body.get("text").and_then(|t| t.get("format")).and_then(decode_text_format),
         ..Request::default()
     };
+    wire::keep(body, &[PASSTHROUGH, KEPT].concat(), &mut request.passthrough);
     if let Some(instructions) = opt_str(body, "instructions")? {
         request.system.push(instructions.to_owned());
     }
@@ -88,6 +138,19 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         }
     };
     Ok(Decoded { value: request, unknown: drift.unknown })
+}
+
+/// `text.format`; `text` (the default) and unknown types are no constraint.
+fn decode_text_format(format: &Value) -> Option<OutputFormat> {
+    match format.get("type")?.as_str()? {
+        "json_object" => Some(OutputFormat::Json),
+        "json_schema" => Some(OutputFormat::JsonSchema {
+            name: format.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            schema: format.get("schema").cloned().unwrap_or_else(wire::empty_schema),
+            strict: format.get("strict").and_then(Value::as_bool),
+        }),
+        _ => None,
+    }
 }
 
 /// Appends `block` to the last message when it has `role` (and, for users, holds only tool
@@ -271,6 +334,27 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
     }
     if let Some(p) = request.top_p {
         body.insert("top_p".into(), json!(p));
+    }
+    if let (Some(parallel), false) = (request.parallel_tool_calls, request.tools.is_empty()) {
+        body.insert("parallel_tool_calls".into(), json!(parallel));
+    }
+    // NOTE: as in the Chat codec, reasoning off or left to the model is not sent: models that
+    // cannot reason refuse the field.
+    if let Some(effort) = request.reasoning.and_then(Reasoning::effort) {
+        body.insert("reasoning".into(), json!({"effort": effort.as_str()}));
+    }
+    match &request.output_format {
+        None => {}
+        Some(OutputFormat::Json) => {
+            body.insert("text".into(), json!({"format": {"type": "json_object"}}));
+        }
+        Some(OutputFormat::JsonSchema { name, schema, strict }) => {
+            let mut format = json!({"type": "json_schema", "name": wire::schema_name(name), "schema": schema});
+            if let Some(strict) = strict {
+                format["strict"] = json!(strict);
+            }
+            body.insert("text".into(), json!({"format": format}));
+        }
     }
     if request.stream {
         body.insert("stream".into(), json!(true));
@@ -725,8 +809,9 @@ mod tests {
     #[test]
     fn test_sdk_request_groups_items_into_turns() {
         let decoded = decode_request(Format::OpenAiResponses, SDK_REQUEST.as_bytes()).unwrap();
-        assert_eq!(decoded.unknown, ["reasoning"]);
+        assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
         let request = decoded.value;
+        assert_eq!(request.reasoning, Some(Reasoning::Effort(Effort::Low)));
         assert_eq!(request.system, ["Be brief."]);
         assert_eq!(request.tool_choice, Some(ToolChoice::Tool("get_weather".into())));
         assert_eq!(request.messages.len(), 3);

@@ -145,6 +145,7 @@ fn request() -> impl Strategy<Value = Request> {
                     stop,
                     stream,
                     include_usage,
+                    ..Request::default()
                 }
             },
         )
@@ -375,6 +376,127 @@ fn stream_as_body(format: Format, bytes: &[u8]) -> Response {
     decode_response(format, &encode_response(format, acc.response())).unwrap()
 }
 
+fn reasoning() -> impl Strategy<Value = Reasoning> {
+    let effort = proptest::sample::select(vec![
+        Effort::Minimal,
+        Effort::Low,
+        Effort::Medium,
+        Effort::High,
+        Effort::XHigh,
+        Effort::Max,
+    ]);
+    prop_oneof![
+        Just(Reasoning::Off),
+        Just(Reasoning::Auto),
+        effort.prop_map(Reasoning::Effort),
+        (0u64..70_000).prop_map(Reasoning::Budget),
+    ]
+}
+
+fn output_format() -> impl Strategy<Value = OutputFormat> {
+    let schema = btree_map("[a-z]{1,4}", Just(serde_json::json!({"type": "string"})), 0..3)
+        .prop_map(|props| serde_json::json!({"type": "object", "properties": props}));
+    prop_oneof![
+        Just(OutputFormat::Json),
+        ("[a-z_ ]{0,6}", schema, proptest::option::of(any::<bool>()))
+            .prop_map(|(name, schema, strict)| OutputFormat::JsonSchema { name, schema, strict }),
+    ]
+}
+
+/// A one-turn request with the generation options set at random, with a tool or not.
+fn options_request() -> impl Strategy<Value = Request> {
+    (
+        (proptest::option::of(0u64..500), proptest::option::of(any::<i32>()), sampling(), sampling()),
+        (proptest::option::of(any::<bool>()), proptest::option::of(reasoning())),
+        (proptest::option::of(output_format()), any::<bool>(), 1u64..40_000),
+    )
+        .prop_map(|((top_k, seed, presence, frequency), (parallel, reasoning), (output, tool, max_tokens))| {
+            Request {
+                model: "m".into(),
+                messages: vec![Message { role: Role::User, content: vec![Block::Text("hi".into())] }],
+                tools: if tool {
+                    vec![Tool { name: "f".into(), description: None, parameters: wire::empty_schema() }]
+                } else {
+                    Vec::new()
+                },
+                max_tokens: Some(max_tokens),
+                top_k,
+                seed: seed.map(i64::from),
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                parallel_tool_calls: parallel,
+                reasoning,
+                output_format: output,
+                ..Request::default()
+            }
+        })
+}
+
+/// What `format` gives back of `r`'s options, written out case by case from the codecs' docs.
+fn expected_options(format: Format, mut r: Request) -> Request {
+    let openai = matches!(format, Format::OpenAiChat | Format::OpenAiResponses);
+    if openai || format == Format::Anthropic {
+        // NOTE: OpenAI formats take no top_k; Responses and Anthropic take no seed or penalties.
+        if openai {
+            r.top_k = None;
+        }
+        if format != Format::OpenAiChat {
+            (r.seed, r.presence_penalty, r.frequency_penalty) = (None, None, None);
+        }
+    }
+    if r.tools.is_empty() || !matches!(format, Format::OpenAiChat | Format::OpenAiResponses | Format::Anthropic) {
+        r.parallel_tool_calls = None;
+    }
+    r.reasoning = r.reasoning.and_then(|reasoning| match format {
+        Format::OpenAiChat | Format::OpenAiResponses => reasoning.effort().map(Reasoning::Effort),
+        Format::Anthropic => match reasoning.budget_tokens() {
+            None => Some(Reasoning::Off),
+            Some(budget) => {
+                let budget = budget.max(1024).min(r.max_tokens.unwrap_or(0).saturating_sub(1));
+                (budget >= 1024).then_some(Reasoning::Budget(budget))
+            }
+        },
+        Format::Gemini => Some(match reasoning {
+            Reasoning::Off | Reasoning::Budget(0) => Reasoning::Off,
+            Reasoning::Auto => Reasoning::Auto,
+            other => Reasoning::Budget(other.budget_tokens().unwrap_or(0).min(24_576)),
+        }),
+        Format::Ollama => Some(if reasoning == Reasoning::Off { Reasoning::Off } else { Reasoning::Auto }),
+    });
+    r.output_format = r.output_format.and_then(|output| match (format, output) {
+        (Format::Anthropic, OutputFormat::Json) => None,
+        (Format::OpenAiChat | Format::OpenAiResponses, OutputFormat::JsonSchema { name, schema, strict }) => {
+            Some(OutputFormat::JsonSchema { name: wire::schema_name(&name), schema, strict })
+        }
+        (_, OutputFormat::JsonSchema { schema, .. }) => {
+            Some(OutputFormat::JsonSchema { name: String::new(), schema, strict: None })
+        }
+        (_, output) => Some(output),
+    });
+    if format == Format::Gemini {
+        r.model = String::new();
+    }
+    if format == Format::Anthropic && r.parallel_tool_calls == Some(false) {
+        // NOTE: Anthropic says it in tool_choice, which it then has.
+        r.tool_choice = Some(ToolChoice::Auto);
+    }
+    if format == Format::Anthropic && r.parallel_tool_calls == Some(true) {
+        r.parallel_tool_calls = None;
+    }
+    r
+}
+
+/// Passthrough fields of `format` (nested ones as `container.field`) with scalar values.
+fn passthrough_fields(format: Format) -> impl Strategy<Value = Vec<(String, Value)>> {
+    let names = known_fields(format).passthrough;
+    let value = prop_oneof![
+        any::<i32>().prop_map(Value::from),
+        "[a-z]{0,5}".prop_map(Value::from),
+        any::<bool>().prop_map(Value::from)
+    ];
+    vec((proptest::sample::select(names), value), 1..5)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
@@ -386,6 +508,54 @@ proptest! {
         let decoded = decode_request(format, &body).unwrap();
         prop_assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
         prop_assert_eq!(decoded.value, request, "{}", String::from_utf8_lossy(&body));
+    }
+
+    /// Decoding a request encoded with generation options gives back what the reference says
+    /// the format carries of them, with no drift.
+    #[test]
+    fn prop_request_options_round_trip(format in format(), request in options_request()) {
+        let body = encode_request(format, &request).unwrap();
+        let decoded = decode_request(format, &body).unwrap();
+        prop_assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
+        let mut got = decoded.value;
+        got.passthrough = Passthrough::default();
+        prop_assert_eq!(got, expected_options(format, request), "{}", String::from_utf8_lossy(&body));
+    }
+
+    /// Passthrough fields reach an upstream of the caller's format verbatim and no other.
+    #[test]
+    fn prop_passthrough_reaches_the_same_format_only(
+        (format, fields) in format().prop_flat_map(|f| (Just(f), passthrough_fields(f))),
+    ) {
+        let mut body = match format {
+            Format::OpenAiResponses => serde_json::json!({"model": "m", "input": "hi"}),
+            Format::Gemini => serde_json::json!({"contents": []}),
+            Format::Anthropic => serde_json::json!({"model": "m", "max_tokens": 10, "messages": []}),
+            _ => serde_json::json!({"model": "m", "messages": []}),
+        };
+        for (path, value) in &fields {
+            match path.split_once('.') {
+                None => body[path.as_str()] = value.clone(),
+                Some((container, key)) => body[container][key] = value.clone(),
+            }
+        }
+        let options = RequestOptions { default_max_tokens: 100, ..RequestOptions::default() };
+        for to in Format::ALL {
+            let translated = translate_request(format, to, body.to_string().as_bytes(), &options).unwrap();
+            prop_assert!(translated.unknown.is_empty(), "{:?}", translated.unknown);
+            let sent: Value = serde_json::from_slice(&translated.body).unwrap();
+            for (path, _) in &fields {
+                let (container, key) = path.split_once('.').unwrap_or(("", path));
+                let at = if container.is_empty() { Some(&sent) } else { sent.get(container) };
+                let got = at.and_then(|m| m.get(key));
+                let wanted = if container.is_empty() { body.get(key) } else { body[container].get(key) };
+                if to == format {
+                    prop_assert_eq!(got, wanted, "{:?} {}", format, path);
+                } else {
+                    prop_assert!(got.is_none(), "{:?} -> {:?} carried {}", format, to, path);
+                }
+            }
+        }
     }
 
     /// Decoding an encoded response gives it back, for what the format carries.

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Image, Tool};
+use super::{Image, Passthrough, Tool};
 
 /// `[]`, for absent optional lists.
 pub(crate) static EMPTY_ARRAY: Value = Value::Array(Vec::new());
@@ -83,6 +83,52 @@ pub(crate) fn opt_f64(map: &Map<String, Value>, key: &str) -> Result<Option<f64>
     match map.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_f64().map(Some).ok_or_else(|| format!("{key} is not a number")),
+    }
+}
+
+/// An integer field (seeds), `None` when absent or `null`; a float with no fraction counts
+/// (protobuf JSON writers emit `40.0`).
+pub(crate) fn opt_i64(map: &Map<String, Value>, key: &str) -> Result<Option<i64>, String> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => integer(v).map(Some).ok_or_else(|| format!("{key} is not an integer")),
+    }
+}
+
+/// A JSON number that holds an integer, written with or without a fraction.
+pub(crate) fn integer(value: &Value) -> Option<i64> {
+    value.as_i64().or_else(|| {
+        let f = value.as_f64()?;
+        #[expect(clippy::cast_possible_truncation, reason = "checked: the float is integral and in range")]
+        let n = f as i64;
+        (f.fract() == 0.0 && f.abs() < 9.0e15).then_some(n)
+    })
+}
+
+/// A boolean field that may be absent (`None`).
+pub(crate) fn opt_bool(map: &Map<String, Value>, key: &str) -> Result<Option<bool>, String> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| format!("{key} is not a boolean")),
+    }
+}
+
+/// Keeps each of `keys` present in `body` as a top-level passthrough field.
+pub(crate) fn keep(body: &Map<String, Value>, keys: &[&str], passthrough: &mut Passthrough) {
+    for key in keys {
+        if let Some(value) = body.get(*key) {
+            passthrough.keep("", key, value);
+        }
+    }
+}
+
+/// A schema name OpenAI accepts (`^[a-zA-Z0-9_-]{1,64}$`); formats without names give none.
+pub(crate) fn schema_name(name: &str) -> String {
+    let clean: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-').take(64).collect();
+    if clean.is_empty() {
+        "response".to_owned()
+    } else {
+        clean
     }
 }
 
