@@ -1,0 +1,295 @@
+"""Log analytics for the admin plane: the request log explorer and its summaries.
+
+Summaries read the rollups the ingest keeps (migration 0007), so 30 days of traffic is a few
+thousand rows whatever the request count: ``request_rollup_hourly_all`` (no user dimension) for
+the instance's view, ``request_rollup_hourly`` for one user, ``request_rollup_daily_user`` for
+spend by person (whole UTC days, the partial days at the edges from the hourly rollup). Listing
+reads ``request_logs`` by index range (``created_at``, or ``user_id, created_at``); its total
+counts whole hours from a rollup and only the partial hours at the window's edges from the rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+from urllib.parse import parse_qs
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import asyncpg
+
+from meshfast import errors
+
+STATUS_OUTCOME = {"success": "success", "error": "upstream_error", "denied": "denied"}
+SORTS = {"created_at": "created_at", "latency_ms": "latency_ms", "cost": "(input_cost + output_cost)",
+         "tokens": "(tokens_in + tokens_out)"}
+MAX_PAGE_SIZE = 500
+DEFAULT_WINDOW = dt.timedelta(days=1)
+SUMMARY_WINDOW = dt.timedelta(days=30)
+MAX_SUMMARY_WINDOW = dt.timedelta(days=400)
+HOUR = dt.timedelta(hours=1)
+LIST_COLUMNS = (
+    "id, request_id, created_at, user_id, mesh_key_id, provider_id, model_id, model_name, requested_model, route, "
+    "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
+    "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
+    "os, device_type, count"
+)
+
+
+class Query:
+    """The filters of ``GET /admin/logs`` and ``/admin/logs/summary``, validated."""
+
+    def __init__(self, query_string: str | None, *, summary: bool = False) -> None:
+        try:
+            raw = {k: v[-1] for k, v in parse_qs(query_string or "", strict_parsing=False).items()}
+        except ValueError:
+            raise errors.InvalidRequest("malformed query string") from None
+        known = {"user_id", "model_id", "status", "from", "to", "page", "page_size", "sort", "order", "q", "tz",
+                 "bucket"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise errors.InvalidRequest(f"unknown query parameters: {', '.join(unknown)}")
+        now = dt.datetime.now(dt.UTC)
+        self.to = _time(raw.get("to"), "to") or now
+        window = SUMMARY_WINDOW if summary else DEFAULT_WINDOW
+        self.since = _time(raw.get("from"), "from") or (self.to - window)
+        if self.since >= self.to:
+            raise errors.InvalidRequest("from must be before to")
+        if summary and self.to - self.since > MAX_SUMMARY_WINDOW:
+            raise errors.InvalidRequest("a summary covers at most 400 days")
+        self.user_id = _uuid(raw.get("user_id"), "user_id")
+        self.model_id = _uuid(raw.get("model_id"), "model_id")
+        status = raw.get("status")
+        if status is not None and status not in STATUS_OUTCOME:
+            raise errors.InvalidRequest("status must be success, error or denied")
+        self.outcome = STATUS_OUTCOME.get(status) if status else None
+        self.page = _int(raw.get("page"), "page", 1, 1_000_000, 1)
+        self.page_size = _int(raw.get("page_size"), "page_size", 1, MAX_PAGE_SIZE, 50)
+        sort = raw.get("sort", "created_at")
+        if sort not in SORTS:
+            raise errors.InvalidRequest(f"sort must be one of {', '.join(SORTS)}")
+        self.sort = SORTS[sort]
+        order = raw.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise errors.InvalidRequest("order must be asc or desc")
+        self.order = order
+        self.q = (raw.get("q") or "").strip() or None
+        try:
+            self.tz = ZoneInfo(raw.get("tz") or "UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            raise errors.InvalidRequest("tz must be an IANA time zone name") from None
+        self.tz_name = raw.get("tz") or "UTC"
+        bucket = raw.get("bucket") or ("day" if self.to - self.since > dt.timedelta(days=2) else "hour")
+        if bucket not in ("hour", "day"):
+            raise errors.InvalidRequest("bucket must be hour or day")
+        self.bucket = bucket
+
+    def where(self, first_param: int = 1) -> tuple[str, list[Any]]:
+        """The shared filter (time window excluded), for request_logs and the rollup alike."""
+        clauses, args = [], []
+        for column, value in (("user_id", self.user_id), ("model_id", self.model_id), ("outcome", self.outcome)):
+            if value is not None:
+                args.append(value)
+                clauses.append(f"{column} = ${first_param + len(args) - 1}")
+        return (" AND ".join(clauses) or "true"), args
+
+
+def _time(value: str | None, name: str) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise errors.InvalidRequest(f"{name} must be an ISO 8601 time") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def _uuid(value: str | None, name: str) -> str | None:
+    if value is None:
+        return None
+    import uuid
+
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise errors.InvalidRequest(f"{name} must be a UUID") from None
+
+
+def _int(value: str | None, name: str, low: int, high: int, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise errors.InvalidRequest(f"{name} must be an integer") from None
+    if not low <= n <= high:
+        raise errors.InvalidRequest(f"{name} must be between {low} and {high}")
+    return n
+
+
+def _ceil_hour(t: dt.datetime) -> dt.datetime:
+    floor = t.replace(minute=0, second=0, microsecond=0)
+    return floor if floor == t else floor + HOUR
+
+
+def _floor_hour(t: dt.datetime) -> dt.datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
+def _usd(value: Decimal | None) -> float:
+    return float(value or 0)
+
+
+async def list_logs(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
+    where, args = q.where(3)
+    base_args: list[Any] = [q.since, q.to, *args]
+    search = ""
+    if q.q:
+        base_args.append(q.q)
+        n = len(base_args)
+        search = (f" AND (request_id = ${n} OR model_name ILIKE '%' || ${n} || '%'"
+                  f" OR requested_model ILIKE '%' || ${n} || '%')")
+    filters = f"created_at >= $1 AND created_at < $2 AND {where}{search}"
+    offset = (q.page - 1) * q.page_size
+    rows = await conn.fetch(
+        f"SELECT {LIST_COLUMNS} FROM request_logs WHERE {filters} "
+        f"ORDER BY {q.sort} {q.order}, request_id {q.order} LIMIT {q.page_size} OFFSET {offset}", *base_args)
+    if q.q:
+        total = await conn.fetchval(f"SELECT count(*) FROM request_logs WHERE {filters}", *base_args)
+    else:
+        total = await _count_rows(conn, q, where, args)
+    return {"logs": [_log(r) for r in rows], "total": int(total), "page": q.page, "page_size": q.page_size}
+
+
+async def _count_rows(conn: asyncpg.Connection, q: Query, where: str, args: list[Any]) -> int:
+    """Whole hours from the rollup, the partial hours at either edge from the rows."""
+    inner_from, inner_to = _ceil_hour(q.since), _floor_hour(q.to)
+    if inner_from >= inner_to:
+        return int(await conn.fetchval(
+            f"SELECT count(*) FROM request_logs WHERE created_at >= $1 AND created_at < $2 AND {where}",
+            q.since, q.to, *args))
+    table = "request_rollup_hourly" if q.user_id else "request_rollup_hourly_all"
+    whole = await conn.fetchval(
+        f"SELECT coalesce(sum(rows), 0) FROM {table} WHERE hour >= $1 AND hour < $2 AND {where}",
+        inner_from, inner_to, *args)
+    return int(whole) + await _edge_count(conn, q, inner_from, inner_to, where, args)
+
+
+async def _edge_count(conn: asyncpg.Connection, q: Query, inner_from: dt.datetime, inner_to: dt.datetime,
+                      where: str, args: list[Any]) -> int:
+    total = 0
+    for start, end in ((q.since, inner_from), (inner_to, q.to)):
+        if start < end:
+            total += int(await conn.fetchval(
+                f"SELECT count(*) FROM request_logs WHERE created_at >= $1 AND created_at < $2 AND {where}",
+                start, end, *args))
+    return total
+
+
+def _log(r: asyncpg.Record) -> dict[str, Any]:
+    out = dict(r)
+    for key in ("id", "user_id", "mesh_key_id", "provider_id", "model_id"):
+        if out.get(key) is not None:
+            out[key] = str(out[key])
+    out["created_at"] = out["created_at"].isoformat()
+    out["input_cost"] = _usd(out["input_cost"])
+    out["output_cost"] = _usd(out["output_cost"])
+    if out.get("source_ip") is not None:
+        out["source_ip"] = str(out["source_ip"])
+    return out
+
+
+_MEASURES = ("coalesce(sum(calls), 0) AS calls, coalesce(sum(tokens_in), 0) AS tokens_in, "
+             "coalesce(sum(tokens_out), 0) AS tokens_out, coalesce(sum(input_cost + output_cost), 0) AS cost, "
+             "coalesce(sum(latency_ms), 0) AS latency_ms")
+
+
+async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
+    """Totals, a time series in ``tz``, and breakdowns by model, user, status, deny reason and
+    latency, over whole hours (``from`` rounded down, ``to`` up)."""
+    since, until = _floor_hour(q.since), _ceil_hour(q.to)
+    where, args = q.where(3)
+    table = "request_rollup_hourly" if q.user_id else "request_rollup_hourly_all"
+    window = f"hour >= $1 AND hour < $2 AND {where}"
+    params = [since, until, *args]
+    totals = await conn.fetchrow(
+        f"SELECT {_MEASURES}, coalesce(sum(calls) FILTER (WHERE outcome = 'upstream_error'), 0) AS errors, "
+        f"coalesce(sum(calls) FILTER (WHERE outcome = 'denied'), 0) AS denials, "
+        f"coalesce(sum(lat_100), 0) AS lat_100, coalesce(sum(lat_500), 0) AS lat_500, "
+        f"coalesce(sum(lat_1000), 0) AS lat_1000, coalesce(sum(lat_5000), 0) AS lat_5000, "
+        f"coalesce(sum(lat_30000), 0) AS lat_30000, coalesce(sum(lat_slower), 0) AS lat_slower "
+        f"FROM {table} WHERE {window}", *params)
+    n = len(params) + 1
+    series = await conn.fetch(
+        f"SELECT date_trunc('{q.bucket}', hour AT TIME ZONE ${n}) AS bucket, {_MEASURES} "
+        f"FROM {table} WHERE {window} GROUP BY 1 ORDER BY 1", *params, q.tz_name)
+
+    async def by(column: str, label: str, extra: str = "") -> list[dict[str, Any]]:
+        rows = await conn.fetch(
+            f"SELECT {column} AS key{extra}, {_MEASURES} FROM {table} WHERE {window} "
+            f"GROUP BY 1 ORDER BY calls DESC LIMIT 100", *params)
+        return [_measures(r, {label: None if r["key"] is None else str(r["key"]),
+                              **({"model_name": r["model_name"]} if extra else {})}) for r in rows]
+
+    calls = int(totals["calls"])
+    return {
+        "from": since.isoformat(), "to": until.isoformat(), "tz": q.tz_name, "bucket": q.bucket,
+        "totals": {**_measures(totals, {}), "errors": int(totals["errors"]), "denials": int(totals["denials"]),
+                   "avg_latency_ms": round(int(totals["latency_ms"]) / calls, 1) if calls else None},
+        "series": [_measures(r, {"bucket": r["bucket"].isoformat()}) for r in series],
+        "by_model": await by("model_id", "model_id", ", min(model_name) AS model_name"),
+        "by_user": await _by_user(conn, q, since, until),
+        "by_status": await by("outcome", "status"),
+        "by_deny_reason": [r for r in await by("deny_reason", "deny_reason") if r["deny_reason"] is not None],
+        "latency_buckets": [{"le_ms": le, "calls": int(totals[col])} for le, col in (
+            (100, "lat_100"), (500, "lat_500"), (1000, "lat_1000"), (5000, "lat_5000"), (30000, "lat_30000"),
+            (None, "lat_slower"))],
+    }
+
+
+async def _by_user(conn: asyncpg.Connection, q: Query, since: dt.datetime, until: dt.datetime,
+                   limit: int = 100) -> list[dict[str, Any]]:
+    """Spend by person: whole UTC days from the daily rollup, the hours of partial days at the
+    edges from the hourly one (exact either way); one model's view comes from the hourly one."""
+    where, args = q.where(3)
+    hourly = ("SELECT user_id, sum(calls) AS calls, sum(tokens_in) AS tokens_in, sum(tokens_out) AS tokens_out, "
+              f"sum(input_cost + output_cost) AS cost FROM request_rollup_hourly WHERE hour >= $1 AND hour < $2 "
+              f"AND {where} GROUP BY 1")
+    first_day = (since + dt.timedelta(days=1)).date() if since.time() != dt.time(0) else since.date()
+    last_day = until.date()  # exclusive
+    parts: list[tuple[str, list[Any]]] = []
+    if q.user_id or q.model_id or first_day >= last_day:
+        parts.append((hourly, [since, until, *args]))
+    else:
+        day_where, day_args = _outcome_only(q, 3)
+        parts.append(("SELECT user_id, sum(calls) AS calls, sum(tokens_in) AS tokens_in, "
+                      "sum(tokens_out) AS tokens_out, sum(input_cost + output_cost) AS cost "
+                      f"FROM request_rollup_daily_user WHERE day >= $1 AND day < $2 AND {day_where} GROUP BY 1",
+                      [first_day, last_day, *day_args]))
+        day_start = dt.datetime.combine(first_day, dt.time(0), dt.UTC)
+        day_end = dt.datetime.combine(last_day, dt.time(0), dt.UTC)
+        for start, end in ((since, day_start), (day_end, until)):
+            if start < end:
+                parts.append((hourly, [start, end, *args]))
+    merged: dict[str | None, dict[str, Any]] = {}
+    for sql, params in parts:
+        for r in await conn.fetch(sql, *params):
+            key = None if r["user_id"] is None else str(r["user_id"])
+            entry = merged.setdefault(key, {"user_id": key, "calls": 0, "tokens_in": 0, "tokens_out": 0,
+                                            "cost_usd": 0.0})
+            entry["calls"] += int(r["calls"] or 0)
+            entry["tokens_in"] += int(r["tokens_in"] or 0)
+            entry["tokens_out"] += int(r["tokens_out"] or 0)
+            entry["cost_usd"] = round(entry["cost_usd"] + _usd(r["cost"]), 9)
+    return sorted(merged.values(), key=lambda e: (-e["cost_usd"], -e["calls"]))[:limit]
+
+
+def _outcome_only(q: Query, first_param: int) -> tuple[str, list[Any]]:
+    if q.outcome is None:
+        return "true", []
+    return f"outcome = ${first_param}", [q.outcome]
+
+
+def _measures(r: asyncpg.Record, head: dict[str, Any]) -> dict[str, Any]:
+    return {**head, "calls": int(r["calls"]), "tokens_in": int(r["tokens_in"]), "tokens_out": int(r["tokens_out"]),
+            "cost_usd": _usd(r["cost"])}
