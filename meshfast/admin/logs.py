@@ -293,3 +293,45 @@ def _outcome_only(q: Query, first_param: int) -> tuple[str, list[Any]]:
 def _measures(r: asyncpg.Record, head: dict[str, Any]) -> dict[str, Any]:
     return {**head, "calls": int(r["calls"]), "tokens_in": int(r["tokens_in"]), "tokens_out": int(r["tokens_out"]),
             "cost_usd": _usd(r["cost"])}
+
+
+async def audit(conn: asyncpg.Connection, query_string: str | None) -> dict[str, Any]:
+    """``GET /admin/audit``: the audit log, newest first, filtered by actor, action and time."""
+    try:
+        raw = {k: v[-1] for k, v in parse_qs(query_string or "").items()}
+    except ValueError:
+        raise errors.InvalidRequest("malformed query string") from None
+    unknown = sorted(set(raw) - {"actor", "action", "from", "to", "page", "page_size"})
+    if unknown:
+        raise errors.InvalidRequest(f"unknown query parameters: {', '.join(unknown)}")
+    clauses, args = [], []
+    for column, value in (("actor", raw.get("actor")), ("action", raw.get("action"))):
+        if value:
+            args.append(value)
+            clauses.append(f"{column} = ${len(args)}")
+    for op, name in ((">=", "from"), ("<", "to")):
+        moment = _time(raw.get(name), name)
+        if moment is not None:
+            args.append(moment)
+            clauses.append(f"created_at {op} ${len(args)}")
+    page = _int(raw.get("page"), "page", 1, 1_000_000, 1)
+    page_size = _int(raw.get("page_size"), "page_size", 1, MAX_PAGE_SIZE, 50)
+    where = " AND ".join(clauses) or "true"
+    rows = await conn.fetch(
+        f"SELECT id, actor, action, target, detail, created_at FROM admin_audit_log WHERE {where} "
+        f"ORDER BY created_at DESC, id DESC LIMIT {page_size} OFFSET {(page - 1) * page_size}", *args)
+    total = await conn.fetchval(f"SELECT count(*) FROM admin_audit_log WHERE {where}", *args)
+    entries = [{"id": r["id"], "actor": r["actor"], "action": r["action"], "target": r["target"],
+                "detail": _detail(r["detail"]), "created_at": r["created_at"].isoformat()} for r in rows]
+    return {"entries": entries, "total": int(total), "page": page, "page_size": page_size}
+
+
+def _detail(value: Any) -> Any:
+    if isinstance(value, str):
+        import json
+
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
