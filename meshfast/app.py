@@ -21,10 +21,11 @@ import msgspec
 from meshfast import background, counters, errors, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
+from meshfast.admin.plane import AdminPlane
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
-from meshfast.dataplane import ENTRY_ROUTES, DataPlane, gemini_call, ollama_tags, openai_embeddings_call
+from meshfast.dataplane import ENTRY_ROUTES, DataPlane, client_ip, gemini_call, ollama_tags, openai_embeddings_call
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, ensure_log_partitions
 from meshfast.metrics import Metrics
@@ -158,6 +159,8 @@ class App:
         self.leader: Leader | None = None
         self.dispatcher: Dispatcher | None = None
         self.metrics: Metrics | None = None
+        self.plane: AdminPlane | None = None
+        self._admission: Admission | None = None
         self.telemetry: Telemetry | None = None
         self.data: DataPlane | None = None
         self._draining = False
@@ -251,6 +254,9 @@ class App:
         self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics)
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
+        self.plane = AdminPlane(self.admin_pool, self.admin, self.secrets.hash_admin_token, self._status,
+                                cookie_secure=settings.cookie_secure)
+        self._admission = admission
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
 
@@ -392,7 +398,7 @@ class App:
         try:
             if method != "GET":
                 raise errors.MethodNotAllowed()
-            await self.admin.authenticate(scope.headers.get("authorization"))
+            await self.plane.actor(scope.headers, method)  # type: ignore[union-attr]
         except errors.MeshfastError as exc:
             self._error(proto, exc)
             return
@@ -406,7 +412,8 @@ class App:
         assert self.admin is not None and self.settings is not None
         try:
             body = await self._read_body(scope, proto, self.settings.max_body_bytes)
-            reply = await self.admin.dispatch(method, path, scope.headers.get("authorization"), body)
+            reply = await self.plane.handle(method, path, scope.query_string, scope.headers,  # type: ignore[union-attr]
+                                            client_ip(scope) or "unknown", body)
         except errors.MeshfastError as exc:
             self._error(proto, exc)
             return
@@ -437,6 +444,25 @@ class App:
                 raise errors.PayloadTooLarge()
             chunks.append(chunk)
         return b"".join(chunks)
+
+    async def _status(self) -> dict[str, Any]:
+        """``GET /admin/status``: this worker's view of the instance."""
+        assert self.core is not None and self.metrics is not None
+        admission = self._admission
+
+        def pool(p: asyncpg.Pool | None) -> dict[str, int] | None:
+            if p is None:
+                return None
+            return {"size": p.get_size(), "idle": p.get_idle_size(), "max": p.get_max_size()}
+
+        return {
+            "pid": os.getpid(), "config_seq": self.core.seq, "kill_switch": self.core.kill_switch,
+            "draining": self._draining, "in_flight": len(self._in_flight), "request_limit": self._limit,
+            "admission": {"capacity": admission.capacity, "in_flight": admission.inflight,
+                          "load_factor": round(admission.load_factor(), 3)} if admission is not None else None,
+            "metrics": self.metrics.snapshot(),
+            "gateway_pool": pool(self.gateway_pool), "admin_pool": pool(self.admin_pool),
+        }
 
     async def _readyz(self, proto: Any) -> None:
         assert self.gateway_pool is not None

@@ -31,6 +31,7 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_HEADER_TIMEOUT_S", "seconds a client has to send its request headers (default 30)"),
     ("MESHFAST_MAX_CONNECTIONS", "requests served at once per instance; more wait in the backlog (default 1024)"),
     ("MESHFAST_FAULT_INJECT", "tests only: background loops that fail on purpose, e.g. telemetry:2,leader"),
+    ("MESHFAST_COOKIE_SECURE", "1 marks the dashboard's session cookies Secure (behind HTTPS; default 0)"),
     ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
 )
@@ -81,6 +82,7 @@ class Settings:
     drain_timeout_s: float
     header_timeout_s: float
     max_connections: int
+    cookie_secure: bool
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -108,6 +110,7 @@ class Settings:
             # NOTE: Granian takes 1 ms to 60 s.
             header_timeout_s=min(60.0, _float_env("MESHFAST_HEADER_TIMEOUT_S", 30.0)),
             max_connections=max(1, _int_env("MESHFAST_MAX_CONNECTIONS", 1024)),
+            cookie_secure=_int_env("MESHFAST_COOKIE_SECURE", 0) == 1,
         )
 
     @property

@@ -1,0 +1,135 @@
+"""The admin plane's front door: who is asking (bearer admin token or session cookie with CSRF),
+the session routes, and the routes beyond configuration: admins, admin API tokens, logs,
+summaries, audit and status. Configuration routes go on to :class:`AdminRouter`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from meshfast import errors
+from meshfast.admin import auth, logs
+from meshfast.admin import service as svc
+from meshfast.admin.routes import Actor, AdminRouter, Reply
+
+Handler = Callable[..., Awaitable[Reply]]
+
+
+class AdminPlane:
+    def __init__(self, pool: asyncpg.Pool, router: AdminRouter, hash_token: Callable[[str], str],
+                 status: Callable[[], Awaitable[dict[str, Any]]], cookie_secure: bool = False) -> None:
+        self._pool = pool
+        self.router = router
+        self.auth = auth.AdminAuth(pool)
+        self._hash_token = hash_token
+        self._status = status
+        self._secure = cookie_secure
+        self._routes: list[tuple[str, re.Pattern[str], Handler, bool]] = []
+        add = self._add
+        add("GET", r"/admin/me", self._me)
+        add("POST", r"/admin/logout", self._logout)
+        add("POST", r"/admin/change-password", self._change_password)
+        add("GET", r"/admin/admins", lambda a, s, q, b: self._ok(self.auth.list_admins()))
+        add("POST", r"/admin/admins", self._create_admin)
+        admin_id = r"/admin/admins/(?P<id>[^/]+)"
+        add("POST", admin_id + "/pause", lambda a, s, q, b, id: self._admin_status(a, s, id, "paused"), super_only=True)
+        add("POST", admin_id + "/resume", lambda a, s, q, b, id: self._admin_status(a, s, id, "active"),
+            super_only=True)
+        add("DELETE", r"/admin/admins/(?P<id>[^/]+)", lambda a, s, q, b, id: self._admin_status(a, s, id, None),
+            super_only=True)
+        add("GET", r"/admin/tokens", lambda a, s, q, b: self._ok(self.auth.list_tokens()))
+        add("POST", r"/admin/tokens", self._create_token)
+        add("DELETE", r"/admin/tokens/(?P<id>[^/]+)",
+            lambda a, s, q, b, id: self._ok(self.auth.revoke_token(a.name, id)))
+        add("GET", r"/admin/logs", lambda a, s, q, b: self._query(lambda c: logs.list_logs(c, logs.Query(q))))
+        add("GET", r"/admin/logs/summary",
+            lambda a, s, q, b: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
+        add("GET", r"/admin/audit", lambda a, s, q, b: self._query(lambda c: logs.audit(c, q)))
+        add("GET", r"/admin/status", lambda a, s, q, b: self._ok(self._status()))
+
+    def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False) -> None:
+        self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))
+
+    @staticmethod
+    async def _ok(work: Awaitable[Any]) -> Reply:
+        return Reply(200, await work)
+
+    async def _query(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Reply:
+        async with self._pool.acquire() as conn:
+            return Reply(200, await work(conn))
+
+    # --- who is asking ----------------------------------------------------------------------
+
+    async def actor(self, headers: Any, method: str) -> tuple[Actor, auth.Session | None]:
+        """A bearer admin token, else a session cookie (with CSRF on unsafe methods); 401 else."""
+        authorization = headers.get("authorization")
+        if authorization:
+            return await self.router.authenticate(authorization), None
+        session = await self.auth.session(headers, method)
+        if session is None:
+            raise errors.Unauthorized()
+        return Actor(name=session.email, is_super=session.is_super), session
+
+    async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
+                     body: bytes) -> Reply:
+        if path.rstrip("/") == "/admin/login":
+            if method != "POST":
+                raise errors.MethodNotAllowed()
+            return await self._login(ip, body)
+        actor, session = await self.actor(headers, method)
+        matched = False
+        for route_method, pattern, handler, super_only in self._routes:
+            match = pattern.match(path)
+            if match is None:
+                continue
+            matched = True
+            if route_method != method:
+                continue
+            if super_only and not actor.is_super:
+                raise errors.Forbidden()
+            return await handler(actor, session, query, body, **match.groupdict())
+        if matched:
+            raise errors.MethodNotAllowed()
+        return await self.router.dispatch(method, path, None, body, actor=actor)
+
+    # --- session routes ---------------------------------------------------------------------
+
+    async def _login(self, ip: str, body: bytes) -> Reply:
+        token, csrf, _ = await self.auth.login(ip, svc.decode(body, auth.LoginBody))
+        max_age = int(auth.SESSION_TTL.total_seconds())
+        return Reply(200, {"status": "ok", "csrf_token": csrf},
+                     tuple(auth.set_cookies(token, csrf, self._secure, max_age)))
+
+    @staticmethod
+    async def _me(actor: Actor, session: auth.Session | None, query: str | None, body: bytes) -> Reply:
+        return Reply(200, {"email": actor.name, "is_super_admin": actor.is_super, "session": session is not None})
+
+    async def _logout(self, actor: Actor, session: auth.Session | None, query: str | None, body: bytes) -> Reply:
+        if session is not None:
+            await self.auth.logout(session)
+        return Reply(200, {"status": "ok"}, tuple(auth.clear_cookies(self._secure)))
+
+    async def _change_password(self, actor: Actor, session: auth.Session | None, query: str | None,
+                               body: bytes) -> Reply:
+        if session is None:
+            raise errors.InvalidRequest("change the password from a session, not with a token")
+        return Reply(200, await self.auth.change_password(session, svc.decode(body, auth.PasswordChange)))
+
+    async def _create_admin(self, actor: Actor, session: auth.Session | None, query: str | None,
+                            body: bytes) -> Reply:
+        return Reply(201, await self.auth.create_admin(actor.name, actor.is_super, svc.decode(body, auth.AdminCreate)))
+
+    async def _admin_status(self, actor: Actor, session: auth.Session | None, admin_id: str,
+                            status: str | None) -> Reply:
+        own = session.admin_id if session is not None else None
+        return Reply(200, await self.auth.set_admin_status(actor.name, own, admin_id, status))
+
+    async def _create_token(self, actor: Actor, session: auth.Session | None, query: str | None,
+                            body: bytes) -> Reply:
+        created = await self.auth.create_token(actor.name, actor.is_super, svc.decode(body, auth.TokenCreate),
+                                               self._hash_token)
+        return Reply(201, created)
