@@ -24,6 +24,7 @@ __all__ = [
     "EntryStream",
     "entry_error",
     "entry_stream_content_type",
+    "known_request_fields",
     "encode_request",
     "Lease",
     "Principal",
@@ -314,11 +315,23 @@ class Core:
         """
 
     def price(
-        self, model_id: str, input_tokens: int, output_tokens: int, seconds: float = 0.0, web_searches: int = 0
+        self,
+        model_id: str,
+        input_tokens: int,
+        output_tokens: int,
+        seconds: float = 0.0,
+        web_searches: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
     ) -> tuple[int, int]:
-        """``(input_cost_nano, output_cost_nano)``: tokens × per-1k prices, rounded half up on the
-        exact rational; web searches × the provider's per-search price added to input; ``seconds``
-        (at microsecond precision) × the per-second price added to output. Negative parts are 0.
+        """``(input_cost_nano, output_cost_nano)``: each token class × its per-1k price, the
+        prompt classes (input, cache read, 5 min and 1 h cache writes; disjoint, so
+        ``input_tokens`` excludes cached ones) summed exactly and rounded half up once. Above the
+        model's ``long_context_threshold_tokens`` of prompt, the long-context tier's prices apply
+        to every class. Unset cache prices are the input price (1 h writes: the 5 min price).
+        Web searches × the provider's per-search price are added to input; ``seconds`` (at
+        microsecond precision) × the per-second price to output. Negative parts are 0.
         ``ValueError`` for an unknown model id."""
 
     def charge(self, principal_id: str, model_id: str, nano: int, now_ms: int) -> int:
@@ -387,19 +400,28 @@ class Prepared:
     def model_id(self) -> str | None:
         """Set once the model is found among the principal's grants."""
     @property
-    def provider_id(self) -> str | None: ...
+    def provider_id(self) -> str | None:
+        """The provider of the deployment in force (the fallback's after :meth:`failover`)."""
     @property
     def model_name(self) -> str | None:
-        """The registry name."""
+        """The registry name (also when the caller used an alias)."""
     @property
     def requested_model(self) -> str:
-        """The ``model`` query parameter as sent (percent-decoded)."""
+        """The model as the caller named it (``model`` query parameter percent-decoded, or the
+        body's), alias or name."""
     @property
     def log_requests(self) -> bool:
         """False for a "silent" provider: neither its calls nor its denials are logged."""
     @property
     def local(self) -> bool:
         """The provider may point at loopback/private addresses (for the SSRF guard)."""
+    def failover(self) -> bool:
+        """Switch this call to the model's next deployment (by priority), rendered by
+        :meth:`Core.prepare` beside the first: every upstream field, ``provider_id`` and
+        ``local`` then read the fallback's. Once per call; counts the call in that provider's
+        hourly quota. False, with nothing changed, when there is no next deployment, it cannot
+        take this call, its hourly quota is spent, or the call already failed over. The
+        fallback runs under this call's holds (budget, provider admission)."""
     @property
     def url(self) -> str | None: ...
     @property
@@ -599,6 +621,15 @@ def entry_error(format: str, status: int, code: str, detail: str | None = None) 
 
 def entry_stream_content_type(format: str) -> str:
     """``text/event-stream``, or ``application/x-ndjson`` for Ollama."""
+
+def known_request_fields(format: str) -> tuple[list[str], list[str], list[str]]:
+    """The request fields ``format``'s codec classifies, as ``(mapped, passthrough, ignored)``.
+
+    Mapped fields travel in the translation IR, so across formats; passthrough fields reach an
+    upstream of the same format verbatim; ignored fields are known and never sent (caller
+    identity, provider-side storage, options the prices do not cover). Nested fields are written
+    ``container.field`` (``generationConfig.topK``, ``options.num_ctx``). Any other field is
+    counted as unclassified. Raises ``ValueError`` for an unknown format."""
 
 @final
 class EntryStream:

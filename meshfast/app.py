@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import background, counters, errors, verify
+from meshfast import background, counters, dashboard, errors, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
 from meshfast.admin.plane import AdminPlane
@@ -27,7 +27,7 @@ from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
 from meshfast.dataplane import ENTRY_ROUTES, DataPlane, client_ip, gemini_call, ollama_tags, openai_embeddings_call
 from meshfast.dispatch import Dispatcher, Timeouts
-from meshfast.leader import Leader, ensure_log_partitions
+from meshfast.leader import Leader, apply_retention, ensure_log_partitions
 from meshfast.metrics import Metrics
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
@@ -241,6 +241,7 @@ class App:
             ("log_partitions", 3600.0, ensure_log_partitions),
             ("checkpoint", COUNTER_CHECKPOINT_S, self._checkpoint),
             ("purge", COUNTER_PURGE_S, self._purge),
+            ("retention", 3600.0, lambda conn: apply_retention(conn, max(1, settings.log_retention_days))),
         ])
         self.leader.start()
         self.metrics = Metrics(self.segment)
@@ -324,6 +325,8 @@ class App:
                 proto.response_bytes(200, [("content-type", JSON), ("cache-control", "no-cache")], self._openapi)
             elif path.startswith("/admin/"):
                 await self._admin(scope, proto, path, method)
+            elif path == dashboard.PREFIX or path.startswith(dashboard.PREFIX + "/"):
+                self._dashboard(scope, proto, path, method)
             elif path == "/healthz":
                 proto.response_bytes(200, [("content-type", JSON)], self._health)
             elif path == "/readyz":
@@ -423,6 +426,13 @@ class App:
             return
         headers = [("content-type", JSON), ("cache-control", "no-store"), *_SECURITY_HEADERS, *reply.headers]
         proto.response_bytes(reply.status, headers, self.admin.encode(reply) + b"\n")
+
+    def _dashboard(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        """The dashboard's page and assets (public; its data comes from ``/admin/*``)."""
+        try:
+            dashboard.serve(proto, path, method, scope.headers)
+        except errors.MeshfastError as exc:
+            self._error(proto, exc)
 
     @staticmethod
     async def _read_body(scope: Any, proto: Any, limit: int) -> bytes:

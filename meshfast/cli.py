@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
-from typing import Any
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from meshfast import __version__
 from meshfast.settings import ENV_DOC
+
+if TYPE_CHECKING:
+    from meshfast.admin.service import AdminService, Registry
 
 
 def _env_epilog() -> str:
@@ -45,11 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--demo", action="store_true",
                        help="also run testserve (emulated providers) and seed demo providers, models and a user")
     serve.add_argument("--demo-port", type=int, default=9100, help="testserve port for --demo (default 9100)")
+    serve.add_argument("--registry", metavar="FILE",
+                       help="apply a registry file (as `meshfast apply`) first; an invalid one stops the start")
 
     commands.add_parser(
         "migrate", help="apply pending database migrations and exit", epilog=_env_epilog(), formatter_class=fmt,
         description="Create the meshfast roles if needed and apply the shipped migrations.",
     )
+
+    apply = commands.add_parser(
+        "apply", help="create or update providers, models and deployments from a registry file",
+        epilog=_env_epilog(), formatter_class=fmt,
+        description="Validate a registry file (JSON, or TOML by its .toml suffix) as a whole and apply it "
+                    "in one transaction: every problem is listed and nothing is written when it is invalid. "
+                    "Entities are matched by name; applying a file again changes nothing. A provider's key "
+                    "may come from the environment: \"api_key_env\": \"VARIABLE\".",
+    )
+    apply.add_argument("file", help="the registry file")
+    apply.add_argument("--json", action="store_true", help="print the result as JSON")
 
     users = commands.add_parser("users", help="manage callers (users and their keys)", formatter_class=fmt,
                                 epilog=_env_epilog())
@@ -72,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _summary(applied: dict[str, list[str]]) -> str:
+    return ", ".join(f"{len(names)} {what}" for what, names in applied.items())
+
+
 def _print(result: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=None, default=str))
@@ -84,8 +108,10 @@ def _print(result: Any, as_json: bool) -> None:
         print(f"{key}: {value}")
 
 
-async def _users(args: argparse.Namespace) -> Any:
-    from meshfast import errors
+@contextlib.asynccontextmanager
+async def _admin_service() -> AsyncIterator[AdminService]:
+    """The admin service on this instance's database (started and migrated if embedded).
+    Running workers see its writes through the database's NOTIFY, as the admin API's."""
     from meshfast.admin import service as svc
     from meshfast.secrets import load_or_create
     from meshfast.settings import Settings
@@ -101,7 +127,47 @@ async def _users(args: argparse.Namespace) -> Any:
         async def no_rebuild(_seq: int) -> None:
             return None
 
-        service = svc.AdminService(pool, secrets, no_rebuild)
+        try:
+            yield svc.AdminService(pool, secrets, no_rebuild)
+        finally:
+            await pool.close()
+
+
+def _read_registry(path: str) -> Registry:
+    """The registry file at ``path``, validated on its own; exits listing every problem."""
+    from meshfast import errors
+    from meshfast.admin import service as svc
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"meshfast: cannot read {path}: {exc.strerror}") from None
+    try:
+        return svc.parse_registry(data, "toml" if path.endswith(".toml") else "json", os.environ)
+    except errors.MeshfastError as exc:
+        raise SystemExit(_invalid_registry(path, exc)) from None
+
+
+def _invalid_registry(path: str, exc: Exception) -> str:
+    problems = getattr(exc, "extra", {}).get("errors") or [getattr(exc, "detail", None) or str(exc)]
+    return "\n".join([f"meshfast: {path}: invalid registry, nothing applied:", *(f"  - {p}" for p in problems)])
+
+
+async def _apply(path: str, registry: Registry) -> dict[str, list[str]]:
+    from meshfast import errors
+
+    async with _admin_service() as service:
+        try:
+            return await service.apply_registry("cli", registry, path)
+        except errors.MeshfastError as exc:
+            raise SystemExit(_invalid_registry(path, exc)) from None
+
+
+async def _users(args: argparse.Namespace) -> Any:
+    from meshfast import errors
+    from meshfast.admin import service as svc
+
+    async with _admin_service() as service:
         try:
             if args.users_command == "create":
                 body = svc.UserCreate(
@@ -116,8 +182,6 @@ async def _users(args: argparse.Namespace) -> Any:
             return await service.list_users()
         except errors.MeshfastError as exc:
             raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
-        finally:
-            await pool.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,12 +195,26 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.workers < 1:
             parser.error("--workers must be at least 1")
+        if args.registry:
+            # NOTE: before anything starts: an invalid registry refuses the start with every problem.
+            applied = asyncio.run(_apply(args.registry, _read_registry(args.registry)))
+            print(f"meshfast: registry {args.registry}: " + _summary(applied), flush=True)
         return serve(ServeOptions(host=args.host, port=args.port, workers=args.workers, demo=args.demo,
                                   demo_port=args.demo_port))
     if args.command == "migrate":
         from meshfast.supervisor import migrate_only
 
         return migrate_only()
+    if args.command == "apply":
+        applied = asyncio.run(_apply(args.file, _read_registry(args.file)))
+        if args.json:
+            _print(applied, True)
+        else:
+            print(f"meshfast: {args.file}: " + _summary(applied))
+            for what in ("created", "updated", "deleted"):
+                for name in applied[what]:
+                    print(f"  {what} {name}")
+        return 0
     if args.command == "users":
         _print(asyncio.run(_users(args)), args.json)
         return 0

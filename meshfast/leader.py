@@ -34,6 +34,16 @@ async def ensure_log_partitions(conn: asyncpg.Connection) -> None:
         log.info("created %d request_logs partitions ahead", created)
 
 
+async def apply_retention(conn: asyncpg.Connection, days: int) -> None:
+    """Drops daily request_logs partitions (and rollup rows) older than ``days``, sweeps expired
+    admin sessions."""
+    import json
+
+    result = json.loads(await conn.fetchval("SELECT meshfast_retention($1)::text", days))
+    if any(result.values()):
+        log.info("retention (%d days): %s", days, result)
+
+
 class Leader:
     """Runs ``jobs`` (name, interval in seconds, job) while this worker holds the leader lock.
 

@@ -18,6 +18,7 @@ import asyncpg
 import msgspec
 from cryptography.exceptions import InvalidTag
 
+from meshfast._core import Core, SnapshotError
 from meshfast.sealing import open_sealed
 from meshfast.store import sql
 
@@ -101,6 +102,16 @@ class Provider(msgspec.Struct):
         return f"Provider(id={self.id!r}, name={self.name!r}, family={self.family!r})"
 
 
+class Deployment(msgspec.Struct):
+    """Another place the model is served: a provider (index) and its name for the model."""
+
+    id: str
+    provider: int
+    resolved_model: str
+    region: str | None = None
+    priority: int = 100
+
+
 class Model(msgspec.Struct):
     id: str
     name: str
@@ -120,6 +131,27 @@ class Model(msgspec.Struct):
     output_media_type: str | None
     input_price_nano_per_1k: int
     output_price_nano_per_1k: int
+    # None: the class costs what input does (1 h writes: what 5 min writes do).
+    cache_read_price_nano_per_1k: int | None = None
+    cache_write_price_nano_per_1k: int | None = None
+    cache_write_1h_price_nano_per_1k: int | None = None
+    long_context_threshold_tokens: int | None = None
+    # Class (LONG_CONTEXT_CLASSES' values) to price; the core refuses any other key.
+    long_context_prices: dict[str, int] | None = None
+    aliases: list[str] = []
+    tags: list[str] = []
+    deployments: list[Deployment] = []
+
+
+# The admin API's long-context price keys (the model's own price field names) and the classes
+# the core prices.
+LONG_CONTEXT_CLASSES = {
+    "input_price_per_1k_tokens": "input",
+    "output_price_per_1k_tokens": "output",
+    "cache_read_price_per_1k_tokens": "cache_read",
+    "cache_write_price_per_1k_tokens": "cache_write",
+    "cache_write_1h_price_per_1k_tokens": "cache_write_1h",
+}
 
 
 class Grant(msgspec.Struct):
@@ -155,6 +187,20 @@ def usd_to_nanos(value: Decimal | int | float | str) -> int:
 
 def _ms(ts: dt.datetime | None) -> int | None:
     return None if ts is None else int(ts.timestamp() * 1000)
+
+
+def _nanos(value: Decimal | None) -> int | None:
+    return None if value is None else usd_to_nanos(value)
+
+
+def _long_context_prices(stored: Any) -> dict[str, int] | None:
+    """Stored prices (USD per 1k, by field name) as the core's classes in nano-USD. A key outside
+    LONG_CONTEXT_CLASSES passes through unchanged, so the core lists it as an error."""
+    if stored is None:
+        return None
+    if isinstance(stored, str):
+        stored = json.loads(stored)
+    return {LONG_CONTEXT_CLASSES.get(key, key): usd_to_nanos(value) for key, value in stored.items()}
 
 
 def _minutes(t: dt.time | None) -> int | None:
@@ -213,16 +259,38 @@ async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
         key_rows = await conn.fetch(sql.SNAPSHOT_KEYS)
         provider_rows = await conn.fetch(sql.SNAPSHOT_PROVIDERS)
         model_rows = await conn.fetch(sql.SNAPSHOT_MODELS)
+        deployment_rows = await conn.fetch(sql.SNAPSHOT_DEPLOYMENTS)
         grant_rows = await conn.fetch(sql.SNAPSHOT_GRANTS)
+    return _config(int(seq), kill_switch, user_rows, key_rows, provider_rows, model_rows, deployment_rows,
+                   grant_rows, master_key)
 
+
+async def load_registry(conn: asyncpg.Connection, master_key: bytes) -> Config:
+    """Providers, models and deployments only, read in the caller's transaction: what a registry
+    write validates before it commits."""
+    provider_rows = await conn.fetch(sql.SNAPSHOT_PROVIDERS)
+    model_rows = await conn.fetch(sql.SNAPSHOT_MODELS)
+    deployment_rows = await conn.fetch(sql.SNAPSHOT_DEPLOYMENTS)
+    return _config(0, False, [], [], provider_rows, model_rows, deployment_rows, [], master_key)
+
+
+def _config(seq: int, kill_switch: bool, user_rows: list[asyncpg.Record], key_rows: list[asyncpg.Record],
+            provider_rows: list[asyncpg.Record], model_rows: list[asyncpg.Record],
+            deployment_rows: list[asyncpg.Record], grant_rows: list[asyncpg.Record], master_key: bytes) -> Config:
     principal_index = {row["id"]: i for i, row in enumerate(user_rows)}
     providers = [p for p in (provider_from_row(row, master_key) for row in provider_rows) if p is not None]
     provider_index = {uuid.UUID(p.id): i for i, p in enumerate(providers)}
     models = [row for row in model_rows if row["provider_id"] in provider_index]
     model_index = {row["id"]: i for i, row in enumerate(models)}
+    deployments: dict[uuid.UUID, list[Deployment]] = {}
+    for row in deployment_rows:
+        if row["provider_id"] in provider_index:
+            deployments.setdefault(row["model_id"], []).append(Deployment(
+                id=str(row["id"]), provider=provider_index[row["provider_id"]],
+                resolved_model=row["resolved_model"], region=row["region"], priority=row["priority"]))
 
     return Config(
-        seq=int(seq),
+        seq=seq,
         kill_switch=kill_switch,
         principals=[
             Principal(
@@ -266,6 +334,14 @@ async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
                 output_media_type=row["output_media_type"],
                 input_price_nano_per_1k=usd_to_nanos(row["input_price_per_1k_tokens"]),
                 output_price_nano_per_1k=usd_to_nanos(row["output_price_per_1k_tokens"]),
+                cache_read_price_nano_per_1k=_nanos(row["cache_read_price_per_1k_tokens"]),
+                cache_write_price_nano_per_1k=_nanos(row["cache_write_price_per_1k_tokens"]),
+                cache_write_1h_price_nano_per_1k=_nanos(row["cache_write_1h_price_per_1k_tokens"]),
+                long_context_threshold_tokens=row["long_context_threshold_tokens"],
+                long_context_prices=_long_context_prices(row["long_context_prices"]),
+                aliases=list(row["aliases"]),
+                tags=list(row["tags"]),
+                deployments=deployments.get(row["id"], []),
             )
             for row in models
         ],
@@ -289,3 +365,12 @@ async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
 
 def encode(config: Config) -> bytes:
     return _encoder.encode(config)
+
+
+def registry_errors(config: Config) -> list[str]:
+    """Every problem the core finds building a snapshot of ``config``; empty when it would load."""
+    try:
+        Core(b"registry-check").load(encode(config))
+    except SnapshotError as exc:
+        return list(exc.errors)
+    return []

@@ -244,6 +244,12 @@ def test_bad_bodies_are_400_in_the_routes_shape(gateway: Gateway, world: dict[st
         assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
         r = client.post("/v1/chat/completions", content=b"{}")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_or_revoked_key"
+        # An inline image over the per-block limit (20 MiB decoded): 400, never sent upstream.
+        huge = "A" * (28 << 20)
+        r = client.post("/v1/chat/completions", headers=h, json={
+            "model": "en-openai-ok", "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{huge}"}}]}]})
+        assert r.status_code == 400 and "size limit" in r.json()["error"]["message"]
 
 
 def test_unclassified_fields_are_counted_not_silently_dropped(gateway: Gateway, world: dict[str, Any]) -> None:

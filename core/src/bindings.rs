@@ -1,6 +1,7 @@
 //! The PyO3 module `meshfast._core`: the only place that knows about Python. Each class wraps
 //! a plain-Rust type; errors cross through one mapping, [`to_py_err`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -341,18 +342,37 @@ impl PyCore {
         let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
         let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
         let request = prepare::Request { route, model, stream, authorization, x_api_key, x_goog_api_key, query_string, body, now_ms };
-        Ok(PyPrepared { inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request) })
+        Ok(PyPrepared { inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request), failed_over: AtomicBool::new(false) })
     }
 
-    /// `(input_cost_nano, output_cost_nano)` of a call on `model_id`.
-    #[pyo3(signature = (model_id, input_tokens, output_tokens, seconds = 0.0, web_searches = 0))]
-    fn price(&self, model_id: &str, input_tokens: i64, output_tokens: i64, seconds: f64, web_searches: i64) -> PyResult<(i64, i64)> {
+    /// `(input_cost_nano, output_cost_nano)` of a call on `model_id`, each token class at its price.
+    #[pyo3(signature = (model_id, input_tokens, output_tokens, seconds = 0.0, web_searches = 0, cache_read_tokens = 0,
+                        cache_write_tokens = 0, cache_write_1h_tokens = 0))]
+    #[expect(clippy::too_many_arguments, reason = "one call per request with every token class")]
+    fn price(
+        &self,
+        model_id: &str,
+        input_tokens: i64,
+        output_tokens: i64,
+        seconds: f64,
+        web_searches: i64,
+        cache_read_tokens: i64,
+        cache_write_tokens: i64,
+        cache_write_1h_tokens: i64,
+    ) -> PyResult<(i64, i64)> {
         let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
         let snapshot = &loaded.snapshot;
         let model = snapshot.model_index(model_id).map(|i| &snapshot.models[i as usize]);
         let model = model.ok_or_else(|| PyValueError::new_err(format!("unknown model id {model_id:?}")))?;
         let provider = &snapshot.providers[model.provider as usize];
-        Ok(pricing::price(model, provider, input_tokens, output_tokens, seconds, web_searches))
+        let tokens = pricing::Tokens {
+            input: input_tokens,
+            output: output_tokens,
+            cache_read: cache_read_tokens,
+            cache_write: cache_write_tokens,
+            cache_write_1h: cache_write_1h_tokens,
+        };
+        Ok(pricing::price_tokens(model, provider, &tokens, seconds, web_searches))
     }
 
     /// Adds `nano` (negative counts as 0) to the principal's spend on the model today; returns the new total.
@@ -402,15 +422,27 @@ impl PyCore {
 #[pyclass(frozen, name = "Prepared", module = "meshfast._core")]
 struct PyPrepared {
     inner: prepare::Prepared,
+    /// Set once by `failover`: from then on the call is the fallback's.
+    failed_over: AtomicBool,
 }
 
 impl PyPrepared {
+    /// The fallback once the call failed over to it.
+    fn fallback(&self) -> Option<&prepare::Fallback> {
+        self.inner.fallback.as_ref().filter(|_| self.failed_over.load(Ordering::Acquire))
+    }
+
+    /// The upstream call in force: the first deployment's, or the fallback's after a failover.
+    fn active(&self) -> Option<&prepare::Upstream> {
+        self.fallback().map_or(self.inner.upstream.as_ref(), |f| Some(&f.upstream))
+    }
+
     fn upstream(&self) -> PyResult<&prepare::Upstream> {
-        self.inner.upstream.as_ref().ok_or_else(|| CoreError::new_err("a denied request has no upstream call"))
+        self.active().ok_or_else(|| CoreError::new_err("a denied request has no upstream call"))
     }
 
     fn generation(&self) -> Option<&crate::provider::GenerationPlan> {
-        self.inner.upstream.as_ref()?.plan.generation.as_ref()
+        self.active()?.plan.generation.as_ref()
     }
 
     fn holds(&self) -> PyResult<&crate::govern::Holds> {
@@ -455,7 +487,7 @@ impl PyPrepared {
     }
     #[getter]
     fn provider_id(&self) -> Option<&str> {
-        self.inner.provider_id.as_deref()
+        self.fallback().map_or(self.inner.provider_id.as_deref(), |f| Some(&f.provider_id))
     }
     #[getter]
     fn model_name(&self) -> Option<&str> {
@@ -471,39 +503,50 @@ impl PyPrepared {
     }
     #[getter]
     fn local(&self) -> bool {
-        self.inner.local
+        self.fallback().map_or(self.inner.local, |f| f.local)
+    }
+
+    /// Switches the call to the model's next deployment, once: false when there is none, it
+    /// cannot take this call, its provider's hourly quota is spent, or the call already failed over.
+    fn failover(&self) -> bool {
+        let Some(fallback) = &self.inner.fallback else { return false };
+        if self.inner.upstream.is_none() || self.failed_over.load(Ordering::Acquire) || !fallback.admit() {
+            return false;
+        }
+        self.failed_over.store(true, Ordering::Release);
+        true
     }
     #[getter]
     fn url(&self) -> Option<&str> {
-        self.inner.upstream.as_ref().map(|u| u.url.as_str())
+        self.active().map(|u| u.url.as_str())
     }
     #[getter]
     fn method(&self) -> Option<&str> {
-        self.inner.upstream.as_ref().map(|u| u.method.as_str())
+        self.active().map(|u| u.method.as_str())
     }
     #[getter]
     fn headers(&self) -> Vec<(&str, &str)> {
-        self.inner.upstream.as_ref().map_or_else(Vec::new, |u| u.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+        self.active().map_or_else(Vec::new, |u| u.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
     }
     #[getter]
     fn upstream_body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, self.inner.upstream.as_ref().map_or(&[][..], |u| &u.body))
+        PyBytes::new(py, self.active().map_or(&[][..], |u| &u.body))
     }
     #[getter]
     fn attempts(&self) -> u32 {
-        self.inner.upstream.as_ref().map_or(0, |u| u.attempts)
+        self.active().map_or(0, |u| u.attempts)
     }
     #[getter]
     fn backoff_ms(&self) -> u32 {
-        self.inner.upstream.as_ref().map_or(0, |u| u.backoff_ms)
+        self.active().map_or(0, |u| u.backoff_ms)
     }
     #[getter]
     fn max_tokens(&self) -> i64 {
-        self.inner.upstream.as_ref().map_or(0, |u| u.max_tokens)
+        self.active().map_or(0, |u| u.max_tokens)
     }
     #[getter]
     fn web_search(&self) -> bool {
-        self.inner.upstream.as_ref().is_some_and(|u| u.web_search)
+        self.active().is_some_and(|u| u.web_search)
     }
     #[getter]
     fn should_retry(&self) -> Option<bool> {
@@ -547,11 +590,11 @@ impl PyPrepared {
 
     #[getter]
     fn weight(&self) -> u32 {
-        self.inner.upstream.as_ref().map_or(0, |u| u.weight)
+        self.active().map_or(0, |u| u.weight)
     }
     #[getter]
     fn output_media_type(&self) -> Option<&str> {
-        self.inner.upstream.as_ref().and_then(|u| u.output_media_type.as_deref())
+        self.active().and_then(|u| u.output_media_type.as_deref())
     }
     #[getter]
     fn generation_mode(&self) -> Option<&'static str> {
@@ -613,13 +656,13 @@ impl PyPrepared {
     /// Whether the caller of an entry route asked for a stream (False on Mesh routes).
     #[getter]
     fn client_stream(&self) -> bool {
-        self.inner.upstream.as_ref().and_then(|u| u.entry.as_ref()).is_some_and(|e| e.client_stream)
+        self.active().and_then(|u| u.entry.as_ref()).is_some_and(|e| e.client_stream)
     }
 
     /// Request fields the entry codec could not classify (schema drift), e.g. `seed`.
     #[getter]
     fn unknown_fields(&self) -> Vec<String> {
-        self.inner.upstream.as_ref().and_then(|u| u.entry.as_ref()).map(|e| e.unknown.clone()).unwrap_or_default()
+        self.active().and_then(|u| u.entry.as_ref()).map(|e| e.unknown.clone()).unwrap_or_default()
     }
 
     fn extract_embedding<'py>(&self, py: Python<'py>, body: &[u8]) -> PyResult<(Bound<'py, PyBytes>, i64)> {
@@ -776,6 +819,15 @@ fn entry_stream_content_type(format: &str) -> PyResult<&'static str> {
     Ok(entry::stream_content_type(format))
 }
 
+/// The request fields an entry format's codec classifies: `(mapped, passthrough, ignored)`;
+/// nested fields as `container.field` (see the stub).
+#[pyfunction]
+fn known_request_fields(format: &str) -> PyResult<(Vec<String>, Vec<String>, Vec<String>)> {
+    let format = Format::parse(format).ok_or_else(|| PyValueError::new_err(format!("unknown format {format:?}")))?;
+    let known = crate::translate::known_fields(format);
+    Ok((known.mapped, known.passthrough, known.ignored))
+}
+
 /// `method target HTTP/1.1` with host, the given headers and a content length, then the body.
 /// Raises ValueError when a header could split the request.
 #[pyfunction]
@@ -872,6 +924,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEntryStream>()?;
     m.add_function(wrap_pyfunction!(entry_error, m)?)?;
     m.add_function(wrap_pyfunction!(entry_stream_content_type, m)?)?;
+    m.add_function(wrap_pyfunction!(known_request_fields, m)?)?;
     m.add_function(wrap_pyfunction!(encode_request, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;
     m.add_function(wrap_pyfunction!(request_id, m)?)?;

@@ -16,7 +16,7 @@ use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
 use crate::pricing;
 use crate::provider::Plan;
 use crate::shm::{id_bytes, utc_day, utc_hour, Segment};
-use crate::snapshot::{Grant, Model, ModelKind, Provider, Secret, Snapshot};
+use crate::snapshot::{Deployment, Grant, Model, ModelKind, Provider, Secret, Snapshot};
 use crate::template::Vars;
 use crate::translate::{self, Format};
 use crate::views::{self, write_int, write_str, write_time, write_usd};
@@ -143,6 +143,45 @@ pub struct Prepared {
     pub limit: Option<Governing>,
     /// What an admitted call holds in the segment; released on drop.
     pub holds: Option<Holds>,
+    /// The call on the model's next deployment, for one failover.
+    pub fallback: Option<Fallback>,
+}
+
+/// An admitted call rendered for the model's next deployment (by priority): where it goes after
+/// a connection failure or a 503 from the first. It runs under the first call's holds.
+pub struct Fallback {
+    pub provider_id: String,
+    pub local: bool,
+    pub upstream: Upstream,
+    /// The deployment's provider's [`crate::shm::PROVIDER_CALLS_HOUR`] counter this hour, and its limit.
+    calls_key: u128,
+    max_calls_per_hour: Option<i64>,
+    segment: Option<Arc<Segment>>,
+}
+
+impl std::fmt::Debug for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // NOTE: not the upstream call: its headers carry the provider key.
+        f.debug_struct("Fallback").field("provider_id", &self.provider_id).finish_non_exhaustive()
+    }
+}
+
+impl Fallback {
+    /// Counts the failover call against its provider's hourly quota. False, with nothing
+    /// counted, when that quota is spent or the counter table is full.
+    #[must_use]
+    pub fn admit(&self) -> bool {
+        let Some(segment) = &self.segment else { return true };
+        match segment.add(self.calls_key, 1) {
+            Ok(calls) if self.max_calls_per_hour.is_none_or(|max| max <= 0 || calls <= max) => true,
+            Ok(_) => {
+                // NOTE: an add of -1 to a counter that exists cannot fail for want of a slot.
+                let _ = segment.add(self.calls_key, -1);
+                false
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 /// The limit that governs a call, for `X-Meshfast-Limit` / `-Utilization` / `-Reset`.
@@ -421,7 +460,7 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
     let grant = snapshot.grant_by_name(key.principal, &p.requested_model);
     let Some((grant, model)) = grant.map(|g| (g, &snapshot.models[g.model as usize])).filter(|(_, m)| req.route.admits(m.kind)) else {
         if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
-            let known = snapshot.models.iter().any(|m| m.name == p.requested_model);
+            let known = snapshot.model_named(&p.requested_model).is_some();
             p.deny(404, if known { "model_not_permitted" } else { "unknown_model" }, |_| {});
         } else {
             p.deny(403, "model_not_permitted", |_| {});
@@ -496,7 +535,11 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
         return p;
     }
 
-    // 7. Body, rendering.
+    // 7. Body, rendering; the next deployment's call too, so a failover needs no second decision.
+    let fallback = model
+        .deployments
+        .first()
+        .and_then(|d| render_fallback(snapshot, segment, req, model, d, decoded.as_ref()));
     let upstream = match req.route {
         Route::Proxy => proxy(&mut p, req.body, model, provider),
         Route::Embeddings => embeddings(&mut p, req.body, model, provider),
@@ -555,7 +598,45 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
         p.limit = governing(grant, provider, &counters, req.now_ms);
     }
     p.upstream = Some(upstream);
+    p.fallback = fallback;
     p
+}
+
+/// The call rendered for `deployment`, the model's next one; None when that deployment cannot
+/// take this call (its provider lacks the operation or refuses the body). OpenAI's embeddings
+/// route makes several upstream calls at once and does not fail over.
+fn render_fallback(
+    snapshot: &Snapshot,
+    segment: Option<&Arc<Segment>>,
+    req: &Request<'_>,
+    model: &Model,
+    deployment: &Deployment,
+    decoded: Option<&translate::Decoded<translate::Request>>,
+) -> Option<Fallback> {
+    let provider = &snapshot.providers[deployment.provider as usize];
+    let mut served = model.clone();
+    served.provider = deployment.provider;
+    served.resolved_model.clone_from(&deployment.resolved_model);
+    // A denial while rendering only means there is no failover; the first call's stands.
+    let mut scratch = Prepared::default();
+    let plan = &provider.plan;
+    let upstream = match req.route {
+        Route::Proxy if plan.chat.is_some() => proxy(&mut scratch, req.body, &served, provider),
+        Route::Entry(format) if plan.chat.is_some() => entry(&mut scratch, format, decoded?.clone(), &served, provider),
+        Route::Embeddings => embeddings(&mut scratch, req.body, &served, provider),
+        Route::Generate if plan.generation.as_ref().is_some_and(|g| g.is_complete()) => {
+            generate(&mut scratch, req.body, &served, provider)
+        }
+        _ => None,
+    }?;
+    Some(Fallback {
+        provider_id: provider.id.clone(),
+        local: provider.local,
+        upstream,
+        calls_key: provider.calls_key.at(utc_hour(req.now_ms)),
+        max_calls_per_hour: provider.max_calls_per_hour,
+        segment: segment.cloned(),
+    })
 }
 
 /// [`crate::shm::CounterRead`] over a borrowed segment.
@@ -611,6 +692,14 @@ fn entry(p: &mut Prepared, format: Format, decoded: translate::Decoded<translate
         p.deny(400, "content_type_not_supported_by_model", |out| out.extend_from_slice(b",\"content_type\":\"image\""));
         return None;
     }
+    // The same per-block limit as /v1/proxy: an inline image decodes to at most 20 MiB.
+    let oversized = request.messages.iter().flat_map(|m| &m.content).any(|b| {
+        matches!(b, translate::Block::Image(translate::Image::Base64 { data, .. }) if data.len() / 4 * 3 > MAX_INLINE_IMAGE_BYTES)
+    });
+    if oversized {
+        p.invalid(Some(content::BLOCK_TOO_LARGE));
+        return None;
+    }
     let max_tokens = match request.max_tokens {
         Some(0) => {
             p.invalid(Some(content::INVALID_MAX_TOKENS));
@@ -650,6 +739,9 @@ fn entry(p: &mut Prepared, format: Format, decoded: translate::Decoded<translate
 fn text_token_bound_len(bytes: usize) -> i64 {
     (i64::try_from(bytes).unwrap_or(i64::MAX - 2) + BYTES_PER_TOKEN_BOUND - 1) / BYTES_PER_TOKEN_BOUND
 }
+
+/// Largest decoded inline image on the entry routes (as for `/v1/proxy` image blocks).
+pub const MAX_INLINE_IMAGE_BYTES: usize = 20 << 20;
 
 fn block_text_len(block: &translate::Block) -> usize {
     match block {
@@ -1213,5 +1305,51 @@ mod tests {
         assert_eq!(p.status, 0, "the openai preset generates images: {}", String::from_utf8_lossy(&p.body));
         assert_eq!(p.upstream.as_ref().unwrap().weight, 25);
         assert_eq!(query_param("model=a+b%zz", "model").as_deref(), Some("a b%zz"));
+    }
+
+    #[test]
+    fn test_an_alias_reaches_its_model_on_every_route_and_is_denied_as_its_model() {
+        let mut config = config();
+        config["models"][0]["aliases"] = json!(["fast"]);
+        config["models"][2]["aliases"] = json!(["old"]);
+        config["grants"].as_array_mut().unwrap().pop();
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let p = prepare(&s, None, &req(Route::Proxy, "model=fast", br#"{"query":"a"}"#));
+        assert_eq!((p.status, p.model_name.as_deref(), p.requested_model.as_str()), (0, Some("gpt-b"), "fast"));
+        let sent: serde_json::Value = serde_json::from_slice(&p.upstream.as_ref().unwrap().body).unwrap();
+        assert_eq!(sent["model"], "gpt-b", "the upstream gets the resolved model");
+        let chat = br#"{"model":"fast","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", chat)).status, 0);
+        let old = br#"{"model":"old","messages":[{"role":"user","content":"hi"}]}"#;
+        let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", old));
+        assert_eq!((p.status, p.deny_reason), (404, Some("model_not_permitted")), "an alias of an ungranted model");
+        let p = prepare(&s, None, &req(Route::Entry(Format::Anthropic), "", br#"{"model":"nope","max_tokens":5,"messages":[]}"#));
+        assert_eq!(p.deny_reason, Some("unknown_model"));
+    }
+
+    #[test]
+    fn test_the_next_deployment_is_rendered_for_one_failover_within_its_provider_quota() {
+        let mut config = config();
+        config["providers"].as_array_mut().unwrap().push(json!(
+            {"id": "77777777-7777-7777-7777-777777777777", "name": "claude", "family": "anthropic",
+             "max_calls_per_hour": 1, "base_url": "http://claude", "api_key": "sk-claude", "local": true}));
+        config["models"][0]["deployments"] = json!([{"id": "d1", "provider": 1, "resolved_model": "claude-x", "priority": 5}]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let (path, seg) = segment("fallback");
+        let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        let fallback = p.fallback.as_ref().unwrap();
+        assert_eq!((fallback.provider_id.as_str(), fallback.local), ("77777777-7777-7777-7777-777777777777", true));
+        assert_eq!(fallback.upstream.url, "http://claude/v1/messages");
+        let sent: serde_json::Value = serde_json::from_slice(&fallback.upstream.body).unwrap();
+        assert_eq!(sent["model"], "claude-x");
+        assert!(fallback.admit(), "the first failover this hour fits the quota of 1");
+        assert!(!fallback.admit(), "the second does not, and is not counted");
+        let chat = br#"{"model":"gpt-b","messages":[{"role":"user","content":"hi"}]}"#;
+        let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", chat));
+        let plan = p.fallback.as_ref().unwrap().upstream.entry.as_ref().unwrap();
+        assert_eq!((plan.entry, plan.upstream), (Format::OpenAiChat, Format::Anthropic), "translated for the deployment");
+        let p = prepare(&s, None, &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        assert!(p.fallback.is_none(), "no deployments, no fallback");
+        std::fs::remove_file(path).unwrap();
     }
 }

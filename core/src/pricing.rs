@@ -1,29 +1,119 @@
 //! Cost in integer nano-USD (mesh-behaviour §6.2, exact instead of Mesh's float64) and token
 //! estimates for upstreams that report no usage.
+//!
+//! Prices are per token class (Cosmos §6): input, output, cache read, cache write (5 min) and
+//! cache write (1 h), with an optional long-context tier that replaces them when the prompt
+//! (input and cached tokens together) exceeds a threshold.
 
 use crate::snapshot::{Model, Provider};
 
-/// `value × price / divisor`, rounded half up on the exact rational; negative results are 0.
-fn scaled(value: i128, price: i128, divisor: i128) -> i64 {
-    let product = value.saturating_mul(price);
-    if product <= 0 {
-        return 0;
-    }
-    i64::try_from((product + divisor / 2) / divisor).unwrap_or(i64::MAX)
+/// Per-1k-token prices of one tier in nano-USD, every class resolved (see [`Prices::resolve`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prices {
+    pub input: i64,
+    pub output: i64,
+    pub cache_read: i64,
+    pub cache_write: i64,
+    pub cache_write_1h: i64,
 }
 
-/// `(input_cost_nano, output_cost_nano)` of a call: tokens × per-1k prices; web searches ×
-/// the provider's per-search price go to input; `seconds` × the per-second price to output.
-/// `seconds` is taken at microsecond precision (rounded half up), the only float involved.
+impl Prices {
+    /// Fills the cache classes a registry leaves unset: cache reads and writes cost what input
+    /// does, 1 h writes what 5 min writes do. So a model priced for input and output only
+    /// charges cached prompt tokens as input, as before the classes existed.
+    #[must_use]
+    pub fn resolve(input: i64, output: i64, cache_read: Option<i64>, cache_write: Option<i64>, cache_write_1h: Option<i64>) -> Self {
+        let cache_write = cache_write.unwrap_or(input);
+        Self {
+            input,
+            output,
+            cache_read: cache_read.unwrap_or(input),
+            cache_write,
+            cache_write_1h: cache_write_1h.unwrap_or(cache_write),
+        }
+    }
+
+    /// Every class's price, for validation.
+    #[must_use]
+    pub fn all(&self) -> [i64; 5] {
+        [self.input, self.output, self.cache_read, self.cache_write, self.cache_write_1h]
+    }
+}
+
+/// The tier that applies above a prompt size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LongContext {
+    /// Prompts of more tokens than this (input, cache read and cache write) use [`Self::prices`].
+    pub threshold_tokens: i64,
+    pub prices: Prices,
+}
+
+/// Tokens of one call by price class. The classes are disjoint: `input` excludes cached tokens
+/// (the IR's convention); negative counts count as 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: i64,
+    pub output: i64,
+    pub cache_read: i64,
+    pub cache_write: i64,
+    pub cache_write_1h: i64,
+}
+
+impl Tokens {
+    /// The prompt's size for the long-context threshold: input and every cached class.
+    #[must_use]
+    pub fn prompt(&self) -> i64 {
+        [self.input, self.cache_read, self.cache_write, self.cache_write_1h].iter().fold(0i64, |sum, &n| sum.saturating_add(n.max(0)))
+    }
+}
+
+/// The prices of `model` for a prompt of `prompt_tokens`.
 #[must_use]
-pub fn price(model: &Model, provider: &Provider, input_tokens: i64, output_tokens: i64, seconds: f64, web_searches: i64) -> (i64, i64) {
-    let input = scaled(input_tokens.into(), model.input_price_nano_per_1k.into(), 1000)
-        .saturating_add(scaled(web_searches.into(), provider.web_search_price_nano.into(), 1));
+pub fn tier(model: &Model, prompt_tokens: i64) -> &Prices {
+    match &model.long_context {
+        Some(long) if prompt_tokens > long.threshold_tokens => &long.prices,
+        _ => &model.prices,
+    }
+}
+
+/// `value / divisor` rounded half up; non-positive values are 0.
+fn round_div(value: i128, divisor: i128) -> i64 {
+    if value <= 0 {
+        return 0;
+    }
+    i64::try_from((value + divisor / 2) / divisor).unwrap_or(i64::MAX)
+}
+
+/// `value × price / divisor`, rounded half up on the exact rational; negative results are 0.
+fn scaled(value: i128, price: i128, divisor: i128) -> i64 {
+    round_div(value.saturating_mul(price), divisor)
+}
+
+/// `(input_cost_nano, output_cost_nano)` of a call: each class's tokens × its per-1k price in
+/// the tier the prompt selects, summed exactly and rounded once; web searches × the provider's
+/// per-search price go to input; `seconds` × the per-second price to output. `seconds` is taken
+/// at microsecond precision (rounded half up), the only float involved.
+#[must_use]
+pub fn price_tokens(model: &Model, provider: &Provider, tokens: &Tokens, seconds: f64, web_searches: i64) -> (i64, i64) {
+    let prices = tier(model, tokens.prompt());
+    let class = |n: i64, price: i64| i128::from(n.max(0)) * i128::from(price);
+    let prompt = class(tokens.input, prices.input)
+        + class(tokens.cache_read, prices.cache_read)
+        + class(tokens.cache_write, prices.cache_write)
+        + class(tokens.cache_write_1h, prices.cache_write_1h);
+    let input = round_div(prompt, 1000).saturating_add(scaled(web_searches.into(), provider.web_search_price_nano.into(), 1));
     #[expect(clippy::cast_possible_truncation, reason = "seconds of one call fit an i64 of microseconds")]
     let micros = if seconds.is_finite() && seconds > 0.0 { (seconds * 1e6).round() as i64 } else { 0 };
-    let output = scaled(output_tokens.into(), model.output_price_nano_per_1k.into(), 1000)
+    let output = scaled(tokens.output.max(0).into(), prices.output.into(), 1000)
         .saturating_add(scaled(micros.into(), model.price_per_second_nano.into(), 1_000_000));
     (input, output)
+}
+
+/// [`price_tokens`] for a call without cached tokens.
+#[must_use]
+pub fn price(model: &Model, provider: &Provider, input_tokens: i64, output_tokens: i64, seconds: f64, web_searches: i64) -> (i64, i64) {
+    let tokens = Tokens { input: input_tokens, output: output_tokens, ..Tokens::default() };
+    price_tokens(model, provider, &tokens, seconds, web_searches)
 }
 
 /// Tokens in `text` by OpenAI's `cl100k_base` BPE (embedded in the binary, no download). The
@@ -49,11 +139,42 @@ mod tests {
         let mut p = provider();
         p.web_search_price_nano = 10_000_000;
         assert_eq!(price(&model, &p, 1, 1, 0.0, 0), (1, 2));
-        model.input_price_nano_per_1k = 1500;
+        model.prices.input = 1500;
         assert_eq!(price(&model, &p, 1, 0, 0.0, 2), (20_000_002, 0), "1.5 rounds up to 2");
         model.price_per_second_nano = 3;
         assert_eq!(price(&model, &p, 0, 0, 2.5, 0), (0, 8), "7.5 rounds up");
         assert_eq!(price(&model, &p, -5, -5, -1.0, -1), (0, 0));
+    }
+
+    #[test]
+    fn test_cache_classes_have_their_own_prices_and_sum_before_rounding() {
+        let s = snapshot();
+        let mut model = s.models[0].clone();
+        model.prices = Prices::resolve(3_000, 15_000, Some(300), Some(3_750), Some(6_000));
+        let tokens = Tokens { input: 1, output: 0, cache_read: 1, cache_write: 1, cache_write_1h: 1 };
+        // 3 + 0.3 + 3.75 + 6 = 13.05 nano: one rounding, not four (which would give 3+0+4+6 = 13).
+        assert_eq!(price_tokens(&model, &provider(), &tokens, 0.0, 0), (13, 0));
+        let tokens = Tokens { input: 100, output: 10, cache_read: 2_000, cache_write: 400, cache_write_1h: 0 };
+        assert_eq!(price_tokens(&model, &provider(), &tokens, 0.0, 0), (300 + 600 + 1_500, 150));
+    }
+
+    #[test]
+    fn test_unset_cache_prices_fall_back_to_input_and_5_minute_writes() {
+        let prices = Prices::resolve(10, 20, None, Some(12), None);
+        assert_eq!(prices, Prices { input: 10, output: 20, cache_read: 10, cache_write: 12, cache_write_1h: 12 });
+        assert_eq!(Prices::resolve(10, 20, None, None, None).all(), [10, 20, 10, 10, 10]);
+    }
+
+    #[test]
+    fn test_long_context_tier_applies_above_the_threshold_of_all_prompt_tokens() {
+        let s = snapshot();
+        let mut model = s.models[0].clone();
+        model.prices = Prices::resolve(1_000, 2_000, Some(100), None, None);
+        model.long_context = Some(LongContext { threshold_tokens: 1_000, prices: Prices::resolve(2_000, 4_000, Some(200), None, None) });
+        let at = Tokens { input: 500, output: 1_000, cache_read: 500, ..Tokens::default() };
+        assert_eq!(price_tokens(&model, &provider(), &at, 0.0, 0), (500 + 50, 2_000), "1000 is not above 1000");
+        let above = Tokens { cache_write: 1, ..at };
+        assert_eq!(price_tokens(&model, &provider(), &above, 0.0, 0), (1_000 + 100 + 2, 4_000), "output too");
     }
 
     #[test]
@@ -68,11 +189,49 @@ mod tests {
         fn prop_token_cost_matches_rational_reference(tokens in 0i64..10_000_000, price_1k in 0i64..1_000_000_000) {
             let s = snapshot();
             let mut model = s.models[0].clone();
-            model.input_price_nano_per_1k = price_1k;
+            model.prices.input = price_1k;
             let exact = i128::from(tokens) * i128::from(price_1k);
             let floor = exact / 1000;
             let reference = if exact % 1000 >= 500 { floor + 1 } else { floor };
             prop_assert_eq!(i128::from(price(&model, &provider(), tokens, 0, 0.0, 0).0), reference);
+        }
+
+        /// The input cost of any mix of classes in either tier is the integer nearest to
+        /// Σ tokens × price / 1000 (ties up): `1000·cost − 500 ≤ Σ < 1000·cost + 500`.
+        #[test]
+        fn prop_class_mix_is_the_nearest_integer_to_the_exact_sum(
+            counts in proptest::array::uniform5(0i64..50_000_000),
+            base in proptest::array::uniform5(0i64..100_000_000),
+            long in proptest::array::uniform5(0i64..100_000_000),
+            threshold in 0i64..200_000_000,
+        ) {
+            let s = snapshot();
+            let mut model = s.models[0].clone();
+            let tier_of = |p: [i64; 5]| Prices { input: p[0], output: p[1], cache_read: p[2], cache_write: p[3], cache_write_1h: p[4] };
+            model.prices = tier_of(base);
+            model.long_context = Some(LongContext { threshold_tokens: threshold, prices: tier_of(long) });
+            let [input, output, cache_read, cache_write, cache_write_1h] = counts;
+            let tokens = Tokens { input, output, cache_read, cache_write, cache_write_1h };
+            let prompt = input + cache_read + cache_write + cache_write_1h;
+            let rates = if prompt > threshold { long } else { base };
+            let exact: i128 = [(input, rates[0]), (cache_read, rates[2]), (cache_write, rates[3]), (cache_write_1h, rates[4])]
+                .iter().map(|&(n, p)| i128::from(n) * i128::from(p)).sum();
+            let (cost, out) = price_tokens(&model, &provider(), &tokens, 0.0, 0);
+            let cost = i128::from(cost);
+            prop_assert!(1000 * cost - 500 <= exact && exact < 1000 * cost + 500, "{cost} vs {exact}");
+            let exact_out = i128::from(output) * i128::from(rates[1]);
+            prop_assert!(1000 * i128::from(out) - 500 <= exact_out && exact_out < 1000 * i128::from(out) + 500);
+        }
+
+        /// With no cache prices set, cached tokens cost exactly what the same tokens as input do.
+        #[test]
+        fn prop_unpriced_cache_classes_cost_as_input(input in 0i64..1_000_000, read in 0i64..1_000_000,
+                                                     write in 0i64..1_000_000, price_1k in 0i64..10_000_000) {
+            let s = snapshot();
+            let mut model = s.models[0].clone();
+            model.prices = Prices::resolve(price_1k, 0, None, None, None);
+            let cached = Tokens { input, cache_read: read, cache_write: write, ..Tokens::default() };
+            prop_assert_eq!(price_tokens(&model, &provider(), &cached, 0.0, 0), price(&model, &provider(), input + read + write, 0, 0.0, 0));
         }
     }
 }

@@ -1,7 +1,7 @@
 //! An immutable, validated view of one config, built from the msgpack bytes that Python's
 //! msgspec encodes. Built once per config change; read lock-free by every request.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use chrono_tz::Tz;
@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::keyindex::{Digest, KeyIndex};
+use crate::pricing::{LongContext, Prices};
 use crate::provider::{Family, GenericTemplates, Plan};
 use crate::shm::{id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY};
 
@@ -61,6 +62,10 @@ fn two_hundred() -> i64 {
 
 fn default_max_output_tokens() -> i64 {
     4096
+}
+
+fn default_priority() -> i64 {
+    100
 }
 
 #[derive(Deserialize)]
@@ -126,6 +131,35 @@ struct RawModel {
     max_output_tokens: i64,
     #[serde(default)]
     price_per_second_nano: i64,
+    #[serde(default)]
+    cache_read_price_nano_per_1k: Option<i64>,
+    #[serde(default)]
+    cache_write_price_nano_per_1k: Option<i64>,
+    #[serde(default)]
+    cache_write_1h_price_nano_per_1k: Option<i64>,
+    #[serde(default)]
+    long_context_threshold_tokens: Option<i64>,
+    /// Class name (`input`, `output`, `cache_read`, `cache_write`, `cache_write_1h`) to price;
+    /// a class left out keeps the base tier's price.
+    #[serde(default)]
+    long_context_prices: Option<BTreeMap<String, i64>>,
+    #[serde(default)]
+    aliases: Vec<String>,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default)]
+    deployments: Vec<RawDeployment>,
+}
+
+#[derive(Deserialize)]
+struct RawDeployment {
+    id: String,
+    provider: i64,
+    resolved_model: String,
+    #[serde(default)]
+    region: Option<String>,
+    #[serde(default = "default_priority")]
+    priority: i64,
 }
 
 #[derive(Deserialize)]
@@ -252,13 +286,32 @@ pub struct Model {
     pub supports_video_in: bool,
     pub supports_web_search: bool,
     pub output_media_type: Option<String>,
-    pub input_price_nano_per_1k: i64,
-    pub output_price_nano_per_1k: i64,
+    /// The base tier's per-1k-token prices.
+    pub prices: Prices,
+    /// The tier above a prompt size, when the registry defines one.
+    pub long_context: Option<LongContext>,
     /// The upstream's name for the model (`{{model}}`); the registry name when unset.
     pub resolved_model: String,
     /// The default `max_tokens` of a call that sets none.
     pub max_output_tokens: i64,
     pub price_per_second_nano: i64,
+    /// Other names callers may use; unique together with every model name.
+    pub aliases: Vec<String>,
+    pub tags: Vec<String>,
+    /// Deployments beyond the model's own (`provider`, `resolved_model`), by priority: a call
+    /// fails over to the first once.
+    pub deployments: Vec<Deployment>,
+}
+
+/// Another place a model is served: a provider and that provider's name for the model.
+#[derive(Clone, Debug)]
+pub struct Deployment {
+    pub id: String,
+    pub provider: u32,
+    pub resolved_model: String,
+    pub region: Option<String>,
+    /// Lower first.
+    pub priority: i64,
 }
 
 /// Allowed minutes after local midnight, `[from_min, to_min)`; overnight when `from_min > to_min`.
@@ -302,6 +355,8 @@ pub struct Snapshot {
     grants_by_principal: Vec<Vec<u32>>,
     key_index: KeyIndex,
     model_by_id: HashMap<String, u32>,
+    /// Every model name and alias.
+    model_by_name: HashMap<String, u32>,
 }
 
 fn parse_status(errors: &mut Vec<String>, what: &str, status: &str, allowed: [&str; 2]) -> bool {
@@ -326,6 +381,114 @@ fn minute(errors: &mut Vec<String>, what: &str, value: Option<i64>) -> Option<u1
         return None;
     }
     Some(value as u16)
+}
+
+/// The long-context tier: both a positive threshold and prices, or neither. Prices name known
+/// classes and are non-negative; a class the tier leaves out keeps the base tier's own price
+/// (`base`, as configured), and unset cache classes fall back within the tier as in [`Prices::resolve`].
+fn long_context(
+    errors: &mut Vec<String>,
+    what: &str,
+    base: [Option<i64>; 5],
+    threshold: Option<i64>,
+    prices: Option<&BTreeMap<String, i64>>,
+) -> Option<LongContext> {
+    let (threshold, prices) = match (threshold, prices) {
+        (None, None) => return None,
+        (Some(threshold), Some(prices)) => (threshold, prices),
+        _ => {
+            errors.push(format!("{what}: long_context_threshold_tokens and long_context_prices go together"));
+            return None;
+        }
+    };
+    if threshold <= 0 {
+        errors.push(format!("{what}: long_context_threshold_tokens must be positive"));
+    }
+    let mut tier = base;
+    for (class, &price) in prices {
+        if price < 0 {
+            errors.push(format!("{what}: long_context_prices.{class} is negative"));
+        }
+        match PRICE_CLASSES.iter().position(|c| c == class) {
+            Some(at) => tier[at] = Some(price),
+            None => errors.push(format!("{what}: long_context_prices has unknown class {class:?} (one of {PRICE_CLASSES:?})")),
+        }
+    }
+    let [input, output, cache_read, cache_write, cache_write_1h] = tier;
+    let prices = Prices::resolve(input.unwrap_or(0), output.unwrap_or(0), cache_read, cache_write, cache_write_1h);
+    Some(LongContext { threshold_tokens: threshold, prices })
+}
+
+/// The token classes a long-context tier may price, in [`Prices::all`] order.
+const PRICE_CLASSES: [&str; 5] = ["input", "output", "cache_read", "cache_write", "cache_write_1h"];
+
+/// Names and aliases, unique together: every clash is an error.
+fn names(errors: &mut Vec<String>, models: &[Model]) -> HashMap<String, u32> {
+    let mut by_name: HashMap<String, u32> = HashMap::with_capacity(models.len());
+    let label = |i: u32| format!("models[{i}] ({:?})", models[i as usize].name);
+    for (i, model) in models.iter().enumerate() {
+        if let Some(&other) = by_name.get(&model.name) {
+            errors.push(format!("{}: name {:?} is also the name of {}", label(i as u32), model.name, label(other)));
+        }
+        by_name.insert(model.name.clone(), i as u32);
+    }
+    for (i, model) in models.iter().enumerate() {
+        for alias in &model.aliases {
+            if alias.trim().is_empty() {
+                errors.push(format!("{}: an alias is empty", label(i as u32)));
+                continue;
+            }
+            match by_name.get(alias) {
+                Some(&other) if other == i as u32 && *alias == model.name => {
+                    errors.push(format!("{}: alias {alias:?} is the model's own name", label(i as u32)));
+                }
+                Some(&other) if other == i as u32 => errors.push(format!("{}: alias {alias:?} is listed twice", label(i as u32))),
+                Some(&other) if models[other as usize].name == *alias => {
+                    errors.push(format!("{}: alias {alias:?} is the name of {}", label(i as u32), label(other)));
+                }
+                Some(&other) => errors.push(format!("{}: alias {alias:?} is also an alias of {}", label(i as u32), label(other))),
+                None => {
+                    by_name.insert(alias.clone(), i as u32);
+                }
+            }
+        }
+    }
+    by_name
+}
+
+/// The serviceability invariant (Cosmos §6): every deployment of a model serves every route the
+/// model advertises, so a failover never lands where the call cannot be made. What a model
+/// advertises is its own provider's: the route of its kind when that provider has the operation,
+/// and the standard entry formats when it speaks a family the IR translates to. (A model whose own
+/// provider lacks its kind's operation is answered per request, as Mesh:
+/// `embeddings_not_supported_by_provider` and the like.) Deployments must also be distinct.
+fn serviceable(errors: &mut Vec<String>, what: &str, model: &Model, providers: &[Provider]) {
+    let Some(own) = providers.get(model.provider as usize) else { return };
+    let serves = |provider: &Provider| match model.kind {
+        ModelKind::Chat => provider.plan.chat.is_some(),
+        ModelKind::Embedding => provider.plan.embedding.is_some(),
+        ModelKind::ImageGeneration | ModelKind::VideoGeneration => {
+            provider.plan.generation.as_ref().is_some_and(|g| g.is_complete())
+        }
+    };
+    let translates = |provider: &Provider| crate::entry::upstream_format(provider.plan.family).is_some();
+    let mut seen = vec![(model.provider, model.resolved_model.as_str())];
+    for (j, deployment) in model.deployments.iter().enumerate() {
+        let at = format!("{what}.deployments[{j}]");
+        let Some(provider) = providers.get(deployment.provider as usize) else { continue };
+        if seen.contains(&(deployment.provider, deployment.resolved_model.as_str())) {
+            errors.push(format!("{at}: provider {:?} with {:?} is already a deployment of the model", provider.name, deployment.resolved_model));
+        }
+        seen.push((deployment.provider, deployment.resolved_model.as_str()));
+        if !serves(provider) {
+            errors.push(format!("{at}: provider {:?} ({}) has no {} operation", provider.name, provider.family, model.kind.as_str()));
+        } else if model.kind == ModelKind::Chat && serves(own) && translates(own) && !translates(provider) {
+            errors.push(format!(
+                "{at}: provider {:?} has custom templates, so it cannot serve the standard entry formats the model advertises",
+                provider.name
+            ));
+        }
+    }
 }
 
 impl Snapshot {
@@ -424,17 +587,53 @@ impl Snapshot {
             .into_iter()
             .enumerate()
             .map(|(i, m)| {
-                let what = format!("models[{i}]");
+                let what = format!("models[{i}] ({:?})", m.name);
                 let kind = ModelKind::parse(&m.kind).unwrap_or_else(|| {
                     e.push(format!("{what}: kind {:?} is not chat, embedding, image_generation or video_generation", m.kind));
                     ModelKind::Chat
                 });
-                if m.input_price_nano_per_1k < 0 || m.output_price_nano_per_1k < 0 || m.price_per_second_nano < 0 {
+                let prices = Prices::resolve(
+                    m.input_price_nano_per_1k,
+                    m.output_price_nano_per_1k,
+                    m.cache_read_price_nano_per_1k,
+                    m.cache_write_price_nano_per_1k,
+                    m.cache_write_1h_price_nano_per_1k,
+                );
+                if prices.all().iter().any(|&p| p < 0) || m.price_per_second_nano < 0 {
                     e.push(format!("{what}: negative price"));
                 }
                 if m.max_output_tokens <= 0 {
                     e.push(format!("{what}: max_output_tokens must be positive"));
                 }
+                let base = [
+                    Some(m.input_price_nano_per_1k),
+                    Some(m.output_price_nano_per_1k),
+                    m.cache_read_price_nano_per_1k,
+                    m.cache_write_price_nano_per_1k,
+                    m.cache_write_1h_price_nano_per_1k,
+                ];
+                let long_context = long_context(e, &what, base, m.long_context_threshold_tokens, m.long_context_prices.as_ref());
+
+                let mut deployments: Vec<Deployment> = m
+                    .deployments
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, d)| {
+                        let at = format!("{what}.deployments[{j}]");
+                        if d.resolved_model.is_empty() {
+                            e.push(format!("{at}: resolved_model is empty"));
+                        }
+                        Deployment {
+                            provider: index(e, &format!("{at}.provider"), d.provider, providers.len()),
+                            id: d.id,
+                            resolved_model: d.resolved_model,
+                            region: d.region,
+                            priority: d.priority,
+                        }
+                    })
+                    .collect();
+                // NOTE: stable, so equal priorities keep the config's (creation) order.
+                deployments.sort_by_key(|d| d.priority);
                 Model {
                     provider: index(e, &format!("{what}.provider"), m.provider, providers.len()),
                     retired: !parse_status(e, &what, &m.status, ["active", "retired"]),
@@ -447,16 +646,23 @@ impl Snapshot {
                     supports_video_in: m.supports_video_in,
                     supports_web_search: m.supports_web_search,
                     output_media_type: m.output_media_type,
-                    input_price_nano_per_1k: m.input_price_nano_per_1k,
-                    output_price_nano_per_1k: m.output_price_nano_per_1k,
+                    prices,
+                    long_context,
                     resolved_model: m.resolved_model.filter(|r| !r.is_empty()).unwrap_or_else(|| m.name.clone()),
                     max_output_tokens: m.max_output_tokens,
                     price_per_second_nano: m.price_per_second_nano,
+                    aliases: m.aliases,
+                    tags: m.tags,
+                    deployments,
                     id: m.id,
                     name: m.name,
                 }
             })
             .collect();
+        let model_by_name = names(e, &models);
+        for (i, model) in models.iter().enumerate() {
+            serviceable(e, &format!("models[{i}] ({:?})", model.name), model, &providers);
+        }
 
         let mut granted = std::collections::HashSet::new();
         let grants: Vec<Grant> = raw
@@ -519,6 +725,7 @@ impl Snapshot {
         let model_by_id = models.iter().enumerate().map(|(i, m)| (m.id.clone(), i as u32)).collect();
         Ok(Self {
             model_by_id,
+            model_by_name,
             seq: raw.seq,
             kill_switch: raw.kill_switch,
             principals,
@@ -554,12 +761,26 @@ impl Snapshot {
         self.model_by_id.get(id).copied()
     }
 
-    /// The principal's grant of the model named `name` (any kind, blocked and retired included).
+    /// The index of the model named or aliased `name`.
+    #[must_use]
+    pub fn model_named(&self, name: &str) -> Option<u32> {
+        self.model_by_name.get(name).copied()
+    }
+
+    /// The principal's grant of the model named or aliased `name` (any kind, blocked and
+    /// retired included). Grants are on the model, so an alias reaches what its model's grant allows.
     #[must_use]
     pub fn grant_by_name(&self, principal: u32, name: &str) -> Option<&Grant> {
         let list = &self.grants_by_principal[principal as usize];
         let name_of = |g: u32| self.models[self.grants[g as usize].model as usize].name.as_str();
-        let at = list.binary_search_by(|&g| name_of(g).cmp(name)).ok()?;
+        let at = match list.binary_search_by(|&g| name_of(g).cmp(name)) {
+            Ok(at) => at,
+            Err(_) => {
+                // Not a granted model's name: perhaps an alias (names and aliases never clash).
+                let canonical = &self.models[self.model_named(name)? as usize].name;
+                list.binary_search_by(|&g| name_of(g).cmp(canonical)).ok()?
+            }
+        };
         Some(&self.grants[list[at] as usize])
     }
 
@@ -707,8 +928,9 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
-    use super::test_support::*;
+    use super::test_support::{self, *};
     use super::*;
+    use crate::pricing::Prices;
 
     #[test]
     fn test_valid_config_builds_sorted_grants_and_index() {
@@ -746,5 +968,109 @@ mod tests {
         };
         assert_eq!(errors.len(), 5, "{errors:?}");
         assert!(Snapshot::from_msgpack(b"\xc1", PEPPER).is_err());
+    }
+
+    #[test]
+    fn test_aliases_resolve_to_the_model_and_its_grant() {
+        let mut config = config();
+        config["models"][0]["aliases"] = serde_json::json!(["fast", "b-latest"]);
+        config["models"][0]["tags"] = serde_json::json!(["team:search"]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!((s.model_named("fast"), s.model_named("gpt-b"), s.model_named("nope")), (Some(0), Some(0), None));
+        assert_eq!(s.grant_by_name(0, "b-latest").map(|g| g.model), Some(0));
+        assert_eq!(s.grant_by_name(1, "fast").map(|g| g.model), None, "principal 1 holds no grant");
+        assert_eq!(s.models[0].tags, ["team:search"]);
+    }
+
+    #[test]
+    fn test_every_name_and_alias_clash_is_listed() {
+        let mut config = config();
+        config["models"][0]["aliases"] = serde_json::json!(["gpt-a-image", "x", "x", "gpt-b", " "]);
+        config["models"][2]["aliases"] = serde_json::json!(["x"]);
+        config["models"][2]["name"] = serde_json::json!("gpt-b");
+        let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&encode(&config), PEPPER) else {
+            panic!("clashes should be refused");
+        };
+        let expected = [
+            r#"models[2] ("gpt-b"): name "gpt-b" is also the name of models[0] ("gpt-b")"#,
+            r#"models[0] ("gpt-b"): alias "gpt-a-image" is the name of models[1] ("gpt-a-image")"#,
+            r#"models[0] ("gpt-b"): alias "x" is listed twice"#,
+            r#"models[0] ("gpt-b"): alias "gpt-b" is the name of models[2] ("gpt-b")"#,
+            r#"models[0] ("gpt-b"): an alias is empty"#,
+            r#"models[2] ("gpt-b"): alias "x" is also an alias of models[0] ("gpt-b")"#,
+        ];
+        assert_eq!(errors, expected);
+    }
+
+    #[test]
+    fn test_prices_per_class_and_the_long_context_tier_are_resolved_and_checked() {
+        let mut config = config();
+        let model = &mut config["models"][0];
+        model["cache_read_price_nano_per_1k"] = serde_json::json!(100);
+        model["cache_write_1h_price_nano_per_1k"] = serde_json::json!(2500);
+        model["long_context_threshold_tokens"] = serde_json::json!(200_000);
+        model["long_context_prices"] = serde_json::json!({"input": 2000, "cache_write": 2600});
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let m = &s.models[0];
+        assert_eq!(m.prices, Prices { input: 1000, output: 2000, cache_read: 100, cache_write: 1000, cache_write_1h: 2500 });
+        let long = m.long_context.unwrap();
+        assert_eq!(long.threshold_tokens, 200_000);
+        assert_eq!(long.prices, Prices { input: 2000, output: 2000, cache_read: 100, cache_write: 2600, cache_write_1h: 2500 });
+
+        let mut config = test_support::config();
+        config["models"][0]["long_context_prices"] = serde_json::json!({"input": 1});
+        config["models"][1]["long_context_threshold_tokens"] = serde_json::json!(0);
+        config["models"][1]["long_context_prices"] = serde_json::json!({"inputs": 1, "output": -1});
+        config["models"][2]["cache_write_price_nano_per_1k"] = serde_json::json!(-3);
+        let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&encode(&config), PEPPER) else {
+            panic!("bad prices should be refused");
+        };
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert!(errors[0].ends_with("long_context_threshold_tokens and long_context_prices go together"), "{errors:?}");
+        assert!(errors[2].contains(r#"unknown class "inputs""#), "{errors:?}");
+    }
+
+    fn with_providers(mut config: serde_json::Value) -> serde_json::Value {
+        config["providers"] = serde_json::json!([
+            config["providers"][0].clone(),
+            {"id": "77777777-7777-7777-7777-777777777777", "name": "claude", "family": "anthropic",
+             "max_calls_per_hour": null, "base_url": "http://claude"},
+            {"id": "88888888-8888-8888-8888-888888888888", "name": "custom", "family": "generic", "max_calls_per_hour": null,
+             "generic": {"endpoint_url": "http://custom/chat", "header_template": {}, "request_body_template": "{}",
+                         "response_delta_path": "delta"}}
+        ]);
+        config
+    }
+
+    #[test]
+    fn test_deployments_sort_by_priority_and_must_serve_what_the_model_advertises() {
+        let mut config = with_providers(config());
+        config["models"][0]["deployments"] = serde_json::json!([
+            {"id": "d1", "provider": 1, "resolved_model": "claude-x", "region": "eu", "priority": 20},
+            {"id": "d2", "provider": 0, "resolved_model": "gpt-b-2", "region": null, "priority": 10}
+        ]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let order: Vec<&str> = s.models[0].deployments.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(order, ["d2", "d1"]);
+
+        let mut config = with_providers(test_support::config());
+        config["models"][0]["deployments"] = serde_json::json!([
+            {"id": "d1", "provider": 2, "resolved_model": "x", "priority": 1},
+            {"id": "d2", "provider": 0, "resolved_model": "gpt-b", "priority": 2},
+            {"id": "d3", "provider": 9, "resolved_model": "", "priority": 3}
+        ]);
+        config["models"][1]["kind"] = serde_json::json!("embedding");
+        config["models"][1]["deployments"] = serde_json::json!([{"id": "d4", "provider": 1, "resolved_model": "e", "priority": 1}]);
+        let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&encode(&config), PEPPER) else {
+            panic!("unservable deployments should be refused");
+        };
+        let expected = [
+            r#"models[0] ("gpt-b").deployments[2]: resolved_model is empty"#,
+            r#"models[0] ("gpt-b").deployments[2].provider: index 9 out of range (0..3)"#,
+            r#"models[0] ("gpt-b").deployments[0]: provider "custom" has custom templates, so it cannot serve the standard entry formats the model advertises"#,
+            r#"models[0] ("gpt-b").deployments[1]: provider "openai" with "gpt-b" is already a deployment of the model"#,
+            r#"models[1] ("gpt-a-image").deployments[0]: provider "claude" (anthropic) has no embedding operation"#,
+        ];
+        assert_eq!(errors, expected);
     }
 }

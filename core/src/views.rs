@@ -149,6 +149,16 @@ fn write_model_entry(out: &mut Vec<u8>, grant: &Grant, model: &Model, provider: 
     }
     out.extend_from_slice(b"],\"web_search\":");
     out.extend_from_slice(if model.supports_web_search && provider.supports_web_search { b"true" } else { b"false" });
+    if !model.tags.is_empty() {
+        out.extend_from_slice(b",\"tags\":[");
+        for (i, tag) in model.tags.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_str(out, tag);
+        }
+        out.push(b']');
+    }
     out.extend_from_slice(b",\"status\":\"");
     out.extend_from_slice(status.as_str().as_bytes());
     out.extend_from_slice(b"\",\"usage\":{\"calls_this_hour\":");

@@ -66,6 +66,11 @@ class AdminRouter:
         add("GET", r"/admin/models", lambda a, b: self._ok(s.list_models()))
         add("GET", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_model(id)))
         add("DELETE", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_model(a.name, id)))
+        add("POST", r"/admin/models/(?P<id>[^/]+)/deployments",
+            lambda a, b, id: self._created(s.create_deployment(a.name, id, svc.decode(b, svc.DeploymentCreate))))
+        add("GET", r"/admin/models/(?P<id>[^/]+)/deployments", lambda a, b, id: self._ok(s.list_deployments(id)))
+        add("DELETE", r"/admin/models/(?P<id>[^/]+)/deployments/(?P<deployment>[^/]+)",
+            lambda a, b, id, deployment: self._ok(s.delete_deployment(a.name, id, deployment)))
         add("POST", r"/admin/access", lambda a, b: self._ok(s.grant(a.name, svc.decode(b, svc.AccessBody))))
         add("DELETE", r"/admin/access", lambda a, b: self._ok(s.revoke_grant(a.name, svc.decode(b, svc.AccessBody))))
         add("POST", r"/admin/kill-switch", self._kill_switch)
@@ -113,7 +118,10 @@ class AdminRouter:
             raise errors.Unauthorized()
         return actor
 
-    async def dispatch(self, method: str, path: str, authorization: str | None, body: bytes) -> Reply:
+    async def dispatch(self, method: str, path: str, authorization: str | None, body: bytes,
+                       actor: Actor | None = None) -> Reply:
+        """Routes a configuration request; ``actor`` when the caller was already authenticated
+        (a session, see :mod:`meshfast.admin.plane`), else the bearer token is checked here."""
         matched_path = False
         for route_method, pattern, handler in self._routes:
             match = pattern.match(path)
@@ -122,7 +130,8 @@ class AdminRouter:
             matched_path = True
             if route_method != method:
                 continue
-            actor = await self.authenticate(authorization)
+            if actor is None:
+                actor = await self.authenticate(authorization)
             return await handler(actor, body, **match.groupdict())
         if matched_path:
             raise errors.MethodNotAllowed()

@@ -3,11 +3,13 @@ sends NOTIFY (delivered on commit) and appends to the audit log."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import ipaddress
 import json
+import tomllib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,7 +18,7 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, snapshot
-from meshfast.sealing import seal
+from meshfast.sealing import open_sealed, seal
 from meshfast.secrets import Secrets, new_mesh_key
 from meshfast.store import sql
 from meshfast.verify import wants_verify
@@ -127,9 +129,12 @@ class ModelCreate(msgspec.Struct, forbid_unknown_fields=True):
     kind: str = "chat"
     input_price_per_1k_tokens: Price = 0
     output_price_per_1k_tokens: Price = 0
+    # Unset cache prices: cache reads and writes cost the input price, 1 h writes the 5 min one.
     cache_read_price_per_1k_tokens: Price | None = None
     cache_write_price_per_1k_tokens: Price | None = None
     cache_write_1h_price_per_1k_tokens: Price | None = None
+    # Above this many prompt tokens (input and cached), the long-context tier prices every class:
+    # keyed by the price fields above (input, output and cache); a class it leaves out keeps its price.
     long_context_threshold_tokens: int | None = None
     long_context_prices: dict[str, Price] | None = None
     price_per_second: Price = 0
@@ -289,31 +294,81 @@ def row_json(row: asyncpg.Record) -> dict[str, Any]:
     return out
 
 
-def _model_insert(body: ModelCreate) -> Callable[[asyncpg.Connection, uuid.UUID], Awaitable[uuid.UUID]]:
-    """Validate a model body now; return the insert to run inside the write transaction."""
+def _invalid(problems: list[str]) -> errors.MeshfastError:
+    """One 400 listing every problem: in ``detail`` as a sentence, in ``errors`` one by one."""
+    return errors.InvalidRequest("; ".join(problems), errors=problems)
+
+
+def _tags(values: list[str], problems: list[str]) -> list[str]:
+    """Stripped, non-empty, each once (first-seen order)."""
+    out: list[str] = []
+    for value in values:
+        value = value.strip()
+        if not value:
+            problems.append("tags may not hold an empty tag")
+        elif value not in out:
+            out.append(value)
+    return out
+
+
+def _model_args(body: ModelCreate) -> tuple[Any, ...]:
+    """Validate a model body (every problem listed); the stored columns, in INSERT_MODEL order
+    after provider_id. Clashes with other models' names and aliases are the registry check's."""
+    problems: list[str] = []
     if body.kind not in MODEL_KINDS:
-        raise errors.InvalidRequest(f"kind must be one of {', '.join(MODEL_KINDS)}")
-    name = _nonempty(body.name, "name")
-    resolved = _nonempty(body.resolved_model, "resolved_model")
+        problems.append(f"kind must be one of {', '.join(MODEL_KINDS)}")
+    name, resolved = body.name.strip(), body.resolved_model.strip()
+    if not name:
+        problems.append("name is required")
+    if not resolved:
+        problems.append("resolved_model is required")
     if body.max_output_tokens <= 0:
-        raise errors.InvalidRequest("max_output_tokens must be positive")
+        problems.append("max_output_tokens must be positive")
     if body.long_context_threshold_tokens is not None and body.long_context_threshold_tokens <= 0:
-        raise errors.InvalidRequest("long_context_threshold_tokens must be positive")
+        problems.append("long_context_threshold_tokens must be positive")
+    if (body.long_context_threshold_tokens is None) != (body.long_context_prices is None):
+        problems.append("long_context_threshold_tokens and long_context_prices go together")
     long_context = None
     if body.long_context_prices is not None:
-        long_context = {k: str(_price(v, f"long_context_prices.{k}")) for k, v in body.long_context_prices.items()}
-    args = (
+        unknown = sorted(set(body.long_context_prices) - set(snapshot.LONG_CONTEXT_CLASSES))
+        if unknown:
+            problems.append(f"long_context_prices takes {', '.join(snapshot.LONG_CONTEXT_CLASSES)}; "
+                            f"unknown: {', '.join(unknown)}")
+    # NOTE: alias problems (empty, repeated, clashing with any name or alias) are the registry
+    # check's, which lists every one of them at once.
+    aliases = [alias.strip() for alias in body.aliases]
+    tags = _tags(body.tags, problems)
+    prices: dict[str, Decimal | None] = {}
+    for field in ("input_price_per_1k_tokens", "output_price_per_1k_tokens", "cache_read_price_per_1k_tokens",
+                  "cache_write_price_per_1k_tokens", "cache_write_1h_price_per_1k_tokens", "price_per_second"):
+        try:
+            prices[field] = _price(getattr(body, field), field)
+        except errors.InvalidRequest as exc:
+            problems.append(str(exc.detail))
+    if body.long_context_prices is not None:
+        long_context = {}
+        for key, value in body.long_context_prices.items():
+            try:
+                long_context[key] = str(_price(value, f"long_context_prices.{key}"))
+            except errors.InvalidRequest as exc:
+                problems.append(str(exc.detail))
+    if problems:
+        raise _invalid(problems)
+    return (
         name, resolved, body.kind,
-        _price(body.input_price_per_1k_tokens, "input_price_per_1k_tokens"),
-        _price(body.output_price_per_1k_tokens, "output_price_per_1k_tokens"),
-        _price(body.cache_read_price_per_1k_tokens, "cache_read_price_per_1k_tokens"),
-        _price(body.cache_write_price_per_1k_tokens, "cache_write_price_per_1k_tokens"),
-        _price(body.cache_write_1h_price_per_1k_tokens, "cache_write_1h_price_per_1k_tokens"),
+        prices["input_price_per_1k_tokens"], prices["output_price_per_1k_tokens"],
+        prices["cache_read_price_per_1k_tokens"], prices["cache_write_price_per_1k_tokens"],
+        prices["cache_write_1h_price_per_1k_tokens"],
         body.long_context_threshold_tokens, None if long_context is None else json.dumps(long_context),
-        _price(body.price_per_second, "price_per_second"), body.max_output_tokens, body.aliases, body.tags,
+        prices["price_per_second"], body.max_output_tokens, aliases, tags,
         body.supports_image_in, body.supports_document_in, body.supports_audio_in, body.supports_video_in,
         body.supports_web_search, body.output_media_type,
     )
+
+
+def _model_insert(body: ModelCreate) -> Callable[[asyncpg.Connection, uuid.UUID], Awaitable[uuid.UUID]]:
+    """Validate a model body now; return the insert to run inside the write transaction."""
+    args = _model_args(body)
 
     async def insert(conn: asyncpg.Connection, provider_id: uuid.UUID) -> uuid.UUID:
         try:
@@ -322,6 +377,227 @@ def _model_insert(body: ModelCreate) -> Callable[[asyncpg.Connection, uuid.UUID]
             raise errors.ModelExists() from None
 
     return insert
+
+
+class DeploymentCreate(msgspec.Struct, forbid_unknown_fields=True):
+    provider_id: str
+    resolved_model: str
+    region: str | None = None
+    # Lower first; the model's own provider comes before every deployment.
+    priority: int = 100
+
+
+def _deployment_args(body: DeploymentCreate) -> tuple[str, str | None, int]:
+    problems: list[str] = []
+    resolved = body.resolved_model.strip()
+    if not resolved:
+        problems.append("resolved_model is required")
+    region = None if body.region is None else body.region.strip()
+    if region == "":
+        problems.append("region may not be empty (leave it out)")
+    if not -1_000_000 <= body.priority <= 1_000_000:
+        problems.append("priority must be between -1000000 and 1000000")
+    if problems:
+        raise _invalid(problems)
+    return resolved, region, body.priority
+
+
+def _provider_fields(body: ProviderCreate) -> tuple[str, str, str, dict[str, Any]]:
+    """Validate a provider body; ``(name, api_key, base_url, settings)`` as stored."""
+    if body.family not in FAMILIES:
+        raise errors.InvalidRequest(f"family must be one of {', '.join(FAMILIES)}")
+    name = _nonempty(body.name, "name")
+    api_key = _nonempty(body.api_key, "api_key")
+    base_url = check_base_url(body.base_url, local=body.local)
+    for field in ("max_outbound_rps", "max_concurrent_upstream", "max_calls_per_hour"):
+        value = getattr(body, field)
+        if value is not None and value <= 0:
+            raise errors.InvalidRequest(f"{field} must be positive")
+    if body.max_retries < 0 or body.retry_backoff_ms < 0:
+        raise errors.InvalidRequest("max_retries and retry_backoff_ms must be non-negative")
+    return name, api_key, base_url, provider_settings(body)
+
+
+# --- registry files ------------------------------------------------------------------------
+
+
+class RegistryDeployment(msgspec.Struct, forbid_unknown_fields=True):
+    provider: str
+    resolved_model: str
+    region: str | None = None
+    priority: int = 100
+
+
+class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
+    providers: list[dict[str, Any]] = []
+    models: list[dict[str, Any]] = []
+
+
+@dataclasses.dataclass(slots=True)
+class _ProviderEntry:
+    body: ProviderCreate
+    # None: the file names no key, and an existing provider keeps its own.
+    api_key: str | None
+    base_url: str
+    settings: dict[str, Any]
+
+
+@dataclasses.dataclass(slots=True)
+class _ModelEntry:
+    name: str
+    provider: str
+    args: tuple[Any, ...]
+    # (provider name, resolved_model, region, priority); None: the file leaves deployments alone.
+    deployments: list[tuple[str, str, str | None, int]] | None
+
+
+@dataclasses.dataclass(slots=True)
+class Registry:
+    """A registry file, validated on its own (references to registered providers are checked
+    when it is applied)."""
+
+    providers: list[_ProviderEntry] = dataclasses.field(default_factory=list)
+    models: list[_ModelEntry] = dataclasses.field(default_factory=list)
+
+
+# Placeholders that let a registry entry pass the API body's validation before its real value
+# (a provider's key from the environment, a model's provider id) is known.
+_NO_KEY = "registry-file-no-key"
+_NO_PROVIDER = str(uuid.UUID(int=0))
+
+
+def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registry:
+    """A registry file (``fmt`` ``json`` or ``toml``): ``{"providers": [provider bodies], "models":
+    [model bodies]}`` as the admin API takes them, except that a provider's key may come from the
+    environment (``api_key_env``) and a model names its provider (``provider``) and lists its
+    ``deployments`` (``{provider, resolved_model, region?, priority?}``). Raises one 400 listing
+    every problem found."""
+    try:
+        raw = tomllib.loads(data.decode()) if fmt == "toml" else msgspec.json.decode(data)
+        registry = msgspec.convert(raw, _RegistryFile)
+    except (msgspec.MsgspecError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise _invalid([f"the file does not parse as a registry: {exc}"]) from None
+    problems: list[str] = []
+    out = Registry()
+    names: set[str] = set()
+    for i, entry in enumerate(registry.providers):
+        label = f"providers[{i}] ({entry.get('name')!r})"
+        try:
+            out.providers.append(_provider_entry(entry, environ))
+        except errors.MeshfastError as exc:
+            problems.extend(f"{label}: {p}" for p in exc.extra.get("errors", [exc.detail]))
+            continue
+        if entry["name"].strip() in names:
+            problems.append(f"{label}: a provider of that name is listed twice")
+        names.add(entry["name"].strip())
+    names = set()
+    for i, entry in enumerate(registry.models):
+        label = f"models[{i}] ({entry.get('name')!r})"
+        try:
+            model = _model_entry(entry)
+        except errors.MeshfastError as exc:
+            problems.extend(f"{label}: {p}" for p in exc.extra.get("errors", [exc.detail]))
+            continue
+        if model.name in names:
+            problems.append(f"{label}: a model of that name is listed twice")
+        names.add(model.name)
+        out.models.append(model)
+    if problems:
+        raise _invalid(problems)
+    return out
+
+
+def _provider_entry(entry: dict[str, Any], environ: Mapping[str, str]) -> _ProviderEntry:
+    entry = dict(entry)
+    for refused in ("models", "verify"):
+        if refused in entry:
+            raise errors.InvalidRequest(f"{refused} is not taken in a registry file")
+    api_key: str | None = entry.pop("api_key", None)
+    variable = entry.pop("api_key_env", None)
+    if variable is not None:
+        if api_key is not None:
+            raise errors.InvalidRequest("give api_key or api_key_env, not both")
+        api_key = environ.get(str(variable))
+        if not api_key:
+            raise errors.InvalidRequest(f"environment variable {variable} (api_key_env) is not set")
+    try:
+        body = msgspec.convert({**entry, "api_key": api_key or _NO_KEY, "verify": False}, ProviderCreate)
+    except msgspec.ValidationError as exc:
+        raise errors.InvalidRequest(str(exc)) from None
+    _, _, base_url, settings = _provider_fields(body)
+    return _ProviderEntry(body, api_key, base_url, settings)
+
+
+def _model_entry(entry: dict[str, Any]) -> _ModelEntry:
+    entry = dict(entry)
+    for refused, why in (("provider_id", "name the provider with provider"), ("verify", "files make no live calls")):
+        if refused in entry:
+            raise errors.InvalidRequest(f"{refused} is not taken in a registry file ({why})")
+    provider = entry.pop("provider", None)
+    deployments = entry.pop("deployments", None)
+    problems: list[str] = []
+    if not isinstance(provider, str) or not provider.strip():
+        problems.append("provider (a provider's name) is required")
+    try:
+        body = msgspec.convert({**entry, "provider_id": _NO_PROVIDER}, ModelCreate)
+        args = _model_args(body)
+    except msgspec.ValidationError as exc:
+        raise errors.InvalidRequest(str(exc)) from None
+    except errors.MeshfastError as exc:
+        problems.extend(exc.extra.get("errors", [exc.detail]))
+        args = ()
+    planned: list[tuple[str, str, str | None, int]] | None = None
+    if deployments is not None:
+        planned = []
+        try:
+            parsed = msgspec.convert(deployments, list[RegistryDeployment])
+        except msgspec.ValidationError as exc:
+            parsed = []
+            problems.append(f"deployments: {exc}")
+        for j, d in enumerate(parsed):
+            try:
+                resolved, region, priority = _deployment_args(
+                    DeploymentCreate(provider_id=_NO_PROVIDER, resolved_model=d.resolved_model, region=d.region,
+                                     priority=d.priority))
+            except errors.MeshfastError as exc:
+                problems.extend(f"deployments[{j}]: {p}" for p in exc.extra.get("errors", [exc.detail]))
+                continue
+            planned.append((d.provider.strip(), resolved, region, priority))
+    if problems:
+        raise _invalid(problems)
+    return _ModelEntry(args[0], str(provider).strip(), args, planned)
+
+
+class _Unchanged(Exception):
+    """An apply that would change nothing: its transaction rolls back (no config bump, no audit)."""
+
+
+def _usd(value: Any) -> Decimal | None:
+    """A price as stored (numeric(16, 9)), for comparing a file's prices with the table's."""
+    return None if value is None else Decimal(str(value)).quantize(Decimal("1e-9"))
+
+
+def _stored_model(row: asyncpg.Record) -> tuple[Any, ...]:
+    """A model row in ``(provider_id, *_model_args)`` form, prices as stored."""
+    long_context = row["long_context_prices"]
+    if isinstance(long_context, str):
+        long_context = json.loads(long_context)
+    return (
+        row["provider_id"], row["name"], row["resolved_model"], row["kind"],
+        *(_usd(row[f]) for f in ("input_price_per_1k_tokens", "output_price_per_1k_tokens",
+                                 "cache_read_price_per_1k_tokens", "cache_write_price_per_1k_tokens",
+                                 "cache_write_1h_price_per_1k_tokens")),
+        row["long_context_threshold_tokens"],
+        None if long_context is None else {k: _usd(v) for k, v in long_context.items()},
+        _usd(row["price_per_second"]), row["max_output_tokens"], list(row["aliases"]), list(row["tags"]),
+        row["supports_image_in"], row["supports_document_in"], row["supports_audio_in"], row["supports_video_in"],
+        row["supports_web_search"], row["output_media_type"],
+    )
+
+
+def _wanted_model(provider_id: uuid.UUID, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    long_context = None if args[9] is None else {k: _usd(v) for k, v in json.loads(args[9]).items()}
+    return (provider_id, *args[:3], *(_usd(v) for v in args[3:8]), args[8], long_context, _usd(args[10]), *args[11:])
 
 
 # --- the service ---------------------------------------------------------------------------
@@ -363,16 +639,33 @@ class AdminService:
             raise errors.VerificationFailed(failures=[msgspec.to_builtins(f) for f in failures])
 
     async def _write(self, actor: str, action: str, target: str | None, detail: dict[str, Any],
-                     work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
-        """Run ``work`` in a transaction with the config bump, NOTIFY and audit row."""
+                     work: Callable[[asyncpg.Connection], Awaitable[Any]], *, registry: bool = False) -> Any:
+        """Run ``work`` in a transaction with the config bump, NOTIFY and audit row.
+
+        A ``registry`` write (providers, models, deployments) holds the registry lock and commits
+        only if the registry it leaves passes the core's validation (see :meth:`_check_registry`).
+        """
         async with self._pool.acquire() as conn:
             async with conn.transaction():
+                if registry:
+                    await conn.execute(sql.LOCK_REGISTRY)
                 result = await work(conn)
+                if registry:
+                    await self._check_registry(conn)
                 seq = await conn.fetchval(sql.NEXT_CONFIG_SEQ)
                 await conn.execute(sql.NOTIFY_CONFIG, str(seq))
                 await conn.execute(sql.INSERT_AUDIT, actor, action, target, json.dumps(detail))
         await self._after_write(int(seq))
         return result
+
+    async def _check_registry(self, conn: asyncpg.Connection) -> None:
+        """400 listing every problem of the registry as this transaction would commit it, by the
+        same validation the workers' snapshot build runs: names and aliases unique together,
+        prices, the long-context tier, and every deployment serving what its model advertises.
+        So the stored registry stays one the workers accept."""
+        problems = snapshot.registry_errors(await snapshot.load_registry(conn, self._secrets.master_key))
+        if problems:
+            raise _invalid(problems)
 
     # users and keys
 
@@ -445,18 +738,7 @@ class AdminService:
     # providers
 
     async def create_provider(self, actor: str, body: ProviderCreate) -> dict[str, Any]:
-        if body.family not in FAMILIES:
-            raise errors.InvalidRequest(f"family must be one of {', '.join(FAMILIES)}")
-        name = _nonempty(body.name, "name")
-        api_key = _nonempty(body.api_key, "api_key")
-        base_url = check_base_url(body.base_url, local=body.local)
-        for field in ("max_outbound_rps", "max_concurrent_upstream", "max_calls_per_hour"):
-            value = getattr(body, field)
-            if value is not None and value <= 0:
-                raise errors.InvalidRequest(f"{field} must be positive")
-        if body.max_retries < 0 or body.retry_backoff_ms < 0:
-            raise errors.InvalidRequest("max_retries and retry_backoff_ms must be non-negative")
-        settings = provider_settings(body)
+        name, api_key, base_url, settings = _provider_fields(body)
         provider_id = uuid.uuid4()
         sealed, nonce = seal(self._secrets.master_key, str(provider_id), api_key)
         model_inserts = []
@@ -492,7 +774,7 @@ class AdminService:
                 await insert(conn, provider_id)
             return row
 
-        row = await self._write(actor, "create_provider", name, {"family": body.family}, work)
+        row = await self._write(actor, "create_provider", name, {"family": body.family}, work, registry=True)
         created = row_json(row)
         if model_inserts:
             created["models"] = [m for m in await self.list_models() if m["provider_id"] == created["id"]]
@@ -517,7 +799,7 @@ class AdminService:
             if await conn.fetchval(sql.DELETE_PROVIDER, pid) is None:
                 raise errors.ProviderNotFound()
 
-        await self._write(actor, "delete_provider", str(pid), {}, work)
+        await self._write(actor, "delete_provider", str(pid), {}, work, registry=True)
         return {"status": "deleted"}
 
     # models
@@ -538,20 +820,25 @@ class AdminService:
                 raise errors.InvalidRequest("provider_not_found")
             return await insert(conn, provider_id)
 
-        model_id = await self._write(actor, "create_model", body.name, {"kind": body.kind}, work)
+        model_id = await self._write(actor, "create_model", body.name, {"kind": body.kind}, work, registry=True)
         return await self.get_model(str(model_id))
 
     async def list_models(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            return [row_json(r) for r in await conn.fetch(sql.LIST_MODELS)]
+            rows = await conn.fetch(sql.LIST_MODELS)
+            deployments: dict[str, list[dict[str, Any]]] = {}
+            for row in await conn.fetch(sql.LIST_ALL_DEPLOYMENTS):
+                deployments.setdefault(str(row["model_id"]), []).append(row_json(row))
+        return [{**row_json(r), "deployments": deployments.get(str(r["id"]), [])} for r in rows]
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         mid = parse_uuid(model_id, errors.ModelNotFound)
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(sql.GET_MODEL, mid)
-        if row is None:
-            raise errors.ModelNotFound()
-        return row_json(row)
+            if row is None:
+                raise errors.ModelNotFound()
+            deployments = await conn.fetch(sql.LIST_DEPLOYMENTS, mid)
+        return {**row_json(row), "deployments": [row_json(d) for d in deployments]}
 
     async def delete_model(self, actor: str, model_id: str) -> dict[str, Any]:
         mid = parse_uuid(model_id, errors.ModelNotFound)
@@ -560,8 +847,158 @@ class AdminService:
             if await conn.fetchval(sql.DELETE_MODEL, mid) is None:
                 raise errors.ModelNotFound()
 
-        await self._write(actor, "delete_model", str(mid), {}, work)
+        await self._write(actor, "delete_model", str(mid), {}, work, registry=True)
         return {"status": "deleted"}
+
+    # deployments
+
+    async def create_deployment(self, actor: str, model_id: str, body: DeploymentCreate) -> dict[str, Any]:
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+        provider_id = _body_uuid(body.provider_id, "provider_id")
+        resolved, region, priority = _deployment_args(body)
+
+        async def work(conn: asyncpg.Connection) -> uuid.UUID:
+            if await conn.fetchval(sql.MODEL_EXISTS, mid) is None:
+                raise errors.ModelNotFound()
+            if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
+                raise errors.InvalidRequest("provider_not_found")
+            try:
+                return await conn.fetchval(sql.INSERT_DEPLOYMENT, mid, provider_id, resolved, region, priority)
+            except asyncpg.UniqueViolationError:
+                raise errors.DeploymentExists() from None
+
+        deployment_id = await self._write(actor, "create_deployment", str(mid),
+                                          {"provider_id": str(provider_id), "resolved_model": resolved}, work,
+                                          registry=True)
+        async with self._pool.acquire() as conn:
+            return row_json(await conn.fetchrow(sql.GET_DEPLOYMENT, deployment_id))
+
+    async def list_deployments(self, model_id: str) -> list[dict[str, Any]]:
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+        async with self._pool.acquire() as conn:
+            if await conn.fetchval(sql.MODEL_EXISTS, mid) is None:
+                raise errors.ModelNotFound()
+            return [row_json(r) for r in await conn.fetch(sql.LIST_DEPLOYMENTS, mid)]
+
+    async def delete_deployment(self, actor: str, model_id: str, deployment_id: str) -> dict[str, Any]:
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+        did = parse_uuid(deployment_id, errors.DeploymentNotFound)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.DELETE_DEPLOYMENT, did, mid) is None:
+                raise errors.DeploymentNotFound()
+
+        await self._write(actor, "delete_deployment", str(mid), {"deployment_id": str(did)}, work, registry=True)
+        return {"status": "deleted"}
+
+    # registry files
+
+    async def apply_registry(self, actor: str, registry: Registry, source: str) -> dict[str, Any]:
+        """Create or update every provider, model and deployment of ``registry`` (matched by
+        name) in one registry write: all of it, or with any problem nothing and a 400 listing
+        every problem. Entities the file does not name are left alone; a model that lists
+        ``deployments`` gets exactly those. Applying the same file again changes nothing."""
+        summary: dict[str, list[str]] = {"created": [], "updated": [], "deleted": [], "unchanged": []}
+        detail: dict[str, Any] = {}
+
+        async def work(conn: asyncpg.Connection) -> None:
+            providers = {row["name"]: row for row in await conn.fetch(sql.SNAPSHOT_PROVIDERS)}
+            models = {row["name"]: row for row in await conn.fetch(sql.LIST_MODELS)}
+            deployments: dict[uuid.UUID, list[asyncpg.Record]] = {}
+            for row in await conn.fetch(sql.LIST_ALL_DEPLOYMENTS):
+                deployments.setdefault(row["model_id"], []).append(row)
+            known = set(providers) | {p.body.name.strip() for p in registry.providers}
+            problems = [f"provider {p.body.name.strip()!r}: api_key or api_key_env is required for a new provider"
+                        for p in registry.providers if p.api_key is None and p.body.name.strip() not in providers]
+            for m in registry.models:
+                for name in [m.provider, *(d[0] for d in m.deployments or ())]:
+                    if name not in known:
+                        problems.append(f"model {m.name!r}: provider {name!r} is neither in the file nor registered")
+            if problems:
+                raise _invalid(problems)
+            ids = {name: row["id"] for name, row in providers.items()}
+            for entry in registry.providers:
+                name = entry.body.name.strip()
+                ids[name] = await self._apply_provider(conn, entry, providers.get(name), summary)
+            for m in registry.models:
+                await self._apply_model(conn, m, ids, models.get(m.name), deployments, summary)
+            if not (summary["created"] or summary["updated"] or summary["deleted"]):
+                raise _Unchanged()
+            detail.update({key: len(value) for key, value in summary.items()})
+
+        try:
+            await self._write(actor, "apply_registry", source, detail, work, registry=True)
+        except _Unchanged:
+            pass
+        return summary
+
+    async def _apply_provider(self, conn: asyncpg.Connection, entry: _ProviderEntry, row: asyncpg.Record | None,
+                              summary: dict[str, list[str]]) -> uuid.UUID:
+        body = entry.body
+        name = body.name.strip()
+        wanted = (body.family, entry.base_url, body.local, body.max_outbound_rps, body.max_concurrent_upstream,
+                  body.max_calls_per_hour, body.retry_enabled, body.max_retries, body.retry_backoff_ms,
+                  body.log_requests, body.supports_web_search, entry.settings)
+        if row is None:
+            provider_id = uuid.uuid4()
+            sealed, nonce = seal(self._secrets.master_key, str(provider_id), entry.api_key or "")
+            await conn.execute(sql.INSERT_PROVIDER, provider_id, name, body.family, entry.base_url, sealed, nonce,
+                               *wanted[2:11], json.dumps(entry.settings))
+            summary["created"].append(f"provider {name}")
+            return provider_id
+        provider_id = row["id"]
+        settings = row["settings"]
+        stored = (row["family"], row["base_url"], row["local"], row["max_outbound_rps"],
+                  row["max_concurrent_upstream"], row["max_calls_per_hour"], row["retry_enabled"],
+                  row["max_retries"], row["retry_backoff_ms"], row["log_requests"], row["supports_web_search"],
+                  json.loads(settings) if isinstance(settings, str) else settings)
+        sealed, nonce = bytes(row["encrypted_api_key"]), bytes(row["key_nonce"])
+        new_key = entry.api_key is not None and entry.api_key != open_sealed(
+            self._secrets.master_key, str(provider_id), sealed, nonce)
+        if stored == wanted and not new_key:
+            summary["unchanged"].append(f"provider {name}")
+            return provider_id
+        if new_key:
+            sealed, nonce = seal(self._secrets.master_key, str(provider_id), entry.api_key or "")
+        await conn.execute(sql.UPDATE_PROVIDER, provider_id, body.family, entry.base_url, sealed, nonce,
+                           *wanted[2:11], json.dumps(entry.settings))
+        summary["updated"].append(f"provider {name}")
+        return provider_id
+
+    async def _apply_model(self, conn: asyncpg.Connection, entry: _ModelEntry, ids: dict[str, uuid.UUID],
+                           row: asyncpg.Record | None, deployments: dict[uuid.UUID, list[asyncpg.Record]],
+                           summary: dict[str, list[str]]) -> None:
+        provider_id = ids[entry.provider]
+        if row is None:
+            try:
+                model_id = await conn.fetchval(sql.INSERT_MODEL, provider_id, *entry.args)
+            except asyncpg.UniqueViolationError:
+                raise errors.ModelExists() from None
+            summary["created"].append(f"model {entry.name}")
+        else:
+            model_id = row["id"]
+            if _stored_model(row) == _wanted_model(provider_id, entry.args):
+                summary["unchanged"].append(f"model {entry.name}")
+            else:
+                await conn.execute(sql.UPDATE_MODEL, model_id, provider_id, *entry.args[1:])
+                summary["updated"].append(f"model {entry.name}")
+        if entry.deployments is None:
+            return
+        current = {(d["provider_id"], d["resolved_model"]): d for d in deployments.get(model_id, [])}
+        kept: list[uuid.UUID] = []
+        for provider, resolved, region, priority in entry.deployments:
+            label = f"deployment {entry.name} on {provider}/{resolved}"
+            existing = current.get((ids[provider], resolved))
+            if existing is not None and (existing["region"], existing["priority"]) == (region, priority):
+                summary["unchanged"].append(label)
+                kept.append(existing["id"])
+                continue
+            kept.append(await conn.fetchval(sql.UPSERT_DEPLOYMENT, model_id, ids[provider], resolved, region, priority))
+            summary["created" if existing is None else "updated"].append(label)
+        for (_, resolved), d in current.items():
+            if d["id"] not in kept:
+                summary["deleted"].append(f"deployment {entry.name} on {d['provider_name']}/{resolved}")
+        await conn.execute(sql.DELETE_OTHER_DEPLOYMENTS, model_id, kept)
 
     # access and policies
 

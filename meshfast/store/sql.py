@@ -27,8 +27,14 @@ SELECT id, provider_id, name, resolved_model, kind, created_at, blocked, status,
        price_per_second,
        supports_image_in, supports_document_in, supports_audio_in, supports_video_in,
        supports_web_search, output_media_type,
-       input_price_per_1k_tokens, output_price_per_1k_tokens
+       input_price_per_1k_tokens, output_price_per_1k_tokens, cache_read_price_per_1k_tokens,
+       cache_write_price_per_1k_tokens, cache_write_1h_price_per_1k_tokens,
+       long_context_threshold_tokens, long_context_prices, aliases, tags
 FROM models ORDER BY id
+"""
+SNAPSHOT_DEPLOYMENTS = """
+SELECT id, model_id, provider_id, resolved_model, region, priority
+FROM model_deployments ORDER BY model_id, priority, created_at, id
 """
 SNAPSHOT_GRANTS = """
 SELECT a.user_id, a.model_id,
@@ -129,6 +135,10 @@ FROM providers WHERE id = $1
 """
 DELETE_PROVIDER = "DELETE FROM providers WHERE id = $1 RETURNING id"
 
+# Registry writes run one at a time (an advisory lock held to commit), so the registry each one
+# validates is the registry it commits: no two writes can add clashing aliases side by side.
+LOCK_REGISTRY = "SELECT pg_advisory_xact_lock(7164805235869627511)"
+
 MODEL_COLUMNS = """
 m.id, m.provider_id, p.name AS provider_name, m.name, m.resolved_model, m.kind, m.status, m.blocked,
 m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_per_1k_tokens,
@@ -152,6 +162,58 @@ SELECT {MODEL_COLUMNS} FROM models m JOIN providers p ON p.id = m.provider_id OR
 """
 GET_MODEL = f"SELECT {MODEL_COLUMNS} FROM models m JOIN providers p ON p.id = m.provider_id WHERE m.id = $1"
 DELETE_MODEL = "DELETE FROM models WHERE id = $1 RETURNING id"
+MODEL_ID_BY_NAME = "SELECT id FROM models WHERE name = $1"
+UPDATE_MODEL = """
+UPDATE models SET provider_id = $2, resolved_model = $3, kind = $4, input_price_per_1k_tokens = $5,
+    output_price_per_1k_tokens = $6, cache_read_price_per_1k_tokens = $7,
+    cache_write_price_per_1k_tokens = $8, cache_write_1h_price_per_1k_tokens = $9,
+    long_context_threshold_tokens = $10, long_context_prices = $11::jsonb, price_per_second = $12,
+    max_output_tokens = $13, aliases = $14, tags = $15, supports_image_in = $16,
+    supports_document_in = $17, supports_audio_in = $18, supports_video_in = $19,
+    supports_web_search = $20, output_media_type = $21, version = version + 1, updated_at = now()
+WHERE id = $1
+RETURNING id
+"""
+PROVIDER_ID_BY_NAME = "SELECT id FROM providers WHERE name = $1"
+UPDATE_PROVIDER = f"""
+UPDATE providers SET family = $2, base_url = $3, encrypted_api_key = $4, key_nonce = $5, local = $6,
+    max_outbound_rps = $7, max_concurrent_upstream = $8, max_calls_per_hour = $9, retry_enabled = $10,
+    max_retries = $11, retry_backoff_ms = $12, log_requests = $13, supports_web_search = $14,
+    settings = $15::jsonb, version = version + 1, updated_at = now()
+WHERE id = $1
+RETURNING {PROVIDER_COLUMNS}
+"""
+
+DEPLOYMENT_COLUMNS = """
+d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
+d.created_at
+"""
+INSERT_DEPLOYMENT = """
+INSERT INTO model_deployments (model_id, provider_id, resolved_model, region, priority)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING id
+"""
+UPSERT_DEPLOYMENT = """
+INSERT INTO model_deployments (model_id, provider_id, resolved_model, region, priority)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (model_id, provider_id, resolved_model) DO UPDATE SET
+    region = EXCLUDED.region, priority = EXCLUDED.priority
+RETURNING id
+"""
+GET_DEPLOYMENT = f"""
+SELECT {DEPLOYMENT_COLUMNS} FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+WHERE d.id = $1
+"""
+LIST_DEPLOYMENTS = f"""
+SELECT {DEPLOYMENT_COLUMNS} FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+WHERE d.model_id = $1 ORDER BY d.priority, d.created_at, d.id
+"""
+LIST_ALL_DEPLOYMENTS = f"""
+SELECT {DEPLOYMENT_COLUMNS} FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+ORDER BY d.model_id, d.priority, d.created_at, d.id
+"""
+DELETE_DEPLOYMENT = "DELETE FROM model_deployments WHERE id = $1 AND model_id = $2 RETURNING id"
+DELETE_OTHER_DEPLOYMENTS = "DELETE FROM model_deployments WHERE model_id = $1 AND NOT (id = ANY($2::uuid[]))"
 PROVIDER_EXISTS = "SELECT 1 FROM providers WHERE id = $1"
 
 # --- access and policies ---------------------------------------------------------------------

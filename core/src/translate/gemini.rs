@@ -768,7 +768,7 @@ fn standard_base64(data: &str) -> String {
         '_' => '/',
         c => c,
     }).collect();
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push('=');
     }
     out
