@@ -256,7 +256,7 @@ class App:
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self.plane = AdminPlane(self.admin_pool, self.admin, self.secrets.hash_admin_token, self._status,
-                                cookie_secure=settings.cookie_secure)
+                                cookie_secure=settings.cookie_secure, segment=self.segment)
         self._admission = admission
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)

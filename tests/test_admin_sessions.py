@@ -131,3 +131,49 @@ def test_read_routes_need_an_admin_and_answer_one(gateway: Gateway, path: str) -
         assert {"totals", "series", "by_model", "by_user", "by_status", "by_deny_reason", "latency_buckets"} <= set(body)
     if path == "/admin/logs":
         assert gateway.admin("GET", "/admin/logs?page_size=9999").status_code == 400
+
+
+def test_updates_need_the_current_etag(gateway: Gateway, testserve: Any) -> None:
+    provider = gateway.create_provider("etag-p", family="openai", base_url=f"{testserve.base_url}/openai",
+                                       api_key="testserve-key")
+    got = gateway.admin("GET", f"/admin/providers/{provider['id']}")
+    etag = got.headers["etag"]
+    body = {"name": "etag-p2", "family": "openai", "base_url": f"{testserve.base_url}/openai", "api_key": "",
+            "local": True}
+    r = gateway.client.put(f"/admin/providers/{provider['id']}", json=body,
+                           headers={"authorization": f"Bearer {gateway.admin_token}"})
+    assert (r.status_code, r.json()["error"]) == (428, "if_match_required")
+    r = gateway.client.put(f"/admin/providers/{provider['id']}", json=body,
+                           headers={"authorization": f"Bearer {gateway.admin_token}", "if-match": '"999"'})
+    assert (r.status_code, r.json()["error"]) == (409, "version_conflict")
+    r = gateway.client.put(f"/admin/providers/{provider['id']}", json=body,
+                           headers={"authorization": f"Bearer {gateway.admin_token}", "if-match": etag})
+    assert r.status_code == 200 and r.json()["name"] == "etag-p2" and r.headers["etag"] != etag
+    # The sealed key was kept: the provider still reaches testserve.
+    model = gateway.create_model(provider["id"], "etag-model", resolved_model="dummy-ok")
+    m = gateway.admin("GET", f"/admin/models/{model['id']}")
+    update = {"provider_id": provider["id"], "name": "etag-model", "resolved_model": "dummy-ok", "kind": "chat",
+              "input_price_per_1k_tokens": "0.5", "output_price_per_1k_tokens": "1"}
+    r = gateway.client.put(f"/admin/models/{model['id']}", json=update,
+                           headers={"authorization": f"Bearer {gateway.admin_token}", "if-match": m.headers["etag"]})
+    assert r.status_code == 200 and float(r.json()["input_price_per_1k_tokens"]) == 0.5
+    user = gateway.create_user()
+    gateway.grant(user["id"], model["id"])
+    call = gateway.client.post("/v1/proxy", params={"model": "etag-model"}, json={"query": "hi"},
+                               headers={"authorization": f"Bearer {user['key']}"}, timeout=30)
+    assert call.status_code == 200
+
+
+def test_creates_with_an_idempotency_key_happen_once(gateway: Gateway) -> None:
+    key = secrets.token_hex(8)
+    body = {"email": f"idem-{key}@example.com", "display_name": "Idem"}
+    headers = {"authorization": f"Bearer {gateway.admin_token}", "idempotency-key": key}
+    first = gateway.client.post("/admin/users", json=body, headers=headers)
+    again = gateway.client.post("/admin/users", json=body, headers=headers)
+    assert first.status_code == again.status_code == 201
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"] and "key" in first.json() and "key" not in again.json()
+    users = [u for u in gateway.admin("GET", "/admin/users").json() if u["email"] == body["email"]]
+    assert len(users) == 1
+    other = gateway.client.post("/admin/users", json={**body, "display_name": "Other"}, headers=headers)
+    assert (other.status_code, other.json()["error"]) == (422, "idempotency_key_reused")

@@ -26,6 +26,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
 from meshfast import errors
+from meshfast._core import GLOBAL_INFLIGHT, counter_key
 
 SESSION_TTL = dt.timedelta(hours=24)
 SESSION_CACHE_S = 5.0
@@ -40,6 +41,8 @@ CSRF_COOKIE = "mesh_csrf"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 _hasher = PasswordHasher()
+# A process-wide counter in the shared-memory segment: bumped to drop every worker's cache.
+_GENERATION_KEY = counter_key(GLOBAL_INFLIGHT, "meshfast.auth", "session-generation", 0)
 # Verified against when the account does not exist, so that answer takes as long as a real one.
 _DUMMY_HASH = _hasher.hash("meshfast-dummy-password")
 
@@ -124,9 +127,13 @@ class _Bucket:
 
 
 class AdminAuth:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    """``segment`` (the instance's shared memory) carries a generation that every worker's
+    session cache checks, so an explicit invalidation reaches all workers at once."""
+
+    def __init__(self, pool: asyncpg.Pool, segment: Any = None) -> None:
         self._pool = pool
-        self._sessions: dict[str, tuple[float, Session]] = {}
+        self._segment = segment
+        self._sessions: dict[str, tuple[float, int, Session]] = {}
         self._buckets: dict[str, _Bucket] = {}
 
     # --- throttling and caching -------------------------------------------------------------
@@ -142,9 +149,15 @@ class AdminAuth:
             raise TooManyAttempts(retry_after_s=1)
         bucket.tokens -= 1
 
+    def _generation(self) -> int:
+        return self._segment.get(_GENERATION_KEY) if self._segment is not None else 0
+
     def invalidate_all(self) -> None:
-        """Forget every cached session (an admin was paused, deleted or changed password)."""
+        """Forget every cached session, in every worker (an admin was paused, deleted or changed
+        password)."""
         self._sessions.clear()
+        if self._segment is not None:
+            self._segment.add(_GENERATION_KEY, 1)
 
     # --- login ------------------------------------------------------------------------------
 
@@ -192,9 +205,10 @@ class AdminAuth:
             return None
         digest = _sha256(token)
         now = time.monotonic()
+        generation = self._generation()
         cached = self._sessions.get(digest)
-        if cached is not None and now - cached[0] < SESSION_CACHE_S:
-            found = cached[1]
+        if cached is not None and now - cached[0] < SESSION_CACHE_S and cached[1] == generation:
+            found = cached[2]
         else:
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(
@@ -207,7 +221,7 @@ class AdminAuth:
             found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest)
             if len(self._sessions) >= SESSION_CACHE_MAX:
                 self._sessions.clear()
-            self._sessions[digest] = (now, found)
+            self._sessions[digest] = (now, generation, found)
         if method not in SAFE_METHODS:
             header = headers.get("x-csrf-token") or ""
             cookie = jar.get(CSRF_COOKIE) or ""

@@ -10,7 +10,12 @@ from typing import Any
 
 import msgspec
 
+from meshfast.admin import auth
 from meshfast.admin import service as svc
+
+
+def _struct(name: str) -> Any:
+    return getattr(svc, name, None) or getattr(auth, name)
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -36,6 +41,26 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/access", "Grant a user a model", "AccessBody", 200),
     ("DELETE", "/admin/access", "Revoke a grant", "AccessBody", 200),
     ("POST", "/admin/kill-switch", "Trip or reset the kill switch (super admin)", "KillSwitchBody", 200),
+    ("PUT", "/admin/providers/{id}", "Update a provider (If-Match; an empty api_key keeps the key)", "ProviderCreate",
+     200),
+    ("PUT", "/admin/models/{id}", "Update a model (If-Match)", "ModelCreate", 200),
+    ("POST", "/admin/login", "Log in: session and CSRF cookies, the CSRF token in the body", "LoginBody", 200),
+    ("POST", "/admin/logout", "End this session", None, 200),
+    ("GET", "/admin/me", "Who is asking", None, 200),
+    ("POST", "/admin/change-password", "Change this session's password (ends its other sessions)",
+     "PasswordChange", 200),
+    ("GET", "/admin/admins", "List admins", None, 200),
+    ("POST", "/admin/admins", "Create an admin (a super admin only by a super admin)", "AdminCreate", 201),
+    ("POST", "/admin/admins/{id}/pause", "Pause an admin (super admin)", None, 200),
+    ("POST", "/admin/admins/{id}/resume", "Resume an admin (super admin)", None, 200),
+    ("DELETE", "/admin/admins/{id}", "Delete an admin (super admin)", None, 200),
+    ("GET", "/admin/tokens", "List admin API tokens", None, 200),
+    ("POST", "/admin/tokens", "Create an admin API token (shown once)", "TokenCreate", 201),
+    ("DELETE", "/admin/tokens/{id}", "Revoke an admin API token", None, 200),
+    ("GET", "/admin/logs", "Request logs: filters, paging, sorting, search", None, 200),
+    ("GET", "/admin/logs/summary", "Totals, time series and breakdowns from the rollups", None, 200),
+    ("GET", "/admin/audit", "The audit log, filtered", None, 200),
+    ("GET", "/admin/status", "This worker's view of the instance", None, 200),
     ("GET", "/admin/metrics", "Prometheus counters of the instance", None, 200),
     ("GET", "/admin/openapi.json", "This document", None, 200),
 )
@@ -57,7 +82,7 @@ _ERRORS = {
 
 def document() -> dict[str, Any]:
     structs = sorted({body for *_, body, _ in OPERATIONS if body}, key=str)
-    _, components = msgspec.json.schema_components([getattr(svc, name) for name in structs],
+    _, components = msgspec.json.schema_components([_struct(name) for name in structs],
                                                    ref_template="#/components/schemas/{name}")
     paths: dict[str, dict[str, Any]] = {}
     for method, path, summary, body, status in OPERATIONS:
@@ -73,13 +98,13 @@ def document() -> dict[str, Any]:
         if path == "/admin/metrics":
             operation["responses"][str(status)] = {"description": "Prometheus text",
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}}
-        if path != "/admin/openapi.json":
+        if path not in ("/admin/openapi.json", "/admin/login"):
             operation["security"] = [{"bearer": []}]
         if params:
             operation["parameters"] = params
         if body:
             operation["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{getattr(svc, body).__name__}"}}}}
+                "schema": {"$ref": f"#/components/schemas/{_struct(body).__name__}"}}}}
         paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",

@@ -5,11 +5,14 @@ summaries, audit and status. Configuration routes go on to :class:`AdminRouter`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from meshfast import errors
 from meshfast.admin import auth, logs
@@ -17,14 +20,17 @@ from meshfast.admin import service as svc
 from meshfast.admin.routes import Actor, AdminRouter, Reply
 
 Handler = Callable[..., Awaitable[Reply]]
+# Shown once, never stored: a replayed create answers without them.
+_SECRET_FIELDS = frozenset({"key", "token", "api_key"})
 
 
 class AdminPlane:
     def __init__(self, pool: asyncpg.Pool, router: AdminRouter, hash_token: Callable[[str], str],
-                 status: Callable[[], Awaitable[dict[str, Any]]], cookie_secure: bool = False) -> None:
+                 status: Callable[[], Awaitable[dict[str, Any]]], cookie_secure: bool = False,
+                 segment: Any = None) -> None:
         self._pool = pool
         self.router = router
-        self.auth = auth.AdminAuth(pool)
+        self.auth = auth.AdminAuth(pool, segment)
         self._hash_token = hash_token
         self._status = status
         self._secure = cookie_secure
@@ -33,23 +39,29 @@ class AdminPlane:
         add("GET", r"/admin/me", self._me)
         add("POST", r"/admin/logout", self._logout)
         add("POST", r"/admin/change-password", self._change_password)
-        add("GET", r"/admin/admins", lambda a, s, q, b: self._ok(self.auth.list_admins()))
+        add("GET", r"/admin/admins", lambda a, s, q, b, h: self._ok(self.auth.list_admins()))
         add("POST", r"/admin/admins", self._create_admin)
         admin_id = r"/admin/admins/(?P<id>[^/]+)"
-        add("POST", admin_id + "/pause", lambda a, s, q, b, id: self._admin_status(a, s, id, "paused"), super_only=True)
-        add("POST", admin_id + "/resume", lambda a, s, q, b, id: self._admin_status(a, s, id, "active"),
+        add("POST", admin_id + "/pause", lambda a, s, q, b, h, id: self._admin_status(a, s, id, "paused"),
             super_only=True)
-        add("DELETE", r"/admin/admins/(?P<id>[^/]+)", lambda a, s, q, b, id: self._admin_status(a, s, id, None),
+        add("POST", admin_id + "/resume", lambda a, s, q, b, h, id: self._admin_status(a, s, id, "active"),
             super_only=True)
-        add("GET", r"/admin/tokens", lambda a, s, q, b: self._ok(self.auth.list_tokens()))
+        add("DELETE", r"/admin/admins/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._admin_status(a, s, id, None),
+            super_only=True)
+        add("GET", r"/admin/tokens", lambda a, s, q, b, h: self._ok(self.auth.list_tokens()))
         add("POST", r"/admin/tokens", self._create_token)
         add("DELETE", r"/admin/tokens/(?P<id>[^/]+)",
-            lambda a, s, q, b, id: self._ok(self.auth.revoke_token(a.name, id)))
-        add("GET", r"/admin/logs", lambda a, s, q, b: self._query(lambda c: logs.list_logs(c, logs.Query(q))))
+            lambda a, s, q, b, h, id: self._ok(self.auth.revoke_token(a.name, id)))
+        add("GET", r"/admin/logs", lambda a, s, q, b, h: self._query(lambda c: logs.list_logs(c, logs.Query(q))))
         add("GET", r"/admin/logs/summary",
-            lambda a, s, q, b: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
-        add("GET", r"/admin/audit", lambda a, s, q, b: self._query(lambda c: logs.audit(c, q)))
-        add("GET", r"/admin/status", lambda a, s, q, b: self._ok(self._status()))
+            lambda a, s, q, b, h: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
+        add("GET", r"/admin/audit", lambda a, s, q, b, h: self._query(lambda c: logs.audit(c, q)))
+        add("GET", r"/admin/status", lambda a, s, q, b, h: self._ok(self._status()))
+        service = router.service
+        add("PUT", r"/admin/providers/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            service.update_provider(a.name, id, svc.decode(b, svc.ProviderCreate), h.get("if-match"))))
+        add("PUT", r"/admin/models/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            service.update_model(a.name, id, svc.decode(b, svc.ModelCreate), h.get("if-match"))))
 
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False) -> None:
         self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))
@@ -57,6 +69,11 @@ class AdminPlane:
     @staticmethod
     async def _ok(work: Awaitable[Any]) -> Reply:
         return Reply(200, await work)
+
+    @staticmethod
+    async def _versioned(work: Awaitable[dict[str, Any]]) -> Reply:
+        entity = await work
+        return Reply(200, entity, (("etag", f'"{entity["version"]}"'),))
 
     async def _query(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Reply:
         async with self._pool.acquire() as conn:
@@ -83,18 +100,58 @@ class AdminPlane:
         actor, session = await self.actor(headers, method)
         matched = False
         for route_method, pattern, handler, super_only in self._routes:
-            match = pattern.match(path)
+            match = pattern.match(path) if route_method == method else None
             if match is None:
-                continue
-            matched = True
-            if route_method != method:
+                matched = matched or pattern.match(path) is not None
                 continue
             if super_only and not actor.is_super:
                 raise errors.Forbidden()
-            return await handler(actor, session, query, body, **match.groupdict())
-        if matched:
-            raise errors.MethodNotAllowed()
-        return await self.router.dispatch(method, path, None, body, actor=actor)
+            return await handler(actor, session, query, body, headers, **match.groupdict())
+        key = headers.get("idempotency-key")
+        if method == "POST" and key:
+            return await self._idempotent(actor, key, path, body,
+                                          lambda: self.router.dispatch(method, path, None, body, actor=actor))
+        try:
+            return await self.router.dispatch(method, path, None, body, actor=actor)
+        except errors.NotFound:
+            # A path only this plane routes, asked with another method.
+            if matched:
+                raise errors.MethodNotAllowed() from None
+            raise
+
+    async def _idempotent(self, actor: Actor, key: str, path: str, body: bytes,
+                          run: Callable[[], Awaitable[Reply]]) -> Reply:
+        """The first request under ``key`` runs; its answer is kept (secrets redacted) and replayed
+        to a retry with the same path and body; another request under the same key is refused."""
+        if len(key) > 200:
+            raise errors.InvalidRequest("Idempotency-Key is at most 200 characters")
+        digest = hashlib.sha256(path.encode() + b"\0" + body).hexdigest()
+        async with self._pool.acquire() as conn:
+            claimed = await conn.fetchval(
+                "INSERT INTO admin_idempotency (actor, key, request_hash) VALUES ($1, $2, $3) "
+                "ON CONFLICT DO NOTHING RETURNING true", actor.name, key, digest)
+            if not claimed:
+                row = await conn.fetchrow("SELECT request_hash, status, response FROM admin_idempotency "
+                                          "WHERE actor = $1 AND key = $2", actor.name, key)
+                if row is None or row["request_hash"] != digest:
+                    raise errors.IdempotencyConflict()
+                if row["status"] == 0:
+                    raise errors.VersionConflict("the first request with this Idempotency-Key is still running")
+                stored = json.loads(row["response"]) if isinstance(row["response"], str) else row["response"]
+                return Reply(row["status"], stored, (("idempotent-replayed", "true"),))
+        try:
+            reply = await run()
+        except BaseException:
+            async with self._pool.acquire() as conn:
+                await conn.execute("DELETE FROM admin_idempotency WHERE actor = $1 AND key = $2", actor.name, key)
+            raise
+        kept = {k: v for k, v in reply.body.items() if k not in _SECRET_FIELDS} if isinstance(reply.body, dict) \
+            else reply.body
+        async with self._pool.acquire() as conn:
+            await conn.execute("UPDATE admin_idempotency SET status = $3, response = $4::jsonb "
+                               "WHERE actor = $1 AND key = $2", actor.name, key, reply.status,
+                               msgspec.json.encode(kept).decode())
+        return reply
 
     # --- session routes ---------------------------------------------------------------------
 
@@ -105,22 +162,23 @@ class AdminPlane:
                      tuple(auth.set_cookies(token, csrf, self._secure, max_age)))
 
     @staticmethod
-    async def _me(actor: Actor, session: auth.Session | None, query: str | None, body: bytes) -> Reply:
+    async def _me(actor: Actor, session: auth.Session | None, query: str | None, body: bytes, headers: Any) -> Reply:
         return Reply(200, {"email": actor.name, "is_super_admin": actor.is_super, "session": session is not None})
 
-    async def _logout(self, actor: Actor, session: auth.Session | None, query: str | None, body: bytes) -> Reply:
+    async def _logout(self, actor: Actor, session: auth.Session | None, query: str | None, body: bytes,
+                      headers: Any) -> Reply:
         if session is not None:
             await self.auth.logout(session)
         return Reply(200, {"status": "ok"}, tuple(auth.clear_cookies(self._secure)))
 
     async def _change_password(self, actor: Actor, session: auth.Session | None, query: str | None,
-                               body: bytes) -> Reply:
+                               body: bytes, headers: Any) -> Reply:
         if session is None:
             raise errors.InvalidRequest("change the password from a session, not with a token")
         return Reply(200, await self.auth.change_password(session, svc.decode(body, auth.PasswordChange)))
 
     async def _create_admin(self, actor: Actor, session: auth.Session | None, query: str | None,
-                            body: bytes) -> Reply:
+                            body: bytes, headers: Any) -> Reply:
         return Reply(201, await self.auth.create_admin(actor.name, actor.is_super, svc.decode(body, auth.AdminCreate)))
 
     async def _admin_status(self, actor: Actor, session: auth.Session | None, admin_id: str,
@@ -129,7 +187,7 @@ class AdminPlane:
         return Reply(200, await self.auth.set_admin_status(actor.name, own, admin_id, status))
 
     async def _create_token(self, actor: Actor, session: auth.Session | None, query: str | None,
-                            body: bytes) -> Reply:
+                            body: bytes, headers: Any) -> Reply:
         created = await self.auth.create_token(actor.name, actor.is_super, svc.decode(body, auth.TokenCreate),
                                                self._hash_token)
         return Reply(201, created)

@@ -780,6 +780,40 @@ class AdminService:
             created["models"] = [m for m in await self.list_models() if m["provider_id"] == created["id"]]
         return created
 
+    async def update_provider(self, actor: str, provider_id: str, body: ProviderCreate,
+                              if_match: str | None) -> dict[str, Any]:
+        """``PUT /admin/providers/{id}``: the create fields (an empty ``api_key`` keeps the sealed
+        one), only against the version in ``If-Match`` (missing 428, stale 409)."""
+        pid = parse_uuid(provider_id, errors.ProviderNotFound)
+        if not if_match:
+            raise errors.PreconditionRequired()
+        keep_key = not body.api_key.strip()
+        checked = msgspec.structs.replace(body, api_key="kept") if keep_key else body
+        name, api_key, base_url, settings = _provider_fields(checked)
+
+        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            row = await conn.fetchrow("SELECT version, encrypted_api_key, key_nonce FROM providers "
+                                      "WHERE id = $1 FOR UPDATE", pid)
+            if row is None:
+                raise errors.ProviderNotFound()
+            if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
+                raise errors.VersionConflict()
+            if keep_key:
+                sealed, nonce = bytes(row["encrypted_api_key"]), bytes(row["key_nonce"])
+            else:
+                sealed, nonce = seal(self._secrets.master_key, str(pid), api_key)
+            try:
+                await conn.execute("UPDATE providers SET name = $2 WHERE id = $1", pid, name)
+            except asyncpg.UniqueViolationError:
+                raise errors.ProviderExists() from None
+            return await conn.fetchrow(
+                sql.UPDATE_PROVIDER, pid, body.family, base_url, sealed, nonce, body.local, body.max_outbound_rps,
+                body.max_concurrent_upstream, body.max_calls_per_hour, body.retry_enabled, body.max_retries,
+                body.retry_backoff_ms, body.log_requests, body.supports_web_search, json.dumps(settings))
+
+        row = await self._write(actor, "update_provider", name, {"family": body.family}, work, registry=True)
+        return row_json(row)
+
     async def list_providers(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
             return [row_json(r) for r in await conn.fetch(sql.LIST_PROVIDERS)]
@@ -822,6 +856,32 @@ class AdminService:
 
         model_id = await self._write(actor, "create_model", body.name, {"kind": body.kind}, work, registry=True)
         return await self.get_model(str(model_id))
+
+    async def update_model(self, actor: str, model_id: str, body: ModelCreate, if_match: str | None) -> dict[str, Any]:
+        """``PUT /admin/models/{id}``: the create fields, only against the version in ``If-Match``
+        (missing 428, stale 409); no live verification (create verifies)."""
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+        if not if_match:
+            raise errors.PreconditionRequired()
+        provider_id = _body_uuid(body.provider_id, "provider_id")
+        args = _model_args(body)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            version = await conn.fetchval("SELECT version FROM models WHERE id = $1 FOR UPDATE", mid)
+            if version is None:
+                raise errors.ModelNotFound()
+            if if_match.strip() not in (f'"{version}"', str(version), "*"):
+                raise errors.VersionConflict()
+            if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
+                raise errors.InvalidRequest("provider_not_found")
+            try:
+                await conn.execute("UPDATE models SET name = $2 WHERE id = $1", mid, args[0])
+            except asyncpg.UniqueViolationError:
+                raise errors.ModelExists() from None
+            await conn.execute(sql.UPDATE_MODEL, mid, provider_id, *args[1:])
+
+        await self._write(actor, "update_model", body.name, {"kind": body.kind}, work, registry=True)
+        return await self.get_model(model_id)
 
     async def list_models(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
