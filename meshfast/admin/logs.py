@@ -205,8 +205,8 @@ _MEASURES = ("coalesce(sum(calls), 0) AS calls, coalesce(sum(tokens_in), 0) AS t
 
 
 async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
-    """Totals, a time series in ``tz``, and breakdowns by model, user, status, deny reason and
-    latency, over whole hours (``from`` rounded down, ``to`` up)."""
+    """Totals, a time series in ``tz``, and breakdowns by model, provider, user, status, deny
+    reason and latency, over whole hours (``from`` rounded down, ``to`` up)."""
     since, until = _floor_hour(q.since), _ceil_hour(q.to)
     where, args = q.where(3)
     table = "request_rollup_hourly" if q.user_id else "request_rollup_hourly_all"
@@ -238,6 +238,7 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
                    "avg_latency_ms": round(int(totals["latency_ms"]) / calls, 1) if calls else None},
         "series": [_measures(r, {"bucket": r["bucket"].isoformat()}) for r in series],
         "by_model": await by("model_id", "model_id", ", min(model_name) AS model_name"),
+        "by_provider": await by("provider_id", "provider_id"),
         "by_user": await _by_user(conn, q, since, until),
         "by_status": await by("outcome", "status"),
         "by_deny_reason": [r for r in await by("deny_reason", "deny_reason") if r["deny_reason"] is not None],
