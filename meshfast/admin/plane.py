@@ -24,6 +24,18 @@ Handler = Callable[..., Awaitable[Reply]]
 _SECRET_FIELDS = frozenset({"key", "token", "api_key"})
 
 
+def _keep_key(body: bytes) -> bytes:
+    """A provider PUT without ``api_key`` keeps the sealed key (as an empty one does)."""
+    try:
+        fields = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body  # the strict decode answers the 400
+    if isinstance(fields, dict) and "api_key" not in fields:
+        fields["api_key"] = ""
+        return msgspec.json.encode(fields)
+    return body
+
+
 class AdminPlane:
     def __init__(self, pool: asyncpg.Pool, router: AdminRouter, hash_token: Callable[[str], str],
                  status: Callable[[], Awaitable[dict[str, Any]]], cookie_secure: bool = False,
@@ -59,7 +71,7 @@ class AdminPlane:
         add("GET", r"/admin/status", lambda a, s, q, b, h: self._ok(self._status()))
         service = router.service
         add("PUT", r"/admin/providers/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
-            service.update_provider(a.name, id, svc.decode(b, svc.ProviderCreate), h.get("if-match"))))
+            service.update_provider(a.name, id, svc.decode(_keep_key(b), svc.ProviderCreate), h.get("if-match"))))
         add("PUT", r"/admin/models/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_model(a.name, id, svc.decode(b, svc.ModelCreate), h.get("if-match"))))
 

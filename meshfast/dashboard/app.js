@@ -1,0 +1,1057 @@
+// meshfast dashboard: plain JavaScript, no framework, no network beyond this origin's /admin API.
+// Every piece of text goes into the page through textContent (never innerHTML), and the page runs
+// under a Content-Security-Policy with no inline script or style.
+"use strict";
+
+(() => {
+  const main = document.getElementById("main");
+  const nav = document.getElementById("nav");
+  const sessionBox = document.getElementById("session");
+  const toastBox = document.getElementById("toast");
+  const SVG = "http://www.w3.org/2000/svg";
+  const COLORS = ["#0b57d0", "#b3261e", "#146c2e", "#8a4b00", "#6b3fa0", "#00677f", "#a0306e", "#4a5360"];
+  const DAYS = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+  const FAMILIES = ["openai", "openai_responses", "anthropic", "gemini", "ollama", "generic"];
+  const KINDS = ["chat", "embedding", "image_generation", "video_generation"];
+  // Provider quick-fill (mesh-behaviour §4.7): base_url is the API root; the family adds the paths.
+  const PRESETS = {
+    openai: { label: "OpenAI", family: "openai", base_url: "https://api.openai.com", local: false },
+    openai_responses: { label: "OpenAI (Responses)", family: "openai_responses", base_url: "https://api.openai.com", local: false },
+    anthropic: { label: "Anthropic", family: "anthropic", base_url: "https://api.anthropic.com", local: false },
+    gemini: { label: "Gemini", family: "gemini", base_url: "https://generativelanguage.googleapis.com", local: false },
+    ollama: { label: "Ollama / local", family: "ollama", base_url: "http://127.0.0.1:11434", local: true },
+    generic: { label: "Generic (templates)", family: "generic", base_url: "", local: false },
+  };
+  const browserTz = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+
+  const state = { me: null, csrf: null, users: [], models: [], providers: [] };
+
+  // --- small DOM helpers -------------------------------------------------------------------
+
+  let uid = 0;
+  const nextId = (p) => `${p}-${++uid}`;
+
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "on") for (const [ev, fn] of Object.entries(v)) el.addEventListener(ev, fn);
+      else if (k === "dataset") Object.assign(el.dataset, v);
+      else if (k === "class") el.className = v;
+      else if (k === "text") el.textContent = v;
+      else if (k === "value") el.value = v;
+      else if (k === "checked" || k === "selected" || k === "disabled" || k === "hidden" || k === "required") el[k] = true;
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    append(el, children);
+    return el;
+  }
+
+  function append(el, children) {
+    for (const c of children.flat(Infinity)) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+
+  function s(tag, attrs, ...children) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null) continue;
+      if (k === "text") el.textContent = v;
+      else el.setAttribute(k, String(v));
+    }
+    for (const c of children.flat(Infinity)) if (c) el.append(c);
+    return el;
+  }
+
+  // A labelled form control. kind: input type, "select" (options: [[value, label]]), "textarea".
+  function field(label, name, opts = {}) {
+    const id = opts.id || nextId(name);
+    let control;
+    if (opts.kind === "select") {
+      control = h("select", { id, name, required: opts.required, "aria-describedby": opts.hint ? `${id}-hint` : null },
+        (opts.options || []).map(([v, l]) => h("option", { value: v, selected: String(v) === String(opts.value ?? "") }, l)));
+    } else if (opts.kind === "textarea") {
+      control = h("textarea", { id, name, rows: opts.rows || 3, required: opts.required }, opts.value ?? "");
+    } else if (opts.kind === "checkbox") {
+      control = h("input", { id, name, type: "checkbox", checked: !!opts.value });
+      return h("div", { class: "check" }, control, h("label", { for: id }, label));
+    } else {
+      control = h("input", {
+        id, name, type: opts.kind || "text", value: opts.value ?? "", required: opts.required,
+        autocomplete: opts.autocomplete || "off", placeholder: opts.placeholder, step: opts.step, min: opts.min,
+        inputmode: opts.inputmode, "aria-describedby": opts.hint ? `${id}-hint` : null,
+      });
+    }
+    return h("div", { class: "field" }, h("label", { for: id }, label), control,
+      opts.hint ? h("span", { id: `${id}-hint`, class: "muted" }, opts.hint) : null);
+  }
+
+  function table(caption, columns, rows, opts = {}) {
+    // columns: [{key, label, num?, render?(row) -> node|text, sort?}]
+    const thead = h("thead", {}, h("tr", {}, columns.map((c) => {
+      const sortable = opts.sort && c.sort;
+      const active = sortable && opts.sort.key === c.sort;
+      const ariaSort = active ? (opts.sort.order === "asc" ? "ascending" : "descending") : null;
+      return h("th", { scope: "col", class: c.num ? "num" : null, "aria-sort": ariaSort },
+        sortable ? h("button", { type: "button", class: "sort", on: { click: () => opts.onSort(c.sort) } },
+          c.label, active ? (opts.sort.order === "asc" ? " ▲" : " ▼") : "") : c.label);
+    })));
+    const body = h("tbody", {}, rows.length === 0
+      ? h("tr", {}, h("td", { colspan: columns.length, class: "muted" }, opts.empty || "Nothing here yet."))
+      : rows.map((r) => h("tr", { dataset: opts.rowData ? opts.rowData(r) : {} }, columns.map((c) => {
+        const v = c.render ? c.render(r) : r[c.key];
+        return h("td", { class: c.num ? "num" : null, dataset: { col: c.key } }, v === null || v === undefined ? "—" : v);
+      }))));
+    return h("div", { class: "table-wrap" }, h("table", { id: opts.id, dataset: opts.data || {} },
+      h("caption", {}, caption), thead, body));
+  }
+
+  function button(label, onClick, cls, attrs = {}) {
+    return h("button", { type: "button", class: cls, ...attrs, on: { click: onClick } }, label);
+  }
+
+  function toast(message, isError = false) {
+    toastBox.classList.toggle("error", isError);
+    toastBox.textContent = "";
+    // A fresh node so screen readers announce a repeat of the same message.
+    setTimeout(() => { toastBox.textContent = message; }, 30);
+    clearTimeout(toast.timer);
+    toast.timer = setTimeout(() => { toastBox.textContent = ""; }, 8000);
+  }
+
+  const usd = (n) => (n === null || n === undefined ? "—" : `$${Number(n).toFixed(6)}`);
+  const num = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
+  const when = (iso) => (iso ? new Date(iso).toLocaleString() : "—");
+  const isoFromLocal = (v) => (v ? new Date(v).toISOString() : null);
+  function localInput(date) {
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())}T${pad(date.getHours())}:${pad(date.getMinutes())}`;
+  }
+
+  function formData(form) {
+    const out = {};
+    for (const el of form.elements) {
+      if (!el.name) continue;
+      if (el.type === "checkbox") out[el.name] = el.checked;
+      else out[el.name] = el.value.trim();
+    }
+    return out;
+  }
+
+  // --- API ---------------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, body) {
+      const code = (body && (body.error || body.code)) || `http_${status}`;
+      const detail = body && (body.detail || body.message);
+      super(detail ? `${code}: ${typeof detail === "string" ? detail : JSON.stringify(detail)}` : code);
+      this.status = status;
+      this.code = code;
+      this.body = body;
+    }
+  }
+
+  function csrfCookie() {
+    const m = document.cookie.split(";").map((c) => c.trim()).find((c) => c.startsWith("mesh_csrf="));
+    return m ? decodeURIComponent(m.slice("mesh_csrf=".length)) : null;
+  }
+
+  async function api(method, path, body, extraHeaders = {}, quiet = false) {
+    const headers = { accept: "application/json", ...extraHeaders };
+    if (body !== undefined) headers["content-type"] = "application/json";
+    if (!["GET", "HEAD"].includes(method)) headers["x-csrf-token"] = csrfCookie() || state.csrf || "";
+    const res = await fetch(path, {
+      method, headers, credentials: "same-origin", body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    let data = null;
+    try { data = text ? JSON.parse(text) : null; } catch { data = text; }
+    if (res.status === 401 && path !== "/admin/login" && !quiet) {
+      // The session ended (expired, logged out elsewhere): back to the login form.
+      state.me = null;
+      showChrome(false);
+      if (location.hash !== "#/login") location.hash = "#/login";
+      throw new ApiError(401, data);
+    }
+    if (!res.ok) throw new ApiError(res.status, data);
+    return { data, headers: res.headers, status: res.status };
+  }
+  const get = async (path) => (await api("GET", path)).data;
+
+  // Run an admin write from a button or form; reports the outcome in the live region.
+  async function act(work, success) {
+    try {
+      const out = await work();
+      if (success) toast(typeof success === "function" ? success(out) : success);
+      return out;
+    } catch (err) {
+      toast(`Failed: ${err.message}`, true);
+      return undefined;
+    }
+  }
+
+  function confirmed(message) { return window.confirm(message); }
+
+  async function loadRegistry() {
+    const [users, models, providers] = await Promise.all([get("/admin/users"), get("/admin/models"), get("/admin/providers")]);
+    state.users = users || [];
+    state.models = models || [];
+    state.providers = providers || [];
+  }
+
+  const userLabel = (id) => {
+    if (!id) return "Unknown";
+    const u = state.users.find((x) => x.id === id);
+    return u ? u.email : id;
+  };
+
+  // --- page frame and routing ----------------------------------------------------------------
+
+  function showChrome(on) {
+    nav.hidden = !on;
+    sessionBox.hidden = !on;
+    document.getElementById("who").textContent = on && state.me
+      ? `${state.me.email}${state.me.is_super_admin ? " (super admin)" : ""}` : "";
+  }
+
+  function page(title, ...children) {
+    main.textContent = "";
+    document.title = `${title} · meshfast`;
+    const heading = h("h1", { tabindex: "-1" }, title);
+    append(main, [heading, ...children]);
+    for (const a of nav.querySelectorAll("a")) {
+      if (a.getAttribute("href") === `#/${currentRoute()}`) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+    }
+    return heading;
+  }
+
+  const currentRoute = () => (location.hash.startsWith("#/") ? location.hash.slice(2).split("?")[0] : "");
+
+  const ROUTES = {
+    overview: renderOverview, logs: renderLogs, users: renderUsers, providers: renderProviders, models: renderModels,
+    access: renderAccess, gateway: renderGateway, audit: renderAudit, admins: renderAdmins,
+  };
+
+  let routing = 0;
+  async function route() {
+    const name = currentRoute();
+    const ticket = ++routing;
+    if (!state.me) {
+      try {
+        state.me = (await api("GET", "/admin/me", undefined, {}, true)).data;
+      } catch {
+        state.me = null;
+      }
+    }
+    if (ticket !== routing) return;
+    if (!state.me) {
+      showChrome(false);
+      renderLogin();
+      return;
+    }
+    showChrome(true);
+    if (name === "login" || !ROUTES[name]) {
+      location.replace("#/overview");
+      return;
+    }
+    try {
+      await ROUTES[name]();
+    } catch (err) {
+      if (err.status !== 401) page("Something went wrong", h("p", { class: "error-text", role: "alert" }, err.message));
+    }
+    const heading = main.querySelector("h1");
+    if (heading && ticket === routing) heading.focus();
+  }
+
+  async function rerender() {
+    const focusedId = document.activeElement && document.activeElement.id;
+    await ROUTES[currentRoute()]();
+    const again = focusedId && document.getElementById(focusedId);
+    if (again) again.focus();
+    else { const heading = main.querySelector("h1"); if (heading) heading.focus(); }
+  }
+
+  // --- login ---------------------------------------------------------------------------------
+
+  function renderLogin() {
+    if (document.getElementById("login-email")) return; // already showing; keep what was typed
+    const error = h("p", { class: "error-text", role: "alert", id: "login-error" });
+    const form = h("form", { "aria-labelledby": "login-title", novalidate: true },
+      field("Email", "email", { kind: "email", required: true, autocomplete: "username", id: "login-email" }),
+      field("Password", "password", { kind: "password", required: true, autocomplete: "current-password", id: "login-password" }),
+      h("button", { type: "submit", id: "login-submit" }, "Log in"), error);
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      error.textContent = "";
+      const { email, password } = formData(form);
+      try {
+        const out = await api("POST", "/admin/login", { email, password });
+        state.csrf = out.data.csrf_token;
+        state.me = (await api("GET", "/admin/me")).data;
+        // Back to the page that was asked for, else the overview.
+        if (ROUTES[currentRoute()]) route();
+        else location.hash = "#/overview";
+      } catch (err) {
+        error.textContent = err.code === "invalid_credentials" ? "Wrong email or password."
+          : err.code === "account_locked" ? "This account is locked for 15 minutes after repeated failures."
+          : err.status === 429 ? "Too many attempts; wait a moment and try again." : `Login failed: ${err.message}`;
+      }
+    });
+    main.textContent = "";
+    document.title = "Log in · meshfast";
+    append(main, [h("section", { class: "login panel" }, h("h1", { id: "login-title", tabindex: "-1" }, "Log in to meshfast"), form)]);
+    document.getElementById("login-email").focus();
+  }
+
+  document.getElementById("logout").addEventListener("click", async () => {
+    await act(() => api("POST", "/admin/logout"));
+    state.me = null;
+    state.csrf = null;
+    showChrome(false);
+    location.hash = "#/login";
+    route();
+  });
+
+  document.getElementById("skip-link").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    const heading = main.querySelector("h1");
+    (heading || main).focus();
+  });
+
+  // --- charts --------------------------------------------------------------------------------
+
+  // A line chart of one or more series over shared buckets, with its numbers in a table.
+  function lineChart(id, title, buckets, series, fmt = usd) {
+    const W = 480, H = 220, L = 64, R = 10, T = 10, B = 34;
+    const max = Math.max(0, ...series.flatMap((sr) => sr.values)) || 1;
+    const x = (i) => L + (buckets.length <= 1 ? (W - L - R) / 2 : (i * (W - L - R)) / (buckets.length - 1));
+    const y = (v) => T + (H - T - B) * (1 - v / max);
+    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-labelledby": `${id}-title`, "data-chart": id });
+    svg.append(s("title", { id: `${id}-title`, text: title }));
+    for (let k = 0; k <= 4; k++) {
+      const v = (max * k) / 4;
+      svg.append(s("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#d5dae1" }));
+      svg.append(s("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#4a5360", text: fmt(v).replace(/0+$/, "").replace(/\.$/, "") }));
+    }
+    const step = Math.max(1, Math.ceil(buckets.length / 6));
+    buckets.forEach((b, i) => {
+      if (i % step === 0 || i === buckets.length - 1) {
+        const anchor = i === 0 && buckets.length > 1 ? "start" : i === buckets.length - 1 && buckets.length > 1 ? "end" : "middle";
+        svg.append(s("text", { x: x(i), y: H - B + 16, "text-anchor": anchor, "font-size": 11, fill: "#4a5360", text: shortBucket(b) }));
+      }
+    });
+    series.forEach((sr, n) => {
+      const color = COLORS[n % COLORS.length];
+      const g = s("g", { "data-series": sr.name });
+      if (sr.values.length > 1) {
+        g.append(s("polyline", { fill: "none", stroke: color, "stroke-width": 2, points: sr.values.map((v, i) => `${x(i)},${y(v)}`).join(" ") }));
+      }
+      sr.values.forEach((v, i) => g.append(s("circle", { cx: x(i), cy: y(v), r: 3, fill: color, "data-bucket": buckets[i], "data-value": v })));
+      svg.append(g);
+    });
+    const legend = h("ul", { class: "legend", "aria-hidden": "true" }, series.map((sr, n) =>
+      h("li", {}, h("span", { class: "swatch", dataset: { color: COLORS[n % COLORS.length] } }), sr.name)));
+    for (const sw of legend.querySelectorAll(".swatch")) sw.style.background = sw.dataset.color;
+    const rows = [];
+    buckets.forEach((b, i) => series.forEach((sr) => rows.push({ bucket: b, series: sr.name, value: sr.values[i] })));
+    const data = table(`${title}: data`, [
+      { key: "bucket", label: "Period", render: (r) => shortBucket(r.bucket, true) },
+      { key: "series", label: "Series" },
+      { key: "value", label: "Value", num: true, render: (r) => fmt(r.value) },
+    ], rows.filter((r) => r.value !== 0), {
+      id: `${id}-table`, empty: "No spend in this period.",
+      rowData: (r) => ({ bucket: r.bucket, series: r.series, value: String(r.value) }),
+    });
+    return h("figure", { class: "chart", id, dataset: { chart: id } }, h("figcaption", {}, title),
+      series.length === 0 || buckets.length === 0 ? h("p", { class: "muted" }, "No traffic in this period.") : [svg, legend],
+      h("details", { open: true }, h("summary", {}, "Numbers"), h("p", { class: "muted" }, "Periods without spend are left out."), data));
+  }
+
+  // Every bucket of [from, to) as the server names them: wall-clock time in ``tz``, no offset.
+  function rangeBuckets(from, to, bucket, tz) {
+    const fmt = new Intl.DateTimeFormat("en-CA", { timeZone: tz, year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", hourCycle: "h23" });
+    const out = new Set();
+    const step = 3600e3;
+    for (let t = Math.floor(from.getTime() / step) * step; t < to.getTime(); t += step) {
+      const p = Object.fromEntries(fmt.formatToParts(new Date(t)).map((x) => [x.type, x.value]));
+      out.add(`${p.year}-${p.month}-${p.day}T${bucket === "hour" ? p.hour : "00"}:00:00`);
+    }
+    return [...out];
+  }
+
+  // A horizontal bar chart of labelled values, with its numbers in a table.
+  function barChart(id, title, items, fmt = usd, extra = []) {
+    const W = 480, rowH = 26, L = 150, R = 80;
+    const H = Math.max(1, items.length) * rowH + 8;
+    const max = Math.max(0, ...items.map((i) => i.value)) || 1;
+    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-labelledby": `${id}-title`, "data-chart": id });
+    svg.append(s("title", { id: `${id}-title`, text: title }));
+    items.forEach((it, n) => {
+      const yy = 4 + n * rowH;
+      const w = Math.max(1, ((W - L - R) * it.value) / max);
+      svg.append(s("text", { x: L - 6, y: yy + 16, "text-anchor": "end", "font-size": 12, fill: "#1b1f24", text: truncate(it.label, 19) }));
+      svg.append(s("rect", { x: L, y: yy + 3, width: w, height: rowH - 8, fill: COLORS[n % COLORS.length], "data-label": it.label, "data-value": it.value }));
+      svg.append(s("text", { x: L + w + 6, y: yy + 16, "font-size": 12, fill: "#1b1f24", text: fmt(it.value) }));
+    });
+    const data = table(`${title}: data`, [
+      { key: "label", label: "Name" },
+      { key: "value", label: "Spend", num: true, render: (r) => fmt(r.value) },
+      ...extra,
+    ], items, { id: `${id}-table`, empty: "No traffic in this period.", rowData: (r) => ({ label: r.label, value: String(r.value), calls: String(r.calls ?? "") }) });
+    return h("figure", { class: "chart", id, dataset: { chart: id } }, h("figcaption", {}, title),
+      items.length === 0 ? h("p", { class: "muted" }, "No traffic in this period.") : svg,
+      h("details", { open: true }, h("summary", {}, "Numbers"), data));
+  }
+
+  function truncate(text, n) { return text.length > n ? `${text.slice(0, n - 1)}…` : text; }
+  function shortBucket(b, long = false) {
+    const d = new Date(b.length <= 19 ? `${b}Z` : b);
+    if (Number.isNaN(d.getTime())) return b;
+    // Buckets are wall-clock times in the chosen zone (no offset); show them as such.
+    const iso = b.replace("T", " ").slice(0, 16);
+    return long ? iso : iso.slice(5);
+  }
+
+  // --- overview ------------------------------------------------------------------------------
+
+  const RANGES = [["24h", "Last 24 hours", 1], ["7d", "Last 7 days", 7], ["30d", "Last 30 days", 30]];
+  let overviewRange = "24h";
+
+  async function renderOverview() {
+    await loadRegistry();
+    const days = RANGES.find((r) => r[0] === overviewRange)[2];
+    const to = new Date();
+    const from = new Date(to.getTime() - days * 86400e3);
+    const bucket = days <= 2 ? "hour" : "day";
+    const qs = (extra = "") => `/admin/logs/summary?from=${encodeURIComponent(from.toISOString())}&to=${encodeURIComponent(to.toISOString())}&tz=${encodeURIComponent(browserTz)}&bucket=${bucket}${extra}`;
+    const summary = await get(qs());
+    const t = summary.totals || {};
+    const byModel = summary.by_model || [];
+    const byUser = summary.by_user || [];
+    const modelInfo = (id) => state.models.find((m) => m.id === id);
+
+    // Spend over time per person and per model: one filtered summary each (top 6 by spend).
+    const topUsers = byUser.filter((u) => u.user_id).slice(0, 6);
+    const topModels = [...byModel].filter((m) => m.model_id).sort((a, b) => b.cost_usd - a.cost_usd).slice(0, 12);
+    const [userSeries, modelSeries] = await Promise.all([
+      Promise.all(topUsers.map((u) => get(qs(`&user_id=${u.user_id}`)).then((r) => ({ name: userLabel(u.user_id), series: r.series || [] })))),
+      Promise.all(topModels.map((m) => get(qs(`&model_id=${m.model_id}`)).then((r) => ({ id: m.model_id, name: m.model_name || m.model_id, series: r.series || [] })))),
+    ]);
+    const buckets = [...new Set([rangeBuckets(from, to, bucket, browserTz), (summary.series || []).map((p) => p.bucket), userSeries.flatMap((u) => u.series.map((p) => p.bucket)),
+      modelSeries.flatMap((m) => m.series.map((p) => p.bucket))].flat())].sort();
+    const along = (points) => buckets.map((b) => { const p = points.find((q) => q.bucket === b); return p ? p.cost_usd : 0; });
+    const providerSeries = new Map();
+    for (const m of modelSeries) {
+      const info = modelInfo(m.id);
+      const pname = info ? info.provider_name : "Deleted provider";
+      const acc = providerSeries.get(pname) || buckets.map(() => 0);
+      along(m.series).forEach((v, i) => { acc[i] = Math.round((acc[i] + v) * 1e9) / 1e9; });
+      providerSeries.set(pname, acc);
+    }
+    const byProvider = new Map();
+    for (const m of byModel) {
+      const info = modelInfo(m.model_id);
+      const pname = m.model_id ? (info ? info.provider_name : "Deleted provider") : "No model resolved";
+      const acc = byProvider.get(pname) || { label: pname, value: 0, calls: 0 };
+      acc.value = Math.round((acc.value + m.cost_usd) * 1e9) / 1e9;
+      acc.calls += m.calls;
+      byProvider.set(pname, acc);
+    }
+
+    const rangeSelect = h("select", { id: "overview-range", name: "range" },
+      RANGES.map(([v, l]) => h("option", { value: v, selected: v === overviewRange }, l)));
+    const totals = [
+      ["calls", "Calls", num(t.calls), t.calls], ["errors", "Upstream errors", num(t.errors), t.errors],
+      ["denials", "Denied", num(t.denials), t.denials], ["tokens_in", "Tokens in", num(t.tokens_in), t.tokens_in],
+      ["tokens_out", "Tokens out", num(t.tokens_out), t.tokens_out], ["cost_usd", "Spend (USD)", usd(t.cost_usd), t.cost_usd],
+      ["avg_latency_ms", "Average latency", t.avg_latency_ms == null ? "—" : `${t.avg_latency_ms} ms`, t.avg_latency_ms],
+    ];
+    const callsCol = [{ key: "calls", label: "Calls", num: true, render: (r) => num(r.calls) }];
+    page("Overview",
+      h("div", { class: "toolbar" },
+        h("div", { class: "field" }, h("label", { for: "overview-range" }, "Period"), rangeSelect),
+        button("Refresh", () => rerender(), "secondary", { id: "overview-refresh" }),
+        h("p", { class: "muted" }, `Times in ${browserTz}; ${bucket === "hour" ? "hourly" : "daily"} buckets.`)),
+      h("h2", {}, "Totals"),
+      h("dl", { class: "totals", id: "totals" }, totals.map(([k, label, text, raw]) =>
+        h("div", { dataset: { total: k, value: String(raw ?? "") } }, h("dt", {}, label), h("dd", {}, text)))),
+      h("h2", {}, "Spend over time"),
+      h("div", { class: "charts" },
+        lineChart("spend-over-time", "Total spend over time", buckets, [{ name: "All traffic", values: along(summary.series || []) }]),
+        lineChart("spend-over-time-person", "Spend over time per person", buckets, userSeries.map((u) => ({ name: u.name, values: along(u.series) }))),
+        lineChart("spend-over-time-model", "Spend over time per model", buckets, modelSeries.map((m) => ({ name: m.name, values: along(m.series) }))),
+        lineChart("spend-over-time-provider", "Spend over time per provider", buckets, [...providerSeries].map(([name, values]) => ({ name, values })))),
+      h("h2", {}, "Spend by person, model and provider"),
+      h("div", { class: "charts" },
+        barChart("spend-by-person", "Spend by person", byUser.map((u) => ({ label: userLabel(u.user_id), value: u.cost_usd, calls: u.calls })), usd, callsCol),
+        barChart("spend-by-model", "Spend by model", byModel.map((m) => ({ label: m.model_name || "No model resolved", value: m.cost_usd, calls: m.calls })), usd, callsCol),
+        barChart("spend-by-provider", "Spend by provider", [...byProvider.values()].sort((a, b) => b.value - a.value), usd, callsCol)),
+      h("h2", {}, "Outcomes and latency"),
+      h("div", { class: "charts" },
+        table("Calls by outcome", [{ key: "status", label: "Outcome" }, { key: "calls", label: "Calls", num: true }], summary.by_status || [],
+          { id: "by-status", rowData: (r) => ({ label: r.status, value: String(r.calls) }) }),
+        table("Denials by reason", [{ key: "deny_reason", label: "Reason" }, { key: "calls", label: "Calls", num: true }], summary.by_deny_reason || [],
+          { id: "by-deny-reason", rowData: (r) => ({ label: r.deny_reason, value: String(r.calls) }) }),
+        table("Latency", [{ key: "le_ms", label: "Up to", render: (r) => (r.le_ms ? `${r.le_ms} ms` : "slower") }, { key: "calls", label: "Calls", num: true }],
+          summary.latency_buckets || [], { id: "latency-buckets", rowData: (r) => ({ label: String(r.le_ms ?? "slower"), value: String(r.calls) }) })));
+    rangeSelect.addEventListener("change", () => { overviewRange = rangeSelect.value; rerender(); });
+  }
+
+  // --- logs explorer -------------------------------------------------------------------------
+
+  const logsQuery = { user_id: "", model_id: "", status: "", from: "", to: "", q: "", sort: "created_at", order: "desc", page: 1, page_size: 25 };
+
+  async function renderLogs() {
+    await loadRegistry();
+    const params = new URLSearchParams();
+    for (const k of ["user_id", "model_id", "status", "q", "sort", "order", "page", "page_size"]) if (logsQuery[k]) params.set(k, logsQuery[k]);
+    const from = logsQuery.from ? new Date(logsQuery.from) : new Date(Date.now() - 86400e3);
+    const to = logsQuery.to ? new Date(logsQuery.to) : new Date(Date.now() + 60e3);
+    params.set("from", from.toISOString());
+    params.set("to", to.toISOString());
+    const out = await get(`/admin/logs?${params}`);
+    const pages = Math.max(1, Math.ceil(out.total / out.page_size));
+    const form = h("form", { class: "grid panel", id: "logs-filters", "aria-label": "Log filters" },
+      field("User", "user_id", { kind: "select", value: logsQuery.user_id, options: [["", "Anyone"], ...state.users.map((u) => [u.id, u.email])] }),
+      field("Model", "model_id", { kind: "select", value: logsQuery.model_id, options: [["", "Any model"], ...state.models.map((m) => [m.id, m.name])] }),
+      field("Outcome", "status", { kind: "select", value: logsQuery.status, options: [["", "Any"], ["success", "Success"], ["error", "Upstream error"], ["denied", "Denied"]] }),
+      field("From", "from", { kind: "datetime-local", value: logsQuery.from || localInput(from) }),
+      field("To", "to", { kind: "datetime-local", value: logsQuery.to, hint: "Empty: now" }),
+      field("Search", "q", { kind: "search", value: logsQuery.q, hint: "Request id or model name", id: "logs-search" }),
+      field("Sort by", "sort", { kind: "select", value: logsQuery.sort, options: [["created_at", "Time"], ["latency_ms", "Latency"], ["cost", "Cost"], ["tokens", "Tokens"]] }),
+      field("Order", "order", { kind: "select", value: logsQuery.order, options: [["desc", "Descending"], ["asc", "Ascending"]] }),
+      field("Rows per page", "page_size", { kind: "select", value: logsQuery.page_size, options: [[10, "10"], [25, "25"], [50, "50"], [100, "100"]] }),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "logs-apply" }, "Apply filters"),
+        button("Reset", () => { Object.assign(logsQuery, { user_id: "", model_id: "", status: "", from: "", to: "", q: "", sort: "created_at", order: "desc", page: 1 }); rerender(); }, "secondary")));
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      Object.assign(logsQuery, { ...d, page: 1, page_size: Number(d.page_size) || 25 });
+      rerender();
+    });
+    const onSort = (key) => {
+      logsQuery.order = logsQuery.sort === key && logsQuery.order === "desc" ? "asc" : "desc";
+      logsQuery.sort = key;
+      logsQuery.page = 1;
+      rerender();
+    };
+    const outcome = (r) => h("span", { class: `badge ${r.outcome === "success" ? "ok" : r.outcome === "denied" ? "warn" : "bad"}` }, r.outcome);
+    page("Logs",
+      form,
+      h("p", { id: "logs-total", dataset: { total: String(out.total) }, "aria-live": "polite" }, `${num(out.total)} requests match.`),
+      table("Requests", [
+        { key: "created_at", label: "Time", sort: "created_at", render: (r) => when(r.created_at) },
+        { key: "request_id", label: "Request id", render: (r) => h("code", {}, r.request_id) },
+        { key: "user_id", label: "User", render: (r) => userLabel(r.user_id) },
+        { key: "model_name", label: "Model" },
+        { key: "outcome", label: "Outcome", render: outcome },
+        { key: "deny_reason", label: "Deny reason" },
+        { key: "status_code", label: "Status", num: true },
+        { key: "latency_ms", label: "Latency (ms)", num: true, sort: "latency_ms" },
+        { key: "tokens", label: "Tokens in / out", num: true, sort: "tokens", render: (r) => `${r.tokens_in} / ${r.tokens_out}` },
+        { key: "cost", label: "Cost", num: true, sort: "cost", render: (r) => usd(r.input_cost + r.output_cost) },
+      ], out.logs, {
+        id: "logs-table", empty: "No requests match these filters.", sort: { key: logsQuery.sort, order: logsQuery.order }, onSort,
+        rowData: (r) => ({ requestId: r.request_id, cost: String(r.input_cost + r.output_cost), tokensIn: String(r.tokens_in), tokensOut: String(r.tokens_out), outcome: r.outcome }),
+      }),
+      h("nav", { class: "pager", "aria-label": "Log pages" },
+        button("Previous page", () => { logsQuery.page -= 1; rerender(); }, "secondary", { id: "logs-prev", disabled: out.page <= 1 }),
+        h("span", {}, `Page ${out.page} of ${pages}`),
+        button("Next page", () => { logsQuery.page += 1; rerender(); }, "secondary", { id: "logs-next", disabled: out.page >= pages })));
+  }
+
+  // --- users and keys ------------------------------------------------------------------------
+
+  let pendingSecret = null; // {title, value, note}: shown once, then dropped
+
+  function secretPanel() {
+    if (!pendingSecret) return null;
+    const { title, value, note } = pendingSecret;
+    pendingSecret = null; // shown once: the next render of any page drops it
+    const code = h("code", { id: "new-secret", dataset: { secret: value } }, value);
+    const status = h("span", { role: "status", id: "copy-status" });
+    const panel = h("section", { class: "panel secret", "aria-labelledby": "secret-title", id: "secret-panel" },
+      h("h2", { id: "secret-title" }, title),
+      h("p", {}, note || "Copy it now: it is shown only once and cannot be retrieved later."),
+      code,
+      h("div", { class: "actions" },
+        button("Copy to clipboard", async () => {
+          try {
+            await navigator.clipboard.writeText(value);
+            status.textContent = "Copied.";
+          } catch {
+            const range = document.createRange();
+            range.selectNodeContents(code);
+            const sel = window.getSelection();
+            sel.removeAllRanges();
+            sel.addRange(range);
+            status.textContent = "Selected; press Ctrl+C to copy.";
+          }
+        }, "", { id: "copy-secret" }),
+        button("I have saved it", () => { panel.remove(); main.querySelector("h1").focus(); }, "secondary", { id: "dismiss-secret" }),
+        status));
+    return panel;
+  }
+
+  function showSecret(title, value, note) {
+    pendingSecret = { title, value, note };
+  }
+
+  async function renderUsers() {
+    await loadRegistry();
+    const form = h("form", { class: "grid panel", id: "user-create", "aria-labelledby": "user-create-title" },
+      h("h2", { id: "user-create-title", class: "sr-only" }, "Create a user"),
+      field("Email", "email", { kind: "email", required: true, id: "user-email" }),
+      field("Display name", "display_name", { required: true, id: "user-name" }),
+      field("Manager email", "manager_email", { kind: "email" }),
+      field("Business unit", "business_unit"),
+      field("Tier", "tier"),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "user-create-submit" }, "Create user and key")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { email: d.email, display_name: d.display_name };
+      for (const k of ["manager_email", "business_unit", "tier"]) if (d[k]) body[k] = d[k];
+      const out = await act(() => api("POST", "/admin/users", body), `User ${d.email} created.`);
+      if (out) {
+        showSecret(`API key for ${out.data.email}`, out.data.key);
+        await renderUsers();
+        document.getElementById("copy-secret").focus();
+      }
+    });
+    const userActions = (u) => h("div", { class: "actions" },
+      button("Rotate key", async () => {
+        if (!confirmed(`Rotate the key of ${u.email}? The current key stops working at once.`)) return;
+        const out = await act(() => api("POST", `/admin/users/${u.id}/rotate-key`), `Key of ${u.email} rotated.`);
+        if (out) { showSecret(`New API key for ${u.email}`, out.data.key); await renderUsers(); document.getElementById("copy-secret").focus(); }
+      }, "secondary", { "aria-label": `Rotate key of ${u.email}` }),
+      button("Revoke", async () => {
+        if (!confirmed(`Revoke ${u.email}? Their key stops working at once.`)) return;
+        if (await act(() => api("POST", `/admin/users/${u.id}/revoke`), `${u.email} revoked.`)) rerender();
+      }, "danger", { "aria-label": `Revoke ${u.email}`, disabled: u.status !== "active" }),
+      button("Delete", async () => {
+        if (!confirmed(`Delete ${u.email} and their keys?`)) return;
+        if (await act(() => api("DELETE", `/admin/users/${u.id}`), `${u.email} deleted.`)) rerender();
+      }, "danger", { "aria-label": `Delete ${u.email}` }));
+    page("Users & keys",
+      secretPanel(),
+      h("h2", {}, "Create a user"),
+      form,
+      h("h2", {}, "Users"),
+      table("Users and their keys", [
+        { key: "email", label: "Email" },
+        { key: "display_name", label: "Name" },
+        { key: "status", label: "Status", render: (u) => h("span", { class: `badge ${u.status === "active" ? "ok" : "bad"}` }, u.status) },
+        { key: "key_prefix", label: "Key", render: (u) => (u.key_prefix ? h("code", {}, u.key_prefix) : "—") },
+        { key: "key_status", label: "Key status" },
+        { key: "business_unit", label: "Business unit" },
+        { key: "created_at", label: "Created", render: (u) => when(u.created_at) },
+        { key: "actions", label: "Actions", render: userActions },
+      ], state.users, { id: "users-table", rowData: (u) => ({ userId: u.id, email: u.email }) }));
+  }
+
+  // --- providers -------------------------------------------------------------------------------
+
+  let editingProvider = null; // {entity, etag}
+
+  function providerForm() {
+    const p = editingProvider ? editingProvider.entity : null;
+    const preset = h("select", { id: "provider-preset", name: "preset", "aria-describedby": "provider-preset-hint" },
+      h("option", { value: "" }, "Choose a preset…"), Object.entries(PRESETS).map(([k, v]) => h("option", { value: k }, v.label)));
+    const form = h("form", { class: "grid panel", id: "provider-form", "aria-labelledby": "provider-form-title" },
+      h("div", { class: "field" }, h("label", { for: "provider-preset" }, "Preset"), preset,
+        h("span", { id: "provider-preset-hint", class: "muted" }, "Fills family, base URL and the local flag")),
+      field("Name", "name", { required: true, id: "provider-name", value: p && p.name }),
+      field("Family", "family", { kind: "select", id: "provider-family", value: p ? p.family : "openai", options: FAMILIES.map((f) => [f, f]) }),
+      field("Base URL", "base_url", { kind: "url", required: true, id: "provider-base-url", value: p && p.base_url, hint: "The API root; the family adds its paths" }),
+      field("API key", "api_key", { kind: "password", id: "provider-api-key", required: !p, hint: p ? "Leave empty to keep the current key" : null }),
+      field("Max outbound requests/s", "max_outbound_rps", { kind: "number", min: 1, value: p && p.max_outbound_rps }),
+      field("Max concurrent upstream calls", "max_concurrent_upstream", { kind: "number", min: 1, value: p && p.max_concurrent_upstream }),
+      field("Max calls per hour", "max_calls_per_hour", { kind: "number", min: 1, value: p && p.max_calls_per_hour }),
+      field("Max retries", "max_retries", { kind: "number", min: 0, value: p ? p.max_retries : 2 }),
+      field("Retry backoff (ms)", "retry_backoff_ms", { kind: "number", min: 0, value: p ? p.retry_backoff_ms : 200 }),
+      field("Local (allow loopback and private addresses)", "local", { kind: "checkbox", id: "provider-local", value: p && p.local }),
+      field("Retries enabled", "retry_enabled", { kind: "checkbox", value: p ? p.retry_enabled : true }),
+      field("Log requests", "log_requests", { kind: "checkbox", value: p ? p.log_requests : true }),
+      field("Supports web search", "supports_web_search", { kind: "checkbox", value: p && p.supports_web_search }),
+      p ? null : field("Verify with a live call per model", "verify", { kind: "checkbox", id: "provider-verify", value: true }),
+      h("div", { class: "actions" },
+        h("button", { type: "submit", id: "provider-submit" }, p ? "Save provider" : "Create provider"),
+        p ? button("Cancel", () => { editingProvider = null; rerender(); }, "secondary") : null));
+    preset.addEventListener("change", () => {
+      const v = PRESETS[preset.value];
+      if (!v) return;
+      form.elements.family.value = v.family;
+      form.elements.base_url.value = v.base_url;
+      form.elements.local.checked = v.local;
+      if (!form.elements.name.value) form.elements.name.value = preset.value;
+    });
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { name: d.name, family: d.family, base_url: d.base_url, local: d.local, retry_enabled: d.retry_enabled,
+        log_requests: d.log_requests, supports_web_search: d.supports_web_search };
+      if (d.api_key) body.api_key = d.api_key;
+      for (const k of ["max_outbound_rps", "max_concurrent_upstream", "max_calls_per_hour", "max_retries", "retry_backoff_ms"]) {
+        if (d[k] !== "") body[k] = Number(d[k]);
+      }
+      if (!p) {
+        body.verify = d.verify;
+        const out = await act(() => api("POST", "/admin/providers", body), `Provider ${d.name} created.`);
+        if (out) rerender();
+      } else {
+        const out = await act(() => api("PUT", `/admin/providers/${p.id}`, body, { "if-match": editingProvider.etag }), `Provider ${d.name} saved.`);
+        if (out) { editingProvider = null; rerender(); }
+      }
+    });
+    return form;
+  }
+
+  async function renderProviders() {
+    await loadRegistry();
+    const rowActions = (p) => h("div", { class: "actions" },
+      button("Edit", async () => {
+        const out = await act(() => api("GET", `/admin/providers/${p.id}`));
+        if (!out) return;
+        editingProvider = { entity: out.data, etag: out.headers.get("etag") };
+        await rerender();
+        document.getElementById("provider-name").focus();
+      }, "secondary", { "aria-label": `Edit provider ${p.name}` }),
+      button("Delete", async () => {
+        if (!confirmed(`Delete provider ${p.name}, its models, grants and policies?`)) return;
+        if (await act(() => api("DELETE", `/admin/providers/${p.id}`), `Provider ${p.name} deleted.`)) rerender();
+      }, "danger", { "aria-label": `Delete provider ${p.name}` }));
+    page("Providers",
+      h("h2", {}, editingProvider ? `Edit provider ${editingProvider.entity.name}` : "Add a provider"),
+      providerForm(),
+      h("h2", {}, "Providers"),
+      table("Providers", [
+        { key: "name", label: "Name" }, { key: "family", label: "Family" },
+        { key: "base_url", label: "Base URL", render: (p) => h("code", {}, p.base_url) },
+        { key: "local", label: "Local", render: (p) => (p.local ? "yes" : "no") },
+        { key: "max_calls_per_hour", label: "Calls/hour", num: true },
+        { key: "models", label: "Models", num: true, render: (p) => String(state.models.filter((m) => m.provider_id === p.id).length) },
+        { key: "actions", label: "Actions", render: rowActions },
+      ], state.providers, { id: "providers-table", rowData: (p) => ({ providerId: p.id, name: p.name }) }));
+  }
+
+  // --- models ----------------------------------------------------------------------------------
+
+  let editingModel = null;
+  const CAPS = [["supports_image_in", "Image input"], ["supports_document_in", "Document input"], ["supports_audio_in", "Audio input"],
+    ["supports_video_in", "Video input"], ["supports_web_search", "Web search"]];
+  const PRICES = [["input_price_per_1k_tokens", "Input price per 1k tokens (USD)", true], ["output_price_per_1k_tokens", "Output price per 1k tokens (USD)", true],
+    ["cache_read_price_per_1k_tokens", "Cache read per 1k (USD)"], ["cache_write_price_per_1k_tokens", "Cache write per 1k (USD)"],
+    ["cache_write_1h_price_per_1k_tokens", "Cache write 1 h per 1k (USD)"], ["price_per_second", "Price per generated second (USD)"]];
+
+  function modelForm() {
+    const m = editingModel ? editingModel.entity : null;
+    const form = h("form", { class: "grid panel", id: "model-form", "aria-labelledby": "model-form-title" },
+      field("Provider", "provider_id", { kind: "select", id: "model-provider", required: true, value: m && m.provider_id, options: state.providers.map((p) => [p.id, p.name]) }),
+      field("Name", "name", { required: true, id: "model-name", value: m && m.name, hint: "What callers ask for" }),
+      field("Resolved model", "resolved_model", { required: true, id: "model-resolved", value: m && m.resolved_model, hint: "The id sent upstream" }),
+      field("Kind", "kind", { kind: "select", id: "model-kind", value: m ? m.kind : "chat", options: KINDS.map((k) => [k, k]) }),
+      PRICES.map(([k, label, req]) => field(label, k, { inputmode: "decimal", required: !!req, id: `model-${k}`, value: m ? (m[k] ?? "") : (req ? "" : "") })),
+      field("Default max output tokens", "max_output_tokens", { kind: "number", min: 1, value: m ? m.max_output_tokens : 4096 }),
+      field("Aliases", "aliases", { value: m ? (m.aliases || []).join(", ") : "", hint: "Comma separated" }),
+      field("Tags", "tags", { value: m ? (m.tags || []).join(", ") : "", hint: "Comma separated" }),
+      field("Output media type", "output_media_type", { value: m && m.output_media_type, hint: "Generation models, e.g. image/png" }),
+      h("fieldset", {}, h("legend", {}, "Capabilities"), CAPS.map(([k, label]) => field(label, k, { kind: "checkbox", id: `model-${k}`, value: m && m[k] }))),
+      m ? null : field("Verify with a live call", "verify", { kind: "checkbox", id: "model-verify", value: true }),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "model-submit" }, m ? "Save model" : "Create model"),
+        m ? button("Cancel", () => { editingModel = null; rerender(); }, "secondary") : null));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { provider_id: d.provider_id, name: d.name, resolved_model: d.resolved_model, kind: d.kind,
+        max_output_tokens: Number(d.max_output_tokens) || 4096,
+        aliases: d.aliases ? d.aliases.split(",").map((x) => x.trim()).filter(Boolean) : [],
+        tags: d.tags ? d.tags.split(",").map((x) => x.trim()).filter(Boolean) : [] };
+      for (const [k] of PRICES) if (d[k] !== "") body[k] = d[k];
+      for (const [k] of CAPS) body[k] = d[k];
+      if (d.output_media_type) body.output_media_type = d.output_media_type;
+      if (!m) {
+        body.verify = d.verify;
+        if (await act(() => api("POST", "/admin/models", body), `Model ${d.name} created.`)) rerender();
+      } else if (await act(() => api("PUT", `/admin/models/${m.id}`, body, { "if-match": editingModel.etag }), `Model ${d.name} saved.`)) {
+        editingModel = null;
+        rerender();
+      }
+    });
+    return form;
+  }
+
+  function deploymentForm() {
+    const form = h("form", { class: "grid panel", id: "deployment-form", "aria-labelledby": "deployment-title" },
+      field("Model", "model_id", { kind: "select", required: true, options: state.models.map((m) => [m.id, m.name]) }),
+      field("Provider", "provider_id", { kind: "select", required: true, options: state.providers.map((p) => [p.id, p.name]) }),
+      field("Resolved model", "resolved_model", { required: true }),
+      field("Region", "region"),
+      field("Priority", "priority", { kind: "number", value: 100, hint: "Lower is tried first" }),
+      h("div", { class: "actions" }, h("button", { type: "submit" }, "Add deployment")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { provider_id: d.provider_id, resolved_model: d.resolved_model, priority: Number(d.priority) || 100 };
+      if (d.region) body.region = d.region;
+      if (await act(() => api("POST", `/admin/models/${d.model_id}/deployments`, body), "Deployment added.")) rerender();
+    });
+    return form;
+  }
+
+  async function renderModels() {
+    await loadRegistry();
+    const caps = (m) => CAPS.filter(([k]) => m[k]).map(([, l]) => l).join(", ") || "—";
+    const deployments = (m) => (m.deployments && m.deployments.length
+      ? h("ul", {}, m.deployments.map((d) => h("li", {}, `${d.provider_name || d.provider_id}/${d.resolved_model} (priority ${d.priority}${d.region ? `, ${d.region}` : ""}) `,
+        button("Remove", async () => {
+          if (await act(() => api("DELETE", `/admin/models/${m.id}/deployments/${d.id}`), "Deployment removed.")) rerender();
+        }, "secondary", { "aria-label": `Remove deployment ${d.resolved_model} of ${m.name}` }))))
+      : "—");
+    const rowActions = (m) => h("div", { class: "actions" },
+      button("Edit", async () => {
+        const out = await act(() => api("GET", `/admin/models/${m.id}`));
+        if (!out) return;
+        editingModel = { entity: out.data, etag: out.headers.get("etag") };
+        await rerender();
+        document.getElementById("model-name").focus();
+      }, "secondary", { "aria-label": `Edit model ${m.name}` }),
+      button("Delete", async () => {
+        if (!confirmed(`Delete model ${m.name}?`)) return;
+        if (await act(() => api("DELETE", `/admin/models/${m.id}`), `Model ${m.name} deleted.`)) rerender();
+      }, "danger", { "aria-label": `Delete model ${m.name}` }));
+    page("Models",
+      state.providers.length === 0 ? h("p", {}, "Add a provider first: ", h("a", { href: "#/providers" }, "Providers"), ".") : null,
+      h("h2", { id: "model-form-title" }, editingModel ? `Edit model ${editingModel.entity.name}` : "Add a model"),
+      state.providers.length ? modelForm() : null,
+      h("h2", {}, "Models"),
+      table("Models", [
+        { key: "name", label: "Name" }, { key: "provider_name", label: "Provider" }, { key: "resolved_model", label: "Resolved model" },
+        { key: "kind", label: "Kind" },
+        { key: "input_price_per_1k_tokens", label: "Input / 1k", num: true },
+        { key: "output_price_per_1k_tokens", label: "Output / 1k", num: true },
+        { key: "caps", label: "Capabilities", render: caps },
+        { key: "deployments", label: "Extra deployments", render: deployments },
+        { key: "actions", label: "Actions", render: rowActions },
+      ], state.models, { id: "models-table", rowData: (m) => ({ modelId: m.id, name: m.name }) }),
+      state.models.length ? [h("h2", { id: "deployment-title" }, "Add a deployment (failover)"), deploymentForm()] : null);
+  }
+
+  // --- access and policies -------------------------------------------------------------------
+
+  let accessUser = "";
+  let editingPolicy = null; // model_id
+
+  function policyForm(userId, p) {
+    const days = new Set(p.active_days || [0, 1, 2, 3, 4, 5, 6]);
+    const hhmm = (v) => (v ? String(v).slice(0, 5) : "");
+    const form = h("form", { class: "grid panel", id: "policy-form", "aria-labelledby": "policy-title" },
+      h("h3", { id: "policy-title" }, `Policy for ${p.model_name}`),
+      field("Daily cap (USD)", "daily_cap_usd", { inputmode: "decimal", required: true, id: "policy-cap", value: p.daily_cap_usd }),
+      field("Max calls per hour", "max_calls_per_hour", { kind: "number", min: 1, id: "policy-hourly", value: p.max_calls_per_hour ?? "", hint: "Empty: no hourly cap" }),
+      field("Allowed from", "allowed_from", { kind: "time", id: "policy-from", value: hhmm(p.allowed_from), hint: "Empty: no hour window" }),
+      field("Allowed to", "allowed_to", { kind: "time", id: "policy-to", value: hhmm(p.allowed_to) }),
+      field("Time zone", "timezone", { required: true, id: "policy-tz", value: p.timezone || "UTC", hint: "IANA name, e.g. Europe/Paris" }),
+      h("fieldset", {}, h("legend", {}, "Active days"), h("div", { class: "days" },
+        DAYS.map((d, i) => field(d, `day-${i}`, { kind: "checkbox", id: `policy-day-${i}`, value: days.has(i) })))),
+      field("Always open (ignore days and hours)", "always_open", { kind: "checkbox", id: "policy-always", value: p.always_open }),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "policy-submit" }, "Save policy"),
+        button("Cancel", () => { editingPolicy = null; rerender(); }, "secondary")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = {
+        daily_cap_usd: Number(d.daily_cap_usd), max_calls_per_hour: d.max_calls_per_hour ? Number(d.max_calls_per_hour) : null,
+        allowed_from: d.allowed_from || null, allowed_to: d.allowed_to || null, timezone: d.timezone || "UTC",
+        active_days: DAYS.map((_, i) => i).filter((i) => d[`day-${i}`]), always_open: d.always_open,
+      };
+      if (await act(() => api("PUT", `/admin/users/${userId}/policies/${p.model_id}`, body), `Policy for ${p.model_name} saved.`)) {
+        editingPolicy = null;
+        rerender();
+      }
+    });
+    return form;
+  }
+
+  async function renderAccess() {
+    await loadRegistry();
+    if (accessUser && !state.users.some((u) => u.id === accessUser)) accessUser = "";
+    if (!accessUser && state.users.length) accessUser = state.users[0].id;
+    const policies = accessUser ? await get(`/admin/users/${accessUser}/policies`) : [];
+    const userSelect = h("select", { id: "access-user", name: "user" }, state.users.map((u) => h("option", { value: u.id, selected: u.id === accessUser }, u.email)));
+    userSelect.addEventListener("change", () => { accessUser = userSelect.value; editingPolicy = null; rerender(); });
+    const granted = new Set(policies.map((p) => p.model_id));
+    const grantForm = h("form", { class: "toolbar", id: "grant-form", "aria-label": "Grant access" },
+      field("Model", "model_id", { kind: "select", id: "grant-model", options: state.models.filter((m) => !granted.has(m.id)).map((m) => [m.id, m.name]) }),
+      h("button", { type: "submit", id: "grant-submit", disabled: state.models.every((m) => granted.has(m.id)) }, "Grant access"));
+    grantForm.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const model_id = grantForm.elements.model_id.value;
+      if (await act(() => api("POST", "/admin/access", { user_id: accessUser, model_id }), "Access granted.")) rerender();
+    });
+    const days = (p) => (p.active_days || []).length === 7 ? "Every day" : (p.active_days || []).map((d) => DAYS[d]).join(", ") || "None";
+    const window_ = (p) => (p.always_open ? "Always open" : p.allowed_from && p.allowed_to ? `${String(p.allowed_from).slice(0, 5)}–${String(p.allowed_to).slice(0, 5)} ${p.timezone}` : `Any hour (${p.timezone})`);
+    const rowActions = (p) => h("div", { class: "actions" },
+      button("Edit policy", async () => { editingPolicy = p.model_id; await rerender(); document.getElementById("policy-cap").focus(); }, "secondary", { "aria-label": `Edit policy for ${p.model_name}` }),
+      button("Revoke access", async () => {
+        if (!confirmed(`Revoke access to ${p.model_name}?`)) return;
+        if (await act(() => api("DELETE", "/admin/access", { user_id: accessUser, model_id: p.model_id }), "Access revoked.")) rerender();
+      }, "danger", { "aria-label": `Revoke access to ${p.model_name}` }));
+    const editing = policies.find((p) => p.model_id === editingPolicy);
+    page("Access & policies",
+      state.users.length === 0 ? h("p", {}, "Create a user first: ", h("a", { href: "#/users" }, "Users & keys"), ".") : [
+        h("div", { class: "toolbar" }, h("div", { class: "field" }, h("label", { for: "access-user" }, "User"), userSelect)),
+        h("h2", {}, "Grant a model"), grantForm,
+        editing ? policyForm(accessUser, editing) : null,
+        h("h2", {}, "Granted models and their policies"),
+        table("Grants and policies", [
+          { key: "model_name", label: "Model" },
+          { key: "daily_cap_usd", label: "Daily cap (USD)", num: true },
+          { key: "max_calls_per_hour", label: "Calls/hour", num: true, render: (p) => p.max_calls_per_hour ?? "No cap" },
+          { key: "window", label: "Hours", render: window_ },
+          { key: "days", label: "Days", render: days },
+          { key: "actions", label: "Actions", render: rowActions },
+        ], policies, { id: "policies-table", empty: "No models granted.", rowData: (p) => ({ modelId: p.model_id, name: p.model_name }) }),
+      ]);
+  }
+
+  // --- gateway: status and kill switch --------------------------------------------------------
+
+  async function renderGateway() {
+    const status = await get("/admin/status");
+    const tripped = !!status.kill_switch;
+    const isSuper = !!(state.me && state.me.is_super_admin);
+    page("Gateway",
+      h("section", { class: "panel", "aria-labelledby": "kill-title" },
+        h("h2", { id: "kill-title" }, "Kill switch"),
+        h("p", { id: "kill-state", dataset: { tripped: String(tripped) } },
+          tripped ? "The gateway is paused: every call is refused with 503 paused_by_admin." : "The gateway is serving calls."),
+        isSuper ? button(tripped ? "Resume the gateway" : "Pause the gateway (kill switch)", async () => {
+          if (!tripped && !confirmed("Pause the gateway? Every call will be refused until you resume it.")) return;
+          if (await act(() => api("POST", "/admin/kill-switch", { tripped: !tripped }), tripped ? "Gateway resumed." : "Gateway paused.")) rerender();
+        }, tripped ? "" : "danger", { id: "kill-toggle" })
+          : h("p", { class: "muted" }, "Only a super admin can pause or resume the gateway.")),
+      h("h2", {}, "This worker"),
+      table("Worker status", [{ key: "k", label: "Item" }, { key: "v", label: "Value" }], [
+        ["Process id", status.pid], ["Config sequence", status.config_seq], ["Draining", status.draining ? "yes" : "no"],
+        ["Requests in flight", status.in_flight], ["Request limit", status.request_limit ?? "none"],
+        ["Admission load", status.admission ? `${status.admission.in_flight} / ${status.admission.capacity} (load ${status.admission.load_factor})` : "—"],
+        ["Gateway pool", status.gateway_pool ? `${status.gateway_pool.size} open, ${status.gateway_pool.idle} idle, max ${status.gateway_pool.max}` : "—"],
+        ["Admin pool", status.admin_pool ? `${status.admin_pool.size} open, ${status.admin_pool.idle} idle, max ${status.admin_pool.max}` : "—"],
+      ].map(([k, v]) => ({ k, v: String(v ?? "—") })), { id: "status-table" }),
+      h("p", {}, "Prometheus metrics: ", h("a", { href: "/admin/metrics" }, "/admin/metrics"), ". API description: ", h("a", { href: "/admin/openapi.json" }, "/admin/openapi.json"), "."));
+  }
+
+  // --- audit log ---------------------------------------------------------------------------------
+
+  const auditQuery = { actor: "", action: "", from: "", to: "", page: 1, page_size: 25 };
+
+  async function renderAudit() {
+    const params = new URLSearchParams({ page: auditQuery.page, page_size: auditQuery.page_size });
+    if (auditQuery.actor) params.set("actor", auditQuery.actor);
+    if (auditQuery.action) params.set("action", auditQuery.action);
+    if (auditQuery.from) params.set("from", isoFromLocal(auditQuery.from));
+    if (auditQuery.to) params.set("to", isoFromLocal(auditQuery.to));
+    const out = await get(`/admin/audit?${params}`);
+    const pages = Math.max(1, Math.ceil(out.total / out.page_size));
+    const form = h("form", { class: "grid panel", id: "audit-filters", "aria-label": "Audit filters" },
+      field("Actor", "actor", { value: auditQuery.actor, hint: "Admin email or token:<name>" }),
+      field("Action", "action", { value: auditQuery.action, hint: "e.g. create_user, login, update_policy" }),
+      field("From", "from", { kind: "datetime-local", value: auditQuery.from }),
+      field("To", "to", { kind: "datetime-local", value: auditQuery.to }),
+      h("div", { class: "actions" }, h("button", { type: "submit" }, "Apply filters")));
+    form.addEventListener("submit", (ev) => { ev.preventDefault(); Object.assign(auditQuery, formData(form), { page: 1 }); rerender(); });
+    page("Audit log",
+      form,
+      h("p", { id: "audit-total", dataset: { total: String(out.total) } }, `${num(out.total)} entries.`),
+      table("Admin actions, newest first", [
+        { key: "created_at", label: "Time", render: (e) => when(e.created_at) },
+        { key: "actor", label: "Actor" }, { key: "action", label: "Action" }, { key: "target", label: "Target" },
+        { key: "detail", label: "Detail", render: (e) => (e.detail && Object.keys(e.detail).length ? h("code", {}, JSON.stringify(e.detail)) : "—") },
+      ], out.entries, { id: "audit-table", rowData: (e) => ({ action: e.action, actor: e.actor || "" }) }),
+      h("nav", { class: "pager", "aria-label": "Audit pages" },
+        button("Previous page", () => { auditQuery.page -= 1; rerender(); }, "secondary", { disabled: out.page <= 1 }),
+        h("span", {}, `Page ${out.page} of ${pages}`),
+        button("Next page", () => { auditQuery.page += 1; rerender(); }, "secondary", { disabled: out.page >= pages })));
+  }
+
+  // --- admins and admin API tokens -----------------------------------------------------------
+
+  async function renderAdmins() {
+    const [admins, tokens] = await Promise.all([get("/admin/admins"), get("/admin/tokens")]);
+    const isSuper = !!(state.me && state.me.is_super_admin);
+    const adminForm = h("form", { class: "grid panel", id: "admin-create", "aria-label": "Create an admin" },
+      field("Email", "email", { kind: "email", required: true, id: "admin-email" }),
+      field("Password", "password", { kind: "password", required: true, autocomplete: "new-password", hint: "At least 8 characters" }),
+      isSuper ? field("Super admin", "is_super", { kind: "checkbox" }) : null,
+      h("div", { class: "actions" }, h("button", { type: "submit" }, "Create admin")));
+    adminForm.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(adminForm);
+      const body = { email: d.email, password: d.password };
+      if (isSuper) body.is_super = d.is_super;
+      if (await act(() => api("POST", "/admin/admins", body), `Admin ${d.email} created.`)) rerender();
+    });
+    const tokenForm = h("form", { class: "grid panel", id: "token-create", "aria-label": "Create an admin API token" },
+      field("Token name", "name", { required: true, id: "token-name" }),
+      isSuper ? field("Super-admin rights", "is_super", { kind: "checkbox" }) : null,
+      h("div", { class: "actions" }, h("button", { type: "submit" }, "Create token")));
+    tokenForm.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(tokenForm);
+      const body = { name: d.name };
+      if (isSuper) body.is_super = d.is_super;
+      const out = await act(() => api("POST", "/admin/tokens", body), `Token ${d.name} created.`);
+      if (out) { showSecret(`Admin API token ${out.data.name}`, out.data.token, "Use it as Authorization: Bearer <token>. It is shown only once."); await renderAdmins(); document.getElementById("copy-secret").focus(); }
+    });
+    const pwForm = h("form", { class: "grid panel", id: "password-change", "aria-label": "Change your password" },
+      field("Current password", "old_password", { kind: "password", required: true, autocomplete: "current-password" }),
+      field("New password", "new_password", { kind: "password", required: true, autocomplete: "new-password", hint: "At least 8 characters" }),
+      h("div", { class: "actions" }, h("button", { type: "submit" }, "Change password")));
+    pwForm.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      if (await act(() => api("POST", "/admin/change-password", formData(pwForm)), "Password changed; your other sessions were closed.")) pwForm.reset();
+    });
+    const adminActions = (a) => (isSuper && a.email !== state.me.email ? h("div", { class: "actions" },
+      a.status === "active"
+        ? button("Pause", async () => { if (await act(() => api("POST", `/admin/admins/${a.id}/pause`), `${a.email} paused.`)) rerender(); }, "secondary", { "aria-label": `Pause ${a.email}` })
+        : button("Resume", async () => { if (await act(() => api("POST", `/admin/admins/${a.id}/resume`), `${a.email} resumed.`)) rerender(); }, "secondary", { "aria-label": `Resume ${a.email}` }),
+      button("Delete", async () => {
+        if (!confirmed(`Delete admin ${a.email}?`)) return;
+        if (await act(() => api("DELETE", `/admin/admins/${a.id}`), `${a.email} deleted.`)) rerender();
+      }, "danger", { "aria-label": `Delete admin ${a.email}` })) : "—");
+    const tokenActions = (t) => (t.revoked_at ? "Revoked" : button("Revoke", async () => {
+      if (!confirmed(`Revoke token ${t.name}?`)) return;
+      if (await act(() => api("DELETE", `/admin/tokens/${t.id}`), `Token ${t.name} revoked.`)) rerender();
+    }, "danger", { "aria-label": `Revoke token ${t.name}` }));
+    page("Admins & tokens",
+      secretPanel(),
+      h("h2", {}, "Admins"),
+      table("Dashboard admins", [
+        { key: "email", label: "Email" }, { key: "status", label: "Status" },
+        { key: "is_super", label: "Super admin", render: (a) => (a.is_super ? "yes" : "no") },
+        { key: "created_by", label: "Created by" }, { key: "created_at", label: "Created", render: (a) => when(a.created_at) },
+        { key: "actions", label: "Actions", render: adminActions },
+      ], admins, { id: "admins-table", rowData: (a) => ({ email: a.email }) }),
+      h("h3", {}, "Create an admin"), adminForm,
+      h("h2", {}, "Admin API tokens"),
+      table("Tokens for automation", [
+        { key: "name", label: "Name" }, { key: "is_super", label: "Super-admin rights", render: (t) => (t.is_super ? "yes" : "no") },
+        { key: "created_by", label: "Created by" }, { key: "created_at", label: "Created", render: (t) => when(t.created_at) },
+        { key: "actions", label: "Actions", render: tokenActions },
+      ], tokens, { id: "tokens-table", rowData: (t) => ({ name: t.name }) }),
+      h("h3", {}, "Create a token"), tokenForm,
+      h("h2", {}, "Your password"), pwForm);
+  }
+
+  // --- start -------------------------------------------------------------------------------------
+
+  window.addEventListener("hashchange", () => {
+    if (location.hash.startsWith("#/") || location.hash === "") route();
+  });
+  route();
+})();
