@@ -243,14 +243,16 @@ def test_operator_creates_provider_model_user_and_sees_the_call_in_logs_and_char
 
     # Model.
     tab.go("models", "Models")
+    # NOTE: scoped to the create form: with models present the page also has deployment forms.
+    create = page.locator("form:has(#model-resolved)")
     page.locator("#model-provider").select_option(label=provider)
-    page.get_by_label("Name", exact=True).fill(model)
-    page.get_by_label("Resolved model").fill("dummy-chat")
-    page.get_by_label("Input price per 1k tokens (USD)").fill("0.5")
-    page.get_by_label("Output price per 1k tokens (USD)").fill("1.25")
-    page.get_by_label("Image input").check()
-    page.get_by_label("Verify with a live call").uncheck()
-    page.get_by_role("button", name="Create model").click()
+    create.get_by_label("Name", exact=True).fill(model)
+    create.get_by_label("Resolved model").fill("dummy-chat")
+    create.get_by_label("Input price per 1k tokens (USD)").fill("0.5")
+    create.get_by_label("Output price per 1k tokens (USD)").fill("1.25")
+    create.get_by_label("Image input").check()
+    create.get_by_label("Verify with a live call").uncheck()
+    create.get_by_role("button", name="Create model").click()
     row = page.locator(f"#models-table tr[data-name='{model}']")
     expect(row).to_be_visible()
     expect(row.locator("td[data-col='caps']")).to_have_text("Image input")
