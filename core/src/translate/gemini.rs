@@ -761,13 +761,21 @@ impl StreamEncoder {
 }
 
 /// Gemini accepts image data in either base64 alphabet (google-genai sends the URL-safe one);
-/// the IR, like every other API, carries the standard alphabet, padded.
+/// the IR, like every other API, carries the standard alphabet. URL-safe text is converted and
+/// padded; standard text is kept as it came.
 fn standard_base64(data: &str) -> String {
-    let mut out: String = data.chars().filter(|c| !c.is_ascii_whitespace()).map(|c| match c {
-        '-' => '+',
-        '_' => '/',
-        c => c,
-    }).collect();
+    if !data.contains(['-', '_']) {
+        return data.to_owned();
+    }
+    let mut out: String = data
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .map(|c| match c {
+            '-' => '+',
+            '_' => '/',
+            c => c,
+        })
+        .collect();
     while !out.len().is_multiple_of(4) {
         out.push('=');
     }
@@ -780,6 +788,7 @@ mod tests {
     fn test_url_safe_image_data_becomes_standard_base64() {
         assert_eq!(super::standard_base64("4__8_AwAI"), "4//8/AwAI===");
         assert_eq!(super::standard_base64("iVBORw0KGgo="), "iVBORw0KGgo=");
+        assert_eq!(super::standard_base64("iVBORaAAaA/0+"), "iVBORaAAaA/0+", "standard text is kept");
     }
 
     use super::super::stream::{Accumulator, Decoder};
