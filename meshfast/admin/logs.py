@@ -204,44 +204,59 @@ _MEASURES = ("coalesce(sum(calls), 0) AS calls, coalesce(sum(tokens_in), 0) AS t
              "coalesce(sum(latency_ms), 0) AS latency_ms")
 
 
+# One scan of the rollup answers every breakdown: the grouping sets, told apart by GROUPING().
+_GROUPS = ("model_id", "provider_id", "outcome", "deny_reason", "bucket")
+
+
 async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     """Totals, a time series in ``tz``, and breakdowns by model, provider, user, status, deny
     reason and latency, over whole hours (``from`` rounded down, ``to`` up)."""
     since, until = _floor_hour(q.since), _ceil_hour(q.to)
     where, args = q.where(3)
     table = "request_rollup_hourly" if q.user_id else "request_rollup_hourly_all"
-    window = f"hour >= $1 AND hour < $2 AND {where}"
-    params = [since, until, *args]
-    totals = await conn.fetchrow(
-        f"SELECT {_MEASURES}, coalesce(sum(calls) FILTER (WHERE outcome = 'upstream_error'), 0) AS errors, "
+    params = [since, until, *args, q.tz_name]
+    tz = f"${len(params)}"
+    rows = await conn.fetch(
+        f"WITH r AS (SELECT *, date_trunc('{q.bucket}', hour AT TIME ZONE {tz}) AS bucket FROM {table} "
+        f"WHERE hour >= $1 AND hour < $2 AND {where}) "
+        f"SELECT {', '.join(_GROUPS)}, GROUPING({', '.join(_GROUPS)}) AS grouping, min(model_name) AS model_name, "
+        f"{_MEASURES}, coalesce(sum(calls) FILTER (WHERE outcome = 'upstream_error'), 0) AS errors, "
         f"coalesce(sum(calls) FILTER (WHERE outcome = 'denied'), 0) AS denials, "
         f"coalesce(sum(lat_100), 0) AS lat_100, coalesce(sum(lat_500), 0) AS lat_500, "
         f"coalesce(sum(lat_1000), 0) AS lat_1000, coalesce(sum(lat_5000), 0) AS lat_5000, "
         f"coalesce(sum(lat_30000), 0) AS lat_30000, coalesce(sum(lat_slower), 0) AS lat_slower "
-        f"FROM {table} WHERE {window}", *params)
-    n = len(params) + 1
-    series = await conn.fetch(
-        f"SELECT date_trunc('{q.bucket}', hour AT TIME ZONE ${n}) AS bucket, {_MEASURES} "
-        f"FROM {table} WHERE {window} GROUP BY 1 ORDER BY 1", *params, q.tz_name)
+        f"FROM r GROUP BY GROUPING SETS ((), {', '.join(f'({g})' for g in _GROUPS)})", *params)
+    # GROUPING() sets the bit of each column left out: the set grouped by column i has every bit
+    # but bit (len - 1 - i) set; the empty set has them all.
+    everything = (1 << len(_GROUPS)) - 1
+    by_set: dict[str, list[asyncpg.Record]] = {g: [] for g in _GROUPS}
+    totals = None
+    for r in rows:
+        if r["grouping"] == everything:
+            totals = r
+            continue
+        for i, g in enumerate(_GROUPS):
+            if r["grouping"] == everything & ~(1 << (len(_GROUPS) - 1 - i)):
+                by_set[g].append(r)
+    assert totals is not None
 
-    async def by(column: str, label: str, extra: str = "") -> list[dict[str, Any]]:
-        rows = await conn.fetch(
-            f"SELECT {column} AS key{extra}, {_MEASURES} FROM {table} WHERE {window} "
-            f"GROUP BY 1 ORDER BY calls DESC LIMIT 100", *params)
-        return [_measures(r, {label: None if r["key"] is None else str(r["key"]),
-                              **({"model_name": r["model_name"]} if extra else {})}) for r in rows]
+    def ranked(group: str, label: str, with_name: bool = False) -> list[dict[str, Any]]:
+        ordered = sorted(by_set[group], key=lambda r: -int(r["calls"]))[:100]
+        return [_measures(r, {label: None if r[group] is None else str(r[group]),
+                              **({"model_name": r["model_name"]} if with_name else {})}) for r in ordered]
 
     calls = int(totals["calls"])
+    series = sorted(by_set["bucket"], key=lambda r: r["bucket"])
     return {
         "from": since.isoformat(), "to": until.isoformat(), "tz": q.tz_name, "bucket": q.bucket,
         "totals": {**_measures(totals, {}), "errors": int(totals["errors"]), "denials": int(totals["denials"]),
                    "avg_latency_ms": round(int(totals["latency_ms"]) / calls, 1) if calls else None},
         "series": [_measures(r, {"bucket": r["bucket"].isoformat()}) for r in series],
-        "by_model": await by("model_id", "model_id", ", min(model_name) AS model_name"),
-        "by_provider": await by("provider_id", "provider_id"),
+        "by_model": ranked("model_id", "model_id", with_name=True),
+        "by_provider": ranked("provider_id", "provider_id"),
         "by_user": await _by_user(conn, q, since, until),
-        "by_status": await by("outcome", "status"),
-        "by_deny_reason": [r for r in await by("deny_reason", "deny_reason") if r["deny_reason"] is not None],
+        "by_status": ranked("outcome", "status"),
+        "by_deny_reason": [r for r in ranked("deny_reason", "deny_reason") if r["deny_reason"] is not None],
         "latency_buckets": [{"le_ms": le, "calls": int(totals[col])} for le, col in (
             (100, "lat_100"), (500, "lat_500"), (1000, "lat_1000"), (5000, "lat_5000"), (30000, "lat_30000"),
             (None, "lat_slower"))],
