@@ -36,6 +36,7 @@ test: setup ## set up and run every test: Rust unit tests, Python tests, benchma
 	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
+	$(MAKE) instructions
 	$(MAKE) fuzz-quick
 
 .PHONY: test-rust
@@ -49,6 +50,12 @@ test-py: ## Python tests only (assumes `make setup`)
 .PHONY: bench-gates
 bench-gates: ## pytest-benchmark gates on the in-process path
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
+	$(MAKE) instructions
+
+.PHONY: instructions
+instructions: ## instruction counts of the core's hot functions (callgrind) against bench/instructions-baseline.json
+	@command -v valgrind >/dev/null || { echo "instructions: valgrind missing (apt-get install valgrind)"; exit 1; }
+	$(BIN)/python bench/instructions.py
 
 .PHONY: bench
 bench: setup ## authenticated GET /v1/models vs a Granian hello-world, with wrk (needs wrk)

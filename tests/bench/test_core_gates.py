@@ -5,7 +5,9 @@ These are budgets, not functional tests: CI runs them as their own step.
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,10 @@ from meshfast._core import Core, Segment
 from meshfast.secrets import new_mesh_key
 from meshfast.snapshot import Config, Grant, Key, Model, Principal, Provider, encode
 
+# Regression bound: a gate's fastest run (min of N, robust to a busy shared machine) may be at
+# most this much slower than the committed baseline's; a real 2x regression fails.
+REGRESSION_BOUND = 1.5
+BASELINE = json.loads((Path(__file__).with_name("baseline.json")).read_text())["min_s"]
 AUTHENTICATE_BUDGET_S = 2e-6
 MODELS_VIEW_BUDGET_S = 20e-6
 PEPPER = b"p" * 32
@@ -61,6 +67,7 @@ def test_authenticate_under_2us(benchmark, loaded) -> None:  # type: ignore[no-u
     assert core.authenticate(header, None, None, None, 0) is not None
     benchmark(core.authenticate, header, None, None, None, 0)
     assert benchmark.stats.stats.median < AUTHENTICATE_BUDGET_S
+    _within_baseline(benchmark, "authenticate")
 
 
 def test_models_view_under_budget(benchmark, loaded) -> None:  # type: ignore[no-untyped-def]
@@ -71,6 +78,7 @@ def test_models_view_under_budget(benchmark, loaded) -> None:  # type: ignore[no
     assert status == 200
     benchmark(core.models_json, header, None, None, None, 1_764_000_000_000)
     assert benchmark.stats.stats.median < MODELS_VIEW_BUDGET_S
+    _within_baseline(benchmark, "models_view")
 
 
 IN_PROCESS_PATH_BUDGET_S = 1e-3
@@ -121,6 +129,7 @@ def test_in_process_proxy_path_under_1ms(benchmark, tmp_path_factory) -> None:  
     assert one_call() > 200 * 20
     benchmark(one_call)
     assert benchmark.stats.stats.median < IN_PROCESS_PATH_BUDGET_S
+    _within_baseline(benchmark, "proxy_path")
 
 
 def test_in_process_entry_translation_under_1ms(benchmark, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
@@ -158,3 +167,11 @@ def test_in_process_entry_translation_under_1ms(benchmark, tmp_path_factory) -> 
     assert one_call() > 200 * 40
     benchmark(one_call)
     assert benchmark.stats.stats.median < IN_PROCESS_PATH_BUDGET_S
+    _within_baseline(benchmark, "entry_path")
+
+
+def _within_baseline(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    fastest = benchmark.stats.stats.min
+    assert fastest <= BASELINE[name] * REGRESSION_BOUND, (
+        f"{name}: fastest run {fastest * 1e6:.2f} us is over {REGRESSION_BOUND}x the baseline "
+        f"{BASELINE[name] * 1e6:.2f} us")
