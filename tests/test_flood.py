@@ -4,16 +4,30 @@ keeps answering, and nothing is dropped. CI floods FLOOD_REQUESTS; `make flood` 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from conftest import SESSION_ENV, Gateway
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.flood import flood, request_bytes  # noqa: E402
+
+def _load_flood() -> Any:
+    """bench/flood.py by path: `bench` on sys.path may be tests/bench during a test run."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "flood.py"
+    spec = importlib.util.spec_from_file_location("meshfast_bench_flood", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_flood = _load_flood()
+flood, request_bytes = _flood.flood, _flood.request_bytes
 
 FLOOD_REQUESTS = int(os.environ.get("FLOOD_REQUESTS", "30000"))
 
