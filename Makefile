@@ -69,7 +69,7 @@ build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for 
 
 .PHONY: lint
 lint: ## ruff, clippy and the stub check
-	$(BIN)/ruff check meshfast testserve tests bench
+	$(BIN)/ruff check meshfast testserve tests bench paper
 	cargo clippy --locked -p meshfast-core --all-targets --features python -- -D warnings
 	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
 
@@ -84,6 +84,20 @@ flood: ## a bad-key flood of a million requests: every denial must be in the log
 .PHONY: soak
 soak: ## a million mixed requests, worker RSS sampled every second: the leak rate
 	$(BIN)/python bench/soak.py --requests 1000000 --workers $(WORKERS)
+
+.PHONY: paper
+paper: setup ## every paper scenario (~28 min on 2 cores), figures, paper/meshfast.pdf (needs wrk, node, npm)
+	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+	$(BIN)/python bench/paper.py --workers $(WORKERS)
+
+.PHONY: paper-quick
+paper-quick: ## the paper pipeline shortened (~5 min); outputs in bench/results/tmp/paper-quick/
+	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+	$(BIN)/python bench/paper.py --quick --workers $(WORKERS) --run-dir bench/results/tmp/paper-quick
+
+.PHONY: paper-figures
+paper-figures: ## redraw figures and the PDF from a run: make paper-figures RUN=bench/results/paper-<ts>
+	$(BIN)/python bench/paper.py --figures-only $(RUN)
 
 FUZZ_TARGETS := http1_response sse_stream translate template
 FUZZ_SECONDS ?= 150
@@ -106,4 +120,4 @@ lock: $(BIN)/python ## refresh requirements-lock.txt from the current environmen
 
 .PHONY: clean
 clean: ## remove build outputs
-	rm -rf target build dist $(VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf target build dist $(VENV) .pytest_cache .hypothesis .benchmarks bench/baselines/litellm/.venv bench/baselines/portkey/node_modules
