@@ -29,6 +29,7 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_TELEMETRY_RING_ROWS", "request rows the shared-memory ring holds before the spool (default 8192)"),
     ("MESHFAST_DRAIN_TIMEOUT_S", "seconds SIGTERM lets in-flight calls finish before cutting them (default 30)"),
     ("MESHFAST_HEADER_TIMEOUT_S", "seconds a client has to send its request headers (default 30)"),
+    ("MESHFAST_BACKLOG", "listen backlog of the server socket (default 16384; capped by net.core.somaxconn)"),
     ("MESHFAST_MAX_CONNECTIONS", "requests served at once per instance; more wait in the backlog (default 1024)"),
     ("MESHFAST_FAULT_INJECT", "tests only: background loops that fail on purpose, e.g. telemetry:2,leader"),
     ("MESHFAST_COOKIE_SECURE", "1 marks the dashboard's session cookies Secure (behind HTTPS; default 0)"),
@@ -83,6 +84,7 @@ class Settings:
     header_timeout_s: float
     max_connections: int
     cookie_secure: bool
+    backlog: int
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -111,6 +113,7 @@ class Settings:
             header_timeout_s=min(60.0, _float_env("MESHFAST_HEADER_TIMEOUT_S", 30.0)),
             max_connections=max(1, _int_env("MESHFAST_MAX_CONNECTIONS", 1024)),
             cookie_secure=_int_env("MESHFAST_COOKIE_SECURE", 0) == 1,
+            backlog=max(128, _int_env("MESHFAST_BACKLOG", 16384)),
         )
 
     @property

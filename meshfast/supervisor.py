@@ -209,6 +209,8 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
             # NOTE: Granian admits up to twice the limit, so the excess reaches the worker and gets a
             # quick 503 server_busy instead of waiting unanswered in the listen backlog.
             backpressure=2 * worker_limit,
+            # NOTE: the kernel caps this at net.core.somaxconn; 10,000 held connections need both.
+            backlog=settings.backlog,
         )
         print(
             f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
