@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import getpass
 import json
 import os
 import sys
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("--json", action="store_true")
     listing = user_commands.add_parser("list", help="list users")
     listing.add_argument("--json", action="store_true")
+    admins = commands.add_parser("admins", help="dashboard logins", formatter_class=fmt, epilog=_env_epilog())
+    admin_commands = admins.add_subparsers(dest="admins_command", metavar="ACTION", required=True)
+    make_admin = admin_commands.add_parser(
+        "create", help="create a dashboard login (the password is read from MESHFAST_ADMIN_PASSWORD or asked)")
+    make_admin.add_argument("--email", required=True)
+    make_admin.add_argument("--super", action="store_true", help="may trip the kill switch and manage admins")
+    make_admin.add_argument("--json", action="store_true")
+    admin_list = admin_commands.add_parser("list", help="list dashboard logins")
+    admin_list.add_argument("--json", action="store_true")
     return parser
 
 
@@ -184,6 +194,22 @@ async def _users(args: argparse.Namespace) -> Any:
             raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
 
 
+async def _admins(args: argparse.Namespace) -> Any:
+    from meshfast import errors
+    from meshfast.admin import auth
+
+    async with _admin_service() as service:
+        logins = auth.AdminAuth(service._pool)  # the service's one-connection pool
+        try:
+            if args.admins_command == "create":
+                password = os.environ.get("MESHFAST_ADMIN_PASSWORD") or getpass.getpass("password: ")
+                body = auth.AdminCreate(email=args.email, password=password, is_super=args.super)
+                return await logins.create_admin("cli", True, body)
+            return await logins.list_admins()
+        except errors.MeshfastError as exc:
+            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -217,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "users":
         _print(asyncio.run(_users(args)), args.json)
+        return 0
+    if args.command == "admins":
+        _print(asyncio.run(_admins(args)), args.json)
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

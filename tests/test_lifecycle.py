@@ -183,7 +183,7 @@ def test_help_documents_every_command_and_variable() -> None:
     from meshfast.settings import ENV_DOC
 
     out = subprocess.run([sys.executable, "-m", "meshfast.cli", "--help"], capture_output=True, text=True).stdout
-    for command in ("serve", "migrate", "users"):
+    for command in ("serve", "migrate", "users", "apply", "admins"):
         assert command in out
     for name, _ in ENV_DOC:
         assert name in out
@@ -250,3 +250,22 @@ def test_spend_and_calls_survive_a_restart(fresh_dir: Path, testserve) -> None: 
         assert models["usage"]["calls_this_hour"] == 3
     finally:
         again.stop()
+
+
+def test_a_dashboard_login_is_bootstrapped_from_the_cli(fresh_dir: Path) -> None:
+    """`meshfast admins create` makes the first login; the dashboard's login route accepts it."""
+    import os
+
+    import httpx
+
+    env = dict(os.environ, MESHFAST_DATA_DIR=str(fresh_dir / "data"), MESHFAST_ADMIN_PASSWORD="a long passphrase")
+    made = subprocess.run([sys.executable, "-m", "meshfast.cli", "admins", "create", "--email", "Ops@Example.com",
+                           "--super", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert "passphrase" not in made.stdout and '"is_super": true' in made.stdout
+    gw = Gateway(fresh_dir / "data").start()
+    try:
+        r = httpx.post(f"{gw.base_url}/admin/login", json={"email": "ops@example.com", "password": "a long passphrase"})
+        assert r.status_code == 200 and r.json()["csrf_token"]
+    finally:
+        gw.stop()
