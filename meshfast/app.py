@@ -308,13 +308,13 @@ class App:
             if self._limit is not None and len(self._in_flight) > self._limit and path not in _ALWAYS_ANSWERED:
                 self._busy(scope, proto, path, method)
             elif method == "POST" and openai_embeddings_call(path, scope.query_string):
-                await self.data.handle_entry(scope, proto, "openai_embeddings", self._read_body)  # type: ignore[union-attr]
+                await self.data.handle(scope, proto, "openai_embeddings", self._read_body)  # type: ignore[union-attr]
             elif path in _MESH_ROUTES and method == "POST":
                 await self.data.handle(scope, proto, _MESH_ROUTES[path], self._read_body)  # type: ignore[union-attr]
             elif method == "POST" and path in ENTRY_ROUTES:
-                await self.data.handle_entry(scope, proto, ENTRY_ROUTES[path], self._read_body)  # type: ignore[union-attr]
+                await self.data.handle(scope, proto, ENTRY_ROUTES[path], self._read_body)  # type: ignore[union-attr]
             elif method == "POST" and (gemini := gemini_call(path)) is not None:
-                await self.data.handle_entry(scope, proto, "gemini", self._read_body, *gemini)  # type: ignore[union-attr]
+                await self.data.handle(scope, proto, "gemini", self._read_body, *gemini)  # type: ignore[union-attr]
             elif path == "/api/tags":
                 self._ollama_tags(scope, proto, method)
             elif path == "/v1/models" or path == "/v1/usage":

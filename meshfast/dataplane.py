@@ -71,30 +71,35 @@ class DataPlane:
 
     # --- entry --------------------------------------------------------------------------
 
-    async def handle(self, scope: Any, proto: Any, route: str, read_body: Any) -> None:
+    async def handle(self, scope: Any, proto: Any, route: str, read_body: Any, model: str | None = None,
+                     stream: bool | None = None) -> None:
+        """One data-plane POST: a Mesh route (``proxy``, ``embeddings``, ``generate``) or a standard
+        one (its wire format; ``model`` and ``stream`` when the path names them, as Gemini's).
+        Errors in the route's own shape; exactly one row."""
         started = time.perf_counter()
         now_ms = time.time_ns() // 1_000_000
         headers = scope.headers
         user_agent = _header(headers, "user-agent")
         source_ip = client_ip(scope)
+        mesh = route in _MESH
         try:
             body = await read_body(scope, proto, self.settings.max_body_bytes)
         except errors.PayloadTooLarge as exc:
             rid = request_id()
-            self._respond(proto, exc.status, rid, exc.body())
+            self._respond(proto, exc.status, rid, self._error_body(route, exc))
             self._record(Row(
                 request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=exc.status,
                 deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
-                user_agent=user_agent, requested_model=_model_param(scope.query_string)))
+                user_agent=user_agent, requested_model=_model_param(scope.query_string) if mesh else model))
             return
         p = self.core.prepare(
             route, _header(headers, "authorization"), _header(headers, "x-api-key"),
-            _header(headers, "x-goog-api-key"), scope.query_string, body, len(body), now_ms,
+            _header(headers, "x-goog-api-key"), scope.query_string, body, len(body), now_ms, model, stream,
         )
         row = Row(
             request_id=p.request_id, created_ms=now_ms, route=route, outcome="denied", status_code=p.status,
             mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
-            model_name=p.model_name, requested_model=p.requested_model, deny_reason=p.deny_reason,
+            model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
             source_ip=source_ip, user_agent=user_agent,
         )
         governed = _status_headers(p)
@@ -108,11 +113,13 @@ class DataPlane:
             row.latency_ms = self._elapsed_ms(started)
             self._record(row, p.log_requests)
             return
+        if not mesh:
+            self._note_unclassified(route, p.unknown_fields)
         try:
             await self.admission.admit(p)
         except errors.MeshfastError as exc:
             extra = [*governed, ("retry-after", str(exc.retry_after_s or 1))]
-            self._respond(proto, exc.status, p.request_id, exc.body(), extra)
+            self._respond(proto, exc.status, p.request_id, self._error_body(route, exc), extra)
             row.status_code, row.deny_reason = exc.status, exc.code
             row.latency_ms = self._elapsed_ms(started)
             p.settle(0)
@@ -124,14 +131,22 @@ class DataPlane:
                 await self._proxy(p, proto, row, started, body, governed)
             elif route == "embeddings":
                 await self._embeddings(p, proto, row, started, governed)
-            else:
+            elif route == "generate":
                 await self._generate(p, proto, row, started, governed)
+            elif route == "openai_embeddings":
+                await self._openai_embeddings(p, proto, row, body, governed)
+            else:
+                await self._entry(p, proto, row, started, route, body, governed)
         finally:
             self.admission.release(p)
             # Turns the budget reservation into the actual cost (0 when the call failed).
             p.settle(row.input_cost_nano + row.output_cost_nano)
             row.latency_ms = self._elapsed_ms(started)
             self._record(row, p.log_requests)
+
+    @staticmethod
+    def _error_body(route: str, exc: errors.MeshfastError) -> bytes:
+        return exc.body() if route in _MESH else entry_error(_shape(route), exc.status, exc.code)
 
     # --- routes -------------------------------------------------------------------------
 
@@ -369,69 +384,6 @@ class DataPlane:
 
     # --- standard entry routes -----------------------------------------------------------
 
-    async def handle_entry(self, scope: Any, proto: Any, fmt: str, read_body: Any, model: str | None = None,
-                           stream: bool | None = None) -> None:
-        """One call on a standard route (``fmt`` is its wire format). Same steps and row as the
-        Mesh routes; errors in the API's own shape, the response translated back from the IR."""
-        started = time.perf_counter()
-        now_ms = time.time_ns() // 1_000_000
-        headers = scope.headers
-        user_agent = _header(headers, "user-agent")
-        source_ip = client_ip(scope)
-        try:
-            body = await read_body(scope, proto, self.settings.max_body_bytes)
-        except errors.PayloadTooLarge as exc:
-            rid = request_id()
-            self._respond(proto, exc.status, rid, entry_error(_shape(fmt), exc.status, exc.code))
-            self._record(Row(
-                request_id=rid, created_ms=now_ms, route=fmt, outcome="denied", status_code=exc.status,
-                deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
-                user_agent=user_agent, requested_model=model))
-            return
-        p = self.core.prepare(
-            fmt, _header(headers, "authorization"), _header(headers, "x-api-key"),
-            _header(headers, "x-goog-api-key"), scope.query_string, body, len(body), now_ms, model, stream,
-        )
-        row = Row(
-            request_id=p.request_id, created_ms=now_ms, route=fmt, outcome="denied", status_code=p.status,
-            mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
-            model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
-            source_ip=source_ip, user_agent=user_agent,
-        )
-        governed = _status_headers(p)
-        if p.status:
-            extra = governed
-            if p.retry_after_s:
-                extra.append(("retry-after", str(p.retry_after_s)))
-            if p.should_retry is False:
-                extra.append(("x-should-retry", "false"))
-            self._respond(proto, p.status, p.request_id, p.body, extra)
-            row.latency_ms = self._elapsed_ms(started)
-            self._record(row, p.log_requests)
-            return
-        self._note_unclassified(fmt, p.unknown_fields)
-        try:
-            await self.admission.admit(p)
-        except errors.MeshfastError as exc:
-            extra = [*governed, ("retry-after", str(exc.retry_after_s or 1))]
-            self._respond(proto, exc.status, p.request_id, entry_error(_shape(fmt), exc.status, exc.code), extra)
-            row.status_code, row.deny_reason = exc.status, exc.code
-            row.latency_ms = self._elapsed_ms(started)
-            p.settle(0)
-            self._record(row, p.log_requests)
-            return
-        row.deny_reason = None
-        try:
-            if fmt == "openai_embeddings":
-                await self._openai_embeddings(p, proto, row, body, governed)
-            else:
-                await self._entry(p, proto, row, started, fmt, body, governed)
-        finally:
-            self.admission.release(p)
-            p.settle(row.input_cost_nano + row.output_cost_nano)
-            row.latency_ms = self._elapsed_ms(started)
-            self._record(row, p.log_requests)
-
     async def _openai_embeddings(self, p: Any, proto: Any, row: Row, request_body: bytes,
                                  governed: list[tuple[str, str]]) -> None:
         """One upstream call per input (a few at a time), answered as OpenAI's list."""
@@ -621,6 +573,9 @@ ENTRY_ROUTES = {
 }
 _GEMINI_PREFIXES = ("/v1beta/models/", "/v1/models/")
 _GEMINI_METHODS = {"generateContent": False, "streamGenerateContent": True}
+
+
+_MESH = frozenset({"proxy", "embeddings", "generate"})
 
 
 def _shape(fmt: str) -> str:

@@ -35,6 +35,8 @@ BEGIN
     rollup_rows := rollup_rows + n;
     DELETE FROM admin_sessions WHERE expires_at <= now();
     GET DIAGNOSTICS sessions = ROW_COUNT;
+    -- Idempotency keys (migration 0009) are kept a day.
+    DELETE FROM admin_idempotency WHERE created_at < now() - interval '24 hours';
     RETURN jsonb_build_object('partitions_dropped', dropped, 'rollup_rows_deleted', rollup_rows,
                               'sessions_deleted', sessions);
 END;
