@@ -20,11 +20,21 @@ $(BIN)/python:
 setup: $(BIN)/python ## create .venv, install pinned dependencies and build meshfast (release, thin LTO)
 	$(BIN)/pip install -q -r requirements-lock.txt
 	$(BIN)/pip install -q --no-deps --force-reinstall .
+	$(MAKE) --no-print-directory core-in-tree
 	@if command -v npm >/dev/null; then cd tests/node && npm ci --no-audit --no-fund --silent; fi
 
 .PHONY: build
 build: $(BIN)/python ## rebuild and reinstall the Rust core and the package
 	$(BIN)/pip install -q --no-deps --force-reinstall .
+	$(MAKE) --no-print-directory core-in-tree
+
+# The bench scripts and the forwarder import meshfast from the working tree (granian runs them
+# from it): the built extension is placed beside the sources too (a new file, then a rename, so a
+# running process keeps the one it mapped).
+.PHONY: core-in-tree
+core-in-tree:
+	@so=$$(ls $(VENV)/lib/python3*/site-packages/meshfast/_core*.so | head -1); \
+		cp "$$so" meshfast/.core-tmp.so && mv meshfast/.core-tmp.so "meshfast/$$(basename $$so)"
 
 .PHONY: run
 run: setup ## set up and run the gateway on $(PORT) with $(WORKERS) workers
