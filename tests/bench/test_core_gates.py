@@ -97,8 +97,10 @@ def _sse_events(n: int) -> bytes:
     return b"".join(frames)
 
 
-def test_in_process_proxy_path_under_1ms(benchmark, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
-    """authenticate + policy + render, parse 200 SSE deltas to NDJSON, price and charge: under 1 ms."""
+@pytest.fixture
+def path_core(tmp_path_factory: pytest.TempPathFactory) -> tuple[Core, str]:
+    """A core on its own segment, 100 users, providers pointing at an unused local port; with
+    the authorization header of one user."""
     segment = Segment.create(str(tmp_path_factory.mktemp("seg") / "path.seg"))
     segment.register()
     core = Core(PEPPER, segment)
@@ -107,11 +109,20 @@ def test_in_process_proxy_path_under_1ms(benchmark, tmp_path_factory) -> None:  
     config.providers[0].api_key = "sk-bench"
     config.providers[0].local = True
     core.load(encode(config))
-    header = f"Bearer {tokens[7]}"
-    body = b'{"query":"hello there, how are you today?","max_tokens":256}'
+    return core, f"Bearer {tokens[7]}"
+
+
+def _upstream_chunks() -> list[bytes]:
+    """200 OpenAI SSE deltas as the network delivers them: a few KiB per read."""
     upstream = _sse_events(200)
-    # Delivered as the network would: a few KiB per read.
-    chunks = [upstream[i:i + 4096] for i in range(0, len(upstream), 4096)]
+    return [upstream[i:i + 4096] for i in range(0, len(upstream), 4096)]
+
+
+def test_in_process_proxy_path_under_1ms(benchmark, path_core) -> None:  # type: ignore[no-untyped-def]
+    """authenticate + policy + render, parse 200 SSE deltas to NDJSON, price and charge: under 1 ms."""
+    core, header = path_core
+    body = b'{"query":"hello there, how are you today?","max_tokens":256}'
+    chunks = _upstream_chunks()
     now_ms = 1_764_000_000_000
 
     def one_call() -> int:
@@ -132,23 +143,14 @@ def test_in_process_proxy_path_under_1ms(benchmark, tmp_path_factory) -> None:  
     _within_baseline(benchmark, "proxy_path")
 
 
-def test_in_process_entry_translation_under_1ms(benchmark, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+def test_in_process_entry_translation_under_1ms(benchmark, path_core) -> None:  # type: ignore[no-untyped-def]
     """An Anthropic Messages caller on an OpenAI-family model: authenticate, decode to the IR and
     encode for the provider, then translate 200 streamed deltas back into Anthropic events,
     price and charge: under 1 ms (about 2 µs a delta plus the fixed cost)."""
-    segment = Segment.create(str(tmp_path_factory.mktemp("seg") / "entry.seg"))
-    segment.register()
-    core = Core(PEPPER, segment)
-    config, tokens = _config(100, core.hash_token)
-    config.providers[0].base_url = "http://127.0.0.1:9/openai"
-    config.providers[0].api_key = "sk-bench"
-    config.providers[0].local = True
-    core.load(encode(config))
-    header = f"Bearer {tokens[7]}"
+    core, header = path_core
     body = (b'{"model":"bench-model-1","max_tokens":256,"stream":true,"system":"be brief",'
             b'"messages":[{"role":"user","content":"hello there, how are you today?"}]}')
-    upstream = _sse_events(200)
-    chunks = [upstream[i:i + 4096] for i in range(0, len(upstream), 4096)]
+    chunks = _upstream_chunks()
     now_ms = 1_764_000_000_000
 
     def one_call() -> int:
