@@ -72,6 +72,39 @@ def raise_nofile() -> dict:
     return {"before": soft, "after": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "hard": hard}
 
 
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+# meshfast's own default (MESHFAST_BACKLOG); the kernel caps any listen backlog at somaxconn.
+DEFAULT_BACKLOG = 16384
+
+
+def raise_somaxconn(wanted: int) -> dict:
+    """Lift net.core.somaxconn to `wanted` for the run when it is lower and writable (root), so the
+    listen backlog meshfast asks for is the one it gets; `restore_somaxconn` puts it back."""
+    try:
+        before = int(SOMAXCONN.read_text())
+    except (OSError, ValueError):
+        return {"before": None, "after": None, "raised": False}
+    raised = False
+    if before < wanted:
+        try:
+            SOMAXCONN.write_text(str(wanted))
+            raised = True
+        except OSError:
+            pass
+    after = int(SOMAXCONN.read_text())
+    backlog = int(os.environ.get("MESHFAST_BACKLOG") or DEFAULT_BACKLOG)
+    return {"before": before, "after": after, "raised": raised, "meshfast_backlog": backlog,
+            "effective_backlog": min(backlog, after)}
+
+
+def restore_somaxconn(state: dict) -> None:
+    if state.get("raised"):
+        try:
+            SOMAXCONN.write_text(str(state["before"]))
+        except OSError:
+            pass
+
+
 def meshfast_pids(server: mb.Server) -> list[int]:
     import psutil
 
@@ -265,6 +298,7 @@ def phase_flood(args, live: mb.Live, groups: pb.Groups) -> dict:
            "requests_per_s": round(result.sent / result.seconds, 1) if result.seconds else None, "cpu": cpu}
     out["healthz_after"] = mb.http_request("GET", base + "/healthz", timeout_s=5.0)[0]
     out["telemetry"] = asyncio.run(_denials(live.temp_dir, args.flood_requests))
+    out["telemetry_counters"] = pb.settled_telemetry(base, live.secrets[0])
     return out
 
 
@@ -299,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     out_path = args.out or RESULTS_DIR / f"capacity-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     nofile = raise_nofile()
+    somaxconn = raise_somaxconn(DEFAULT_BACKLOG)
     if args.max_connections:
         # NOTE: read by `meshfast serve` (mb.start_meshfast copies this environment).
         os.environ["MESHFAST_MAX_CONNECTIONS"] = str(args.max_connections)
@@ -313,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"workers": args.workers, "duration_s": args.duration, "warmup_s": args.warmup,
                    "connections": args.connections, "threads": args.threads, "held": list(args.held),
                    "flood_requests": args.flood_requests, "quick": args.quick, "nofile": nofile,
+                   "somaxconn": somaxconn,
                    "meshfast_max_connections": os.environ.get("MESHFAST_MAX_CONNECTIONS", "default (1024)")},
         "note": NOTE,
         "error_policy": ("A socket error in a throughput run, a non-2xx answer where 200 is expected, anything but "
@@ -381,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             if live is not None:
                 doc["server_log_tail"] = mb.redact([live.server.log_tail(3000)], live.secrets)[0]
                 doc["stop"] = mb.cleanup_meshfast(live)
+            restore_somaxconn(somaxconn)
     doc["failures"] = failures
     doc["ok"] = not failures
     doc["total_s"] = round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1)

@@ -25,7 +25,9 @@ import argparse
 import datetime as dt
 import itertools
 import json
+import math
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -510,13 +512,102 @@ def run_wrk_target(args, work_dir: Path, name: str, target: loadgen.Target, st: 
 # ---------------------------------------------------------------------------------------- phases
 
 
+def scrape_metrics(st: Stack) -> dict[str, float]:
+    return metrics_at(st.meshfast_url, st.admin_token)
+
+
+def metrics_at(base_url: str, admin_token: str) -> dict[str, float]:
+    """meshfast's /admin/metrics (instance-wide: every worker adds to the same shared counters)."""
+    status, _, raw = mb.http_request("GET", base_url + "/admin/metrics",
+                                     {"authorization": f"Bearer {admin_token}"}, timeout_s=10.0)
+    if status != 200:
+        raise BenchError(f"GET /admin/metrics answered {status}")
+    out: dict[str, float] = {}
+    for line in raw.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def telemetry_counters(metrics: dict[str, float]) -> dict[str, int]:
+    """The row pipeline's totals: written (COPYed), merged (denials folded into a count), spooled and
+    replayed (database away), rejected (refused by the database: insert failures), outages."""
+    prefix, suffix = "meshfast_telemetry_rows_", "_total"
+    return {k[len(prefix):-len(suffix)]: int(v) for k, v in metrics.items()
+            if k.startswith(prefix) and k.endswith(suffix)}
+
+
+def settled_telemetry(base_url: str, admin_token: str, timeout_s: float = 30.0) -> dict[str, int]:
+    """The telemetry totals once the ring has drained (two reads a second apart agree)."""
+    deadline = time.monotonic() + timeout_s
+    last = telemetry_counters(metrics_at(base_url, admin_token))
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = telemetry_counters(metrics_at(base_url, admin_token))
+        if now == last:
+            break
+        last = now
+    return last
+
+
+_PHASE_BUCKET = re.compile(r'^meshfast_request_phase_seconds_bucket\{phase="(\w+)",le="([^"]+)"\}$')
+
+
+def _bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The q-quantile of a cumulative histogram [(upper bound, count)], linear inside its bucket
+    (Prometheus' histogram_quantile); the +Inf bucket answers its lower bound."""
+    total = buckets[-1][1] if buckets else 0
+    if total <= 0:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper, cumulative in buckets:
+        if cumulative >= rank:
+            if math.isinf(upper):
+                return lower
+            inside = cumulative - below
+            return lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = upper, cumulative
+    return lower
+
+
+def phase_split(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Where meshfast's admitted requests between two scrapes spent their time, per phase (receive:
+    the body from the HTTP server; gateway: auth, policy, render, admission and its waits; upstream:
+    the send to the last byte out): count, exact mean, and p50/p90/p99 interpolated in the
+    histogram's buckets, in microseconds."""
+    out: dict[str, dict] = {}
+    for name in ("receive", "gateway", "upstream"):
+        buckets = []
+        for series, value in after.items():
+            m = _PHASE_BUCKET.match(series)
+            if m and m.group(1) == name:
+                le = math.inf if m.group(2) == "+Inf" else float(m.group(2))
+                buckets.append((le, value - before.get(series, 0.0)))
+        buckets.sort()
+        key = f'{{phase="{name}"}}'
+        count = after.get(f"meshfast_request_phase_seconds_count{key}", 0) - before.get(
+            f"meshfast_request_phase_seconds_count{key}", 0)
+        total_s = after.get(f"meshfast_request_phase_seconds_sum{key}", 0) - before.get(
+            f"meshfast_request_phase_seconds_sum{key}", 0)
+        quantiles = {f"p{q:g}": _bucket_quantile(buckets, q / 100) for q in (50, 90, 99)}
+        out[name] = {
+            "count": int(count),
+            "mean_us": round(total_s / count * 1e6, 1) if count else None,
+            **{k: (round(v * 1e6, 1) if v is not None else None) for k, v in quantiles.items()},
+        }
+    return out
+
+
 def phase_latency(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
     names = ["direct-anthropic", "forwarder-anthropic", "forwarder-native-anthropic", "meshfast-anthropic",
              "direct-openai", "meshfast-openai", "direct-gemini", "meshfast-gemini"]
     chosen = [targets[n] for n in names]
     deadline = 2 * len(chosen) * args.duration + 60
     meter = CpuMeter(st.groups)
+    before = scrape_metrics(st)
     series = loadgen.open_loop(chosen, args.rate, args.duration, slice_s=SLICE_S, deadline_s=deadline)
+    split = phase_split(before, scrape_metrics(st))
     cpu = meter.stop()
     st.check_alive()
     reports = {s.target: s.report() for s in series}
@@ -533,7 +624,9 @@ def phase_latency(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
             for p in ("p50", "p95", "p99") if p in rep["ttfb_body_us"] and p in direct["ttfb_body_us"]
         }
     return {"rate_rps": args.rate, "duration_s_per_target": args.duration, "slice_s": SLICE_S,
-            "order": names, "cpu": cpu, "targets": reports}
+            "order": names, "cpu": cpu, "targets": reports,
+            # Every meshfast request of this phase (all three families, warm-ups and slice primers).
+            "phase_split": split}
 
 
 def phase_ttfb(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
@@ -561,7 +654,11 @@ def phase_throughput(args, st: Stack, targets: dict[str, loadgen.Target], work_d
     runs = {}
     for name in ("direct-anthropic", "forwarder-anthropic", "forwarder-native-anthropic", "meshfast-anthropic"):
         print(f"[bench] wrk: {name} ...", flush=True)
+        before = scrape_metrics(st) if name.startswith("meshfast") else None
         runs[name] = run_wrk_target(args, work_dir, name, targets[name], st)
+        if before is not None:
+            # The warm-up's requests and the measured ones together.
+            runs[name]["phase_split"] = phase_split(before, scrape_metrics(st))
         st.check_alive()
     fw, mf = runs["forwarder-anthropic"]["requests_per_s"], runs["meshfast-anthropic"]["requests_per_s"]
     fn = runs["forwarder-native-anthropic"]["requests_per_s"]
@@ -628,6 +725,13 @@ def _f(x) -> str:
     return "-" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
 
 
+def _print_split(split: dict | None) -> None:
+    if split:
+        print("meshfast phases (us): " + "; ".join(
+            f"{name} n={v['count']} mean {_f(v['mean_us'])} p50 {_f(v['p50'])} p99 {_f(v['p99'])}"
+            for name, v in split.items()))
+
+
 def print_tables(doc: dict) -> None:
     lat = doc.get("latency")
     if lat:
@@ -642,6 +746,7 @@ def print_tables(doc: dict) -> None:
                   f"{_f(t.get('p50')):>8}{_f(t.get('p95')):>8}{_f(t.get('p99')):>8}"
                   f"   {_f(a.get('p50')):>7}{_f(a.get('p95')):>7}{_f(a.get('p99')):>7}"
                   f"{_f(r['ttfb_body_us'].get('p50')):>10}")
+        _print_split(lat.get("phase_split"))
         _print_cpu("latency", lat["cpu"])
     tt = doc.get("ttfb")
     if tt:
@@ -662,6 +767,7 @@ def print_tables(doc: dict) -> None:
             print(f"{name:<22}{r['requests_per_s']:>10,.0f}"
                   f"{r['latency_p50_ms']:>9.2f}{r['latency_p99_ms']:>9.2f}{r['errors_total']:>8}"
                   f"{_f(cpu['machine_busy_pct']):>7}{_f(cpu['other_busy_pct']):>8}")
+        _print_split(tp["runs"].get("meshfast-anthropic", {}).get("phase_split"))
         print(f"meshfast/forwarder req/s: {tp['ratio_meshfast_over_forwarder_rps']} "
               f"(over the forwarder on meshfast's client: {tp.get('ratio_meshfast_over_forwarder_native_rps')})")
     crit = doc.get("criteria") or {}

@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rss_mb_series": result.rss_mb,
             }
             doc["rows"] = asyncio.run(_rows_logged(stack.data_dir, args.requests))
+            doc["telemetry"] = pb.settled_telemetry(stack.meshfast_url, stack.admin_token)
         finally:
             doc["stop"] = stack.stop()
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     r = doc["result"]
     print(f"[soak] {r['sent']} requests in {r['seconds']} s ({r['requests_per_s']} req/s), statuses {r['statuses']}, "
           f"RSS {r['rss_mb_start']} -> {r['rss_mb_end']} MiB, leak {r['leak_mb_per_min']} MiB/min, "
-          f"rows {doc['rows']}; wrote {out_path}")
+          f"rows {doc['rows']}, telemetry {doc.get('telemetry')}; wrote {out_path}")
     return 0 if r["errors"] == 0 and doc["rows"]["ok"] else 1
 
 

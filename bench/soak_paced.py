@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 stack.check_alive()
                 if run["error_count"]:
                     failures.append(f"{rate:g} req/s: {run['error_count']} errors, e.g. {run['errors'][:3]}")
+            doc["telemetry"] = pb.settled_telemetry(stack.meshfast_url, stack.admin_token)
         except BenchError as exc:
             failures.append(str(exc))
             print(f"[soak-paced] FAILED: {exc}", file=sys.stderr)

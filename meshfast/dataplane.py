@@ -84,6 +84,7 @@ class DataPlane:
         mesh = route in _MESH
         try:
             body = await read_body(scope, proto, self.settings.max_body_bytes)
+            received = time.perf_counter()
         except errors.PayloadTooLarge as exc:
             rid = request_id()
             self._respond(proto, exc.status, rid, self._error_body(route, exc))
@@ -126,6 +127,11 @@ class DataPlane:
             self._record(row, p.log_requests)
             return
         row.deny_reason = None
+        metrics = self.metrics
+        admitted = time.perf_counter()
+        if metrics is not None:
+            metrics.phase("receive", int((received - started) * 1e9))
+            metrics.phase("gateway", int((admitted - received) * 1e9))
         try:
             if route == "proxy":
                 await self._proxy(p, proto, row, started, body, governed)
@@ -138,6 +144,8 @@ class DataPlane:
             else:
                 await self._entry(p, proto, row, started, route, body, governed)
         finally:
+            if metrics is not None:
+                metrics.phase("upstream", int((time.perf_counter() - admitted) * 1e9))
             self.admission.release(p)
             # Turns the budget reservation into the actual cost (0 when the call failed).
             p.settle(row.input_cost_nano + row.output_cost_nano)

@@ -8,6 +8,7 @@ table, so what is exported must be known up front; anything else is counted unde
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from meshfast._core import GLOBAL_INFLIGHT, counter_key
@@ -25,6 +26,20 @@ DENY_REASONS = (
 )
 # An upstream attempt ends in a status class or a transport failure.
 ATTEMPT_RESULTS = ("2xx", "4xx", "429", "5xx", "transport")
+# An admitted request's time in three phases on one clock: ``receive``, from the handler's start to
+# the whole body in hand (the HTTP server passing it over); ``gateway``, authentication, policy,
+# rendering and admission (including any wait for the provider's limiter or concurrency slots) up to
+# the upstream send; ``upstream``, from there to the last byte to the caller (the upstream call,
+# retries and failover, stream translation and the writes).
+PHASES = ("receive", "gateway", "upstream")
+# Upper bounds in microseconds (log-linear: fine where the gateway's own cost lies, coarse in the
+# waits); one more bucket, +Inf, holds the rest.
+PHASE_BUCKETS_US = (
+    10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 125, 150, 175, 200, 250, 300, 350, 400, 500, 600, 700, 800,
+    900, 1_000, 1_250, 1_500, 1_750, 2_000, 2_500, 3_000, 4_000, 5_000, 7_500, 10_000, 15_000, 20_000,
+    30_000, 50_000, 75_000, 100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000,
+    16_000_000, 32_000_000,
+)
 
 
 def _key(series: str) -> bytes:
@@ -38,6 +53,10 @@ _DENIALS = {reason: _key(f"denials:{reason}") for reason in DENY_REASONS}
 _ATTEMPTS = {result: _key(f"attempts:{result}") for result in ATTEMPT_RESULTS}
 _RETRIES = _key("retries")
 _UNCLASSIFIED = _key("unclassified_fields")
+# Per phase: one counter per bucket (not cumulative; the exposition sums them) and the sum in ns.
+_PHASE_BUCKETS = {ph: tuple(_key(f"phase:{ph}:{i}") for i in range(len(PHASE_BUCKETS_US) + 1)) for ph in PHASES}
+_PHASE_SUM_NS = {ph: _key(f"phase_sum_ns:{ph}") for ph in PHASES}
+_PHASE_BOUNDS_NS = tuple(us * 1000 for us in PHASE_BUCKETS_US)
 
 
 class Metrics:
@@ -68,6 +87,21 @@ class Metrics:
     def unclassified(self, n: int) -> None:
         self._segment.add(_UNCLASSIFIED, n)
 
+    def phase(self, phase: str, ns: int) -> None:
+        """One admitted request's time in ``phase`` (two atomic adds)."""
+        ns = max(ns, 0)
+        self._segment.add(_PHASE_BUCKETS[phase][bisect_left(_PHASE_BOUNDS_NS, ns)], 1)
+        self._segment.add(_PHASE_SUM_NS[phase], ns)
+
+    def phases(self) -> dict[str, dict[str, Any]]:
+        """Per phase: ``buckets`` (non-cumulative counts, the last one +Inf), ``count``, ``sum_ns``."""
+        get = self._segment.get
+        out = {}
+        for ph in PHASES:
+            buckets = [get(k) for k in _PHASE_BUCKETS[ph]]
+            out[ph] = {"buckets": buckets, "count": sum(buckets), "sum_ns": get(_PHASE_SUM_NS[ph])}
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         get = self._segment.get
         return {
@@ -76,6 +110,7 @@ class Metrics:
             "attempts": {result: get(k) for result, k in _ATTEMPTS.items()},
             "retries": get(_RETRIES),
             "unclassified_fields": get(_UNCLASSIFIED),
+            "phases": self.phases(),
             "telemetry": telemetry_metrics(self._segment),
         }
 
@@ -97,6 +132,18 @@ class Metrics:
                   "# HELP meshfast_unclassified_request_fields_total Request fields an entry codec could not classify.",
                   "# TYPE meshfast_unclassified_request_fields_total counter",
                   f"meshfast_unclassified_request_fields_total {get(_UNCLASSIFIED)}"]
+        lines += ["# HELP meshfast_request_phase_seconds An admitted request's time by phase: receive (the body), "
+                  "gateway (auth, policy, render, admission and its waits) and upstream (the call, stream "
+                  "translation and the writes to the caller).",
+                  "# TYPE meshfast_request_phase_seconds histogram"]
+        for ph, h in self.phases().items():
+            cumulative = 0
+            for bound, n in zip((*PHASE_BUCKETS_US, None), h["buckets"], strict=True):
+                cumulative += n
+                le = "+Inf" if bound is None else f"{bound / 1e6:g}"
+                lines.append(f'meshfast_request_phase_seconds_bucket{{phase="{ph}",le="{le}"}} {cumulative}')
+            lines.append(f'meshfast_request_phase_seconds_sum{{phase="{ph}"}} {h["sum_ns"] / 1e9:.9f}')
+            lines.append(f'meshfast_request_phase_seconds_count{{phase="{ph}"}} {cumulative}')
         for name, value in telemetry_metrics(self._segment).items():
             series = f"meshfast_telemetry_rows_{name}_total"
             lines += [f"# TYPE {series} counter", f"{series} {value}"]

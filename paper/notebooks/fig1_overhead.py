@@ -19,6 +19,11 @@
 # (b) Added latency over direct of the same family (a difference of percentiles).
 # (c) Max requests/s with wrk at 32 connections, and the other gateways measured in the same run on
 # the same OpenAI chat request (`baseline_bench.py`).
+# (d, e) The phase split, on meshfast's own clock (its `meshfast_request_phase_seconds` histograms,
+# scraped before and after), at 20 req/s and under wrk: receiving the body from the HTTP server;
+# auth, policy, rendering and admission (the Mesh write-up's phase 1 is these two); the upstream call
+# with stream translation and the writes to the caller (its phase 2). Bars: p50/p90/p99, interpolated
+# inside the histogram's buckets; dots: exact means.
 
 # %%
 import sys
@@ -36,9 +41,10 @@ base = load("baselines")
 PCTS = ("p50", "p95", "p99")
 
 # %%
-fig = plt.figure(figsize=(7.4, 5.4))
-gs = fig.add_gridspec(2, 2, width_ratios=[1, 1.15])
-axes = [fig.add_subplot(gs[0, :]), fig.add_subplot(gs[1, 0]), fig.add_subplot(gs[1, 1])]
+fig = plt.figure(figsize=(7.4, 7.6))
+gs = fig.add_gridspec(3, 2, width_ratios=[1, 1.15])
+axes = [fig.add_subplot(gs[0, :]), fig.add_subplot(gs[1, 0]), fig.add_subplot(gs[1, 1]),
+        fig.add_subplot(gs[2, 0]), fig.add_subplot(gs[2, 1])]
 
 
 def short(name: str) -> str:
@@ -114,9 +120,35 @@ if bars:
     axes[2].invert_yaxis()
     axes[2].set_xlabel("requests/s (wrk -c32, shared cores)")
     axes[2].set_xlim(0, max(b[1] for b in bars) * 1.6)
+    axes[2].xaxis.set_major_formatter(lambda v, _: f"{v / 1000:g}k" if v else "0")
     axes[2].set_title("(c) max requests/s")
 else:
     missing(axes[2], "wrk runs")
+# %%
+PHASES = ("receive", "gateway", "upstream")
+splits = []  # (title, split)
+if proxy and (proxy.get("latency") or {}).get("phase_split"):
+    splits.append((f"(d) phases at {proxy['latency']['rate_rps']:g} req/s", proxy["latency"]["phase_split"]))
+    summary["phase_split_open_loop"] = proxy["latency"]["phase_split"]
+tp_split = ((proxy or {}).get("throughput") or {}).get("runs", {}).get("meshfast-anthropic", {}).get("phase_split")
+if tp_split:
+    splits.append((f"(e) phases under wrk -c{proxy['throughput']['connections']}", tp_split))
+    summary["phase_split_wrk"] = tp_split
+for ax, item in zip(axes[3:], splits + [None] * (2 - len(splits)), strict=True):
+    if item is None:
+        missing(ax, "phase histograms")
+        continue
+    title, split = item
+    x = np.arange(len(PHASES))
+    for i, p in enumerate(("p50", "p90", "p99")):
+        ax.bar(x + (i - 1) * w, [split[ph][p] or 0 for ph in PHASES], w, color=color("meshfast"),
+               alpha=(1.0, 0.7, 0.45)[i], edgecolor="black", linewidth=0.3)
+    ax.plot(x, [split[ph]["mean_us"] or 0 for ph in PHASES], "o", color="black", markersize=3, label="mean")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{ph}\nmean {split[ph]['mean_us'] or 0:,.0f}" for ph in PHASES], fontsize=7)
+    ax.set_ylabel("µs per request (log)")
+    ax.set_title(f"{title} (n={split['upstream']['count']:,})")
+    ax.legend(loc="upper left", fontsize=6.5)
 fig.tight_layout()
 save(fig, "fig1_overhead")
 

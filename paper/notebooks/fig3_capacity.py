@@ -71,6 +71,7 @@ if cap and cap.get("runs"):
                        for n, r in runs.items()}
     summary["workers"] = cap["config"]["workers"]
     summary["nofile"] = cap["config"]["nofile"]["after"]
+    summary["somaxconn"] = cap["config"].get("somaxconn")
     summary["ok"] = cap.get("ok")
 else:
     missing(axes[0], "capacity_bench")

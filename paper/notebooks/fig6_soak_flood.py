@@ -68,7 +68,7 @@ if res:
                        "rss_mb_end": res["rss_mb_end"], "rss_mb_max": round(float(rss.max()), 1) if len(rss) else None,
                        "leak_mb_per_min": leak, "rows_expected": rows.get("expected"),
                        "rows_logged": rows.get("logged"), "rows_ok": rows.get("ok"),
-                       "config": soak.get("config")}
+                       "config": soak.get("config"), "telemetry": soak.get("telemetry")}
 else:
     missing(axes[0], "soak")
     missing(axes[1], "soak")
@@ -88,7 +88,8 @@ if fl:
     summary["flood"] = {"requests": fl["requests"], "sent": fl["sent"], "statuses": fl["statuses"],
                         "seconds": fl["seconds"], "requests_per_s": fl["requests_per_s"],
                         "socket_errors": fl["socket_errors"], "denials_logged": tel["denials_logged"],
-                        "rows": tel["rows"], "lost": tel["lost"], "ok": tel["ok"], "healthz_after": fl["healthz_after"]}
+                        "rows": tel["rows"], "lost": tel["lost"], "ok": tel["ok"], "healthz_after": fl["healthz_after"],
+                        "telemetry": fl.get("telemetry_counters")}
 else:
     missing(axes[2], "capacity_bench flood")
 fig.tight_layout()

@@ -67,6 +67,8 @@ if doc and doc.get("stages"):
                           "rss_mb_end": st["rss_mb_end"], "leak_mb_per_min": st["leak_mb_per_min"],
                           "errors": st["error_count"]} for st in doc["stages"]]
     summary["ok"] = doc.get("ok")
+    summary["telemetry"] = doc.get("telemetry")
+    summary["requests"] = sum(st["requests"] for st in doc["stages"])
 else:
     missing(axes[0], "soak_paced")
     missing(axes[1], "soak_paced")
