@@ -155,8 +155,9 @@ def summarize(records: list[Record], t_from: int, t_to: int) -> dict:
     ok = [r.end_ns - r.start_ns for r in chosen if r.status == 200]
     shed = sum(1 for r in chosen if r.status == 503)
     other = len(chosen) - len(ok) - shed
+    shed_ns = [r.end_ns - r.start_ns for r in chosen if r.status == 503]
     lat = loadgen.summarize_us(ok)
-    shed_lat = loadgen.summarize_us([r.end_ns - r.start_ns for r in chosen if r.status == 503])
+    shed_lat = loadgen.summarize_us(shed_ns)
     return {
         "window_s": round(window_s, 3),
         "requests": len(chosen),
@@ -170,6 +171,8 @@ def summarize(records: list[Record], t_from: int, t_to: int) -> dict:
         if window_s > 0 else None,
         "latency_ok_ms": {k: (round(v / 1000, 2) if k != "n" else v) for k, v in lat.items()},
         "latency_503_ms": {k: (round(v / 1000, 2) if k != "n" else v) for k, v in shed_lat.items()},
+        # The same latencies as HDR histograms (us, base64) and the percentiles read from them.
+        **loadgen.hdr_report({"latency_ok_us": ok, "latency_503_us": shed_ns}),
     }
 
 
@@ -325,7 +328,10 @@ def phase_closed(args, st: Stack, target: loadgen.Target) -> dict:
         warmup = min(n / args.rps_limit, WAIT_CEILING_S) + 0.5
         print(f"[bench] closed loop: {n} users, {warmup:.1f} + {args.duration:g} s ...", flush=True)
         meter = pb.CpuMeter(st.groups)
+        before = pb.scrape_metrics(st)
         run = closed_loop(target, n, warmup, args.duration)
+        # Where the admitted calls waited (warm-up included): the limiter's wait is in the gateway phase.
+        run["phase_split"] = pb.phase_split(before, pb.scrape_metrics(st))
         run["cpu"] = meter.stop()
         # NOTE: one user alone outruns the limit (a call takes ~2 ms), so the bucket binds at every N.
         run["expected_latency_s"] = round(min(n / args.rps_limit, WAIT_CEILING_S), 3)

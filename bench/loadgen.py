@@ -8,7 +8,13 @@ stall is charged to every request it delayed (no coordinated omission). Timer ov
 charged: it is the client's, not the server's.
 
 The client is deliberately plain (socket, `perf_counter_ns`, a small chunked-body parser) so that what
-it adds is small and the same for every target; `added = target - direct` cancels it.
+it adds is small and the same for every target; `added = target - direct` cancels it. Every sample is
+kept: percentiles are exact (nearest rank), and each report also carries HDR histograms of the same
+samples (1 us to 60 s, 3 significant digits, in us; HdrHistogram's compressed base64 encoding, which
+other HDR tools decode) with their percentiles. The histograms are built from the samples when the
+report is made, so the timed loop does no histogram work. `bench/ceiling_bench.py` measures how fast
+this client can go on the machine (requests/s, client CPU per request, up to which rate it keeps
+the schedule).
 
     python bench/loadgen.py --url http://127.0.0.1:9000/anthropic/v1/messages \
         --header 'x-api-key: testserve-key' --header 'anthropic-version: 2023-06-01' \
@@ -26,12 +32,27 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+try:
+    from hdrh.histogram import HdrHistogram
+except ImportError as exc:  # pragma: no cover - a setup problem, said plainly
+    raise ImportError("bench/loadgen.py needs the hdrhistogram package: pip install -r requirements-lock.txt "
+                      "(or pip install '.[bench]')") from exc
+
 RECV_BYTES = 256 * 1024
 DEFAULT_TIMEOUT_S = 10.0
 # Percentiles reported everywhere; raw samples are kept too, so others can be computed later.
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 # Check the tail of the decoded body for the stream's end marker; a huge stream is ~100 KB.
 EXPECT_TAIL_BYTES = 8192
+# HDR histograms: values in microseconds, 1 us to 60 s, 3 significant digits (0.1% resolution).
+HDR_LOWEST_US = 1
+HDR_HIGHEST_US = 60_000_000
+HDR_SIGNIFICANT_DIGITS = 3
+HDR_CONFIG = {
+    "unit": "us", "lowest": HDR_LOWEST_US, "highest": HDR_HIGHEST_US, "significant_digits": HDR_SIGNIFICANT_DIGITS,
+    "encoding": "HdrHistogram V2 compressed, base64 (hdrh encode(); HdrHistogram.decode() and other HDR tools read it)",
+    "note": "built from the exact samples after the run; values outside [lowest, highest] are clamped to it",
+}
 
 
 class LoadgenError(RuntimeError):
@@ -236,6 +257,39 @@ def summarize_us(values_ns: list[int]) -> dict:
     return out
 
 
+def hdr_histogram(values_ns: list[int]) -> HdrHistogram:
+    """An HDR histogram (us) of nanosecond samples; each value is clamped into the trackable range."""
+    h = HdrHistogram(HDR_LOWEST_US, HDR_HIGHEST_US, HDR_SIGNIFICANT_DIGITS)
+    record = h.record_value
+    for v in values_ns:
+        record(min(HDR_HIGHEST_US, max(HDR_LOWEST_US, round(v / 1000))))
+    return h
+
+
+def hdr_percentiles(h: HdrHistogram) -> dict:
+    """The same percentiles as summarize_us, read from the histogram (us; within 0.1% of a bucket)."""
+    n = h.get_total_count()
+    out: dict = {"n": n}
+    if not n:
+        return out
+    for p in PERCENTILES:
+        out[f"p{p:g}".replace(".", "_")] = h.get_value_at_percentile(p)
+    out["min"] = h.get_min_value()
+    out["max"] = h.get_max_value()
+    out["mean"] = round(h.get_mean_value(), 1)
+    return out
+
+
+def hdr_report(series_ns: dict[str, list[int]]) -> dict:
+    """{"hdr": {name: base64}, "hdr_percentiles": {name: {...}}, "hdr_config": {...}} for named samples."""
+    encoded, pcts = {}, {}
+    for name, values in series_ns.items():
+        h = hdr_histogram(values)
+        encoded[name] = h.encode().decode("ascii")
+        pcts[name] = hdr_percentiles(h)
+    return {"hdr": encoded, "hdr_percentiles": pcts, "hdr_config": HDR_CONFIG}
+
+
 # ------------------------------------------------------------------------------------------- runs
 
 
@@ -249,6 +303,9 @@ class Series:
     head_ns: list[int] = field(default_factory=list)
     first_body_ns: list[int] = field(default_factory=list)
     backlog_ns: list[int] = field(default_factory=list)
+    # Scheduled requests only (open loop): when each was due and when it was sent (perf_counter ns).
+    due_ns: list[int] = field(default_factory=list)
+    sent_ns: list[int] = field(default_factory=list)
     body_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
@@ -269,6 +326,11 @@ class Series:
             "backlogged_requests": sum(1 for b in self.backlog_ns if b > 0),
             "reconnects": self.reconnects,
         }
+        if self.due_ns:
+            # How late each scheduled request left the client (timer oversleep + backlog + client work).
+            out["send_late_us"] = summarize_us([s - d for s, d in zip(self.sent_ns, self.due_ns, strict=True)])
+        out.update(hdr_report({"total_us": self.total_ns, "service_us": self.service_ns,
+                               "ttfb_head_us": self.head_ns, "ttfb_body_us": self.first_body_ns}))
         if raw:
             out["raw_total_us"] = [round(v / 1000, 1) for v in self.total_ns]
             out["raw_ttfb_body_us"] = [round(v / 1000, 1) for v in self.first_body_ns]
@@ -296,6 +358,9 @@ def _one(conn: Conn, target: Target, series: Series, due_ns: int | None, prev_en
     series.total_ns.append(sample.last_ns + backlog)
     series.head_ns.append(sample.head_ns)
     series.first_body_ns.append(sample.first_body_ns)
+    if due_ns is not None:
+        series.due_ns.append(due_ns)
+        series.sent_ns.append(t_send)
     series.body_bytes = sample.body_bytes
     return t_send + sample.last_ns
 
@@ -370,6 +435,24 @@ def sequential(targets: list[Target], count: int, warmup_requests: int = 5,
         for c in conns.values():
             c.close()
     return list(series.values())
+
+
+def back_to_back(target: Target, duration_s: float, warmup_requests: int = 10) -> Series:
+    """Closed loop with one user: one connection, the next request as soon as the last one ended."""
+    conn = Conn(target.host, target.port)
+    series = Series(target.name)
+    try:
+        scratch = Series(target.name)
+        for _ in range(warmup_requests):
+            _one(conn, target, scratch, None, 0)
+        series.errors += [f"warm-up: {e}" for e in scratch.errors]
+        stop = time.perf_counter_ns() + int(duration_s * 1e9)
+        while time.perf_counter_ns() < stop:
+            _one(conn, target, series, None, 0)
+    finally:
+        conn.close()
+    series.reconnects = conn.reconnects
+    return series
 
 
 def main(argv: list[str] | None = None) -> int:

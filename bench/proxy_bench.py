@@ -35,6 +35,7 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -213,6 +214,7 @@ class Stack:
     data_dir: str | None = None
     admin_token: str = ""
     user_key: str = ""
+    user_id: str = ""
     groups: Groups = field(default_factory=Groups)
     setup: dict = field(default_factory=dict)
 
@@ -353,7 +355,7 @@ def grant_user(st: Stack, model_ids: list[str]) -> None:
     admin = {"authorization": f"Bearer {st.admin_token}"}
     user = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
                            {"email": "bench@example.com", "display_name": "Bench"})
-    st.user_key = user["key"]
+    st.user_key, st.user_id = user["key"], user["id"]
     for model_id in model_ids:
         for method, path, body in (
             ("POST", "/admin/access", {"user_id": user["id"], "model_id": model_id}),
@@ -629,6 +631,94 @@ def phase_latency(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
             "phase_split": split}
 
 
+EMBED_MODEL = "b-embed"
+# The other data-plane endpoints (Figure 1 per endpoint): (name, method, path, body, stream end);
+# the standard routes carry the model in the body, as the official SDKs send it.
+ENDPOINTS = (
+    ("embeddings", "POST", f"/v1/embeddings?model={EMBED_MODEL}", b'{"input":"hello"}', None),
+    ("chat-completions", "POST", "/v1/chat/completions",
+     b'{"model":"b-openai","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hello"}]}',
+     b"[DONE]"),
+    ("messages", "POST", "/v1/messages",
+     b'{"model":"b-anthropic","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hello"}]}',
+     b"message_stop"),
+    ("models", "GET", "/v1/models", None, None),
+    ("usage", "GET", "/v1/usage", None, None),
+)
+
+
+def _get_target(name: str, url: str, headers: dict[str, str]) -> loadgen.Target:
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    lines = [f"GET {parts.path} HTTP/1.1", f"host: {host}:{port}", *(f"{k}: {v}" for k, v in headers.items())]
+    return loadgen.Target(name, host, port, ("\r\n".join(lines) + "\r\n\r\n").encode())
+
+
+def provision_embeddings(st: Stack) -> None:
+    """One more provider with an embedding model, granted to the bench user."""
+    provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+        "name": EMBED_MODEL, "family": "openai", "base_url": f"{st.testserve_url}/openai",
+        "api_key": TESTSERVE_KEY, "local": True, "verify": False,
+        "models": [{"name": EMBED_MODEL, "resolved_model": "dummy-embed", "kind": "embedding",
+                    "input_price_per_1k_tokens": "0.0001", "output_price_per_1k_tokens": "0",
+                    "verify": False}],
+    })
+    admin = {"authorization": f"Bearer {st.admin_token}"}
+    model_id = provider["models"][0]["id"]
+    for method, path, body in (
+        ("POST", "/admin/access", {"user_id": st.user_id, "model_id": model_id}),
+        ("PUT", f"/admin/users/{st.user_id}/policies/{model_id}", BUDGET_POLICY),
+    ):
+        status, _, raw = mb.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
+        if status not in (200, 201, 204):
+            raise BenchError(f"{method} {path} answered {status}: {raw[:500]!r}")
+    wait_for_models(st, MODEL_COUNT + 1, "the embedding model on every worker")
+
+
+def endpoint_targets(st: Stack) -> dict[str, loadgen.Target]:
+    """meshfast per endpoint and, for those that call upstream, the direct call it made (replayed)."""
+    auth = {"authorization": f"Bearer {st.user_key}"}
+    out: dict[str, loadgen.Target] = {}
+    for name, method, path, body, end in ENDPOINTS:
+        if method == "GET":
+            out[f"meshfast-{name}"] = _get_target(f"meshfast-{name}", st.meshfast_url + path, auth)
+            _exchange_once(out[f"meshfast-{name}"])
+            continue
+        mesh = loadgen.Target.post(f"meshfast-{name}", st.meshfast_url + path,
+                                   {**auth, "content-type": "application/json"}, body, end)
+        _exchange_once(mesh)
+        direct, _ = _direct_from_capture(f"direct-{name}", st, _last_upstream_call(st), end)
+        _exchange_once(direct)
+        out[mesh.name], out[direct.name] = mesh, direct
+    return out
+
+
+def phase_endpoints(args, st: Stack) -> dict:
+    """Every other data-plane endpoint at the latency phase's rate, with its direct call where it
+    has one; added = meshfast pN - direct pN of the same endpoint."""
+    provision_embeddings(st)
+    targets = endpoint_targets(st)
+    names = list(targets)
+    meter = CpuMeter(st.groups)
+    before = scrape_metrics(st)
+    series = loadgen.open_loop([targets[n] for n in names], args.rate, args.endpoint_duration, slice_s=SLICE_S,
+                               deadline_s=2 * len(names) * args.endpoint_duration + 60)
+    split = phase_split(before, scrape_metrics(st))
+    cpu = meter.stop()
+    st.check_alive()
+    reports = {s.target: s.report() for s in series}
+    for name, rep in reports.items():
+        direct = reports.get("direct-" + name.removeprefix("meshfast-"))
+        if name.startswith("meshfast-") and direct is not None:
+            rep["added_us"] = {p: round(rep["total_us"][p] - direct["total_us"][p], 1)
+                               for p in ("p50", "p90", "p95", "p99")
+                               if p in rep["total_us"] and p in direct["total_us"]}
+    return {"rate_rps": args.rate, "duration_s_per_target": args.endpoint_duration, "slice_s": SLICE_S,
+            "order": names, "requests": {n: {"method": m, "path": p, "body": (b or b"").decode()}
+                                         for n, m, p, b, _ in ENDPOINTS},
+            "cpu": cpu, "targets": reports, "phase_split": split}
+
+
 def phase_ttfb(args, st: Stack, targets: dict[str, loadgen.Target]) -> dict:
     names = ["meshfast-anthropic", "meshfast-anthropic-huge", "direct-anthropic", "direct-anthropic-huge"]
     meter = CpuMeter(st.groups)
@@ -676,7 +766,7 @@ def phase_throughput(args, st: Stack, targets: dict[str, loadgen.Target], work_d
 def problems_of(doc: dict) -> list[str]:
     """Anything but 2xx with a complete stream, or any socket error, fails the run."""
     problems = []
-    for phase in ("latency", "ttfb"):
+    for phase in ("latency", "ttfb", "endpoints"):
         for name, rep in (doc.get(phase) or {}).get("targets", {}).items():
             if rep["error_count"]:
                 problems.append(f"{phase} {name}: {rep['error_count']} errors, e.g. {rep['errors'][:3]}")
@@ -770,6 +860,16 @@ def print_tables(doc: dict) -> None:
         _print_split(tp["runs"].get("meshfast-anthropic", {}).get("phase_split"))
         print(f"meshfast/forwarder req/s: {tp['ratio_meshfast_over_forwarder_rps']} "
               f"(over the forwarder on meshfast's client: {tp.get('ratio_meshfast_over_forwarder_native_rps')})")
+    ep = doc.get("endpoints")
+    if ep:
+        print(f"\nEndpoints at {ep['rate_rps']:g} req/s, {ep['duration_s_per_target']:g} s per target (us)")
+        print(f"{'target':<26}{'n':>5}{'p50':>8}{'p95':>8}{'p99':>8}   {'+p50':>7}{'+p99':>7}")
+        for name in ep["order"]:
+            r = ep["targets"][name]
+            t, a = r["total_us"], r.get("added_us", {})
+            print(f"{name:<26}{r['requests']:>5}{_f(t.get('p50')):>8}{_f(t.get('p95')):>8}{_f(t.get('p99')):>8}"
+                  f"   {_f(a.get('p50')):>7}{_f(a.get('p99')):>7}")
+        _print_split(ep.get("phase_split"))
     crit = doc.get("criteria") or {}
     if crit:
         print("\nCriteria (reported, not enforced):")
@@ -811,6 +911,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="Granian workers for meshfast and the forwarder")
     p.add_argument("--duration", type=float, default=30.0, help="latency seconds per target")
     p.add_argument("--rate", type=float, default=20.0, help="latency requests/s per target")
+    p.add_argument("--endpoint-duration", type=float, default=15.0,
+                   help="latency seconds per target for the other endpoints (embeddings, standard routes, GETs)")
     p.add_argument("--ttfb-count", type=int, default=TTFB_COUNT, help="sequential requests per TTFB target")
     p.add_argument("--connections", type=int, default=32, help="wrk connections")
     p.add_argument("--threads", type=int, default=1, help="wrk threads")
@@ -827,6 +929,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.duration, args.ttfb_count, args.wrk_duration, args.wrk_warmup = 3.0, 10, 3, 1
+        args.endpoint_duration = 2.0
     args.only = None  # models_bench.provenance() reads it
     return args
 
@@ -848,6 +951,7 @@ def main(argv: list[str] | None = None) -> int:
             "workers": args.workers, "testserve_workers": 1, "rate_rps": args.rate,
             "meshfast_upstream_client": args.meshfast_client,
             "duration_s_per_target": args.duration, "slice_s": SLICE_S, "ttfb_count": args.ttfb_count,
+            "endpoint_duration_s_per_target": args.endpoint_duration,
             "wrk": {"connections": args.connections, "threads": args.threads, "duration_s": args.wrk_duration,
                     "warmup_s": args.wrk_warmup, "timeout": mb.WRK_TIMEOUT},
             "quick": args.quick, "proxy_body": PROXY_BODY.decode(), "budget_policy": BUDGET_POLICY,
@@ -873,6 +977,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] TTFB: {args.ttfb_count} x 4 sequential ...", flush=True)
             doc["ttfb"] = phase_ttfb(args, stack, targets)
             doc["throughput"] = phase_throughput(args, stack, targets, work_dir)
+            print(f"[bench] endpoints: {len(ENDPOINTS)} x {args.endpoint_duration:g} s at {args.rate:g} req/s ...",
+                  flush=True)
+            doc["endpoints"] = phase_endpoints(args, stack)
         except BenchError as exc:
             failures.append(str(exc))
             print(f"[bench] FAILED: {exc}", file=sys.stderr)

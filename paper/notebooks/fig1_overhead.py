@@ -153,6 +153,35 @@ fig.tight_layout()
 save(fig, "fig1_overhead")
 
 # %% [markdown]
+# ## Every other data-plane endpoint (same run, same rate): embeddings, the standard chat routes, and
+# the two routes that never call upstream
+
+# %%
+ep = (proxy or {}).get("endpoints")
+if ep:
+    fig, ax = plt.subplots(figsize=(7.4, 2.6))
+    order = ep["order"]
+    x = np.arange(len(order))
+    w = 0.27
+    for i, p in enumerate(PCTS):
+        ax.bar(x + (i - 1) * w, [ms(ep["targets"][n]["total_us"].get(p)) or 0 for n in order], w,
+               color=[color(n) for n in order], alpha=(1.0, 0.7, 0.45)[i], edgecolor="black", linewidth=0.3)
+    ax.set_xticks(x, [n.replace("meshfast-", "meshfast\n").replace("direct-", "direct\n")
+                      .replace("chat-completions", "chat/compl.") for n in order], fontsize=6.5)
+    ax.set_ylabel("time to last byte (ms)")
+    ax.set_title(f"Endpoints at {ep['rate_rps']:g} req/s, {ep['duration_s_per_target']:g} s per target; "
+                 "bars p50/p95/p99")
+    pct_legend(ax)
+    fig.tight_layout()
+    save(fig, "fig1_endpoints")
+    summary["endpoints"] = {
+        "rate_rps": ep["rate_rps"], "duration_s_per_target": ep["duration_s_per_target"],
+        "targets": {n: {"requests": r["requests"], **{p: ms(r["total_us"].get(p), 3) for p in PCTS},
+                        "added_ms": {p: ms(r["added_us"].get(p), 3) for p in PCTS} if "added_us" in r else None}
+                    for n, r in ep["targets"].items()},
+        "phase_split": ep.get("phase_split")}
+
+# %% [markdown]
 # ## The comparison with the other gateways (same run, same OpenAI chat request, same testserve)
 
 # %%

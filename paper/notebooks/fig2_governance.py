@@ -28,7 +28,7 @@ import numpy as np
 
 # NOTE: under Jupyter there is no __file__; the notebook runs from its own folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()))
-from _common import COLORS, load, missing, save, update_summary  # noqa: E402
+from _common import COLORS, load, missing, ms, save, update_summary  # noqa: E402
 
 gov = load("governance")
 fig, grid_axes = plt.subplots(2, 2, figsize=(7.4, 5.0))
@@ -71,7 +71,10 @@ if cl:
         "rps_limit": cl["rps_limit"], "wait_ceiling_s": cl["wait_ceiling_s"], "duration_s": cl["duration_s"],
         "runs": [{"users": r["users"], "served_rps": r["served_rps"], "expected_latency_s": r["expected_latency_s"],
                   "p50_ms": r["latency_ok_ms"].get("p50"), "p99_ms": r["latency_ok_ms"].get("p99"),
-                  "shed_share": r["shed_share"], "errors": r["error_count"]} for r in runs]}
+                  "shed_share": r["shed_share"], "errors": r["error_count"],
+                  # The limiter's wait is in the gateway phase; the upstream phase is the call itself.
+                  **{f"{ph}_p50_ms": ms(((r.get("phase_split") or {}).get(ph) or {}).get("p50"), 3)
+                     for ph in ("receive", "gateway", "upstream")}} for r in runs]}
 else:
     missing(axes[0], "governance_bench closed loop")
     missing(axes[1], "governance_bench closed loop")
