@@ -420,8 +420,10 @@ class Prepared:
         :meth:`Core.prepare` beside the first: every upstream field, ``provider_id`` and
         ``local`` then read the fallback's. Once per call; counts the call in that provider's
         hourly quota. False, with nothing changed, when there is no next deployment, it cannot
-        take this call, its hourly quota is spent, or the call already failed over. The
-        fallback runs under this call's holds (budget, provider admission)."""
+        take this call, its hourly quota is spent, or the call already failed over. The call
+        keeps its budget reservation and process-wide weight but gives back the first
+        provider's slot and share: the caller admits it again (``admit_provider``) by the
+        fallback provider's limits before sending."""
     @property
     def url(self) -> str | None: ...
     @property
@@ -644,8 +646,9 @@ class EntryStream:
     def set_usage(self, input_tokens: int, output_tokens: int) -> None:
         """Replace the usage (a tokenizer estimate when the upstream reported none)."""
     @property
-    def usage(self) -> tuple[int, int, int, int]:
-        """``(input, output, cache_read, cache_write)`` tokens reported so far."""
+    def usage(self) -> tuple[int, int, int, int, int]:
+        """``(input, output, cache_read, cache_write, cache_write_1h)`` tokens reported so far:
+        ``cache_write`` counts every cache write, ``cache_write_1h`` the one-hour ones among them."""
     @property
     def usage_reported(self) -> bool: ...
     @property

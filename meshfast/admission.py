@@ -69,6 +69,22 @@ class Admission:
         """Wait (bounded) for the provider, then for process-wide weight; raise when refused."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ADMIT_WAIT_S
+        await self._admit_provider(prepared, deadline)
+        while not prepared.admit_global(self.capacity, self.load_factor()):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                prepared.release_provider()
+                raise errors.ServerBusy(retry_after_s=1, resume_at=_resume_at(1.0))
+            await self._pause(min(remaining, POLL_S))
+        self.inflight += 1
+
+    async def readmit(self, prepared: Any) -> None:
+        """After a failover: the call, still holding its process-wide weight, waits (bounded) for
+        its new provider's slot and token like any call to that provider; raise when refused."""
+        await self._admit_provider(prepared, asyncio.get_running_loop().time() + ADMIT_WAIT_S)
+
+    async def _admit_provider(self, prepared: Any, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             # A token within the remaining wait is taken now, in line; then we sleep until its time.
             allowed_ns = max(0, int((deadline - loop.time()) * 1e9))
@@ -82,13 +98,6 @@ class Admission:
                 delay = max(1.0, wait_ns / 1e9)
                 raise errors.ProviderBusy(retry_after_s=math.ceil(delay), resume_at=_resume_at(delay))
             await self._pause(min(wait_ns / 1e9, remaining, POLL_S))
-        while not prepared.admit_global(self.capacity, self.load_factor()):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                prepared.release_provider()
-                raise errors.ServerBusy(retry_after_s=1, resume_at=_resume_at(1.0))
-            await self._pause(min(remaining, POLL_S))
-        self.inflight += 1
 
     def release(self, prepared: Any) -> None:
         """The upstream call is over: free its provider slot and weight, wake local waiters."""

@@ -177,6 +177,11 @@ class DataPlane:
                 raise
             log.info("request %s: failing over to provider %s (%s)", p.request_id, p.provider_id,
                      exc.status or "no answer")
+            try:
+                await self.admission.readmit(p)
+            except errors.MeshfastError:
+                # The next provider stayed at its limits for the whole wait: the first answer stands.
+                raise exc from None
         row.provider_id = p.provider_id
         return await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
                                           attempts=p.attempts, backoff_ms=p.backoff_ms)
@@ -275,11 +280,11 @@ class DataPlane:
         self._charge(p, row, tokens_in, tokens_out, web_searches=stream.web_searches)
 
     def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0,
-                web_searches: int = 0, cache_read: int = 0, cache_write: int = 0) -> None:
+                web_searches: int = 0, cache_read: int = 0, cache_write: int = 0, cache_write_1h: int = 0) -> None:
         """Price the call into the row (each token class at its price; ``tokens_in`` excludes
-        cached tokens); `handle` settles the reservation with it."""
+        cached tokens, ``cache_write`` the one-hour writes); `handle` settles the reservation with it."""
         input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, web_searches,
-                                                  cache_read, cache_write)
+                                                  cache_read, cache_write, cache_write_1h)
         row.web_searches = web_searches
         row.tokens_in, row.tokens_out = tokens_in, tokens_out
         row.input_cost_nano, row.output_cost_nano = input_nano, output_nano
@@ -527,7 +532,7 @@ class DataPlane:
                 response.release()
             else:
                 response.close()
-        usage_in, usage_out, cache_read, cache_write = es.usage
+        usage_in, usage_out, cache_read, cache_write, cache_write_1h = es.usage
         if not es.usage_reported:
             # NOTE: only when the upstream reported no usage: tokenize what went each way.
             usage_in = self.core.estimate_tokens(request_body.decode("utf-8", "replace"))
@@ -540,7 +545,9 @@ class DataPlane:
         final = es.finish()
         broken = cut_short or es.error is not None
         row.cache_read_tokens, row.cache_write_tokens = cache_read, cache_write
-        self._charge(p, row, usage_in, usage_out, cache_read=cache_read, cache_write=cache_write)
+        # Five-minute and one-hour cache writes cost different prices; the row counts them together.
+        self._charge(p, row, usage_in, usage_out, cache_read=cache_read, cache_write=cache_write - cache_write_1h,
+                     cache_write_1h=cache_write_1h)
         if cancelled:
             row.status_code = 200 if transport is not None else 503
             row.outcome = "upstream_error"

@@ -22,7 +22,7 @@ import asyncpg
 import httpx
 from conftest import SESSION_ENV, EmulatedProviders, Gateway, free_port
 
-from testserve.content import CACHE_READ_TOKENS, CACHE_WRITE_TOKENS
+from testserve.content import CACHE_READ_TOKENS, CACHE_WRITE_1H_TOKENS, CACHE_WRITE_TOKENS
 
 NANO = Decimal("1e-9")
 
@@ -110,11 +110,14 @@ def test_price_fields_are_stored_returned_and_checked(gateway: Gateway, testserv
 
 
 def test_cached_tokens_are_priced_per_class_in_the_row(gateway: Gateway, testserve: EmulatedProviders) -> None:
-    """Cache reads and writes reported by the upstream cost their own prices, summed exactly and
-    rounded once; above the long-context threshold every class takes the long tier's price."""
+    """Cache reads, five-minute and one-hour cache writes reported by the upstream cost their own
+    prices, summed exactly and rounded once; above the long-context threshold every class takes
+    the long tier's price (a class the tier leaves out keeps the base one)."""
     provider = _provider(gateway, testserve, "anthropic", "anthropic")
     prices = {"input_price_per_1k_tokens": "0.003", "output_price_per_1k_tokens": "0.015",
-              "cache_read_price_per_1k_tokens": "0.0003", "cache_write_price_per_1k_tokens": "0.00375"}
+              "cache_read_price_per_1k_tokens": "0.0003", "cache_write_price_per_1k_tokens": "0.00375",
+              "cache_write_1h_price_per_1k_tokens": "0.006"}
+    five_minute = CACHE_WRITE_TOKENS - CACHE_WRITE_1H_TOKENS
     long_prices = {"input_price_per_1k_tokens": "0.006", "output_price_per_1k_tokens": "0.0225",
                    "cache_read_price_per_1k_tokens": "0.0006"}
     model = gateway.create_model(provider["id"], f"cached-{_tag()}", resolved_model="claude-cache", **prices,
@@ -132,14 +135,16 @@ def test_cached_tokens_are_priced_per_class_in_the_row(gateway: Gateway, testser
     assert short["tokens_in"] + CACHE_READ_TOKENS + CACHE_WRITE_TOKENS <= 60
     assert short["input_cost"] == _cost([(short["tokens_in"], prices["input_price_per_1k_tokens"]),
                                         (CACHE_READ_TOKENS, prices["cache_read_price_per_1k_tokens"]),
-                                        (CACHE_WRITE_TOKENS, prices["cache_write_price_per_1k_tokens"])])
+                                        (five_minute, prices["cache_write_price_per_1k_tokens"]),
+                                        (CACHE_WRITE_1H_TOKENS, prices["cache_write_1h_price_per_1k_tokens"])])
     assert short["output_cost"] == _cost([(short["tokens_out"], prices["output_price_per_1k_tokens"])])
 
     long = call_and_row("a long prompt " * 40)
     assert long["tokens_in"] + CACHE_READ_TOKENS + CACHE_WRITE_TOKENS > 60
     assert long["input_cost"] == _cost([(long["tokens_in"], long_prices["input_price_per_1k_tokens"]),
                                        (CACHE_READ_TOKENS, long_prices["cache_read_price_per_1k_tokens"]),
-                                       (CACHE_WRITE_TOKENS, prices["cache_write_price_per_1k_tokens"])])
+                                       (five_minute, prices["cache_write_price_per_1k_tokens"]),
+                                       (CACHE_WRITE_1H_TOKENS, prices["cache_write_1h_price_per_1k_tokens"])])
     assert long["output_cost"] == _cost([(long["tokens_out"], long_prices["output_price_per_1k_tokens"])])
 
 
@@ -278,6 +283,42 @@ def test_a_503_or_a_connection_failure_fails_over_once_to_the_next_deployment(
     assert (row["provider_id"], row["status_code"]) == (_uuid(flaky["id"]), 503)
     models_sent = [e["model"] for e in testserve.requests(limit=500)]
     assert f"claude-er-{tag}" not in models_sent and f"never-{tag}" not in models_sent, "one failover at most"
+
+
+def test_a_failover_waits_for_its_own_providers_slot(gateway: Gateway, testserve: EmulatedProviders) -> None:
+    """Calls that fail over are admitted anew by the next provider's limits: with one slot there,
+    three concurrent failovers reach it one at a time, and every one is served."""
+    slow_s = 0.3
+    dead = gateway.create_provider(f"reg-dead-{_tag()}", base_url="http://127.0.0.1:9/openai", max_retries=0)
+    narrow = _provider(gateway, testserve, "anthropic", "anthropic", max_retries=0, max_concurrent_upstream=1)
+    tag = _tag()
+    model = gateway.create_model(dead["id"], f"narrow-{tag}")
+    r = gateway.admin("POST", f"/admin/models/{model['id']}/deployments",
+                      {"provider_id": narrow["id"], "resolved_model": f"nw-{tag}-slow"})
+    assert r.status_code == 201, r.text
+    key = _user_key(gateway, model["id"])
+    time.sleep(0.3)
+
+    async def three() -> list[tuple[httpx.Response, float]]:
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
+            async def one() -> tuple[httpx.Response, float]:
+                t0 = time.monotonic()
+                response = await client.post(f"/v1/proxy?model={model['name']}", json={"query": "hi"},
+                                             headers={"authorization": f"Bearer {key}"})
+                return response, time.monotonic() - t0
+
+            return await asyncio.gather(one(), one(), one())
+
+    testserve.client.post("/_debug/config", json={"slow_delay_ms": slow_s * 1000}).raise_for_status()
+    try:
+        results = asyncio.run(three())
+    finally:
+        testserve.client.post("/_debug/config", json={"slow_delay_ms": 5000}).raise_for_status()
+    assert [r.status_code for r, _ in results] == [200] * 3, [r.text for r, _ in results]
+    for r, _ in results:
+        assert gateway.fetch_row(r.headers["x-request-id"])["provider_id"] == _uuid(narrow["id"])
+    # One at a time through the one slot: the last waited for the two before it.
+    assert max(elapsed for _, elapsed in results) >= 2.5 * slow_s
 
 
 def _uuid(value: str) -> Any:

@@ -18,6 +18,8 @@ TOOL_ARGUMENTS = {"city": "Paris", "unit": "celsius"}
 # The `cache` scenario's prompt-cache counts (Anthropic reports both; the others only reads).
 CACHE_READ_TOKENS = 7
 CACHE_WRITE_TOKENS = 5
+# Of the cache writes, those with a one-hour lifetime (Anthropic splits them by lifetime).
+CACHE_WRITE_1H_TOKENS = 2
 # The `reasoning` scenario's thinking block, streamed ahead of the answer.
 REASONING_TEXT = "testserve is thinking"
 REASONING_SIGNATURE = "dGVzdHNlcnZlLXNpZ25hdHVyZQ"

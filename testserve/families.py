@@ -13,6 +13,7 @@ import msgspec
 
 from .content import (
     CACHE_READ_TOKENS,
+    CACHE_WRITE_1H_TOKENS,
     CACHE_WRITE_TOKENS,
     REASONING_SIGNATURE,
     REASONING_TEXT,
@@ -194,6 +195,8 @@ def _anthropic_cache(usage: dict[str, Any], c: Call) -> dict[str, Any]:
     if c.cache:
         usage["cache_read_input_tokens"] = CACHE_READ_TOKENS
         usage["cache_creation_input_tokens"] = CACHE_WRITE_TOKENS
+        usage["cache_creation"] = {"ephemeral_5m_input_tokens": CACHE_WRITE_TOKENS - CACHE_WRITE_1H_TOKENS,
+                                   "ephemeral_1h_input_tokens": CACHE_WRITE_1H_TOKENS}
     return usage
 
 

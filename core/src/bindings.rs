@@ -508,10 +508,15 @@ impl PyPrepared {
 
     /// Switches the call to the model's next deployment, once: false when there is none, it
     /// cannot take this call, its provider's hourly quota is spent, or the call already failed over.
+    /// True: the caller must admit the call again (its provider's limits changed).
     fn failover(&self) -> bool {
         let Some(fallback) = &self.inner.fallback else { return false };
         if self.inner.upstream.is_none() || self.failed_over.load(Ordering::Acquire) || !fallback.admit() {
             return false;
+        }
+        // The failover is admitted anew, by its own provider's limits (the caller awaits that).
+        if let Some(holds) = &self.inner.holds {
+            holds.switch_provider(fallback.limits);
         }
         self.failed_over.store(true, Ordering::Release);
         true
@@ -780,11 +785,12 @@ impl PyEntryStream {
         self.inner.set_usage(u64::try_from(input_tokens).unwrap_or(0), u64::try_from(output_tokens).unwrap_or(0));
     }
 
-    /// `(input, output, cache_read, cache_write)` tokens reported so far.
+    /// `(input, output, cache_read, cache_write, cache_write_1h)` tokens reported so far;
+    /// `cache_write` counts every cache write, `cache_write_1h` the one-hour ones among them.
     #[getter]
-    fn usage(&self) -> (u64, u64, u64, u64) {
+    fn usage(&self) -> (u64, u64, u64, u64, u64) {
         let u = self.inner.usage();
-        (u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens)
+        (u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, u.cache_write_1h_tokens)
     }
     #[getter]
     fn usage_reported(&self) -> bool {

@@ -43,6 +43,8 @@ impl ProviderLimits {
 
 #[derive(Debug, Default)]
 struct State {
+    /// The limits `admit_provider` takes: the first provider's, a failover's after `switch_provider`.
+    provider: ProviderLimits,
     budget: Option<Lease>,
     provider_slot: Option<Lease>,
     provider_share: Option<Lease>,
@@ -56,7 +58,6 @@ pub struct Holds {
     segment: Option<Arc<Segment>>,
     /// The [`shm::SPEND_DAY`] counter the call's cost goes to.
     spend_key: u128,
-    provider: ProviderLimits,
     /// The call's admission weight before the load factor.
     weight: u32,
     state: Mutex<State>,
@@ -66,7 +67,7 @@ impl Holds {
     /// Holds nothing yet; costs go to `spend_key` in `segment` (nowhere without one).
     #[must_use]
     pub fn new(segment: Option<Arc<Segment>>, spend_key: u128, provider: ProviderLimits, weight: u32) -> Self {
-        Self { segment, spend_key, provider, weight, state: Mutex::new(State::default()) }
+        Self { segment, spend_key, weight, state: Mutex::new(State { provider, ..State::default() }) }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -105,7 +106,8 @@ impl Holds {
         if state.settled {
             return Err(crate::error::Error::InvalidArgument("the call is already settled".into()));
         }
-        if let Some((key, cap)) = self.provider.slots {
+        let limits = state.provider;
+        if let Some((key, cap)) = limits.slots {
             if state.provider_slot.is_none() {
                 match segment.reserve(key, 1, cap)? {
                     Some(lease) => state.provider_slot = Some(lease),
@@ -113,7 +115,7 @@ impl Holds {
                 }
             }
         }
-        if let Some((key, pct)) = self.provider.share {
+        if let Some((key, pct)) = limits.share {
             if state.provider_share.is_none() && capacity > 0 {
                 let cap = (capacity.saturating_mul(pct) / 100).max(1);
                 let weight = i64::from(self.weight).clamp(1, cap);
@@ -129,7 +131,7 @@ impl Holds {
             }
         }
         let mut start_after = 0;
-        if let Some((key, interval, burst)) = self.provider.rate {
+        if let Some((key, interval, burst)) = limits.rate {
             match segment.rate_reserve(key, interval, burst, now_ns, max_wait_ns.max(0)) {
                 Ok(Ok(wait)) => start_after = wait,
                 refused => {
@@ -162,6 +164,21 @@ impl Holds {
         let held = lease.is_some();
         state.global = lease;
         Ok(held)
+    }
+
+    /// Moves the call to another provider (a failover): gives back the first provider's slot and
+    /// share, keeps the process-wide weight and the budget, and makes `limits` the ones the next
+    /// [`Holds::admit_provider`] takes, so the failover waits for its own provider's slot and
+    /// token like any call to it.
+    pub fn switch_provider(&self, limits: ProviderLimits) {
+        let mut state = self.state();
+        if let Some(segment) = self.segment.as_deref() {
+            for lease in [state.provider_slot.take(), state.provider_share.take()].into_iter().flatten() {
+                segment.release(&lease);
+            }
+        }
+        state.provider_admitted = false;
+        state.provider = limits;
     }
 
     /// Gives back the provider slot and the admission weight (the upstream call ended); the

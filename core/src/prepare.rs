@@ -153,6 +153,8 @@ pub struct Fallback {
     pub provider_id: String,
     pub local: bool,
     pub upstream: Upstream,
+    /// The deployment's provider's concurrency, rate and share limits, taken on failover.
+    pub limits: ProviderLimits,
     /// The deployment's provider's [`crate::shm::PROVIDER_CALLS_HOUR`] counter this hour, and its limit.
     calls_key: u128,
     max_calls_per_hour: Option<i64>,
@@ -633,6 +635,8 @@ fn render_fallback(
         provider_id: provider.id.clone(),
         local: provider.local,
         upstream,
+        limits: ProviderLimits::new(&id_bytes(&provider.id), provider.max_concurrent_upstream, provider.max_outbound_rps,
+                                    provider.admission_share_pct),
         calls_key: provider.calls_key.at(utc_hour(req.now_ms)),
         max_calls_per_hour: provider.max_calls_per_hour,
         segment: segment.cloned(),
@@ -1350,6 +1354,36 @@ mod tests {
         assert_eq!((plan.entry, plan.upstream), (Format::OpenAiChat, Format::Anthropic), "translated for the deployment");
         let p = prepare(&s, None, &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
         assert!(p.fallback.is_none(), "no deployments, no fallback");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_a_failover_gives_back_its_first_providers_slot_and_waits_for_its_own() {
+        let mut config = config();
+        config["providers"][0]["max_concurrent_upstream"] = json!(1);
+        config["providers"].as_array_mut().unwrap().push(json!(
+            {"id": "77777777-7777-7777-7777-777777777777", "name": "claude", "family": "anthropic",
+             "max_concurrent_upstream": 1, "base_url": "http://claude", "api_key": "sk-claude", "local": true}));
+        config["models"][0]["deployments"] = json!([{"id": "d1", "provider": 1, "resolved_model": "claude-x", "priority": 5}]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let (path, seg) = segment("failover-slots");
+        let call = || prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        let (a, b, c) = (call(), call(), call());
+        let (ha, hb, hc) = (a.holds.as_ref().unwrap(), b.holds.as_ref().unwrap(), c.holds.as_ref().unwrap());
+        let slot = crate::govern::SLOT_POLL_NS;
+        assert_eq!(ha.admit_provider(1, 0, 0).unwrap(), (true, 0));
+        assert_eq!(hb.admit_provider(1, 0, 0).unwrap(), (false, slot), "the first provider's one slot is a's");
+        // b fails over first and takes the second provider's one slot.
+        hb.switch_provider(b.fallback.as_ref().unwrap().limits);
+        assert_eq!(hb.admit_provider(1, 0, 0).unwrap(), (true, 0));
+        // a fails over: its first slot goes back at once (c gets it), and it waits for b's.
+        ha.switch_provider(a.fallback.as_ref().unwrap().limits);
+        assert_eq!(hc.admit_provider(1, 0, 0).unwrap(), (true, 0), "a gave the first provider's slot back");
+        assert_eq!(ha.admit_provider(1, 0, 0).unwrap(), (false, slot), "the failover waits for its own provider");
+        hb.release_provider();
+        assert_eq!(ha.admit_provider(1, 0, 0).unwrap(), (true, 0));
+        drop((a, b, c));
+        assert_eq!(seg.stats().leases_held, 0, "every slot is back");
         std::fs::remove_file(path).unwrap();
     }
 }

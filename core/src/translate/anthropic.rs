@@ -338,21 +338,33 @@ fn encode_stop(reason: StopReason) -> &'static str {
 }
 
 fn decode_usage(usage: &Map<String, Value>) -> Usage {
+    let cache_write_tokens = count(Some(usage), "cache_creation_input_tokens");
+    // The split by lifetime, where the API reports it; the 1 h part never exceeds the total.
+    let by_ttl = usage.get("cache_creation").and_then(Value::as_object);
     Usage {
         input_tokens: count(Some(usage), "input_tokens"),
         output_tokens: count(Some(usage), "output_tokens"),
         cache_read_tokens: count(Some(usage), "cache_read_input_tokens"),
-        cache_write_tokens: count(Some(usage), "cache_creation_input_tokens"),
+        cache_write_tokens,
+        cache_write_1h_tokens: count(by_ttl, "ephemeral_1h_input_tokens").min(cache_write_tokens),
     }
 }
 
 fn encode_usage(usage: &Usage) -> Value {
-    json!({
+    let mut out = json!({
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "cache_creation_input_tokens": usage.cache_write_tokens,
         "cache_read_input_tokens": usage.cache_read_tokens,
-    })
+    });
+    if usage.cache_write_1h_tokens > 0 {
+        let one_hour = usage.cache_write_1h_tokens.min(usage.cache_write_tokens);
+        out["cache_creation"] = json!({
+            "ephemeral_5m_input_tokens": usage.cache_write_tokens - one_hour,
+            "ephemeral_1h_input_tokens": one_hour,
+        });
+    }
+    out
 }
 
 pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
@@ -607,8 +619,26 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::MaxTokens));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 3, output_tokens: 2, cache_read_tokens: 20, cache_write_tokens: 10 }
+            Usage { input_tokens: 3, output_tokens: 2, cache_read_tokens: 20, cache_write_tokens: 10, cache_write_1h_tokens: 0 }
         );
+    }
+
+    #[test]
+    fn test_one_hour_cache_writes_are_kept_apart_and_never_exceed_the_writes() {
+        let usage = |creation: Value| {
+            let mut u = json!({"input_tokens": 3, "output_tokens": 2, "cache_creation_input_tokens": 10,
+                               "cache_read_input_tokens": 20});
+            u["cache_creation"] = creation;
+            decode_usage(u.as_object().unwrap())
+        };
+        let split = usage(json!({"ephemeral_5m_input_tokens": 6, "ephemeral_1h_input_tokens": 4}));
+        assert_eq!((split.cache_write_tokens, split.cache_write_1h_tokens), (10, 4));
+        let encoded = encode_usage(&split);
+        assert_eq!(encoded["cache_creation"], json!({"ephemeral_5m_input_tokens": 6, "ephemeral_1h_input_tokens": 4}));
+        assert_eq!(decode_usage(encoded.as_object().unwrap()), split, "the split survives a round trip");
+        assert_eq!(usage(json!({"ephemeral_1h_input_tokens": 99})).cache_write_1h_tokens, 10, "clamped to the writes");
+        assert_eq!(usage(Value::Null).cache_write_1h_tokens, 0);
+        assert!(encode_usage(&usage(Value::Null)).get("cache_creation").is_none(), "no split, no field");
     }
 
     #[test]

@@ -506,6 +506,7 @@ fn decode_usage(usage: &Map<String, Value>) -> Usage {
         output_tokens: count(usage, "candidatesTokenCount") + count(usage, "thoughtsTokenCount"),
         cache_read_tokens: cached,
         cache_write_tokens: 0,
+        cache_write_1h_tokens: 0,
     }
 }
 
@@ -859,7 +860,7 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::ToolUse));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 20, output_tokens: 25, cache_read_tokens: 10, cache_write_tokens: 0 }
+            Usage { input_tokens: 20, output_tokens: 25, cache_read_tokens: 10, cache_write_tokens: 0, cache_write_1h_tokens: 0 }
         );
         assert_eq!(
             response.content,

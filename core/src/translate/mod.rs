@@ -398,6 +398,9 @@ pub struct Usage {
     pub output_tokens: u64,
     pub cache_read_tokens: u64,
     pub cache_write_tokens: u64,
+    /// Of `cache_write_tokens`, those written with a one-hour lifetime (Anthropic's
+    /// `cache_creation.ephemeral_1h_input_tokens`), which cost more than five-minute writes.
+    pub cache_write_1h_tokens: u64,
 }
 
 impl Usage {
@@ -409,6 +412,7 @@ impl Usage {
             (&mut self.output_tokens, later.output_tokens),
             (&mut self.cache_read_tokens, later.cache_read_tokens),
             (&mut self.cache_write_tokens, later.cache_write_tokens),
+            (&mut self.cache_write_1h_tokens, later.cache_write_1h_tokens),
         ] {
             if theirs != 0 {
                 *mine = theirs;
@@ -711,7 +715,7 @@ mod tests {
     fn test_usage_merge_keeps_classes_reported_once() {
         let mut usage = Usage { input_tokens: 10, cache_read_tokens: 4, ..Usage::default() };
         usage.merge(&Usage { output_tokens: 7, ..Usage::default() });
-        assert_eq!(usage, Usage { input_tokens: 10, output_tokens: 7, cache_read_tokens: 4, cache_write_tokens: 0 });
+        assert_eq!(usage, Usage { input_tokens: 10, output_tokens: 7, cache_read_tokens: 4, cache_write_tokens: 0, cache_write_1h_tokens: 0 });
         assert_eq!(usage.prompt_tokens(), 14);
     }
 

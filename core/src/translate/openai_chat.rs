@@ -458,6 +458,7 @@ fn decode_usage(usage: &Map<String, Value>) -> Usage {
         output_tokens: count(Some(usage), "completion_tokens"),
         cache_read_tokens: cached,
         cache_write_tokens: 0,
+        cache_write_1h_tokens: 0,
     }
 }
 
@@ -817,7 +818,7 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::ToolUse));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 40, output_tokens: 9, cache_read_tokens: 60, cache_write_tokens: 0 }
+            Usage { input_tokens: 40, output_tokens: 9, cache_read_tokens: 60, cache_write_tokens: 0, cache_write_1h_tokens: 0 }
         );
         assert!(matches!(&response.content[0], Block::ToolCall(c) if c.arguments == "{\"a\":1}"));
     }

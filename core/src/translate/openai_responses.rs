@@ -369,6 +369,7 @@ fn decode_usage(usage: &Map<String, Value>) -> Usage {
         output_tokens: count(Some(usage), "output_tokens"),
         cache_read_tokens: cached,
         cache_write_tokens: 0,
+        cache_write_1h_tokens: 0,
     }
 }
 
@@ -889,7 +890,7 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::MaxTokens));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 30, output_tokens: 3, cache_read_tokens: 20, cache_write_tokens: 0 }
+            Usage { input_tokens: 30, output_tokens: 3, cache_read_tokens: 20, cache_write_tokens: 0, cache_write_1h_tokens: 0 }
         );
         assert_eq!(response.content, [Block::Text("Hel".into())]);
     }

@@ -162,8 +162,9 @@ fn stop_reason() -> impl Strategy<Value = StopReason> {
 }
 
 fn response() -> impl Strategy<Value = Response> {
-    ("[a-z0-9_]{1,10}", "[a-z0-9.-]{1,10}", assistant_content(), stop_reason(), [0u64..5000, 0..5000, 0..5000, 0..5000])
-        .prop_map(|(id, model, content, stop, [input, output, read, write])| Response {
+    ("[a-z0-9_]{1,10}", "[a-z0-9.-]{1,10}", assistant_content(), stop_reason(), [0u64..5000, 0..5000, 0..5000, 0..5000],
+     0u64..5000)
+        .prop_map(|(id, model, content, stop, [input, output, read, write], one_hour)| Response {
             id,
             model,
             content,
@@ -173,6 +174,7 @@ fn response() -> impl Strategy<Value = Response> {
                 output_tokens: output,
                 cache_read_tokens: read,
                 cache_write_tokens: write,
+                cache_write_1h_tokens: one_hour.min(write),
             },
         })
 }
@@ -302,6 +304,7 @@ fn restrict_response(format: Format, mut r: Response) -> Response {
     if format != Format::Anthropic {
         r.usage.input_tokens += r.usage.cache_write_tokens;
         r.usage.cache_write_tokens = 0;
+        r.usage.cache_write_1h_tokens = 0;
     }
     match format {
         Format::Anthropic => {}
