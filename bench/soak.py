@@ -63,6 +63,16 @@ async def _rows_logged(data_dir: str | None, expected: int, timeout_s: float = 1
         await conn.close()
 
 
+def _warnings(stack: pb.Stack, limit: int = 40) -> list[str]:
+    """meshfast's warning and error lines (the telemetry pipeline says there when it spools)."""
+    try:
+        text = stack.meshfast.log_path.read_text(errors="replace") if stack.meshfast else ""
+    except OSError:
+        return []
+    lines = [line for line in text.splitlines() if "WARNING" in line.upper() or "ERROR" in line.upper()]
+    return mb.redact(lines[:limit], stack.secrets())
+
+
 def _worker_pids(server: mb.Server) -> list[int]:
     import psutil
 
@@ -106,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             doc["rows"] = asyncio.run(_rows_logged(stack.data_dir, args.requests))
             doc["telemetry"] = pb.settled_telemetry(stack.meshfast_url, stack.admin_token)
         finally:
+            doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
+                                       for s in stack.servers()}
+            doc["server_warnings"] = _warnings(stack)
             doc["stop"] = stack.stop()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")

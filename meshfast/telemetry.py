@@ -56,6 +56,9 @@ FLUSH_INTERVAL_S = 1.0
 MAX_PROBE_INTERVAL_S = 5.0
 # A COPY that takes longer counts as a database outage: its rows go to the spool.
 COPY_TIMEOUT_S = 10.0
+# A COPY the database rolled back as a deadlock or serialization victim is retried this often
+# before it counts as an outage.
+ROLLBACK_RETRIES = 3
 # What a stopping worker spends on writing its last rows before it spools them.
 STOP_FLUSH_S = 5.0
 NANOS = Decimal(1_000_000_000)
@@ -556,9 +559,17 @@ class Telemetry:
                     self._reject([data], exc)
 
     async def _copy_records(self, records: list[tuple[Any, ...]]) -> None:
-        async with asyncio.timeout(COPY_TIMEOUT_S):
-            async with self._pool.acquire() as conn:
-                await conn.copy_records_to_table("request_logs_ingest", records=records, columns=COLUMNS)
+        for attempt in range(ROLLBACK_RETRIES + 1):
+            try:
+                async with asyncio.timeout(COPY_TIMEOUT_S):
+                    async with self._pool.acquire() as conn:
+                        await conn.copy_records_to_table("request_logs_ingest", records=records, columns=COLUMNS)
+                break
+            except asyncpg.TransactionRollbackError:
+                # A deadlock or serialization victim: the database is there, the batch goes again.
+                if attempt == ROLLBACK_RETRIES:
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
         self._bump("written", len(records))
 
     def _reject(self, rows: list[bytes], exc: BaseException) -> None:
