@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shlex
 import signal
@@ -439,16 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         if not wrk["wrk"]["requests"]:
             failures.append("wrk: no requests")
     doc["summary"] = summary_of(doc)
-    doc["failures"] = failures
-    doc["ok"] = not failures
-    doc["total_s"] = round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(doc, indent=2) + "\n")
-    print_tables(doc)
-    if failures:
-        print("\n[bench] failures:\n  " + "\n  ".join(f[:500] for f in failures), file=sys.stderr)
-    print(f"\n[bench] wrote {out_path} in {doc['total_s']:.0f} s" + ("" if doc["ok"] else " (FAILED run)"))
-    return 0 if doc["ok"] else 1
+    return mb.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +88,23 @@ def http_request(
             return resp.status, dict(resp.headers.items()), resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers.items()), exc.read()
+
+
+def finish(doc: dict, failures: list[str], started: dt.datetime, out_path: Path, tag: str,
+           print_tables: Callable[[dict], None] | None = None, indent: int = 1) -> int:
+    """Records the verdict and the run's duration, writes the JSON, prints the tables, the failures
+    and where it all went; returns the exit status (1 when anything failed)."""
+    doc["failures"] = failures
+    doc["ok"] = not failures
+    doc["total_s"] = round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(doc, indent=indent) + "\n")
+    if print_tables is not None:
+        print_tables(doc)
+    if failures:
+        print(f"\n[{tag}] failures:\n  " + "\n  ".join(f[:500] for f in failures), file=sys.stderr)
+    print(f"\n[{tag}] wrote {out_path} in {doc['total_s']:.0f} s" + ("" if doc["ok"] else " (FAILED run)"))
+    return 0 if doc["ok"] else 1
 
 
 def admin_create(base: str, admin_token: str, path: str, body: dict) -> dict:

@@ -117,20 +117,15 @@ def main(argv: list[str] | None = None) -> int:
                 doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
                                            for s in stack.servers()}
                 doc["stop"] = stack.stop()
-    doc["failures"] = failures
-    doc["ok"] = not failures
-    doc["total_s"] = round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(doc, indent=1) + "\n")
+    return mb.finish(doc, failures, started, out_path, "payload", print_sizes)
+
+
+def print_sizes(doc: dict) -> None:
     for s in doc["sizes"]:
         t = s["targets"]
         print(f"[payload] {s['query_bytes']:>9,} B: direct p50 {t['direct']['total_us'].get('p50', 0) / 1000:.2f} ms, "
               f"meshfast p50 {t['meshfast']['total_us'].get('p50', 0) / 1000:.2f} ms "
               f"(+{s['added_us'].get('p50', 0) / 1000:.2f} ms)")
-    if failures:
-        print("\n[payload] failures:\n  " + "\n  ".join(f[:500] for f in failures), file=sys.stderr)
-    print(f"[payload] wrote {out_path} in {doc['total_s']:.0f} s" + ("" if doc["ok"] else " (FAILED run)"))
-    return 0 if doc["ok"] else 1
 
 
 if __name__ == "__main__":

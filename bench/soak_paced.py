@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import queue
 import shlex
@@ -238,21 +237,16 @@ def main(argv: list[str] | None = None) -> int:
                 doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
                                            for s in stack.servers()}
                 doc["stop"] = stack.stop()
-    doc["failures"] = failures
-    doc["ok"] = not failures
-    doc["total_s"] = round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(doc, indent=1) + "\n")
+    return mb.finish(doc, failures, started, out_path, "soak-paced", print_stages)
+
+
+def print_stages(doc: dict) -> None:
     for r in doc["stages"]:
         lat = r["latency_ok_ms"]
         print(f"[soak-paced] {r['rate_rps']:g} req/s x {r['duration_s']:g} s: {r['requests']} requests, success "
               f"{100 * (r['success_share'] or 0):.1f}%, 503 {100 * (r['shed_share'] or 0):.1f}%, p50 "
               f"{lat.get('p50')} ms, p99 {lat.get('p99')} ms, max {lat.get('max')} ms; RSS {r['rss_mb_start']} -> "
               f"{r['rss_mb_peak']} -> {r['rss_mb_end']} MiB")
-    if failures:
-        print("\n[soak-paced] failures:\n  " + "\n  ".join(f[:500] for f in failures), file=sys.stderr)
-    print(f"[soak-paced] wrote {out_path} in {doc['total_s']:.0f} s" + ("" if doc["ok"] else " (FAILED run)"))
-    return 0 if doc["ok"] else 1
 
 
 if __name__ == "__main__":
