@@ -57,6 +57,7 @@ def test_phases_split_slot_waits_from_the_upstream_call(gateway: Gateway, testse
                             headers={"authorization": f"Bearer {user['key']}"})
                 for _ in range(CALLS)))
 
+    slow_before = testserve.client.get("/_debug/config").json()["slow_delay_ms"]
     testserve.client.post("/_debug/config", json={"slow_delay_ms": SLOW_MS}).raise_for_status()
     try:
         responses = asyncio.run(fire())
@@ -64,7 +65,7 @@ def test_phases_split_slot_waits_from_the_upstream_call(gateway: Gateway, testse
         denied = gateway.client.post("/v1/proxy", params={"model": "phases-slow"}, json={"query": "hi"},
                                      headers={"authorization": "Bearer mesh_live_not_a_key"})
     finally:
-        testserve.client.post("/_debug/config", json={"slow_delay_ms": 5000}).raise_for_status()
+        testserve.client.post("/_debug/config", json={"slow_delay_ms": slow_before}).raise_for_status()
     assert [r.status_code for r in responses] == [200] * CALLS
     assert denied.status_code == 401
     after = _phases(gateway)

@@ -309,11 +309,12 @@ def test_a_failover_waits_for_its_own_providers_slot(gateway: Gateway, testserve
 
             return await asyncio.gather(one(), one(), one())
 
+    slow_before = testserve.client.get("/_debug/config").json()["slow_delay_ms"]
     testserve.client.post("/_debug/config", json={"slow_delay_ms": slow_s * 1000}).raise_for_status()
     try:
         results = asyncio.run(three())
     finally:
-        testserve.client.post("/_debug/config", json={"slow_delay_ms": 5000}).raise_for_status()
+        testserve.client.post("/_debug/config", json={"slow_delay_ms": slow_before}).raise_for_status()
     assert [r.status_code for r, _ in results] == [200] * 3, [r.text for r, _ in results]
     for r, _ in results:
         assert gateway.fetch_row(r.headers["x-request-id"])["provider_id"] == _uuid(narrow["id"])
