@@ -594,7 +594,10 @@ def cpu_model() -> str | None:
 def provenance(args) -> dict:
     rc, sha = _cmd_output(["git", "rev-parse", "HEAD"])
     git_sha = sha if rc == 0 else "unknown"
-    rc_status, status = _cmd_output(["git", "status", "--porcelain"])
+    # Dirty means the sources differ from the commit: what the benches and the paper write
+    # (results, figures, the summary and the PDF) does not count.
+    rc_status, status = _cmd_output(["git", "status", "--porcelain", "--", ".", ":!bench/results", ":!paper/figures",
+                                     ":!paper/data", ":!paper/meshfast.pdf"])
     git_dirty = bool(status) if rc_status == 0 else None
     profile = os.environ.get("MESHFAST_BUILD_PROFILE")
     _, wrk_version = _cmd_output(["wrk", "-v"])
