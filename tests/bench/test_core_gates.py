@@ -161,7 +161,7 @@ def test_in_process_entry_translation_under_1ms(benchmark, path_core) -> None:  
         for chunk in chunks:
             sent += len(stream.feed(chunk))
         sent += len(stream.finish())
-        tokens_in, tokens_out, _, _ = stream.usage
+        tokens_in, tokens_out, _, _, _ = stream.usage
         input_nano, output_nano = core.price(prepared.model_id, tokens_in, tokens_out, 0.0, 0)
         core.charge(prepared.principal_id, prepared.model_id, input_nano + output_nano, now_ms)
         return sent
