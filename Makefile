@@ -126,7 +126,8 @@ fuzz-quick: ## a short fuzz run of every target (CI); skipped without a nightly 
 
 .PHONY: lock
 lock: $(BIN)/python ## refresh requirements-lock.txt from the current environment
-	$(BIN)/pip freeze --exclude meshfast > requirements-lock.txt
+	# NOTE: --all keeps setuptools, which hdrhistogram needs at run time (>= 83).
+	$(BIN)/pip freeze --all --exclude meshfast --exclude pip > requirements-lock.txt
 
 .PHONY: clean
 clean: ## remove build outputs
