@@ -191,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "baselines",
         "description": ("POST /v1/chat/completions (streamed) through meshfast, LiteLLM proxy and Portkey "
                         "gateway vs direct to testserve: added latency at a fixed rate, max requests/s"),
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": pb.provenance(args),
+        **mb.run_header(argv, started, pb.provenance(args)),
         "config": {"workers": args.workers, "litellm_workers": list(args.litellm_workers),
                    "baselines": list(args.baselines), "rate_rps": args.rate, "duration_s_per_target": args.duration,
                    "wrk": {"connections": args.connections, "threads": args.threads,

@@ -31,7 +31,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import resource
 import shlex
 import signal
 import sys
@@ -61,15 +60,6 @@ NOTE = (
     "Granian workers and its main process (PostgreSQL excluded); sockets are ESTABLISHED TCP connections "
     "with meshfast's port as local port, from /proc/net/tcp{,6}."
 )
-
-
-def raise_nofile() -> dict:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):
-        pass
-    return {"before": soft, "after": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "hard": hard}
 
 
 SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
@@ -332,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     out_path = args.out or RESULTS_DIR / f"capacity-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    nofile = raise_nofile()
+    nofile = mb.raise_nofile()
     somaxconn = raise_somaxconn(DEFAULT_BACKLOG)
     if args.max_connections:
         # NOTE: read by `meshfast serve` (mb.start_meshfast copies this environment).
@@ -341,10 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "capacity",
         "description": ("Raw capacity of meshfast: /healthz, authenticated /v1/models, invalid-key 401s, "
                         "held connections with RSS and sockets, and a bad-key flood's denial accounting"),
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": mb.provenance(args),
+        **mb.run_header(argv, started, mb.provenance(args)),
         "config": {"workers": args.workers, "duration_s": args.duration, "warmup_s": args.warmup,
                    "connections": args.connections, "threads": args.threads, "held": list(args.held),
                    "flood_requests": args.flood_requests, "quick": args.quick, "nofile": nofile,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import shlex
 import signal
 import sys
@@ -369,10 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("the load generators against a trivial Granian server (fixed ~1 KB SSE stream): wrk's "
                         "max req/s, loadgen's closed-loop req/s and CPU per request, loadgen's open loop at "
                         "fixed rates (schedule kept?), governance_bench's closed loop at the paper's user count"),
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": provenance(args),
+        **mb.run_header(argv, started, provenance(args)),
         "config": {
             "workers": args.workers, "server": "bench.hello_app:app (Granian RSGI), POST -> fixed SSE stream",
             "stream_body_bytes": len(hello_app.STREAM_BODY), "request_body": REQUEST_BODY.decode(),

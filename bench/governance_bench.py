@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import queue
 import shlex
 import signal
@@ -242,35 +241,58 @@ def closed_loop(target: loadgen.Target, users: int, warmup_s: float, duration_s:
 # ------------------------------------------------------------------------------------- open loop
 
 
-def open_loop(target: loadgen.Target, rate: float, duration_s: float) -> dict:
-    """Arrivals at `t0 + i / rate`; a pool of threads that grows when none is idle."""
-    jobs: queue.Queue[int | None] = queue.Queue()
-    records: list[Record] = []
+@dataclass
+class Arrivals:
+    """What a paced run saw: per target, a Record for every arrival (`start_ns` is its due time)."""
+
+    t0: int
+    t_end: int
+    count: int
+    by_target: dict[str, list[Record]]
+    lag_ns: list[int]  # how late the dispatcher handed out each arrival (client side)
+    errors: list[str]
+    threads_used: int
+
+    @property
+    def records(self) -> list[Record]:
+        return [r for rs in self.by_target.values() for r in rs]
+
+
+def paced(targets: list[loadgen.Target], rate: float, duration_s: float,
+          max_threads: int = MAX_OPEN_THREADS) -> Arrivals:
+    """Arrivals at `t0 + i / rate`, arrival i to `targets[i % len(targets)]`, each on a thread of a pool
+    that grows when none is idle (one keep-alive connection per target per thread)."""
+    jobs: queue.Queue[tuple[int, int] | None] = queue.Queue()
+    by_target: dict[str, list[Record]] = {t.name: [] for t in targets}
     errors: list[str] = []
     lock = threading.Lock()
     idle = [0]
     threads: list[threading.Thread] = []
-    lag_ns: list[int] = []  # how late the dispatcher handed out each arrival (client side)
+    lag_ns: list[int] = []
 
     def worker() -> None:
-        conn = loadgen.Conn(target.host, target.port, timeout_s=CLIENT_TIMEOUT_S)
-        mine: list[Record] = []
+        conns = {t.name: loadgen.Conn(t.host, t.port, timeout_s=CLIENT_TIMEOUT_S) for t in targets}
+        mine: list[tuple[str, Record]] = []
         bad: list[str] = []
         try:
             while True:
-                due = jobs.get()
-                if due is None:
+                job = jobs.get()
+                if job is None:
                     break
-                _, t_end, status, err = _call(conn, target)
-                mine.append(Record(due, t_end, status))
+                due, i = job
+                t = targets[i % len(targets)]
+                _, t_end, status, err = _call(conns[t.name], t)
+                mine.append((t.name, Record(due, t_end, status)))
                 if err:
-                    bad.append(err)
+                    bad.append(f"{t.name}: {err}" if len(targets) > 1 else err)
                 with lock:
                     idle[0] += 1
         finally:
-            conn.close()
+            for c in conns.values():
+                c.close()
             with lock:
-                records.extend(mine)
+                for name, r in mine:
+                    by_target[name].append(r)
                 errors.extend(bad)
 
     count = int(round(rate * duration_s))
@@ -287,29 +309,35 @@ def open_loop(target: loadgen.Target, rate: float, duration_s: float) -> dict:
             if not spawn:
                 idle[0] -= 1
         if spawn:
-            if len(threads) >= MAX_OPEN_THREADS:
+            if len(threads) >= max_threads:
                 errors.append("thread pool exhausted")
                 break
-            t = threading.Thread(target=worker, daemon=True)
-            threads.append(t)
-            t.start()
-        jobs.put(due)
+            th = threading.Thread(target=worker, daemon=True)
+            threads.append(th)
+            th.start()
+        jobs.put((due, i))
     for _ in threads:
         jobs.put(None)
-    for t in threads:
-        t.join(timeout=CLIENT_TIMEOUT_S + 10)
-    t_end = t0 + int(count * interval_ns)
-    half = t0 + int(count // 2 * interval_ns)
-    out = {"rate_rps": rate, "duration_s": duration_s, "arrivals": count, "threads_used": len(threads)}
+    for th in threads:
+        th.join(timeout=CLIENT_TIMEOUT_S + 10)
+    return Arrivals(t0, t0 + int(count * interval_ns), count, by_target, lag_ns, errors, len(threads))
+
+
+def open_loop(target: loadgen.Target, rate: float, duration_s: float) -> dict:
+    """One target at `rate` arrivals/s for `duration_s` (see `paced`)."""
+    run = paced([target], rate, duration_s)
+    t0, t_end, records = run.t0, run.t_end, run.records
+    half = t0 + int(run.count // 2 * 1e9 / rate)
+    out = {"rate_rps": rate, "duration_s": duration_s, "arrivals": run.count, "threads_used": run.threads_used}
     out.update(summarize(records, t0, t_end))
     out["last_half"] = summarize(records, half, t_end)
-    lag = sorted(lag_ns)
+    lag = sorted(run.lag_ns)
     out["dispatch_lag_ms"] = {"p50": round(loadgen.percentile(lag, 50) / 1e6, 2),
                               "p99": round(loadgen.percentile(lag, 99) / 1e6, 2),
                               "max": round(lag[-1] / 1e6, 2)} if lag else {}
     out["per_second"] = per_second(records, t0, int(duration_s + 0.999))
-    out["errors"] = errors[:20]
-    out["error_count"] = len(errors)
+    out["errors"] = run.errors[:20]
+    out["error_count"] = len(run.errors)
     return out
 
 
@@ -582,10 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("POST /v1/proxy through one provider limited to rps_limit req/s: closed loop with N users, "
                         "open loop at fixed arrival rates (knee, shedding past the wait ceiling), and the "
                         "in-process cost of governance in meshfast._core"),
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": pb.provenance(args),
+        **mb.run_header(argv, started, pb.provenance(args)),
         "config": {
             "workers": args.workers, "testserve_workers": 1, "rps_limit": args.rps_limit,
             "wait_ceiling_s": WAIT_CEILING_S, "duration_s": args.duration, "users": list(args.users),
@@ -629,9 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append("interrupted")
             finally:
                 if stack is not None:
-                    doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
-                                               for s in stack.servers()}
-                    doc["stop"] = stack.stop()
+                    stack.stop_into(doc)
     failures += problems_of(doc)
     return mb.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
 

@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import secrets
 import shlex
 import shutil
@@ -88,6 +89,27 @@ def http_request(
             return resp.status, dict(resp.headers.items()), resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers.items()), exc.read()
+
+
+def raise_nofile() -> dict:
+    """Held-connection runs need ~2 descriptors per connection on each side: raise the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
+    return {"before": soft, "after": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "hard": hard}
+
+
+def command_line(argv: list[str] | None) -> str:
+    """This script's command line, as run (``argv`` is what main() was given, else sys.argv)."""
+    return shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv]))
+
+
+def run_header(argv: list[str] | None, started: dt.datetime, provenance: dict) -> dict:
+    """What every result document opens with: when, the exact command, where, and the provenance."""
+    return {"timestamp": started.isoformat(), "command": command_line(argv), "cwd": os.getcwd(),
+            "provenance": provenance}
 
 
 def finish(doc: dict, failures: list[str], started: dt.datetime, out_path: Path, tag: str,
@@ -705,10 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         "description": (
             "GET /v1/models (5 granted models) on meshfast vs a fixed-body Granian RSGI hello-world"
         ),
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": provenance(args),
+        **run_header(argv, started, provenance(args)),
         "config": {
             "workers": args.workers,
             "connections": args.connections,

@@ -26,7 +26,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import resource
 import shlex
 import shutil
 import signal
@@ -54,16 +53,6 @@ NOTEBOOK_TIMEOUT_S = 300
 
 def load_scenarios() -> list[dict]:
     return json.loads(SCENARIOS.read_text())["scenarios"]
-
-
-def raise_nofile() -> dict:
-    """Held-connection runs need ~2 descriptors per connection on each side: raise the soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError):
-        pass
-    return {"before": soft, "after": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
 
 
 def scenario_argv(sc: dict, mode: str, run_dir: Path, args) -> list[str]:
@@ -225,11 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     record: dict = {
         "pipeline": "paper",
         "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
+        "command": mb.command_line(argv),
         "mode": "quick" if args.quick else "full",
         "workers": args.workers,
         "only": args.only,
-        "nofile": raise_nofile(),
+        "nofile": mb.raise_nofile(),
         "provenance": provenance(args),
         "scenarios": {},
     }

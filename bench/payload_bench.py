@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import signal
 import sys
@@ -67,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict = {
         "benchmark": "payload",
         "description": "POST /v1/proxy latency against the size of the query, meshfast vs direct to testserve",
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": pb.provenance(args),
+        **mb.run_header(argv, started, pb.provenance(args)),
         "config": {"workers": args.workers, "sizes_bytes": list(args.sizes), "count": args.count,
                    "rate_rps": args.rate, "quick": args.quick},
         "background_cpu_busy_pct": mb.cpu_busy_pct(),
@@ -114,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             failures.append("interrupted")
         finally:
             if stack is not None:
-                doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
-                                           for s in stack.servers()}
-                doc["stop"] = stack.stop()
+                stack.stop_into(doc)
     return mb.finish(doc, failures, started, out_path, "payload", print_sizes)
 
 

@@ -228,6 +228,11 @@ class Stack:
         for s in self.servers():
             s.check_alive()
 
+    def stop_into(self, doc: dict) -> None:
+        """Stop every server, keeping in `doc` each one's log tail (secrets redacted) and the stop report."""
+        doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], self.secrets())[0] for s in self.servers()}
+        doc["stop"] = self.stop()
+
     def stop(self) -> dict:
         report = {}
         for s in (self.meshfast, self.forwarder, self.forwarder_native, self.testserve):
@@ -943,10 +948,7 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("POST /v1/proxy on meshfast vs a bare Granian+aiohttp forwarder vs a direct call to "
                         "testserve with the same upstream request: added latency at a fixed rate, TTFB of "
                         "short vs huge streams, max requests/s"),
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": provenance(args),
+        **mb.run_header(argv, started, provenance(args)),
         "config": {
             "workers": args.workers, "testserve_workers": 1, "rate_rps": args.rate,
             "meshfast_upstream_client": args.meshfast_client,
@@ -987,9 +989,7 @@ def main(argv: list[str] | None = None) -> int:
             failures.append("interrupted")
         finally:
             if stack is not None:
-                doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
-                                           for s in stack.servers()}
-                doc["stop"] = stack.stop()
+                stack.stop_into(doc)
     failures += problems_of(doc)
     doc["criteria"] = criteria(doc)
     doc["failures"] = failures

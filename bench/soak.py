@@ -116,10 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             doc["rows"] = asyncio.run(_rows_logged(stack.data_dir, args.requests))
             doc["telemetry"] = pb.settled_telemetry(stack.meshfast_url, stack.admin_token)
         finally:
-            doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
-                                       for s in stack.servers()}
             doc["server_warnings"] = _warnings(stack)
-            doc["stop"] = stack.stop()
+            stack.stop_into(doc)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
     r = doc["result"]

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import queue
 import shlex
 import signal
 import sys
@@ -68,42 +66,8 @@ def provision(st: pb.Stack, rps_limit: int) -> None:
 
 def stage(targets: list[loadgen.Target], rate: float, duration_s: float, pids: list[int]) -> dict:
     """Open loop at `rate` over `targets` in rotation; RSS every second."""
-    jobs: queue.Queue[tuple[int, int] | None] = queue.Queue()
-    records: list[gb.Record] = []
-    by_family: dict[str, list[gb.Record]] = {t.name: [] for t in targets}
-    errors: list[str] = []
-    lock = threading.Lock()
-    idle = [0]
-    threads: list[threading.Thread] = []
     rss: list[tuple[float, float]] = []
     stop_sampling = threading.Event()
-
-    def worker() -> None:
-        conns = {t.name: loadgen.Conn(t.host, t.port, timeout_s=gb.CLIENT_TIMEOUT_S) for t in targets}
-        mine: list[tuple[str, gb.Record]] = []
-        bad: list[str] = []
-        try:
-            while True:
-                job = jobs.get()
-                if job is None:
-                    break
-                due, i = job
-                t = targets[i % len(targets)]
-                _, t_end, status, err = gb._call(conns[t.name], t)
-                mine.append((t.name, gb.Record(due, t_end, status)))
-                if err:
-                    bad.append(f"{t.name}: {err}")
-                with lock:
-                    idle[0] += 1
-        finally:
-            for c in conns.values():
-                c.close()
-            with lock:
-                for name, r in mine:
-                    records.append(r)
-                    by_family[name].append(r)
-                errors.extend(bad)
-
     t_start = time.monotonic()
 
     def sample() -> None:
@@ -113,41 +77,18 @@ def stage(targets: list[loadgen.Target], rate: float, duration_s: float, pids: l
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    count = int(round(rate * duration_s))
-    interval_ns = 1e9 / rate
-    t0 = time.perf_counter_ns() + 50_000_000
-    lag: list[int] = []
-    for i in range(count):
-        due = t0 + int(i * interval_ns)
-        wait = due - time.perf_counter_ns()
-        if wait > 0:
-            time.sleep(wait / 1e9)
-        lag.append(max(0, time.perf_counter_ns() - due))
-        with lock:
-            spawn = idle[0] == 0
-            if not spawn:
-                idle[0] -= 1
-        if spawn:
-            if len(threads) >= MAX_THREADS:
-                errors.append("thread pool exhausted")
-                break
-            th = threading.Thread(target=worker, daemon=True)
-            threads.append(th)
-            th.start()
-        jobs.put((due, i))
-    for _ in threads:
-        jobs.put(None)
-    for th in threads:
-        th.join(timeout=gb.CLIENT_TIMEOUT_S + 10)
-    stop_sampling.set()
-    sampler.join(timeout=5)
-    t_end = t0 + int(count * interval_ns)
-    out = {"rate_rps": rate, "duration_s": duration_s, "arrivals": count, "threads_used": len(threads)}
+    try:
+        run = gb.paced(targets, rate, duration_s, max_threads=MAX_THREADS)
+    finally:
+        stop_sampling.set()
+        sampler.join(timeout=5)
+    t0, t_end, records, errors = run.t0, run.t_end, run.records, run.errors
+    out = {"rate_rps": rate, "duration_s": duration_s, "arrivals": run.count, "threads_used": run.threads_used}
     out.update(gb.summarize(records, t0, t_end))
     out["success_share"] = round(out["ok"] / out["requests"], 4) if out["requests"] else None
-    out["per_family"] = {n: gb.summarize(rs, t0, t_end) for n, rs in by_family.items()}
+    out["per_family"] = {n: gb.summarize(rs, t0, t_end) for n, rs in run.by_target.items()}
     out["per_second"] = gb.per_second(records, t0, int(duration_s + 0.999))
-    sl = sorted(lag)
+    sl = sorted(run.lag_ns)
     out["dispatch_lag_ms"] = {"p50": round(loadgen.percentile(sl, 50) / 1e6, 2),
                               "p99": round(loadgen.percentile(sl, 99) / 1e6, 2)} if sl else {}
     out["rss_mb_series"] = rss
@@ -189,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "soak-paced",
         "description": ("Mixed POST /v1/proxy over three providers limited to rps_limit each, open loop at fixed "
                         "rates: under capacity (all admitted) and over it (the excess shed as 503 provider_busy)"),
-        "timestamp": started.isoformat(),
-        "command": shlex.join([sys.executable] + (sys.argv if argv is None else [sys.argv[0], *argv])),
-        "cwd": os.getcwd(),
-        "provenance": pb.provenance(args),
+        **mb.run_header(argv, started, pb.provenance(args)),
         "config": {"workers": args.workers, "rps_limit": args.rps_limit, "families": list(FAMILIES),
                    "stages": [{"rate_rps": r, "duration_s": d} for r, d in args.stages], "quick": args.quick,
                    "proxy_body": pb.PROXY_BODY.decode(), "wait_ceiling_s": gb.WAIT_CEILING_S},
@@ -234,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             failures.append("interrupted")
         finally:
             if stack is not None:
-                doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], stack.secrets())[0]
-                                           for s in stack.servers()}
-                doc["stop"] = stack.stop()
+                stack.stop_into(doc)
     return mb.finish(doc, failures, started, out_path, "soak-paced", print_stages)
 
 
