@@ -282,7 +282,8 @@ class DataPlane:
     def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0,
                 web_searches: int = 0, cache_read: int = 0, cache_write: int = 0, cache_write_1h: int = 0) -> None:
         """Price the call into the row (each token class at its price; ``tokens_in`` excludes
-        cached tokens, ``cache_write`` the one-hour writes); `handle` settles the reservation with it."""
+        cached tokens, ``cache_write`` the one-hour writes, priced as ``cache_write_1h``); `handle` settles the
+        reservation with it."""
         input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, web_searches,
                                                   cache_read, cache_write, cache_write_1h)
         row.web_searches = web_searches
