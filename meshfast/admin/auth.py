@@ -1,11 +1,15 @@
 """Admins, sessions, CSRF and admin API tokens (mesh-behaviour §3.1, API.md).
 
 Passwords are argon2id (argon2-cffi, hashed off the event loop). Login is throttled per source
-IP (burst 5, then 1/s; per worker) and an account locks for 15 minutes after 5 failed attempts;
-an unknown account still costs a dummy verify, so timing does not tell accounts apart. A session
-is a random token stored as its SHA-256, valid 24 h, with a CSRF token checked on every unsafe
-method; sessions are cached in process for at most 5 s, and pausing, deleting or changing the
-password of an admin drops the cache at once.
+IP across the instance (burst 5, then 1/s: a GCRA bucket in the shared-memory segment, so every
+worker draws on the same one) and answers 429 with ``Retry-After``. An account locks for 15 minutes
+at its 5th failed attempt: each attempt is counted by one atomic UPDATE *before* its password is
+checked, so concurrent guesses cannot all read a counter none of them has raised yet; at most 5
+guesses are ever checked per lock. An unknown account still costs a dummy verify, so timing does
+not tell accounts apart. A session is a random token stored as its SHA-256, valid 24 h, with a
+CSRF token checked on every unsafe method. Sessions and admin tokens are looked up in PostgreSQL on
+every request (no cache): logout, revocation, pause, delete and a password change take effect
+from the next request on, on every worker and every instance sharing the database.
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ import asyncio
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import json
+import logging
+import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +34,11 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
 from meshfast import errors
-from meshfast._core import GLOBAL_INFLIGHT, counter_key
+from meshfast._core import ShmError
+
+log = logging.getLogger("meshfast.admin")
 
 SESSION_TTL = dt.timedelta(hours=24)
-SESSION_CACHE_S = 5.0
-SESSION_CACHE_MAX = 4096
 LOCK_AFTER = 5
 LOCK_FOR = dt.timedelta(minutes=15)
 LOGIN_BURST = 5
@@ -39,10 +47,14 @@ MIN_PASSWORD = 8
 SESSION_COOKIE = "mesh_session"
 CSRF_COOKIE = "mesh_csrf"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# NOTE: source addresses map to this many throttle buckets (a keyed hash), so a flood from many
+# addresses (an IPv6 range) holds at most this many of the segment's slots, which the data plane's
+# counters share; two addresses meet in one bucket with odds 1/4096, and an outsider cannot choose to.
+LOGIN_BUCKETS = 4096
+# An IPv6 client usually holds a whole /64: it counts as one address.
+IPV6_CLIENT_PREFIX = 64
 
 _hasher = PasswordHasher()
-# A process-wide counter in the shared-memory segment: bumped to drop every worker's cache.
-_GENERATION_KEY = counter_key(GLOBAL_INFLIGHT, "meshfast.auth", "session-generation", 0)
 # Verified against when the account does not exist, so that answer takes as long as a real one.
 _DUMMY_HASH = _hasher.hash("meshfast-dummy-password")
 
@@ -76,6 +88,39 @@ CsrfFailed = errors._error("CsrfFailed", 403, "csrf_failed")
 AdminNotFound = errors._error("AdminNotFound", 404, "admin_not_found")
 TokenNotFound = errors._error("TokenNotFound", 404, "token_not_found")
 CannotModifyOwn = errors._error("CannotModifyOwn", 400, "cannot_modify_own_account")
+
+
+# One atomic step per login attempt, before its password is checked: count the attempt and, at the
+# LOCK_AFTER-th, lock the account. A correct password then resets both (_LOGIN_SUCCEEDED), so the
+# counter holds the failures since the last success, as in Mesh, and concurrent attempts past the
+# LOCK_AFTER-th are refused as locked without a password check. No row: locked, paused or unknown.
+_CLAIM_ATTEMPT = """
+UPDATE admins SET failed_login_attempts = failed_login_attempts + 1,
+    locked_until = CASE WHEN failed_login_attempts + 1 >= $2 THEN now() + $3::interval ELSE locked_until END
+WHERE email = $1 AND status = 'active' AND (locked_until IS NULL OR locked_until <= now())
+RETURNING id, password_hash, failed_login_attempts
+"""
+_IS_LOCKED = """
+SELECT locked_until > now() FROM admins WHERE email = $1 AND status = 'active'
+"""
+_LOGIN_SUCCEEDED = """
+UPDATE admins SET failed_login_attempts = 0, locked_until = NULL WHERE id = $1 AND status = 'active'
+RETURNING is_super
+"""
+_SESSION_BY_HASH = """
+SELECT a.id, a.email, a.is_super, s.csrf_hash FROM admin_sessions s JOIN admins a ON a.id = s.admin_id
+WHERE s.token_hash = $1 AND s.expires_at > now() AND a.status = 'active'
+"""
+# A token is refused while the admin it answers to (owner_admin_id, see migration 0012) is paused or
+# once they are deleted.
+_TOKEN_BY_HASH = """
+SELECT t.name, t.is_super, t.owner_admin_id FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
+WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.owner_admin_id IS NULL OR a.status = 'active')
+"""
+_TOKEN_FOR_REVOKE = """
+SELECT name, is_super FROM admin_tokens WHERE id = $1::uuid AND revoked_at IS NULL FOR UPDATE
+"""
+_REVOKE_TOKEN = "UPDATE admin_tokens SET revoked_at = now() WHERE id = $1::uuid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,110 +163,98 @@ def clear_cookies(secure: bool) -> list[tuple[str, str]]:
     return set_cookies("", "", secure, 0)
 
 
-class _Bucket:
-    __slots__ = ("tokens", "at")
-
-    def __init__(self) -> None:
-        self.tokens = float(LOGIN_BURST)
-        self.at = time.monotonic()
-
-
 class AdminAuth:
-    """``segment`` (the instance's shared memory) carries a generation that every worker's
-    session cache checks, so an explicit invalidation reaches all workers at once."""
+    """``segment`` (the instance's shared memory) holds the login throttle's buckets;
+    ``hash_token`` (keyed with the instance's pepper) hashes bearer tokens and picks an address's
+    bucket. Without them (the CLI) there is no throttle and no bearer check."""
 
-    def __init__(self, pool: asyncpg.Pool, segment: Any = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, segment: Any = None,
+                 hash_token: Callable[[str], str] | None = None) -> None:
         self._pool = pool
         self._segment = segment
-        self._sessions: dict[str, tuple[float, int, Session]] = {}
-        self._buckets: dict[str, _Bucket] = {}
+        self._hash_token = hash_token
+        self._shm_full_logged_at = -math.inf
 
-    # --- throttling and caching -------------------------------------------------------------
+    # --- throttling -------------------------------------------------------------------------
 
-    def _throttle(self, ip: str) -> None:
-        now = time.monotonic()
-        if len(self._buckets) > 10_000:
-            self._buckets = {k: b for k, b in self._buckets.items() if now - b.at < 600}
-        bucket = self._buckets.setdefault(ip, _Bucket())
-        bucket.tokens = min(LOGIN_BURST, bucket.tokens + (now - bucket.at) * LOGIN_PER_S)
-        bucket.at = now
-        if bucket.tokens < 1:
-            raise TooManyAttempts(retry_after_s=1)
-        bucket.tokens -= 1
+    def throttle(self, ip: str) -> int:
+        """Takes one login attempt from ``ip``'s bucket: 0 when admitted, else the whole seconds
+        to wait (the 429's ``Retry-After``)."""
+        if self._segment is None or self._hash_token is None:
+            return 0
+        try:
+            wait_ns = self._segment.rate_acquire(self._throttle_key(ip), LOGIN_PER_S, LOGIN_BURST,
+                                                 time.monotonic_ns())
+        except ShmError:
+            # NOTE: a full slot table is the data plane's outage already; admins must still be able
+            # to log in to act on it, and the account lockout still bounds the guesses.
+            now = time.monotonic()
+            if now - self._shm_full_logged_at > 60:
+                self._shm_full_logged_at = now
+                log.warning("login throttle skipped: the shared-memory slot table is full")
+            return 0
+        return max(1, math.ceil(wait_ns / 1e9)) if wait_ns else 0
 
-    def _generation(self) -> int:
-        return self._segment.get(_GENERATION_KEY) if self._segment is not None else 0
-
-    def invalidate_all(self) -> None:
-        """Forget every cached session, in every worker (an admin was paused, deleted or changed
-        password)."""
-        self._sessions.clear()
-        if self._segment is not None:
-            self._segment.add(_GENERATION_KEY, 1)
+    def _throttle_key(self, ip: str) -> bytes:
+        try:
+            address = ipaddress.ip_address(ip)
+            if address.version == 6 and address.ipv4_mapped is None:
+                ip = str(ipaddress.ip_network(f"{address}/{IPV6_CLIENT_PREFIX}", strict=False))
+            elif address.version == 6:
+                ip = str(address.ipv4_mapped)
+        except ValueError:
+            pass  # not an address (e.g. "unknown"): its own bucket
+        assert self._hash_token is not None
+        bucket = int(self._hash_token("login-throttle\0" + ip)[:8], 16) % LOGIN_BUCKETS
+        return hashlib.blake2b(b"meshfast.login-throttle\0" + bucket.to_bytes(4, "little"), digest_size=16).digest()
 
     # --- login ------------------------------------------------------------------------------
 
     async def login(self, ip: str, body: LoginBody) -> tuple[str, str, Session]:
-        """Returns (session token, CSRF token, session)."""
-        self._throttle(ip)
+        """Returns (session token, CSRF token, session). The caller has taken the attempt from the
+        throttle (:meth:`throttle`) before reading the body."""
         email = body.email.strip().lower()
         async with self._pool.acquire() as conn:
-            admin = await conn.fetchrow(
-                "SELECT id, email, password_hash, status, is_super, failed_login_attempts, locked_until "
-                "FROM admins WHERE email = $1", email)
-            if admin is None or admin["status"] != "active":
+            claimed = await conn.fetchrow(_CLAIM_ATTEMPT, email, LOCK_AFTER, LOCK_FOR)
+            if claimed is None:
+                if await conn.fetchval(_IS_LOCKED, email):
+                    await _audit(conn, email, "login_failed", email, {"reason": "account_locked", "ip": ip})
+                    raise AccountLocked()
                 await _verify(_DUMMY_HASH, body.password)
                 await _audit(conn, email, "login_failed", email, {"reason": "unknown_account", "ip": ip})
                 raise InvalidCredentials()
-            now = dt.datetime.now(dt.UTC)
-            if admin["locked_until"] is not None and admin["locked_until"] > now:
-                await _audit(conn, email, "login_failed", email, {"reason": "account_locked", "ip": ip})
-                raise AccountLocked()
-            if not await _verify(admin["password_hash"], body.password):
-                attempts = admin["failed_login_attempts"] + 1
-                locked = now + LOCK_FOR if attempts >= LOCK_AFTER else None
-                await conn.execute("UPDATE admins SET failed_login_attempts = $2, locked_until = $3 WHERE id = $1",
-                                   admin["id"], attempts, locked)
+            if not await _verify(claimed["password_hash"], body.password):
+                locked = claimed["failed_login_attempts"] >= LOCK_AFTER
                 reason = "bad_password_now_locked" if locked else "bad_password"
                 await _audit(conn, email, "login_failed", email, {"reason": reason, "ip": ip})
                 raise InvalidCredentials()
             token, csrf = new_token(), new_token()
             async with conn.transaction():
-                await conn.execute("UPDATE admins SET failed_login_attempts = 0, locked_until = NULL WHERE id = $1",
-                                   admin["id"])
+                is_super = await conn.fetchval(_LOGIN_SUCCEEDED, claimed["id"])
+                if is_super is None:  # paused or deleted while the password was checked
+                    raise InvalidCredentials()
                 await conn.execute(
-                    "INSERT INTO admin_sessions (admin_id, token_hash, csrf_hash, expires_at) VALUES ($1, $2, $3, $4)",
-                    admin["id"], _sha256(token), _sha256(csrf), now + SESSION_TTL)
+                    "INSERT INTO admin_sessions (admin_id, token_hash, csrf_hash, expires_at) "
+                    "VALUES ($1, $2, $3, now() + $4::interval)",
+                    claimed["id"], _sha256(token), _sha256(csrf), SESSION_TTL)
                 await _audit(conn, email, "login", email, {"ip": ip})
-        session = Session(str(admin["id"]), email, admin["is_super"], _sha256(csrf), _sha256(token))
+        session = Session(str(claimed["id"]), email, is_super, _sha256(csrf), _sha256(token))
         return token, csrf, session
 
     async def session(self, headers: Any, method: str) -> Session | None:
         """The session a request carries (None without a session cookie); raises 401 for an
-        unknown or expired session and 403 when an unsafe method lacks the matching CSRF token."""
+        unknown, expired or logged-out session (looked up on every request: no cache may outlive a
+        logout or a pause) and 403 when an unsafe method lacks the matching CSRF token."""
         jar = cookies(headers)
         token = jar.get(SESSION_COOKIE)
         if not token:
             return None
         digest = _sha256(token)
-        now = time.monotonic()
-        generation = self._generation()
-        cached = self._sessions.get(digest)
-        if cached is not None and now - cached[0] < SESSION_CACHE_S and cached[1] == generation:
-            found = cached[2]
-        else:
-            async with self._pool.acquire() as conn:
-                row = await conn.fetchrow(
-                    "SELECT a.id, a.email, a.is_super, s.csrf_hash FROM admin_sessions s JOIN admins a "
-                    "ON a.id = s.admin_id WHERE s.token_hash = $1 AND s.expires_at > now() AND a.status = 'active'",
-                    digest)
-            if row is None:
-                self._sessions.pop(digest, None)
-                raise errors.Unauthorized()
-            found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest)
-            if len(self._sessions) >= SESSION_CACHE_MAX:
-                self._sessions.clear()
-            self._sessions[digest] = (now, generation, found)
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(_SESSION_BY_HASH, digest)
+        if row is None:
+            raise errors.Unauthorized()
+        found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest)
         if method not in SAFE_METHODS:
             header = headers.get("x-csrf-token") or ""
             cookie = jar.get(CSRF_COOKIE) or ""
@@ -230,11 +263,24 @@ class AdminAuth:
                 raise CsrfFailed()
         return found
 
+    async def bearer(self, authorization: str) -> tuple[str, bool, str | None]:
+        """The (actor name, is super, owner admin id) of a bearer admin token, looked up on every
+        request (no cache may outlive a revocation or a pause); 401 for anything else."""
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token or self._hash_token is None:
+            raise errors.Unauthorized()
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(_TOKEN_BY_HASH, self._hash_token(token))
+        if row is None:
+            raise errors.Unauthorized()
+        owner = row["owner_admin_id"]
+        return f"token:{row['name']}", row["is_super"], None if owner is None else str(owner)
+
     async def logout(self, session: Session) -> None:
         async with self._pool.acquire() as conn:
             await conn.execute("DELETE FROM admin_sessions WHERE token_hash = $1", session.session_hash)
             await _audit(conn, session.email, "logout", session.email, {})
-        self._sessions.pop(session.session_hash, None)
 
     async def change_password(self, session: Session, body: PasswordChange) -> dict[str, Any]:
         if len(body.new_password) < MIN_PASSWORD:
@@ -252,7 +298,6 @@ class AdminAuth:
                 await conn.execute("DELETE FROM admin_sessions WHERE admin_id = $1 AND token_hash <> $2",
                                    session.admin_id, session.session_hash)
                 await _audit(conn, session.email, "change_password", session.email, {})
-        self.invalidate_all()
         return {"status": "ok"}
 
     # --- admins -----------------------------------------------------------------------------
@@ -304,13 +349,14 @@ class AdminAuth:
                     await conn.execute("DELETE FROM admin_sessions WHERE admin_id = $1::uuid", admin_id)
                 action = {"paused": "pause_admin", "active": "resume_admin", None: "delete_admin"}[status]
                 await _audit(conn, actor, action, row["email"], {})
-        self.invalidate_all()
         return {"status": "ok"}
 
     # --- admin API tokens -------------------------------------------------------------------
 
-    async def create_token(self, actor: str, actor_is_super: bool, body: TokenCreate,
+    async def create_token(self, actor: str, actor_is_super: bool, owner_admin_id: str | None, body: TokenCreate,
                            hash_token: Any) -> dict[str, Any]:
+        """``owner_admin_id``: the admin the new token answers to (the session's admin, or the
+        minting token's owner; None under the bootstrap token's authority)."""
         name = body.name.strip()
         if not name or len(name) > 100 or name == "bootstrap":
             raise errors.InvalidRequest("name must be 1-100 characters and not 'bootstrap'")
@@ -319,8 +365,9 @@ class AdminAuth:
         token = "mesh_admin_" + new_token()
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(
-                "INSERT INTO admin_tokens (name, token_hash, is_super, created_by) VALUES ($1, $2, $3, $4) "
-                "RETURNING id, name, is_super, created_by, created_at", name, hash_token(token), body.is_super, actor)
+                "INSERT INTO admin_tokens (name, token_hash, is_super, created_by, owner_admin_id) "
+                "VALUES ($1, $2, $3, $4, $5::uuid) RETURNING id, name, is_super, created_by, created_at",
+                name, hash_token(token), body.is_super, actor, owner_admin_id)
             await _audit(conn, actor, "create_admin_token", name, {"is_super": body.is_super})
         return {**_token(row), "token": token}
 
@@ -330,16 +377,20 @@ class AdminAuth:
                                     "ORDER BY created_at DESC")
         return [_token(r) for r in rows]
 
-    async def revoke_token(self, actor: str, token_id: str) -> dict[str, Any]:
+    async def revoke_token(self, actor: str, actor_is_super: bool, token_id: str) -> dict[str, Any]:
+        """Revokes a token; a super admin's token only by a super admin (403 else)."""
         async with self._pool.acquire() as conn:
-            try:
-                row = await conn.fetchrow("UPDATE admin_tokens SET revoked_at = now() WHERE id = $1::uuid "
-                                          "AND revoked_at IS NULL RETURNING name", token_id)
-            except asyncpg.DataError:
-                raise TokenNotFound() from None
-            if row is None:
-                raise TokenNotFound()
-            await _audit(conn, actor, "revoke_admin_token", row["name"], {})
+            async with conn.transaction():
+                try:
+                    row = await conn.fetchrow(_TOKEN_FOR_REVOKE, token_id)
+                except asyncpg.DataError:
+                    raise TokenNotFound() from None
+                if row is None:
+                    raise TokenNotFound()
+                if row["is_super"] and not actor_is_super:
+                    raise errors.Forbidden()
+                await conn.execute(_REVOKE_TOKEN, token_id)
+                await _audit(conn, actor, "revoke_admin_token", row["name"], {})
         return {"status": "revoked"}
 
     async def sweep(self) -> int:

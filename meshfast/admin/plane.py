@@ -42,7 +42,7 @@ class AdminPlane:
                  segment: Any = None) -> None:
         self._pool = pool
         self.router = router
-        self.auth = auth.AdminAuth(pool, segment)
+        self.auth = auth.AdminAuth(pool, segment, hash_token)
         self._hash_token = hash_token
         self._status = status
         self._secure = cookie_secure
@@ -63,7 +63,7 @@ class AdminPlane:
         add("GET", r"/admin/tokens", lambda a, s, q, b, h: self._ok(self.auth.list_tokens()))
         add("POST", r"/admin/tokens", self._create_token)
         add("DELETE", r"/admin/tokens/(?P<id>[^/]+)",
-            lambda a, s, q, b, h, id: self._ok(self.auth.revoke_token(a.name, id)))
+            lambda a, s, q, b, h, id: self._ok(self.auth.revoke_token(a.name, a.is_super, id)))
         add("GET", r"/admin/logs", lambda a, s, q, b, h: self._query(lambda c: logs.list_logs(c, logs.Query(q))))
         add("GET", r"/admin/logs/summary",
             lambda a, s, q, b, h: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
@@ -97,7 +97,8 @@ class AdminPlane:
         """A bearer admin token, else a session cookie (with CSRF on unsafe methods); 401 else."""
         authorization = headers.get("authorization")
         if authorization:
-            return await self.router.authenticate(authorization), None
+            name, is_super, _ = await self.auth.bearer(authorization)
+            return Actor(name=name, is_super=is_super), None
         session = await self.auth.session(headers, method)
         if session is None:
             raise errors.Unauthorized()
@@ -108,6 +109,10 @@ class AdminPlane:
         if path.rstrip("/") == "/admin/login":
             if method != "POST":
                 raise errors.MethodNotAllowed()
+            retry_after_s = self.auth.throttle(ip)  # before the body: a throttled login costs no read
+            if retry_after_s:
+                return Reply(auth.TooManyAttempts.status, {"error": auth.TooManyAttempts.code},
+                             (("retry-after", str(retry_after_s)),))
             return await self._login(ip, body)
         actor, session = await self.actor(headers, method)
         matched = False
@@ -200,6 +205,8 @@ class AdminPlane:
 
     async def _create_token(self, actor: Actor, session: auth.Session | None, query: str | None,
                             body: bytes, headers: Any) -> Reply:
-        created = await self.auth.create_token(actor.name, actor.is_super, svc.decode(body, auth.TokenCreate),
+        # The new token answers to the same admin as the credential that made it.
+        owner = session.admin_id if session is not None else (await self.auth.bearer(headers["authorization"]))[2]
+        created = await self.auth.create_token(actor.name, actor.is_super, owner, svc.decode(body, auth.TokenCreate),
                                                self._hash_token)
         return Reply(201, created)
