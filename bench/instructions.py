@@ -11,6 +11,7 @@ where a timing gate on a shared machine could not be.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import re
 import shutil
@@ -41,6 +42,18 @@ def count(binary: Path, workload: str) -> int:
     return int(match.group(1))
 
 
+def run_header(argv: list[str] | None) -> dict:
+    """The header every bench result opens with; the counts come from a `--release` build."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from bench import models_bench as mb
+
+    prov = mb.provenance(argparse.Namespace(meshfast_cmd="meshfast", only="hello"))
+    prov["build_profile"], prov["build_profile_source"] = "release", "cargo build --release (this script)"
+    prov["versions"]["valgrind"] = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
+    return mb.run_header(argv, dt.datetime.now(dt.UTC), prov)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--update", action="store_true")
@@ -52,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     binary = build()
     counts = {w: count(binary, w) for w in WORKLOADS}
     if args.update:
-        BASELINE.write_text(json.dumps({"bound": args.bound, "instructions": counts}, indent=1) + "\n")
+        doc = {"bound": args.bound, "instructions": counts, **run_header(argv)}
+        BASELINE.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {BASELINE}")
         return 0
     baseline = json.loads(BASELINE.read_text())["instructions"]

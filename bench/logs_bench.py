@@ -5,7 +5,9 @@ spread over 30 days (1,000 users, 20 models, every outcome) through the same ing
 uses (so the hourly rollup is kept by the same trigger), then times, median of `--repeat` runs:
 the 30-day summaries (totals, daily series in a time zone, by model, by user, by status, by deny
 reason, latency buckets), the paged log list with its total, and one user's 7-day drill-down.
-EXPLAIN (ANALYZE, BUFFERS) of each query goes into the JSON (bench/results/logs-<ts>.json).
+EXPLAIN (ANALYZE, BUFFERS) of each query goes into the JSON (bench/results/logs-<ts>.json), which
+opens with the run header every bench writes (command, git sha, build profile, machine, versions)
+plus the PostgreSQL server's version and settings that shape the plans.
 
     python bench/logs_bench.py [--rows 10000000] [--repeat 5]
 """
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +32,7 @@ if str(ROOT) not in sys.path:
 
 import asyncpg  # noqa: E402
 
+from bench import models_bench as mb  # noqa: E402
 from meshfast.admin import logs  # noqa: E402
 from meshfast.store import database  # noqa: E402
 
@@ -73,6 +77,8 @@ async def run(args: argparse.Namespace, url: str) -> dict:
     conn = await asyncpg.connect(url)
     out: dict = {"rows": args.rows}
     try:
+        out["postgres"] = {name: await conn.fetchval(f"SHOW {name}") for name in
+                           ("server_version", "shared_buffers", "work_mem", "jit", "max_parallel_workers_per_gather")}
         now = dt.datetime.now(dt.UTC)
         await conn.execute("SELECT meshfast_ensure_log_partitions(1)")
         # Daily partitions for the past 31 days, as the leader would have made them.
@@ -127,20 +133,37 @@ async def run(args: argparse.Namespace, url: str) -> dict:
     return out
 
 
+def provenance() -> dict:
+    """The run header's provenance (git sha, build profile, CPU, host, versions) for an
+    in-process bench: meshfast is imported from this tree, PostgreSQL is pgserver's."""
+    meshfast_cmd = Path(sys.executable).with_name("meshfast")
+    prov = mb.provenance(argparse.Namespace(meshfast_cmd=str(meshfast_cmd) if meshfast_cmd.exists() else "meshfast",
+                                            only=None))
+    for dist in ("asyncpg", "pgserver"):
+        prov["versions"][dist] = mb._dist_version(dist)
+    prov["meshfast_import"] = "working tree (ROOT on sys.path)"
+    return prov
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=10_000_000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    started = dt.datetime.now(dt.UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    doc: dict = {"benchmark": "logs", **mb.run_header(argv, started, provenance()),
+                 "config": {"rows": args.rows, "repeat": args.repeat, "chunk": CHUNK, "cpu_count": os.cpu_count()},
+                 "budget_ms": BUDGET_MS}
     with tempfile.TemporaryDirectory(prefix="meshfast-logs-bench-") as work:
         pg = database.EmbeddedPostgres(Path(work) / "pg")
         url = pg.start()
         try:
-            doc = {"benchmark": "logs", "timestamp": stamp, "budget_ms": BUDGET_MS, **asyncio.run(run(args, url))}
+            doc.update(asyncio.run(run(args, url)))
         finally:
             pg.stop()
+    doc["total_s"] = round((dt.datetime.now(dt.UTC) - started).total_seconds(), 1)
     out = args.out or RESULTS_DIR / f"logs-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")

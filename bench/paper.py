@@ -213,13 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     record: dict = {
         "pipeline": "paper",
-        "timestamp": started.isoformat(),
-        "command": mb.command_line(argv),
+        **mb.run_header(argv, started, provenance(args)),
         "mode": "quick" if args.quick else "full",
         "workers": args.workers,
         "only": args.only,
         "nofile": mb.raise_nofile(),
-        "provenance": provenance(args),
         "scenarios": {},
     }
     (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args.only, args.meshfast_client = None, "native"
     started = dt.datetime.now(dt.UTC)
     out_path = args.out or RESULTS_DIR / f"soak-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    doc: dict = {"benchmark": "soak", "timestamp": started.isoformat(), "provenance": mb.provenance(args),
+    doc: dict = {"benchmark": "soak", **mb.run_header(argv, started, mb.provenance(args)),
                  "config": {"requests": args.requests, "workers": args.workers, "connections": args.connections,
                             "pipeline": args.pipeline}}
     with tempfile.TemporaryDirectory(prefix="meshfast-soak-") as work:

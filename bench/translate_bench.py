@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -46,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.count, args.wrk_duration, args.wrk_warmup = 30, 3, 1
     args.only, args.meshfast_client = None, "native"
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    doc: dict = {"benchmark": "translate", "timestamp": stamp, "provenance": mb.provenance(args),
-                 "command": shlex.join([sys.executable, *sys.argv]),
+    started = dt.datetime.now(dt.UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    doc: dict = {"benchmark": "translate", **mb.run_header(argv, started, mb.provenance(args)),
                  "config": {"workers": args.workers, "count": args.count, "wrk_duration_s": args.wrk_duration,
                             "connections": args.connections}}
     with tempfile.TemporaryDirectory(prefix="meshfast-translate-bench-") as work:

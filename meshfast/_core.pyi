@@ -26,6 +26,8 @@ __all__ = [
     "entry_stream_content_type",
     "known_request_fields",
     "encode_request",
+    "redact_credentials",
+    "forbidden_address",
     "Lease",
     "Principal",
     "Core",
@@ -587,6 +589,17 @@ def encode_request(method: str, target: str, host: str, headers: list[tuple[str,
     """One HTTP/1.1 request: request line, ``host``, the headers (framing and connection headers
     dropped; ``accept`` and ``accept-encoding: identity`` added unless given), ``content-length``
     and the body. Raises ValueError on a name or value that could split the request."""
+
+def redact_credentials(text: str, headers: list[tuple[str, str]], url: str) -> str:
+    """``text`` without the provider credentials the upstream request carried (the values of
+    ``authorization``-like headers and credential-like query parameters of ``url``): whole,
+    percent-encoded, masked (``sk-proj-****Ab3d``) or cut short, each becomes ``[redacted]``."""
+
+def forbidden_address(address: str) -> bool:
+    """Whether a provider not marked local may not connect to ``address``: every IANA
+    special-purpose range that is not globally reachable (private, shared 100.64/10, loopback,
+    link-local, documentation, benchmarking, multicast, reserved; IPv6 forms embedding an IPv4
+    address are judged by it). Raises ValueError when ``address`` is not an IP address."""
 
 @final
 class ResponseParser:

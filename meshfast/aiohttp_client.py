@@ -17,7 +17,7 @@ from meshfast.http1 import ForbiddenAddress, forbidden_address
 
 
 class GuardedResolver(AbstractResolver):
-    """Resolves like the default resolver, then refuses private, loopback and link-local answers."""
+    """Resolves like the default resolver, then refuses non-public answers (see forbidden_address)."""
 
     def __init__(self) -> None:
         self._inner = aiohttp.ThreadedResolver()
@@ -27,7 +27,7 @@ class GuardedResolver(AbstractResolver):
         results = await self._inner.resolve(host, port, family)
         allowed = [r for r in results if not forbidden_address(r["host"])]
         if not allowed:
-            raise ForbiddenAddress(f"{host} resolves only to private, loopback or link-local addresses")
+            raise ForbiddenAddress(f"{host} resolves only to non-public addresses")
         return allowed
 
     async def close(self) -> None:
@@ -96,7 +96,7 @@ class AiohttpClient:
             host = URL(url).host or ""
             try:
                 if forbidden_address(host):
-                    raise ForbiddenAddress("upstream address is private, loopback or link-local")
+                    raise ForbiddenAddress("upstream address is not public")
             except ValueError:
                 pass  # a name: checked by the resolver
         try:

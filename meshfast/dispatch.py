@@ -1,9 +1,15 @@
 """Upstream dispatch: one pooled keep-alive client per worker, SSRF-safe, with retries.
 
-Retries cover transport errors, 429 and 5xx, with exponential backoff and full jitter,
-honouring ``Retry-After``, all within one total deadline. Redirects are never followed (an
-upstream API has no business redirecting a POST, and a redirect is the classic SSRF path);
-providers not marked local may not resolve to loopback, link-local or private addresses.
+Retries cover transport errors, 408, 429 and the transient 5xx, with exponential backoff and
+full jitter, honouring ``Retry-After``, all within one total deadline. Only a 2xx with a body is
+an answer: redirects are never followed (an upstream API has no business redirecting a POST, and
+a redirect is the classic SSRF path) and, like a protocol switch nobody asked for, a 204/205 or any
+other status, they are final upstream failures. Providers not marked local may not resolve to
+non-public addresses (:func:`meshfast.http1.forbidden_address`).
+
+Every failure message is built here, from what the provider said, and loses the provider's
+credentials on the way (:func:`~meshfast._core.redact_credentials`, from the headers and URL of
+the request that was sent): a provider that quotes the key it refused shows it to nobody.
 
 The client is meshfast's own (:mod:`meshfast.http1`: asyncio protocols, framing in the Rust
 core). ``MESHFAST_UPSTREAM_CLIENT=aiohttp`` selects aiohttp instead, behind the same
@@ -20,9 +26,11 @@ from typing import Any, Protocol
 import msgspec
 
 from meshfast import http1
+from meshfast._core import redact_credentials
 from meshfast.http1 import ForbiddenAddress
 
-RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+# NOTE: 529 is Anthropic's "overloaded"; 408 a server that gave up waiting for the request.
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504, 529})
 # Upstream error bodies are read up to this many bytes for provider_message.
 ERROR_BODY_LIMIT = 16 * 1024
 
@@ -62,6 +70,25 @@ def _retry_after_s(headers: Any) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+def is_answer(status: int) -> bool:
+    """A status whose body is the answer: a 2xx with content. Anything else (1xx, 204, 205,
+    3xx, 4xx, 5xx, nonsense) is an upstream failure."""
+    return 200 <= status < 300 and status not in (204, 205)
+
+
+def _status_message(status: int, headers: Any, body: bytes) -> str:
+    """What the caller is told about a failed answer (before redaction)."""
+    if 300 <= status < 400:
+        location = headers.get("location")
+        target = f" to {location}" if location else ""
+        return f"upstream redirected ({status}){target}; redirects are not followed"
+    if status < 200:
+        return f"upstream answered {status} (an interim or protocol-switch status) instead of a response"
+    if status in (204, 205):
+        return f"upstream answered {status} with no content"
+    return _provider_message(body) or f"upstream answered {status}"
 
 
 def _provider_message(body: bytes) -> str:
@@ -134,13 +161,18 @@ class Dispatcher:
     async def send(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes, *,
                    local: bool, attempts: int, backoff_ms: int, attempts_log: Attempts | None = None
                    ) -> UpstreamResponse:
-        """Send with retries; returns a 2xx-3xx response whose body is still unread.
+        """Send with retries; returns a 2xx response (with content) whose body is still unread.
 
-        Raises :class:`UpstreamError` when every attempt failed.
+        Raises :class:`UpstreamError` when every attempt failed; its message never carries the
+        credentials this request sent.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeouts.total_deadline_s
         base_s = max(backoff_ms, 1) / 1000
+
+        def failure(status: int | None, text: str, retry_after_s: int | None = None) -> UpstreamError:
+            return UpstreamError(status, redact_credentials(text, headers, url) if text else text, retry_after_s)
+
         last: UpstreamError | None = None
         for attempt in range(max(attempts, 1)):
             if attempts_log is not None:
@@ -154,30 +186,36 @@ class Dispatcher:
                     attempts_log.statuses.append(None)
                 if self.metrics is not None:
                     self.metrics.attempt(None, attempt > 0)
-                raise UpstreamError(None, str(exc)) from None
+                raise failure(None, str(exc)) from None
             except (TimeoutError, OSError) as exc:
                 exc.__traceback__ = None
-                last = UpstreamError(None, f"{type(exc).__name__}: {exc}".strip())
+                last = failure(None, f"{type(exc).__name__}: {exc}".strip())
                 if attempts_log is not None:
                     attempts_log.statuses.append(None)
                 if self.metrics is not None:
                     self.metrics.attempt(None, attempt > 0)
             else:
+                status = response.status
                 if self.metrics is not None:
-                    self.metrics.attempt(response.status, attempt > 0)
-                if response.status < 400:
+                    self.metrics.attempt(status, attempt > 0)
+                if is_answer(status):
                     return response
-                try:
-                    error_body = await response.read(ERROR_BODY_LIMIT)
-                except (TimeoutError, OSError):
-                    error_body = b""
-                retry_after = _retry_after_s(response.headers)
-                response.release()
+                error_body = b""
+                if status >= 200:
+                    try:
+                        error_body = await response.read(ERROR_BODY_LIMIT)
+                    except (TimeoutError, OSError):
+                        pass
+                    retry_after = _retry_after_s(response.headers)
+                    response.release()
+                else:
+                    # A protocol switch: what follows is not HTTP; the connection goes.
+                    response.close()
                 if attempts_log is not None:
-                    attempts_log.statuses.append(response.status)
-                last = UpstreamError(response.status, _provider_message(error_body[:ERROR_BODY_LIMIT]),
-                                     None if retry_after is None else max(1, int(retry_after + 0.999)))
-                if response.status not in RETRYABLE_STATUS:
+                    attempts_log.statuses.append(status)
+                last = failure(status, _status_message(status, response.headers, error_body[:ERROR_BODY_LIMIT]),
+                               None if retry_after is None else max(1, int(retry_after + 0.999)))
+                if status not in RETRYABLE_STATUS:
                     raise last
             if attempt + 1 >= attempts:
                 break
@@ -190,4 +228,3 @@ class Dispatcher:
             await asyncio.sleep(delay)
         assert last is not None
         raise last
-

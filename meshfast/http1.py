@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
 import socket
 import ssl
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from meshfast._core import ResponseParser, encode_request
+from meshfast._core import forbidden_address as _forbidden_address
 
 # Buffered body bytes above which the socket stops being read until the caller catches up.
 HIGH_WATER = 1 << 20
@@ -40,12 +40,9 @@ class ForbiddenAddress(OSError):
 
 
 def forbidden_address(address: str) -> bool:
-    """Loopback, private, link-local and other non-public addresses (SSRF targets)."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_reserved
-            or ip.is_multicast)
+    """Loopback, private, shared, link-local and every other non-public address (SSRF targets):
+    the core's list, IANA's special-purpose registries. Raises ValueError for a name."""
+    return _forbidden_address(address)
 
 
 class _Origin:
@@ -386,7 +383,7 @@ class Client:
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
         allowed = [a for a in addresses if not forbidden_address(a)]
         if not allowed:
-            raise ForbiddenAddress(f"{host} resolves only to private, loopback or link-local addresses")
+            raise ForbiddenAddress(f"{host} resolves only to non-public addresses")
         self._dns[(host, port)] = (now + DNS_TTL_S, allowed)
         return allowed
 
@@ -402,7 +399,7 @@ class Client:
         if guard:
             try:
                 if forbidden_address(host):
-                    raise ForbiddenAddress("upstream address is private, loopback or link-local")
+                    raise ForbiddenAddress("upstream address is not public")
             except ValueError:
                 targets = await self._addresses(host, port)  # a name
         factory: Callable[[], _Connection] = lambda: _Connection(key)  # noqa: E731

@@ -1,6 +1,7 @@
 """First-run secrets: the master key (seals provider keys) and the key pepper.
 
 Both live in ``secrets.json`` in the data dir, mode 0600, created atomically on first start.
+The data dir is 0700 and its spool's files 0600 (:func:`restrict_data_dir`, on every start).
 """
 
 from __future__ import annotations
@@ -37,8 +38,33 @@ class Secrets:
         return hmac.new(self.key_pepper, b"admin:" + token.encode(), hashlib.sha256).hexdigest()
 
 
+# The data dir holds the secrets, the database and the spool's request rows (user ids, source
+# IPs, user agents): only meshfast's own user may read any of it, whatever the umask.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def owner_only(path: Path, mode: int) -> None:
+    """Narrow ``path`` to ``mode`` when it grants more (never widens what an operator narrowed)."""
+    current = path.stat().st_mode & 0o777
+    if current & ~mode:
+        os.chmod(path, current & mode)
+
+
 def ensure_data_dir(data_dir: Path) -> None:
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create the data dir 0700, and narrow one an earlier run (or an operator) left wider."""
+    data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    owner_only(data_dir, DIR_MODE)
+
+
+def restrict_data_dir(data_dir: Path, spool_dir: Path) -> None:
+    """On start: the data dir and the spool 0700, every file in the spool 0600, created or not."""
+    ensure_data_dir(data_dir)
+    spool_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    owner_only(spool_dir, DIR_MODE)
+    for entry in spool_dir.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            owner_only(entry, FILE_MODE)
 
 
 def load_or_create(path: Path) -> Secrets:
@@ -66,9 +92,7 @@ def load_or_create(path: Path) -> Secrets:
             pass
         finally:
             tmp.unlink(missing_ok=True)
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        os.chmod(path, 0o600)
+    owner_only(path, FILE_MODE)
     raw = msgspec.json.decode(path.read_bytes(), type=_SecretsFile)
     return Secrets(master_key=bytes.fromhex(raw.master_key), key_pepper=bytes.fromhex(raw.key_pepper))
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from meshfast import app as app_module
 from meshfast import telemetry
 from meshfast._core import Segment
-from meshfast.secrets import Secrets, load_or_create, new_admin_token
+from meshfast.secrets import DIR_MODE, Secrets, load_or_create, new_admin_token, owner_only, restrict_data_dir
 from meshfast.settings import Settings
 from meshfast.store import database, sql
 
@@ -63,6 +63,7 @@ class Database:
         else:
             self._embedded = database.EmbeddedPostgres(self._settings.pgdata)
             self.url = self._embedded.start()
+            _narrow_after_pgserver(self._settings)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -115,9 +116,30 @@ class Reclaimer(threading.Thread):
         self._halt.set()
 
 
+def _owner_only_files(settings: Settings) -> None:
+    """What this process and its children create is theirs alone (umask 077), and what an
+    earlier run left wider is narrowed: the data dir and spool 0700, secrets and spool files 0600."""
+    os.umask(0o077)
+    restrict_data_dir(settings.data_dir, settings.spool_dir)
+
+
+def _narrow_after_pgserver(settings: Settings) -> None:
+    """Run as root, pgserver runs PostgreSQL as its own system user and opens every directory
+    above the database to everyone (g+rx,o+rx) so that user can reach it. The data dir is
+    narrowed back: 0700, or 0710 with the database user's group when it must pass through."""
+    data_dir = settings.data_dir
+    owner = settings.pgdata.stat().st_uid
+    if owner == os.getuid():
+        owner_only(data_dir, DIR_MODE)
+        return
+    os.chown(data_dir, -1, settings.pgdata.stat().st_gid)
+    os.chmod(data_dir, 0o710)
+
+
 def serve(options: ServeOptions) -> int:
     settings = Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _owner_only_files(settings)
     secrets = load_or_create(settings.secrets_path)
 
     with Database(settings) as db:
@@ -231,6 +253,7 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
 
 def migrate_only() -> int:
     settings = Settings.from_env()
+    _owner_only_files(settings)
     secrets = load_or_create(settings.secrets_path)
     with Database(settings) as db:
         applied = asyncio.run(database.migrate(db.url))

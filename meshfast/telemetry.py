@@ -247,6 +247,13 @@ def _owner(path: Path) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
+def _owner_only(path: str, flags: int) -> int:
+    """An ``open`` opener: the file is created 0600, and one left wider is narrowed."""
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 class Spool:
     """Append-only spool files in one directory, shared by the workers of an instance.
 
@@ -273,7 +280,7 @@ class Spool:
         if not rows:
             return
         if self._fd is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._path = self.directory / f"{time.time_ns():020d}-{os.getpid()}.open"
             self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             self._size = 0
@@ -575,8 +582,9 @@ class Telemetry:
     def _reject(self, rows: list[bytes], exc: BaseException) -> None:
         """Keep rows the database refuses beside the spool (never replayed, never dropped)."""
         path = self.spool.directory / f"rejected-{os.getpid()}.rows"
-        self.spool.directory.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as f:
+        self.spool.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # NOTE: 0600 whatever the umask: rows carry user ids, source IPs and user agents.
+        with open(path, "ab", opener=_owner_only) as f:
             f.write(frame(rows))
         self._bump("rejected", len(rows))
         log.error("%d request rows refused (%s: %s); kept in %s", len(rows), type(exc).__name__, exc, path)

@@ -10,6 +10,7 @@ import base64
 import collections
 import os
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,9 +27,14 @@ dec = msgspec.json.decode
 
 SCENARIOS = ("ok", "slow", "hang", "error-400", "error-429", "error-500", "flaky", "conn-reset", "badjson",
              "nousage", "empty", "unicode", "huge", "keepalive", "customdone", "failed", "tools", "cache",
-             "reasoning")
+             "reasoning", "error-401-echo", "error-401-masked", "stream-error-echo")
 # Longest first, so `-error-500` wins over a shorter suffix that also matches.
 _SUFFIXES = tuple(sorted((s for s in SCENARIOS if s != "ok"), key=len, reverse=True))
+# `-status-NNN`: answer that status (2xx to 5xx); a 3xx carries a Location back to this route.
+_STATUS_SCENARIO = re.compile(r"(?:^|-)(status-[2-5][0-9][0-9])$")
+# A redirect's Location carries this, and the call it leads to is answered normally: a client
+# that follows the redirect gets a 200, which is how a test tells it did.
+REDIRECTED_MARK = "testserve_redirected=1"
 PLACEHOLDERS = ("{{content_json}}", "{{max_tokens_json}}", "{{input_json}}", "{{prompt_json}}", "{{query}}",
                 "{{model}}", "{{api_key}}")
 _PLACEHOLDER_BYTES = tuple(p.encode() for p in PLACEHOLDERS)
@@ -81,6 +87,9 @@ class Settings(msgspec.Struct):
 
 
 def scenario_for_model(model: str) -> str:
+    status = _STATUS_SCENARIO.search(model)
+    if status:
+        return status.group(1)
     for name in _SUFFIXES:
         if model.endswith("-" + name) or model == name:
             return name
@@ -96,6 +105,32 @@ def error_body(family: str, status: int, etype: str, message: str) -> bytes:
     if family == "ollama_native":
         return enc({"error": message})
     return enc({"error": {"message": message, "type": etype, "param": None, "code": etype}})
+
+
+def mask_key(key: str) -> str:
+    """The key as OpenAI quotes one it refused: the first 8 and last 4 characters, stars between."""
+    if len(key) <= 12:
+        return "*" * len(key)
+    return key[:8] + "*" * (len(key) - 12) + key[-4:]
+
+
+def refused_key_message(key: str) -> str:
+    return (f"Incorrect API key provided: {key}. You can find your API key at "
+            "https://platform.openai.com/account/api-keys.")
+
+
+def stream_error_frame(family: str, message: str) -> bytes:
+    """An error event inside a stream, in the family's own framing."""
+    if family == "anthropic":
+        return families.sse("error", {"type": "error", "error": {"type": "authentication_error", "message": message}})
+    if family == "openai_responses":
+        return families.sse("error", {"type": "error", "code": "invalid_api_key", "message": message, "param": None})
+    if family == "gemini":
+        return b"data: " + enc({"error": {"code": 401, "message": message, "status": "UNAUTHENTICATED"}}) + b"\r\n\r\n"
+    if family == "ollama_native":
+        return enc({"error": message}) + b"\n"
+    return b"data: " + enc({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                      "code": "invalid_api_key"}}) + b"\n\n"
 
 
 _SCENARIO_ERRORS = {
@@ -202,6 +237,8 @@ class App:
             model = _str(body.get("model"))
         key = self.presented_key(scope)
         scenario = self.override or self.settings.force_scenario or scenario_for_model(model)
+        if REDIRECTED_MARK in scope.query_string:
+            scenario = "ok"
         if self.settings.log_limit > 0:
             self.capture(scope, family, raw, body, model, scenario, key)
         self.total += 1
@@ -209,7 +246,7 @@ class App:
         if self.in_flight > self.peak_in_flight:
             self.peak_in_flight = self.in_flight
         try:
-            if not await self.preflight(proto, family, model, scenario, key):
+            if not await self.preflight(proto, family, model, scenario, key, scope):
                 return
             await handler(scope, proto, family, model, body, scenario)
         except ProtocolClosed:
@@ -249,7 +286,8 @@ class App:
             "placeholders_left": bool(found), "placeholders_found": found,
         })
 
-    async def preflight(self, proto: Any, family: str, model: str, scenario: str, key: str | None) -> bool:
+    async def preflight(self, proto: Any, family: str, model: str, scenario: str, key: str | None,
+                        scope: Any = None) -> bool:
         """Key check, chaos, then the scenario's error rows and delays; False when answered."""
         cfg = self.settings
         if cfg.require_key and key != cfg.api_key:
@@ -260,6 +298,16 @@ class App:
             return False
         if scenario == "ok":
             return True
+        if scenario in ("error-401-echo", "error-401-masked"):
+            # As OpenAI does: the refused key quoted back, whole or masked.
+            shown = key or ""
+            if scenario == "error-401-masked":
+                shown = mask_key(shown)
+            self.send_error(proto, family, 401, "invalid_api_key", refused_key_message(shown))
+            return False
+        if scenario.startswith("status-"):
+            self.send_status(scope, proto, family, int(scenario[len("status-"):]))
+            return False
         if scenario in _SCENARIO_ERRORS and not (family == "video" and scenario == "error-500"):
             status, etype, message = _SCENARIO_ERRORS[scenario]
             extra = [("retry-after", str(cfg.retry_after_s))] if status == 429 else []
@@ -276,6 +324,18 @@ class App:
         elif scenario == "hang":
             return not await _client_left_during(proto, cfg.hang_seconds)
         return True
+
+    def send_status(self, scope: Any, proto: Any, family: str, status: int) -> None:
+        """The `status-NNN` scenario: that status; a redirect points back at this route (marked,
+        so the call it leads to is answered normally), 204 and 304 come without a body."""
+        extra: list[tuple[str, str]] = []
+        if 300 <= status < 400:
+            query = f"{scope.query_string}&{REDIRECTED_MARK}" if scope.query_string else REDIRECTED_MARK
+            extra.append(("location", f"{_base_url(scope)}{scope.path}?{query}"))
+        if status in (204, 304):
+            proto.response_empty(status, extra)
+            return
+        self.send_error(proto, family, status, "api_error", f"testserve: scenario status-{status}", extra)
 
     def send_error(self, proto: Any, family: str, status: int, etype: str, message: str,
                    extra: list[tuple[str, str]] | None = None) -> None:
@@ -319,6 +379,12 @@ class App:
         stream_fn, full_fn = _SHAPES[family]
         if stream:
             plan = _bad_plan(family) if scenario == "badjson" else stream_fn(call)
+            if scenario == "stream-error-echo":
+                # A stream that starts, then fails with an error event quoting the key (whole, then masked).
+                shown = self.presented_key(scope) or ""
+                message = f"{refused_key_message(shown)} ({mask_key(shown)})"
+                plan = families.Plan(plan.head, plan.deltas[:1], [stream_error_frame(family, message)],
+                                     content_type=plan.content_type)
             await self.send_plan(proto, plan, scenario)
             return
         body_out = b"{this is not json" if scenario == "badjson" else full_fn(call)

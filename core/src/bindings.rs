@@ -1,6 +1,7 @@
 //! The PyO3 module `meshfast._core`: the only place that knows about Python. Each class wraps
 //! a plain-Rust type; errors cross through one mapping, [`to_py_err`].
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::error::Error;
 use crate::keyindex::{extract_token, KeyIndex};
 use crate::prepare::{self, Route};
+use crate::redact::Credentials;
 use crate::snapshot::Snapshot;
 use crate::translate::Format;
 use crate::{entry, http1, ids, pricing, shm, stream, views};
@@ -647,7 +649,8 @@ impl PyPrepared {
         let plan = upstream.entry.as_ref().ok_or_else(|| CoreError::new_err("not an entry-route call"))?;
         let model = self.inner.model_name.clone().unwrap_or_default();
         Ok(PyEntryStream {
-            inner: entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model),
+            inner: entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model)
+                .with_credentials(Credentials::from_request(&upstream.headers, &upstream.url)),
             out: Vec::with_capacity(4096),
         })
     }
@@ -849,6 +852,20 @@ fn encode_request<'py>(
     Ok(PyBytes::new(py, &wire))
 }
 
+/// `text` without the provider credentials the request (`headers`, `url`) carried, whole,
+/// masked or cut short (see `meshfast_core::redact`).
+#[pyfunction]
+fn redact_credentials<'a>(text: &'a str, headers: Vec<(String, String)>, url: &str) -> Cow<'a, str> {
+    Credentials::from_request(&headers, url).redact(text)
+}
+
+/// Whether a provider not marked local may not connect to `address` (the SSRF guard's list).
+/// Raises ValueError when `address` is not an IP address (a name: resolve it, then ask).
+#[pyfunction]
+fn forbidden_address(address: &str) -> PyResult<bool> {
+    http1::forbidden_address_str(address).ok_or_else(|| PyValueError::new_err(format!("not an IP address: {address:?}")))
+}
+
 /// One upstream exchange's HTTP/1.1 response parser; `feed` returns decoded body bytes and
 /// raises ConnectionError on a response that does not follow the protocol.
 #[pyclass(name = "ResponseParser", module = "meshfast._core")]
@@ -932,6 +949,8 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(entry_stream_content_type, m)?)?;
     m.add_function(wrap_pyfunction!(known_request_fields, m)?)?;
     m.add_function(wrap_pyfunction!(encode_request, m)?)?;
+    m.add_function(wrap_pyfunction!(redact_credentials, m)?)?;
+    m.add_function(wrap_pyfunction!(forbidden_address, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;
     m.add_function(wrap_pyfunction!(request_id, m)?)?;
     Ok(())

@@ -6,7 +6,10 @@
 //! meshfast always streams from the upstream; a non-streaming caller's answer is accumulated
 //! from the events, so there is one response path and every call reports usage.
 
+use std::borrow::Cow;
+
 use crate::provider::Family;
+use crate::redact::Credentials;
 use crate::translate::stream::{Accumulator, Decoder, Encoder, Event};
 use crate::translate::{encode_response, Format, StopReason, Usage};
 use crate::views::write_str;
@@ -163,6 +166,8 @@ pub struct EntryStream {
     error: Option<String>,
     ended: bool,
     deltas: u64,
+    /// Redacted from the upstream's error events before the caller sees them.
+    credentials: Credentials,
 }
 
 impl EntryStream {
@@ -184,7 +189,16 @@ impl EntryStream {
             error: None,
             ended: false,
             deltas: 0,
+            credentials: Credentials::default(),
         }
+    }
+
+    /// The credentials the upstream request carried: an error event that quotes one (a
+    /// provider echoing the key it refused) reaches the caller without it.
+    #[must_use]
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// Reads an upstream chunk (split anywhere); appends what the caller gets now to `out`.
@@ -240,6 +254,9 @@ impl EntryStream {
                     }
                 }
                 Event::Error(message) => {
+                    if let Cow::Owned(clean) = self.credentials.redact(message) {
+                        *message = clean;
+                    }
                     self.error = Some(message.clone());
                     self.ended = true;
                 }
@@ -329,6 +346,27 @@ mod tests {
         assert_eq!(v["usage"]["completion_tokens"], 5);
         assert_eq!(es.usage().output_tokens, 5);
         assert!(es.usage_reported() && es.error().is_none() && es.ended());
+    }
+
+    #[test]
+    fn an_upstream_error_event_quoting_the_key_reaches_the_caller_redacted() {
+        let key = "sk-ant-api03-Secret0123456789abcdefXYZ9";
+        let credentials = Credentials::from_request(&[("x-api-key".into(), key.into())], "https://h/v1/messages");
+        let mut wire = anthropic_stream(&["a"]);
+        wire.truncate(wire.len() / 3);
+        wire.extend_from_slice(format!("event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"authentication_error\",\"message\":\"invalid x-api-key {key} (sk-ant-api03-****XYZ9 / ****fXYZ9)\"}}}}\n\n").as_bytes());
+        for client_stream in [true, false] {
+            let mut es = EntryStream::new(Format::Anthropic, Format::OpenAiChat, client_stream, false, "m".into())
+                .with_credentials(credentials.clone());
+            let mut out = Vec::new();
+            es.feed(&wire, &mut out);
+            es.finish(&mut out);
+            let text = String::from_utf8(out).unwrap() + es.error().unwrap_or("");
+            assert!(es.error().is_some(), "the error event ends the stream");
+            assert!(text.contains("invalid x-api-key [redacted]"), "{text}");
+            assert!(!text.contains("Secret0123"), "{text}");
+            assert!(!text.contains("XYZ9"), "{text}");
+        }
     }
 
     #[test]

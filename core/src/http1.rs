@@ -247,7 +247,12 @@ impl ResponseParser {
             .header("transfer-encoding")
             .map(|te| te.rsplit(',').next().unwrap_or("").trim().eq_ignore_ascii_case("chunked"));
         let length = self.header("content-length");
-        self.state = if self.no_body || self.status == 204 || self.status == 304 {
+        self.state = if self.status == 101 {
+            // NOTE: never asked for (no request carries Upgrade): whatever follows is another
+            // protocol, so the exchange ends here and the connection is not reused.
+            self.keep_alive = false;
+            State::Done
+        } else if self.no_body || self.status == 204 || self.status == 304 {
             State::Done
         } else if let Some(is_chunked) = chunked {
             if !is_chunked {
@@ -417,6 +422,78 @@ fn after_size(size: u64) -> State {
     }
 }
 
+/// SSRF guard: whether a provider not marked `local` may not connect to `ip`.
+///
+/// Everything in the IANA IPv4 and IPv6 special-purpose registries that is not globally
+/// reachable is refused: "this network", private, shared (CGN, where some clouds keep their
+/// metadata service), loopback, link-local, the documentation and benchmarking ranges,
+/// multicast, reserved and broadcast; for IPv6 also unique-local, site-local, discard-only,
+/// Teredo and ORCHID. IPv6 forms that embed an IPv4 address (mapped, compatible, NAT64 and 6to4)
+/// are judged by the address they embed.
+#[must_use]
+pub fn forbidden_address(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => forbidden_v4(v4),
+        std::net::IpAddr::V6(v6) => forbidden_v6(v6),
+    }
+}
+
+fn forbidden_v4(ip: std::net::Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    matches!(
+        (a, b, c),
+        (0 | 10 | 127, _, _)                  // this network, private, loopback
+            | (100, 64..=127, _)              // shared address space (RFC 6598)
+            | (169, 254, _)                   // link-local (cloud metadata)
+            | (172, 16..=31, _)               // private
+            | (192, 0, 0 | 2)                 // IETF protocol assignments; TEST-NET-1
+            | (192, 88, 99)                   // 6to4 relay anycast (deprecated)
+            | (192, 168, _)                   // private
+            | (198, 18..=19, _)               // benchmarking
+            | (198, 51, 100)                  // TEST-NET-2
+            | (203, 0, 113)                   // TEST-NET-3
+            | (224..=255, _, _)               // multicast, reserved, broadcast
+    )
+}
+
+fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
+    let s = ip.segments();
+    let embedded = || std::net::Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    match s {
+        // ::/96: unspecified, loopback and the deprecated IPv4-compatible form.
+        [0, 0, 0, 0, 0, 0, _, _] => true,
+        // ::ffff:0:0/96, IPv4-mapped.
+        [0, 0, 0, 0, 0, 0xffff, _, _] => forbidden_v4(embedded()),
+        // 64:ff9b::/96, NAT64 well-known prefix: the IPv4 address it reaches.
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => forbidden_v4(embedded()),
+        // 64:ff9b:1::/48, local-use NAT64.
+        [0x64, 0xff9b, 1, ..] => true,
+        // 100::/64, discard-only.
+        [0x100, 0, 0, 0, ..] => true,
+        // 2001::/32 Teredo, 2001:2::/48 benchmarking, 2001:10::/28 and 2001:20::/28 ORCHID,
+        // 2001:db8::/32 documentation.
+        [0x2001, 0 | 0xdb8, ..] | [0x2001, 2, 0, ..] | [0x2001, 0x10..=0x2f, ..] => true,
+        // 2002::/16, 6to4: the IPv4 address in bits 16..48.
+        [0x2002, hi, lo, ..] => {
+            forbidden_v4(std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8))
+        }
+        // 3fff::/20 documentation, 5f00::/16 SRv6 SIDs.
+        [0x3fff, 0..=0x0fff, ..] | [0x5f00, ..] => true,
+        // fc00::/7 unique-local, fe80::/10 link-local, fec0::/10 site-local, ff00::/8 multicast.
+        [first, ..] => (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80 || (first & 0xffc0) == 0xfec0
+            || (first & 0xff00) == 0xff00,
+    }
+}
+
+/// [`forbidden_address`] for an address in text (an IPv6 zone, `%eth0`, is ignored); `None`
+/// when `address` is not an IP address (a name, to be resolved and then checked).
+#[must_use]
+pub fn forbidden_address_str(address: &str) -> Option<bool> {
+    let bare = address.split('%').next().unwrap_or(address);
+    let bare = bare.strip_prefix('[').and_then(|b| b.strip_suffix(']')).unwrap_or(bare);
+    bare.parse::<std::net::IpAddr>().ok().map(forbidden_address)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,6 +528,62 @@ mod tests {
         wire
     }
 
+    fn blocked(address: &str) -> bool {
+        forbidden_address_str(address).unwrap_or_else(|| panic!("{address} is not an address"))
+    }
+
+    #[test]
+    fn special_purpose_ipv4_ranges_are_refused() {
+        for address in [
+            "0.0.0.0", "0.1.2.3", "10.0.0.1", "10.255.255.255", "100.64.0.1", "100.100.100.200", "100.127.255.255",
+            "127.0.0.1", "127.1.2.3", "169.254.169.254", "172.16.0.1", "172.31.255.255", "192.0.0.1", "192.0.0.170",
+            "192.0.2.1", "192.88.99.1", "192.168.1.1", "198.18.0.1", "198.19.255.255", "198.51.100.7",
+            "203.0.113.9", "224.0.0.1", "239.255.255.250", "240.0.0.1", "255.255.255.255",
+        ] {
+            assert!(blocked(address), "{address} must be refused");
+        }
+    }
+
+    #[test]
+    fn public_ipv4_addresses_pass() {
+        for address in [
+            "1.1.1.1", "8.8.8.8", "100.63.255.255", "100.128.0.1", "104.18.6.192", "172.15.255.255", "172.32.0.1",
+            "192.0.1.1", "192.169.0.1", "198.17.255.255", "198.20.0.1", "223.255.255.255",
+        ] {
+            assert!(!blocked(address), "{address} is public");
+        }
+    }
+
+    #[test]
+    fn special_purpose_ipv6_ranges_are_refused() {
+        for address in [
+            "::", "::1", "::127.0.0.1", "::ffff:127.0.0.1", "::ffff:100.64.0.1", "::ffff:169.254.169.254",
+            "64:ff9b::10.0.0.1", "64:ff9b::a9fe:a9fe", "64:ff9b:1::1", "100::1", "2001::1", "2001:2::1",
+            "2001:10::1", "2001:20::1", "2001:db8::1", "2002:7f00:1::", "2002:a9fe:a9fe::1", "2002:6440:1::1",
+            "3fff::1", "fc00::1", "fd12:3456::1", "fe80::1", "fe80::1%eth0", "[fe80::1]", "febf::1", "fec0::1",
+            "ff02::1", "ff05::2",
+        ] {
+            assert!(blocked(address), "{address} must be refused");
+        }
+    }
+
+    #[test]
+    fn public_ipv6_addresses_pass() {
+        for address in [
+            "2606:4700:4700::1111", "2001:4860:4860::8888", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1",
+            "2a00:1450:4001::200e",
+        ] {
+            assert!(!blocked(address), "{address} is public");
+        }
+    }
+
+    #[test]
+    fn names_are_not_addresses() {
+        for name in ["localhost", "api.openai.com", "127.1", "0x7f000001", "2130706433", "0177.0.0.1", ""] {
+            assert_eq!(forbidden_address_str(name), None, "{name}");
+        }
+    }
+
     #[test]
     fn content_length_body_and_keep_alive() {
         let (p, out) = parse_all(&[b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhel", b"lo"]);
@@ -464,6 +597,14 @@ mod tests {
     fn interim_responses_are_skipped() {
         let (p, out) = parse_all(&[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok"]);
         assert_eq!((p.status, out.as_slice()), (201, &b"ok"[..]));
+    }
+
+    #[test]
+    fn an_unrequested_protocol_switch_ends_the_exchange_and_the_connection() {
+        let (p, out) = parse_all(&[b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n\x00\x00\x12"]);
+        assert_eq!(p.status, 101);
+        assert!(p.complete() && !p.keep_alive, "a 101 is complete and its connection is not pooled");
+        assert!(out.is_empty());
     }
 
     #[test]

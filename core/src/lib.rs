@@ -13,6 +13,7 @@ pub mod policy;
 pub mod prepare;
 pub mod pricing;
 pub mod provider;
+pub mod redact;
 pub mod shm;
 pub mod snapshot;
 pub mod stream;

@@ -52,6 +52,7 @@
 //! without touching the counter.
 
 use std::fs::OpenOptions;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 
@@ -367,13 +368,17 @@ impl Segment {
         let ring_records = ring_records.next_power_of_two();
         let len = Self::layout_len(slots, leases, procs, ring_records, record_bytes);
         let tmp = path.with_extension(format!("tmp{}", current_pid()));
+        // NOTE: 0600 whatever the umask: rows in the ring carry user ids, source IPs and user
+        // agents, and the counters every caller's spend. Only meshfast's own user may map it.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(&tmp)
             .map_err(io_error(&tmp))?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io_error(&tmp))?;
         file.set_len(len as u64).map_err(io_error(&tmp))?;
         let map = MmapOptions::new().len(len).map_raw(&file).map_err(io_error(&tmp))?;
         let segment = Self::from_map(map, [slots, leases, procs, ring_records, record_bytes]);
@@ -1006,6 +1011,19 @@ mod tests {
             unsafe { libc::waitpid(pid, &mut status, 0) };
             assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed");
         }
+    }
+
+    #[test]
+    fn test_segment_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = temp_path("mode");
+        // A leftover from an earlier run, readable by everyone: replaced, not inherited.
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let _segment = Segment::create(&path, 16, 4, 4).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "segment mode {mode:o}");
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]
