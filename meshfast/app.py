@@ -19,6 +19,7 @@ import asyncpg
 import msgspec
 
 from meshfast import background, counters, dashboard, errors, verify
+from meshfast.body import BodyReader, Saturation, raise_open_file_limit
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
 from meshfast.admin.plane import AdminPlane
@@ -51,12 +52,11 @@ _SECURITY_HEADERS = [
     ("x-frame-options", "DENY"),
     ("referrer-policy", "no-referrer"),
 ]
-_READY = b'{"status":"ok"}\n'
-_NOT_READY = b'{"status":"degraded","reason":"database_unreachable"}\n'
 _DRAINING = b'{"status":"draining"}\n'
 _json = msgspec.json.Encoder()
 COUNTER_CHECKPOINT_S = 5.0
 COUNTER_PURGE_S = 600.0
+SATURATION_PUBLISH_S = 1.0
 _MESH_ROUTES = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
 
 
@@ -166,6 +166,9 @@ class App:
         self._draining = False
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._limit: int | None = None
+        self._body = BodyReader(idle_s=10.0, total_s=120.0)
+        self._saturation: Saturation | None = None
+        self._load_task: asyncio.Task[None] | None = None
         self._openapi = openapi.encoded()
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
@@ -221,6 +224,10 @@ class App:
     async def startup(self) -> None:
         settings = Settings.from_env()
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # Every held connection is a descriptor: thousands of them (a slow-body attack among them)
+        # must not starve the worker of sockets for its real callers, its pools and its spool.
+        raise_open_file_limit()
+        self._body = BodyReader(idle_s=settings.body_idle_timeout_s, total_s=settings.body_timeout_s)
         database_url = os.environ[ENV_DATABASE_URL]
         gateway_url = os.environ.get(ENV_GATEWAY_DATABASE_URL) or database_url
         self.settings = settings
@@ -256,10 +263,23 @@ class App:
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify)
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self.plane = AdminPlane(self.admin_pool, self.admin, self.secrets.hash_admin_token, self._status,
-                                cookie_secure=settings.cookie_secure, segment=self.segment)
+                                cookie_secure=settings.cookie_secure, segment=self.segment,
+                                max_body_bytes=settings.max_admin_body_bytes)
+        self._saturation = Saturation(self.segment)
+        self._publish_load()
+        self._load_task = background.start("saturation", self._publish_load_loop)
         self._admission = admission
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
+
+    def _publish_load(self) -> None:
+        if self._saturation is not None:
+            self._saturation.publish(len(self._in_flight), self._body.reading, self._limit or 0)
+
+    async def _publish_load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SATURATION_PUBLISH_S)
+            self._publish_load()
 
     async def _verify(self, provider: Any, models: list[Any]) -> list[Any]:
         assert self.dispatcher is not None
@@ -279,6 +299,10 @@ class App:
 
     async def shutdown(self) -> None:
         was_leader = self.leader is not None and self.leader.is_leader
+        if self._load_task is not None:
+            self._load_task.cancel()
+        if self._saturation is not None:
+            self._saturation.publish(0, 0, 0)
         for part in (self.leader, self.feed, self.telemetry):
             if part is not None:
                 await part.stop()
@@ -305,16 +329,19 @@ class App:
         if task is not None:
             self._in_flight.add(task)
         try:
-            if self._limit is not None and len(self._in_flight) > self._limit and path not in _ALWAYS_ANSWERED:
-                self._busy(scope, proto, path, method)
-            elif method == "POST" and openai_embeddings_call(path, scope.query_string):
-                await self.data.handle(scope, proto, "openai_embeddings", self._read_body)  # type: ignore[union-attr]
+            # NOTE: data-plane POSTs check the request limit themselves, after the key (a bad key is
+            # always a 401 and costs no slot).
+            if method == "POST" and openai_embeddings_call(path, scope.query_string):
+                await self.data.handle(scope, proto, "openai_embeddings", self._body, busy=self._busy)  # type: ignore[union-attr]
             elif path in _MESH_ROUTES and method == "POST":
-                await self.data.handle(scope, proto, _MESH_ROUTES[path], self._read_body)  # type: ignore[union-attr]
+                await self.data.handle(scope, proto, _MESH_ROUTES[path], self._body, busy=self._busy)  # type: ignore[union-attr]
             elif method == "POST" and path in ENTRY_ROUTES:
-                await self.data.handle(scope, proto, ENTRY_ROUTES[path], self._read_body)  # type: ignore[union-attr]
+                await self.data.handle(scope, proto, ENTRY_ROUTES[path], self._body, busy=self._busy)  # type: ignore[union-attr]
             elif method == "POST" and (gemini := gemini_call(path)) is not None:
-                await self.data.handle(scope, proto, "gemini", self._read_body, *gemini)  # type: ignore[union-attr]
+                await self.data.handle(scope, proto, "gemini", self._body, *gemini, busy=self._busy)  # type: ignore[union-attr]
+            elif self._busy() and path not in _ALWAYS_ANSWERED:
+                error = errors.ServerBusy(retry_after_s=1)
+                proto.response_bytes(error.status, [("content-type", JSON), ("retry-after", "1")], error.body())
             elif path == "/api/tags":
                 self._ollama_tags(scope, proto, method)
             elif path == "/v1/models" or path == "/v1/usage":
@@ -345,24 +372,11 @@ class App:
         finally:
             self._in_flight.discard(task)  # type: ignore[arg-type]
 
-    def _busy(self, scope: Any, proto: Any, path: str, method: str) -> None:
-        """Past the worker's request limit: a quick 503 ``server_busy`` in the route's shape (and,
-        for a data-plane POST, its row) instead of a wait in the listen backlog."""
-        route: str | None = None
-        if method == "POST":
-            if openai_embeddings_call(path, scope.query_string):
-                route = "openai_embeddings"
-            elif path in _MESH_ROUTES:
-                route = _MESH_ROUTES[path]
-            elif path in ENTRY_ROUTES:
-                route = ENTRY_ROUTES[path]
-            elif gemini_call(path) is not None:
-                route = "gemini"
-        if route is not None and self.data is not None:
-            self.data.reject(scope, proto, route, errors.ServerBusy(retry_after_s=1))
-            return
-        error = errors.ServerBusy(retry_after_s=1)
-        proto.response_bytes(error.status, [("content-type", JSON), ("retry-after", "1")], error.body())
+    def _busy(self) -> bool:
+        """Past the worker's request limit, so the next request gets a quick 503 ``server_busy``
+        instead of a wait in the listen backlog. Requests still receiving their bodies do not
+        count: a body read is bounded by the body timeouts, and only authenticated callers get one."""
+        return self._limit is not None and len(self._in_flight) - self._body.reading > self._limit
 
     def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
         rid = request_id()
@@ -408,15 +422,22 @@ class App:
         except (TimeoutError, asyncpg.PostgresConnectionError, OSError):
             self._error(proto, errors.DatabaseUnavailable())
             return
+        self._publish_load()
+        load = self._saturation.instance() if self._saturation is not None else {}
+        gauges = {"requests_in_flight": load.get("in_flight", 0), "body_reads_in_flight": load.get("body_reads", 0),
+                  "request_limit": load.get("limit", 0), "saturated": int(bool(load.get("saturated")))}
         proto.response_bytes(200, [("content-type", "text/plain; version=0.0.4"), ("cache-control", "no-store")],
-                             self.metrics.prometheus())
+                             self.metrics.prometheus(gauges))
 
     async def _admin(self, scope: Any, proto: Any, path: str, method: str) -> None:
         assert self.admin is not None and self.settings is not None
         try:
-            body = await self._read_body(scope, proto, self.settings.max_body_bytes)
+            # NOTE: the plane authenticates from the headers before it reads the body.
             reply = await self.plane.handle(method, path, scope.query_string, scope.headers,  # type: ignore[union-attr]
-                                            client_ip(scope) or "unknown", body)
+                                            client_ip(scope) or "unknown",
+                                            lambda limit: self._body(scope, proto, limit))
+        except errors.ClientDisconnected:
+            return
         except errors.MeshfastError as exc:
             self._error(proto, exc)
             return
@@ -434,27 +455,6 @@ class App:
         except errors.MeshfastError as exc:
             self._error(proto, exc)
 
-    @staticmethod
-    async def _read_body(scope: Any, proto: Any, limit: int) -> bytes:
-        declared = scope.headers.get("content-length")
-        if declared is not None:
-            try:
-                length = int(declared)
-            except ValueError:
-                raise errors.InvalidRequest("malformed content-length") from None
-            if length > limit:
-                raise errors.PayloadTooLarge()
-            # The server enforces the declared length, so one read takes the whole body.
-            return await proto()
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in proto:
-            size += len(chunk)
-            if size > limit:
-                raise errors.PayloadTooLarge()
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     async def _status(self) -> dict[str, Any]:
         """``GET /admin/status``: this worker's view of the instance."""
         assert self.core is not None and self.metrics is not None
@@ -468,6 +468,7 @@ class App:
         return {
             "pid": os.getpid(), "config_seq": self.core.seq, "kill_switch": self.core.kill_switch,
             "draining": self._draining, "in_flight": len(self._in_flight), "request_limit": self._limit,
+            "body_reads": self._body.reading,
             "admission": {"capacity": admission.capacity, "in_flight": admission.inflight,
                           "load_factor": round(admission.load_factor(), 3)} if admission is not None else None,
             "metrics": self.metrics.snapshot(),
@@ -480,18 +481,27 @@ class App:
             # A load balancer stops sending work here while in-flight calls finish.
             proto.response_bytes(503, [("content-type", JSON)], _DRAINING)
             return
+        self._publish_load()
+        load = self._saturation.instance() if self._saturation is not None else {}
         try:
             async with asyncio.timeout(2):
                 async with self.gateway_pool.acquire() as conn:
                     await conn.fetchval("SELECT 1")
         except Exception:
-            proto.response_bytes(503, [("content-type", JSON)], _NOT_READY)
+            body = {"status": "degraded", "reason": "database_unreachable", "load": load}
+            proto.response_bytes(503, [("content-type", JSON)], _json.encode(body) + b"\n")
             return
-        proto.response_bytes(200, [("content-type", JSON)], _READY)
+        # NOTE: saturation is reported, not failed: every worker still answers (a quick 503
+        # server_busy past its limit), and a balancer may weigh the numbers.
+        body = {"status": "saturated" if load.get("saturated") else "ok", "load": load}
+        proto.response_bytes(200, [("content-type", JSON)], _json.encode(body) + b"\n")
 
     @staticmethod
     def _error(proto: Any, exc: errors.MeshfastError) -> None:
-        proto.response_bytes(exc.status, [("content-type", JSON), *_SECURITY_HEADERS], exc.body())
+        headers = [("content-type", JSON), *_SECURITY_HEADERS]
+        if exc.retry_after_s:
+            headers.append(("retry-after", str(exc.retry_after_s)))
+        proto.response_bytes(exc.status, headers, exc.body())
 
 
 app = App()

@@ -72,31 +72,41 @@ class DataPlane:
     # --- entry --------------------------------------------------------------------------
 
     async def handle(self, scope: Any, proto: Any, route: str, read_body: Any, model: str | None = None,
-                     stream: bool | None = None) -> None:
+                     stream: bool | None = None, busy: Any = None) -> None:
         """One data-plane POST: a Mesh route (``proxy``, ``embeddings``, ``generate``) or a standard
         one (its wire format; ``model`` and ``stream`` when the path names them, as Gemini's).
-        Errors in the route's own shape; exactly one row."""
+        Errors in the route's own shape; exactly one row.
+
+        The key is checked from the headers first: a request without a valid key is refused before
+        its body is read and is never counted against the worker's request limit (``busy()``, true
+        when the worker is past it), so stalled or huge unauthenticated bodies cost nothing."""
         started = time.perf_counter()
         now_ms = time.time_ns() // 1_000_000
         headers = scope.headers
+        authorization, x_api_key = _header(headers, "authorization"), _header(headers, "x-api-key")
+        x_goog_api_key, query = _header(headers, "x-goog-api-key"), scope.query_string
+        body = b""
+        received = started
+        principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
+        if principal is not None:
+            # NOTE: the limit is checked after authentication, so bad keys are always 401 (never
+            # throttled into another status) and cost no slot.
+            failure: errors.MeshfastError | None = errors.ServerBusy(retry_after_s=1) if busy and busy() else None
+            if failure is None:
+                try:
+                    body = await read_body(scope, proto, self.settings.max_body_bytes)
+                    received = time.perf_counter()
+                except (errors.PayloadTooLarge, errors.RequestTimeout, errors.ClientDisconnected,
+                        errors.InvalidRequest) as exc:
+                    failure = exc
+            if failure is not None:
+                self._refuse_unread(scope, proto, route, model, failure, principal, started, now_ms)
+                return
+        p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
+                              model, stream)
         user_agent = _header(headers, "user-agent")
         source_ip = client_ip(scope)
         mesh = route in _MESH
-        try:
-            body = await read_body(scope, proto, self.settings.max_body_bytes)
-            received = time.perf_counter()
-        except errors.PayloadTooLarge as exc:
-            rid = request_id()
-            self._respond(proto, exc.status, rid, self._error_body(route, exc))
-            self._record(Row(
-                request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=exc.status,
-                deny_reason=exc.code, latency_ms=self._elapsed_ms(started), source_ip=source_ip,
-                user_agent=user_agent, requested_model=_model_param(scope.query_string) if mesh else model))
-            return
-        p = self.core.prepare(
-            route, _header(headers, "authorization"), _header(headers, "x-api-key"),
-            _header(headers, "x-goog-api-key"), scope.query_string, body, len(body), now_ms, model, stream,
-        )
         row = Row(
             request_id=p.request_id, created_ms=now_ms, route=route, outcome="denied", status_code=p.status,
             mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
@@ -444,18 +454,21 @@ class DataPlane:
         self._respond(proto, 200, p.request_id, body, governed)
         row.outcome, row.status_code = "success", 200
 
-    def reject(self, scope: Any, proto: Any, route: str, error: errors.MeshfastError) -> None:
-        """Answers a POST without looking at it (the worker is past its request limit) and
-        records its row: Mesh routes in Mesh's shape, standard routes in their API's."""
+    def _refuse_unread(self, scope: Any, proto: Any, route: str, model: str | None, error: errors.MeshfastError,
+                       principal: Any, started: float, now_ms: int) -> None:
+        """An authenticated POST refused before its body was whole (the worker is past its limit,
+        the body is too large, too slow, malformed in its framing, or its caller left): the answer
+        in the route's shape (none when the caller left) and its row, which names the caller."""
         rid = request_id()
-        mesh = route in ("proxy", "embeddings", "generate")
-        body = error.body() if mesh else entry_error(_shape(route), error.status, error.code)
-        self._respond(proto, error.status, rid, body, [("retry-after", str(error.retry_after_s or 1))])
+        if not isinstance(error, errors.ClientDisconnected):
+            extra = [("retry-after", str(error.retry_after_s))] if error.retry_after_s else None
+            with contextlib.suppress(Exception):
+                self._respond(proto, error.status, rid, self._error_body(route, error), extra)
         self._record(Row(
-            request_id=rid, created_ms=time.time_ns() // 1_000_000, route=route, outcome="denied",
-            status_code=error.status, deny_reason=error.code, source_ip=client_ip(scope),
-            user_agent=_header(scope.headers, "user-agent"),
-            requested_model=_model_param(scope.query_string) if mesh else None))
+            request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=error.status,
+            deny_reason=error.code, latency_ms=self._elapsed_ms(started), mesh_key_id=principal.key_id,
+            user_id=principal.id, source_ip=client_ip(scope), user_agent=_header(scope.headers, "user-agent"),
+            requested_model=_model_param(scope.query_string) if route in _MESH else model))
 
     def _record(self, row: Row, log_requests: bool = True) -> None:
         """Counts the request in the metrics and, unless its provider opted out, writes its row."""

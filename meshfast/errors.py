@@ -47,6 +47,10 @@ ModelExists = _error("ModelExists", 409, "model_already_exists")
 DeploymentExists = _error("DeploymentExists", 409, "deployment_already_exists")
 VerificationFailed = _error("VerificationFailed", 422, "model_verification_failed")
 PayloadTooLarge = _error("PayloadTooLarge", 413, "payload_too_large")
+# The body did not arrive within the body timeouts (idle or total).
+RequestTimeout = _error("RequestTimeout", 408, "request_timeout")
+# The caller closed its connection before its body was whole (nginx's 499; nobody reads the answer).
+ClientDisconnected = _error("ClientDisconnected", 499, "client_disconnected")
 UnsupportedMediaType = _error("UnsupportedMediaType", 415, "unsupported_media_type")
 ProviderBusy = _error("ProviderBusy", 503, "provider_busy")
 PreconditionRequired = _error("PreconditionRequired", 428, "if_match_required")

@@ -22,7 +22,8 @@ DENY_REASONS = (
     "provider_hourly_limit_reached", "user_model_hourly_limit_reached", "budget_exceeded", "paused_by_admin",
     "server_busy", "provider_busy", "invalid_request", "content_type_not_supported_by_model",
     "web_search_not_supported_by_model", "embeddings_not_supported_by_provider",
-    "generation_not_supported_by_provider", "payload_too_large", "internal_error", "other",
+    "generation_not_supported_by_provider", "payload_too_large", "request_timeout", "client_disconnected",
+    "internal_error", "other",
 )
 # An upstream attempt ends in a status class or a transport failure.
 ATTEMPT_RESULTS = ("2xx", "4xx", "429", "5xx", "transport")

@@ -29,6 +29,9 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_TELEMETRY_RING_ROWS", "request rows the shared-memory ring holds before the spool (default 8192)"),
     ("MESHFAST_DRAIN_TIMEOUT_S", "seconds SIGTERM lets in-flight calls finish before cutting them (default 30)"),
     ("MESHFAST_HEADER_TIMEOUT_S", "seconds a client has to send its request headers (default 30)"),
+    ("MESHFAST_BODY_IDLE_TIMEOUT_S", "seconds a request body may pause between reads before a 408 (default 10)"),
+    ("MESHFAST_BODY_TIMEOUT_S", "seconds a client has to send its whole request body before a 408 (default 120)"),
+    ("MESHFAST_MAX_ADMIN_BODY_KB", "largest admin request body in KiB (default 1024; data plane: MESHFAST_MAX_BODY_MB)"),
     ("MESHFAST_BACKLOG", "listen backlog of the server socket (default 16384; capped by net.core.somaxconn)"),
     ("MESHFAST_MAX_CONNECTIONS", "requests served at once per instance; more wait in the backlog (default 1024)"),
     ("MESHFAST_FAULT_INJECT", "tests only: background loops that fail on purpose, e.g. telemetry:2,leader"),
@@ -82,6 +85,9 @@ class Settings:
     telemetry_ring_rows: int
     drain_timeout_s: float
     header_timeout_s: float
+    body_idle_timeout_s: float
+    body_timeout_s: float
+    max_admin_body_bytes: int
     max_connections: int
     cookie_secure: bool
     backlog: int
@@ -111,6 +117,9 @@ class Settings:
             drain_timeout_s=_float_env("MESHFAST_DRAIN_TIMEOUT_S", 30.0),
             # NOTE: Granian takes 1 ms to 60 s.
             header_timeout_s=min(60.0, _float_env("MESHFAST_HEADER_TIMEOUT_S", 30.0)),
+            body_idle_timeout_s=_float_env("MESHFAST_BODY_IDLE_TIMEOUT_S", 10.0),
+            body_timeout_s=_float_env("MESHFAST_BODY_TIMEOUT_S", 120.0),
+            max_admin_body_bytes=max(1, _int_env("MESHFAST_MAX_ADMIN_BODY_KB", 1024)) * 1024,
             max_connections=max(1, _int_env("MESHFAST_MAX_CONNECTIONS", 1024)),
             cookie_secure=_int_env("MESHFAST_COOKIE_SECURE", 0) == 1,
             backlog=max(128, _int_env("MESHFAST_BACKLOG", 16384)),

@@ -229,9 +229,11 @@ def test_private_base_url_needs_local_flag(gateway: Gateway) -> None:
 
 
 def test_health_and_readiness(gateway: Gateway) -> None:
-    """/healthz answers while the process listens; /readyz pings the database."""
+    """/healthz answers while the process listens; /readyz pings the database and reports the load."""
     assert gateway.client.get("/healthz").json()["status"] == "ok"
-    assert gateway.client.get("/readyz").json() == {"status": "ok"}
+    ready = gateway.client.get("/readyz").json()
+    assert ready["status"] == "ok"
+    assert ready["load"]["saturated"] is False and ready["load"]["limit"] > 0
 
 
 def test_cli_creates_users_against_the_running_gateway(gateway: Gateway, setup: dict) -> None:

@@ -65,7 +65,9 @@ def test_oversized_headers_are_431_and_the_worker_keeps_serving(gateway: Gateway
 
 
 def test_a_body_over_the_limit_is_413_in_the_routes_shape(gateway: Gateway) -> None:
+    """A valid caller's body over MESHFAST_MAX_BODY_MB is 413 (a bad key is 401 before any body read)."""
+    user = gateway.create_user()
     big = b"x" * (301 << 20)
     r = gateway.client.post("/v1/chat/completions", content=big, timeout=60,
-                            headers={"authorization": "Bearer mesh_live_" + "x" * 43})
+                            headers={"authorization": f"Bearer {user['key']}"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"

@@ -22,6 +22,8 @@ from meshfast.admin.routes import Actor, AdminRouter, Reply
 Handler = Callable[..., Awaitable[Reply]]
 # Shown once, never stored: a replayed create answers without them.
 _SECRET_FIELDS = frozenset({"key", "token", "api_key"})
+# A login body is an email and a password.
+MAX_LOGIN_BODY_BYTES = 16 * 1024
 
 
 def _keep_key(body: bytes) -> bytes:
@@ -39,8 +41,9 @@ def _keep_key(body: bytes) -> bytes:
 class AdminPlane:
     def __init__(self, pool: asyncpg.Pool, router: AdminRouter, hash_token: Callable[[str], str],
                  status: Callable[[], Awaitable[dict[str, Any]]], cookie_secure: bool = False,
-                 segment: Any = None) -> None:
+                 segment: Any = None, max_body_bytes: int = 1024 * 1024) -> None:
         self._pool = pool
+        self._max_body_bytes = max_body_bytes
         self.router = router
         self.auth = auth.AdminAuth(pool, segment, hash_token)
         self._hash_token = hash_token
@@ -105,7 +108,10 @@ class AdminPlane:
         return Actor(name=session.email, is_super=session.is_super), session
 
     async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
-                     body: bytes) -> Reply:
+                     read_body: Callable[[int], Awaitable[bytes]]) -> Reply:
+        """Answers one admin request. The caller is authenticated from its headers before
+        ``read_body(limit)`` reads anything, so a request without valid credentials costs no body
+        read; a login (the one route without credentials) reads at most ``MAX_LOGIN_BODY_BYTES``."""
         if path.rstrip("/") == "/admin/login":
             if method != "POST":
                 raise errors.MethodNotAllowed()
@@ -113,8 +119,9 @@ class AdminPlane:
             if retry_after_s:
                 return Reply(auth.TooManyAttempts.status, {"error": auth.TooManyAttempts.code},
                              (("retry-after", str(retry_after_s)),))
-            return await self._login(ip, body)
+            return await self._login(ip, await read_body(MAX_LOGIN_BODY_BYTES))
         actor, session = await self.actor(headers, method)
+        body = await read_body(self._max_body_bytes)
         matched = False
         for route_method, pattern, handler, super_only in self._routes:
             match = pattern.match(path) if route_method == method else None
