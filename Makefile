@@ -119,6 +119,11 @@ fuzz: ## libFuzzer on the core's parsers (nightly + cargo-fuzz), FUZZ_SECONDS ea
 	cd core && for t in $(FUZZ_TARGETS); do \
 		cargo +nightly fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; done
 
+.PHONY: fuzz-admin
+fuzz-admin: ## schemathesis on the admin API, FUZZ_EXAMPLES per operation (default 300; CI runs 15); FUZZ_SEED repeats a run
+	MESHFAST_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),300) MESHFAST_FUZZ_SEED=$(FUZZ_SEED) PYTHONSAFEPATH=1 \
+		$(BIN)/python -m pytest -q tests/test_openapi.py tests/test_hardening_input.py
+
 .PHONY: fuzz-quick
 fuzz-quick: ## a short fuzz run of every target (CI); skipped without a nightly toolchain
 	@if cargo +nightly --version >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=15; \

@@ -27,7 +27,7 @@ class GuardedResolver(AbstractResolver):
         results = await self._inner.resolve(host, port, family)
         allowed = [r for r in results if not forbidden_address(r["host"])]
         if not allowed:
-            raise ForbiddenAddress(f"{host} resolves only to non-public addresses")
+            raise ForbiddenAddress(f"{host} resolves only to private, loopback, link-local or other non-public addresses")
         return allowed
 
     async def close(self) -> None:
@@ -96,7 +96,7 @@ class AiohttpClient:
             host = URL(url).host or ""
             try:
                 if forbidden_address(host):
-                    raise ForbiddenAddress("upstream address is not public")
+                    raise ForbiddenAddress("upstream address is private, loopback, link-local or otherwise not public")
             except ValueError:
                 pass  # a name: checked by the resolver
         try:

@@ -174,16 +174,16 @@ async def _apply(path: str, registry: Registry) -> dict[str, list[str]]:
 
 
 async def _users(args: argparse.Namespace) -> Any:
-    from meshfast import errors
+    from meshfast import errors, validate
     from meshfast.admin import service as svc
 
     async with _admin_service() as service:
         try:
             if args.users_command == "create":
-                body = svc.UserCreate(
-                    email=args.email, display_name=args.display_name, manager_email=args.manager_email,
-                    business_unit=args.business_unit, tier=args.tier,
-                )
+                body = validate.convert({
+                    "email": args.email, "display_name": args.display_name, "manager_email": args.manager_email,
+                    "business_unit": args.business_unit, "tier": args.tier,
+                }, svc.UserCreate)
                 return await service.create_user("cli", body)
             if args.users_command == "rotate-key":
                 return await service.rotate_key("cli", args.user_id)
@@ -195,7 +195,7 @@ async def _users(args: argparse.Namespace) -> Any:
 
 
 async def _admins(args: argparse.Namespace) -> Any:
-    from meshfast import errors
+    from meshfast import errors, validate
     from meshfast.admin import auth
 
     async with _admin_service() as service:
@@ -203,7 +203,8 @@ async def _admins(args: argparse.Namespace) -> Any:
         try:
             if args.admins_command == "create":
                 password = os.environ.get("MESHFAST_ADMIN_PASSWORD") or getpass.getpass("password: ")
-                body = auth.AdminCreate(email=args.email, password=password, is_super=args.super)
+                body = validate.convert({"email": args.email, "password": password, "is_super": args.super},
+                                        auth.AdminCreate)
                 return await logins.create_admin("cli", True, body)
             return await logins.list_admins()
         except errors.MeshfastError as exc:

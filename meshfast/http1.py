@@ -383,7 +383,7 @@ class Client:
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
         allowed = [a for a in addresses if not forbidden_address(a)]
         if not allowed:
-            raise ForbiddenAddress(f"{host} resolves only to non-public addresses")
+            raise ForbiddenAddress(f"{host} resolves only to private, loopback, link-local or other non-public addresses")
         self._dns[(host, port)] = (now + DNS_TTL_S, allowed)
         return allowed
 
@@ -399,7 +399,7 @@ class Client:
         if guard:
             try:
                 if forbidden_address(host):
-                    raise ForbiddenAddress("upstream address is not public")
+                    raise ForbiddenAddress("upstream address is private, loopback, link-local or otherwise not public")
             except ValueError:
                 targets = await self._addresses(host, port)  # a name
         factory: Callable[[], _Connection] = lambda: _Connection(key)  # noqa: E731

@@ -131,18 +131,45 @@ def _ip(value: str | None) -> Any:
         return None
 
 
+# The longest text a row keeps per column. model_name, route and deny_reason are keys of the
+# rollups' unique indexes, whose entries PostgreSQL caps near 2.7 kB: a longer name would fail
+# the whole COPY (three keys of 200 four-byte characters stay under it).
+MAX_KEY_TEXT = 200
+MAX_ROW_TEXT = 2048
+
+
+def safe_text(value: str | None, limit: int = MAX_ROW_TEXT) -> str | None:
+    """``value`` as PostgreSQL text can hold it: NUL and lone surrogates become U+FFFD, and it is
+    cut to ``limit`` characters. Whatever a caller sends (a model name, a user agent) is
+    recorded, never the reason a row is refused."""
+    if value is None:
+        return None
+    if len(value) > limit:
+        value = value[:limit]
+    if value.isascii():
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        value = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
+    return value
+
+
 def to_record(row: Row) -> tuple[Any, ...]:
-    device = useragent.parse(row.user_agent)
+    user_agent = safe_text(row.user_agent)
+    device = useragent.parse(user_agent)
     return (
         row_uuid(row.request_id), row.request_id, dt.datetime.fromtimestamp(row.created_ms / 1000, dt.UTC),
         _uuid(row.mesh_key_id), _uuid(row.user_id), _uuid(row.provider_id), _uuid(row.model_id),
-        row.model_name, row.requested_model, row.route, row.outcome, row.deny_reason, row.status_code,
+        safe_text(row.model_name, MAX_KEY_TEXT), safe_text(row.requested_model), safe_text(row.route, MAX_KEY_TEXT),
+        row.outcome, safe_text(row.deny_reason, MAX_KEY_TEXT), row.status_code,
         row.latency_ms, row.ttfb_ms, row.tokens_in, row.tokens_out, row.cache_read_tokens,
         row.cache_write_tokens, row.usage_estimated, Decimal(row.input_cost_nano) / NANOS,
         Decimal(row.output_cost_nano) / NANOS, row.web_searches,
         None if row.generated_seconds is None else Decimal(str(round(row.generated_seconds, 2))),
-        _ip(row.source_ip), row.user_agent, device.browser, device.browser_version, device.os,
-        device.os_version, device.device_type, row.count,
+        _ip(row.source_ip), user_agent, safe_text(device.browser), safe_text(device.browser_version),
+        safe_text(device.os), safe_text(device.os_version), safe_text(device.device_type), row.count,
     )
 
 

@@ -14,11 +14,11 @@ import datetime as dt
 from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qs
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 import asyncpg
 
-from meshfast import errors
+from meshfast import errors, validate
 
 STATUS_OUTCOME = {"success": "success", "error": "upstream_error", "denied": "denied"}
 SORTS = {"created_at": "created_at", "latency_ms": "latency_ms", "cost": "(input_cost + output_cost)",
@@ -40,19 +40,11 @@ class Query:
     """The filters of ``GET /admin/logs`` and ``/admin/logs/summary``, validated."""
 
     def __init__(self, query_string: str | None, *, summary: bool = False) -> None:
-        try:
-            raw = {k: v[-1] for k, v in parse_qs(query_string or "", strict_parsing=False).items()}
-        except ValueError:
-            raise errors.InvalidRequest("malformed query string") from None
-        known = {"user_id", "model_id", "status", "from", "to", "page", "page_size", "sort", "order", "q", "tz",
-                 "bucket"}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise errors.InvalidRequest(f"unknown query parameters: {', '.join(unknown)}")
+        raw = validate.query(_parse(query_string), _KNOWN)
         now = dt.datetime.now(dt.UTC)
-        self.to = _time(raw.get("to"), "to") or now
+        self.to = validate.moment(raw.get("to"), "to") or now
         window = SUMMARY_WINDOW if summary else DEFAULT_WINDOW
-        self.since = _time(raw.get("from"), "from") or (self.to - window)
+        self.since = validate.moment(raw.get("from"), "from") or (self.to - window)
         if self.since >= self.to:
             raise errors.InvalidRequest("from must be before to")
         if summary and self.to - self.since > MAX_SUMMARY_WINDOW:
@@ -74,11 +66,9 @@ class Query:
             raise errors.InvalidRequest("order must be asc or desc")
         self.order = order
         self.q = (raw.get("q") or "").strip() or None
-        try:
-            self.tz = ZoneInfo(raw.get("tz") or "UTC")
-        except (ZoneInfoNotFoundError, ValueError):
-            raise errors.InvalidRequest("tz must be an IANA time zone name") from None
-        self.tz_name = raw.get("tz") or "UTC"
+        self.request_id = (raw.get("request_id") or "").strip() or None
+        self.tz_name = validate.timezone(raw.get("tz") or "UTC", "tz")
+        self.tz = ZoneInfo(self.tz_name)
         bucket = raw.get("bucket") or ("day" if self.to - self.since > dt.timedelta(days=2) else "hour")
         if bucket not in ("hour", "day"):
             raise errors.InvalidRequest("bucket must be hour or day")
@@ -94,14 +84,18 @@ class Query:
         return (" AND ".join(clauses) or "true"), args
 
 
-def _time(value: str | None, name: str) -> dt.datetime | None:
-    if value is None:
-        return None
+_KNOWN = frozenset({"user_id", "model_id", "status", "from", "to", "page", "page_size", "sort", "order", "q",
+                    "request_id", "tz", "bucket"})
+_AUDIT_KNOWN = frozenset({"actor", "action", "from", "to", "page", "page_size"})
+
+
+def _parse(query_string: str | None) -> dict[str, str]:
+    """A query string's parameters (the last of a repeated one), each checked by the shared
+    validator (no NUL, nothing PostgreSQL cannot store, bounded length)."""
     try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return {k: v[-1] for k, v in parse_qs(query_string or "", strict_parsing=False).items()}
     except ValueError:
-        raise errors.InvalidRequest(f"{name} must be an ISO 8601 time") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+        raise errors.InvalidRequest("malformed query string") from None
 
 
 def _uuid(value: str | None, name: str) -> str | None:
@@ -149,12 +143,15 @@ async def list_logs(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
         n = len(base_args)
         search = (f" AND (request_id = ${n} OR model_name ILIKE '%' || ${n} || '%'"
                   f" OR requested_model ILIKE '%' || ${n} || '%')")
+    if q.request_id:
+        base_args.append(q.request_id)
+        search += f" AND request_id = ${len(base_args)}"
     filters = f"created_at >= $1 AND created_at < $2 AND {where}{search}"
     offset = (q.page - 1) * q.page_size
     rows = await conn.fetch(
         f"SELECT {LIST_COLUMNS} FROM request_logs WHERE {filters} "
         f"ORDER BY {q.sort} {q.order}, request_id {q.order} LIMIT {q.page_size} OFFSET {offset}", *base_args)
-    if q.q:
+    if q.q or q.request_id:
         total = await conn.fetchval(f"SELECT count(*) FROM request_logs WHERE {filters}", *base_args)
     else:
         total = await _count_rows(conn, q, where, args)
@@ -212,6 +209,7 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     """Totals, a time series in ``tz``, and breakdowns by model, provider, user, status, deny
     reason and latency, over whole hours (``from`` rounded down, ``to`` up)."""
     since, until = _floor_hour(q.since), _ceil_hour(q.to)
+    validate.timezone(q.tz_name, "tz", await validate.load_timezones(conn))
     where, args = q.where(3)
     table = "request_rollup_hourly" if q.user_id else "request_rollup_hourly_all"
     params = [since, until, *args, q.tz_name]
@@ -313,20 +311,14 @@ def _measures(r: asyncpg.Record, head: dict[str, Any]) -> dict[str, Any]:
 
 async def audit(conn: asyncpg.Connection, query_string: str | None) -> dict[str, Any]:
     """``GET /admin/audit``: the audit log, newest first, filtered by actor, action and time."""
-    try:
-        raw = {k: v[-1] for k, v in parse_qs(query_string or "").items()}
-    except ValueError:
-        raise errors.InvalidRequest("malformed query string") from None
-    unknown = sorted(set(raw) - {"actor", "action", "from", "to", "page", "page_size"})
-    if unknown:
-        raise errors.InvalidRequest(f"unknown query parameters: {', '.join(unknown)}")
+    raw = validate.query(_parse(query_string), _AUDIT_KNOWN)
     clauses, args = [], []
     for column, value in (("actor", raw.get("actor")), ("action", raw.get("action"))):
         if value:
             args.append(value)
             clauses.append(f"{column} = ${len(args)}")
     for op, name in ((">=", "from"), ("<", "to")):
-        moment = _time(raw.get(name), name)
+        moment = validate.moment(raw.get(name), name)
         if moment is not None:
             args.append(moment)
             clauses.append(f"created_at {op} ${len(args)}")

@@ -1,7 +1,10 @@
 """The OpenAPI 3.1 document of the admin API, served at ``GET /admin/openapi.json``.
 
 Request bodies are the admin service's own msgspec structs, so their schemas cannot drift from
-what the routes decode; the operation list is checked against the router's table by a test.
+what the routes decode, limits included (:mod:`meshfast.validate`'s table); the limits every body
+gets from :func:`meshfast.validate.check` are added where a struct sets none. The operation list
+is checked against the router's table, and the document against the OpenAPI specification, by
+tests.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from meshfast.admin import auth
+from meshfast import validate
+from meshfast.admin import auth, logs
 from meshfast.admin import service as svc
 
 
@@ -80,10 +84,69 @@ _ERRORS = {
 }
 
 
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+_TEXT = {"type": "string", "maxLength": validate.MAX_QUERY_TEXT}
+_TIME = {"type": "string", "format": "date-time", "maxLength": 64,
+         "description": f"ISO 8601, between {validate.EARLIEST.date()} and {validate.LATEST.date()}"}
+_UUID = {"type": "string", "format": "uuid", "maxLength": 64}
+_PAGING = [_query("page", {"type": "integer", "minimum": 1, "maximum": 1_000_000}, "page number, from 1"),
+           _query("page_size", {"type": "integer", "minimum": 1, "maximum": logs.MAX_PAGE_SIZE}, "rows per page")]
+_LOG_FILTERS = [
+    _query("user_id", _UUID, "one user's requests"),
+    _query("model_id", _UUID, "one model's requests"),
+    _query("status", {"type": "string", "enum": list(logs.STATUS_OUTCOME)}, "outcome"),
+    _query("from", _TIME, "start of the window (inclusive)"),
+    _query("to", _TIME, "end of the window (exclusive)"),
+    *_PAGING,
+    _query("sort", {"type": "string", "enum": list(logs.SORTS)}, "sort key"),
+    _query("order", {"type": "string", "enum": ["asc", "desc"]}, "sort order"),
+    _query("q", _TEXT, "an exact request id, or part of a model name"),
+    _query("request_id", _TEXT, "one request id (exact)"),
+    _query("tz", {"type": "string", "maxLength": 64}, "IANA time zone of the summary's buckets"),
+    _query("bucket", {"type": "string", "enum": ["hour", "day"]}, "time-series bucket"),
+]
+QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
+    "/admin/logs": _LOG_FILTERS,
+    "/admin/logs/summary": _LOG_FILTERS,
+    "/admin/audit": [_query("actor", _TEXT, "who acted (exact)"), _query("action", _TEXT, "what was done (exact)"),
+                     _query("from", _TIME, "start (inclusive)"), _query("to", _TIME, "end (exclusive)"),
+                     *_PAGING],
+}
+
+
+def _limits(schema: Any) -> None:
+    """Give every string, array and object in ``schema`` the generic limits
+    :func:`meshfast.validate.check` holds them to, where the struct sets no tighter one; decimals
+    (prices) take JSON numbers as well as numeric strings."""
+    if isinstance(schema, list):
+        for item in schema:
+            _limits(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    kind = schema.get("type")
+    if kind == "string" and schema.get("format") == "decimal":
+        schema["type"] = ["string", "number"]
+        if "default" in schema:
+            schema["default"] = str(schema["default"])
+    elif kind == "string":
+        schema.setdefault("maxLength", validate.MAX_TEXT)
+    elif kind == "array":
+        schema.setdefault("maxItems", validate.MAX_ITEMS)
+    elif kind == "object" and "additionalProperties" in schema:
+        schema.setdefault("maxProperties", validate.MAX_ITEMS)
+    for value in schema.values():
+        _limits(value)
+
+
 def document() -> dict[str, Any]:
     structs = sorted({body for *_, body, _ in OPERATIONS if body}, key=str)
     _, components = msgspec.json.schema_components([_struct(name) for name in structs],
                                                    ref_template="#/components/schemas/{name}")
+    _limits(components)
     paths: dict[str, dict[str, Any]] = {}
     for method, path, summary, body, status in OPERATIONS:
         params = [{"name": name.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
@@ -100,6 +163,8 @@ def document() -> dict[str, Any]:
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}}
         if path not in ("/admin/openapi.json", "/admin/login"):
             operation["security"] = [{"bearer": []}]
+        if method == "GET":
+            params.extend(QUERY_PARAMETERS.get(path, []))
         if params:
             operation["parameters"] = params
         if body:

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import ipaddress
 import json
+import re
 import tomllib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
 import asyncpg
 import msgspec
+from msgspec import Meta
 
-from meshfast import errors, snapshot
+from meshfast import errors, snapshot, validate
+from meshfast.validate import (ApiKey, BackoffMs, DisplayName, Email, Id, Int32, Label, Name, Names, NonNegative,
+                               Path, Percent, Positive, Retries, Url, Weekdays, Word, Words)
 from meshfast.sealing import open_sealed, seal
 from meshfast.secrets import Secrets, new_mesh_key
 from meshfast.store import sql
@@ -31,11 +33,11 @@ MODEL_KINDS = ("chat", "embedding", "image_generation", "video_generation")
 
 
 class UserCreate(msgspec.Struct, forbid_unknown_fields=True):
-    email: str
-    display_name: str
-    manager_email: str | None = None
-    business_unit: str | None = None
-    tier: str | None = None
+    email: Email
+    display_name: DisplayName
+    manager_email: Email | None = None
+    business_unit: Label | None = None
+    tier: Label | None = None
 
 
 class GenericSettings(snapshot.GenericTemplates, forbid_unknown_fields=True, omit_defaults=True):
@@ -51,31 +53,54 @@ class GenericSettings(snapshot.GenericTemplates, forbid_unknown_fields=True, omi
     web_search_request_body_template: Any = None
     embedding_request_body_template: Any = None
     generation_request_body_template: Any = None
+    # The snapshot's other fields, with the admin API's limits (validate.py's table).
+    endpoint_url: Url | None = None
+    http_method: Word = "POST"
+    header_template: dict[Name, Annotated[str, Meta(max_length=8192)]] | None = None
+    response_delta_path: Path | None = None
+    response_done_signal: Label | None = None
+    usage_input_tokens_path: Path | None = None
+    usage_output_tokens_path: Path | None = None
+    embedding_endpoint_url: Url | None = None
+    embedding_response_vector_path: Path | None = None
+    embedding_usage_tokens_path: Path | None = None
+    generation_endpoint_url: Url | None = None
+    generation_response_media_path: Path | None = None
+    generation_mode: Word = "sync"
+    generation_job_id_path: Path | None = None
+    generation_status_url_template: Url | None = None
+    generation_status_path: Path | None = None
+    generation_content_url_template: Url | None = None
+    generation_status_success_values: Words | None = None
+    generation_status_failure_values: Words | None = None
+    generation_poll_interval_ms: Annotated[int, Meta(ge=1, le=3_600_000)] | None = None
+    generation_max_wait_seconds: Annotated[int, Meta(ge=1, le=86_400)] | None = None
+    generation_duration_seconds_path: Path | None = None
 
 
 _GENERIC_FIELDS = tuple(GenericSettings.__struct_fields__)
 
 
 class ProviderCreate(GenericSettings, forbid_unknown_fields=True, kw_only=True):
-    name: str
-    family: str
-    base_url: str
-    api_key: str
+    name: Name
+    family: Word
+    base_url: Url
+    api_key: ApiKey
     local: bool = False
     verify: bool = True
-    max_outbound_rps: int | None = None
-    max_concurrent_upstream: int | None = None
-    max_calls_per_hour: int | None = None
+    max_outbound_rps: Positive | None = None
+    max_concurrent_upstream: Positive | None = None
+    max_calls_per_hour: Positive | None = None
     retry_enabled: bool = True
-    max_retries: int = 2
-    retry_backoff_ms: int = 200
+    max_retries: Retries = 2
+    retry_backoff_ms: BackoffMs = 200
     log_requests: bool = True
     supports_web_search: bool = False
     web_search_price_per_call: Decimal = Decimal(0)
     # Largest share (1-100 %) of the process-wide admission weight this provider's calls may hold.
-    admission_share_pct: int | None = None
+    admission_share_pct: Percent | None = None
     # Models created with the provider, in the same transaction: ModelCreate bodies without provider_id.
-    models: list[dict[str, Any]] | None = None
+    models: Annotated[list[dict[str, Any]], Meta(max_length=256)] | None = None
 
 
 def provider_settings(body: ProviderCreate) -> dict[str, Any]:
@@ -91,14 +116,33 @@ def provider_settings(body: ProviderCreate) -> dict[str, Any]:
         if template is None:
             continue
         if isinstance(template, str):
+            # NOTE: msgspec, not json: json.loads takes NaN and lone surrogates, which jsonb refuses.
             try:
-                template = json.loads(template)
-            except ValueError:
+                template = msgspec.json.decode(template)
+            except msgspec.DecodeError:
                 problems.append(f"{name} is not valid JSON")
+                continue
+            except RecursionError:
+                problems.append(f"{name} nests deeper than {validate.MAX_DEPTH} levels")
+                continue
+            try:
+                validate.check(template, name)
+            except errors.InvalidRequest as exc:
+                problems.append(str(exc.detail))
                 continue
             setattr(generic, name, template)
         if "{{api_key}}" in json.dumps(template):
             problems.append(f"{name} may not contain {{{{api_key}}}}: the key goes in headers or the URL only")
+    for name in _TEMPLATE_URLS:
+        url = getattr(generic, name)
+        problem = None if url is None else _template_url_problem(url, name, local=body.local)
+        if problem is not None:
+            problems.append(problem)
+    for header, value in (generic.header_template or {}).items():
+        if not header or not all(c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~") for c in header):
+            problems.append(f"header_template: {header[:64]!r} is not a valid header name")
+        elif validate.control_problem(value) is not None:
+            problems.append(f"header_template.{header} {validate.control_problem(value)}")
     if generic.generation_mode not in ("sync", "async_poll"):
         problems.append("generation_mode must be sync or async_poll")
     elif generic.generation_mode == "async_poll":
@@ -106,14 +150,17 @@ def provider_settings(body: ProviderCreate) -> dict[str, Any]:
                          "generation_status_path", "generation_content_url_template"):
             if not getattr(generic, required):
                 problems.append(f"{required} is required for generation_mode async_poll")
-    if body.web_search_price_per_call < 0:
-        problems.append("web_search_price_per_call must be non-negative")
+    web_search_price: Decimal | None = Decimal(0)
+    try:
+        web_search_price = _price(body.web_search_price_per_call, "web_search_price_per_call")
+    except errors.InvalidRequest as exc:
+        problems.append(str(exc.detail))
     if body.admission_share_pct is not None and not 1 <= body.admission_share_pct <= 100:
         problems.append("admission_share_pct must be between 1 and 100")
     if problems:
         raise errors.InvalidRequest("; ".join(problems))
     settings = msgspec.to_builtins(generic)
-    settings["web_search_price_per_call"] = str(body.web_search_price_per_call)
+    settings["web_search_price_per_call"] = str(web_search_price)
     if body.admission_share_pct is not None:
         settings["admission_share_pct"] = body.admission_share_pct
     return settings
@@ -123,45 +170,45 @@ Price = Decimal
 
 
 class ModelCreate(msgspec.Struct, forbid_unknown_fields=True):
-    provider_id: str
-    name: str
-    resolved_model: str
-    kind: str = "chat"
-    input_price_per_1k_tokens: Price = 0
-    output_price_per_1k_tokens: Price = 0
+    provider_id: Id
+    name: Name
+    resolved_model: Name
+    kind: Word = "chat"
+    input_price_per_1k_tokens: Price = Decimal(0)
+    output_price_per_1k_tokens: Price = Decimal(0)
     # Unset cache prices: cache reads and writes cost the input price, 1 h writes the 5 min one.
     cache_read_price_per_1k_tokens: Price | None = None
     cache_write_price_per_1k_tokens: Price | None = None
     cache_write_1h_price_per_1k_tokens: Price | None = None
     # Above this many prompt tokens (input and cached), the long-context tier prices every class:
     # keyed by the price fields above (input, output and cache); a class it leaves out keeps its price.
-    long_context_threshold_tokens: int | None = None
-    long_context_prices: dict[str, Price] | None = None
-    price_per_second: Price = 0
-    max_output_tokens: int = 4096
-    aliases: list[str] = []
-    tags: list[str] = []
+    long_context_threshold_tokens: Positive | None = None
+    long_context_prices: dict[Word, Price] | None = None
+    price_per_second: Price = Decimal(0)
+    max_output_tokens: Int32 = 4096
+    aliases: Names = []
+    tags: Names = []
     supports_image_in: bool = False
     supports_document_in: bool = False
     supports_audio_in: bool = False
     supports_video_in: bool = False
     supports_web_search: bool = False
-    output_media_type: str | None = None
+    output_media_type: Label | None = None
     verify: bool | None = None
 
 
 class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
-    user_id: str
-    model_id: str
+    user_id: Id
+    model_id: Id
 
 
 class PolicyBody(msgspec.Struct, forbid_unknown_fields=True):
-    daily_cap_usd: Price = 20
-    max_calls_per_hour: int | None = None
-    allowed_from: str | None = None
-    allowed_to: str | None = None
-    timezone: str = "UTC"
-    active_days: list[int] = msgspec.field(default_factory=lambda: [0, 1, 2, 3, 4, 5, 6])
+    daily_cap_usd: Price = Decimal(20)
+    max_calls_per_hour: Int32 | None = None
+    allowed_from: Word | None = None
+    allowed_to: Word | None = None
+    timezone: Word = "UTC"
+    active_days: Weekdays = msgspec.field(default_factory=lambda: [0, 1, 2, 3, 4, 5, 6])
     always_open: bool = False
 
 
@@ -169,16 +216,8 @@ class KillSwitchBody(msgspec.Struct, forbid_unknown_fields=True):
     tripped: bool
 
 
-def decode(body: bytes, kind: type[Any]) -> Any:
-    """Strict JSON decoding of an admin body: unknown fields and wrong types are 400s."""
-    if not body.strip():
-        raise errors.InvalidRequest("request body is empty")
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise errors.InvalidRequest(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise errors.InvalidRequest(f"malformed JSON: {exc}") from None
+# Strict decoding of every admin body, with validate.py's limits and string check.
+decode = validate.decode
 
 
 # --- validation helpers --------------------------------------------------------------------
@@ -226,25 +265,32 @@ def _email(value: str) -> str:
     return value
 
 
-def _is_private_host(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_unspecified
-
-
 def check_base_url(base_url: str, *, local: bool) -> str:
-    parts = urlsplit(base_url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise errors.InvalidRequest("base_url must be an absolute http(s) URL")
-    if not local and _is_private_host(parts.hostname):
-        raise errors.InvalidRequest(
-            "base_url points at a loopback, link-local or private address; set local: true to allow it"
-        )
-    return base_url.strip().rstrip("/")
+    """The URL as stored; a 400 for one that is not an absolute http(s) URL, that parsers could
+    read two ways, or (unless ``local``) that names a non-public address in any spelling (see
+    :func:`validate.url_problem`; the connect-time guard checks what names resolve to)."""
+    url = base_url.strip()
+    problem = validate.url_problem(url, "base_url", local=local)
+    if problem is not None:
+        raise errors.InvalidRequest(problem, errors=[problem])
+    return url.rstrip("/")
+
+
+_PLACEHOLDER = re.compile(r"\{\{[^{}]*\}\}")
+# A generic provider's own URLs (with {{placeholders}}): called as they are, so held to base_url's rules.
+_TEMPLATE_URLS = ("endpoint_url", "embedding_endpoint_url", "generation_endpoint_url",
+                  "generation_status_url_template", "generation_content_url_template")
+
+
+def _template_url_problem(url: str, field: str, *, local: bool) -> str | None:
+    """A URL template's problem: every placeholder read as a plain label; a template that does
+    not start with a fixed http(s) origin (the URL comes from a provider's answer) is only
+    checked for characters that would break the request line."""
+    filled = _PLACEHOLDER.sub("x", url.strip())
+    if filled.startswith(("http://", "https://")):
+        return validate.url_problem(filled, field, local=local)
+    problem = validate.control_problem(url)
+    return None if problem is None else f"{field} {problem}"
 
 
 def _hhmm(value: str | None, field: str) -> dt.time | None:
@@ -257,16 +303,6 @@ def _hhmm(value: str | None, field: str) -> dt.time | None:
         return dt.time(int(hours), int(minutes))
     except ValueError:
         raise errors.InvalidRequest(f"{field} must be HH:MM") from None
-
-
-def _timezone(name: str) -> str:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise errors.InvalidRequest(f"unknown timezone {name!r}") from None
-    return name
 
 
 # --- JSON shapes ---------------------------------------------------------------------------
@@ -380,11 +416,11 @@ def _model_insert(body: ModelCreate) -> Callable[[asyncpg.Connection, uuid.UUID]
 
 
 class DeploymentCreate(msgspec.Struct, forbid_unknown_fields=True):
-    provider_id: str
-    resolved_model: str
-    region: str | None = None
+    provider_id: Id
+    resolved_model: Name
+    region: Name | None = None
     # Lower first; the model's own provider comes before every deployment.
-    priority: int = 100
+    priority: Int32 = 100
 
 
 def _deployment_args(body: DeploymentCreate) -> tuple[str, str | None, int]:
@@ -408,6 +444,9 @@ def _provider_fields(body: ProviderCreate) -> tuple[str, str, str, dict[str, Any
         raise errors.InvalidRequest(f"family must be one of {', '.join(FAMILIES)}")
     name = _nonempty(body.name, "name")
     api_key = _nonempty(body.api_key, "api_key")
+    if validate.control_problem(api_key) is not None:
+        # NOTE: the key goes into a header on every call; a line break there fails each one.
+        raise errors.InvalidRequest(f"api_key {validate.control_problem(api_key)}")
     base_url = check_base_url(body.base_url, local=body.local)
     for field in ("max_outbound_rps", "max_concurrent_upstream", "max_calls_per_hour"):
         value = getattr(body, field)
@@ -422,10 +461,10 @@ def _provider_fields(body: ProviderCreate) -> tuple[str, str, str, dict[str, Any
 
 
 class RegistryDeployment(msgspec.Struct, forbid_unknown_fields=True):
-    provider: str
-    resolved_model: str
-    region: str | None = None
-    priority: int = 100
+    provider: Name
+    resolved_model: Name
+    region: Name | None = None
+    priority: Int32 = 100
 
 
 class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -477,6 +516,10 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
         registry = msgspec.convert(raw, _RegistryFile)
     except (msgspec.MsgspecError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise _invalid([f"the file does not parse as a registry: {exc}"]) from None
+    except RecursionError:
+        raise _invalid([f"the file nests deeper than {validate.MAX_DEPTH} levels"]) from None
+    # NOTE: a registry may list more entries than one API body; each entry has the API's limits.
+    validate.check(raw, max_items=1_000_000)
     problems: list[str] = []
     out = Registry()
     names: set[str] = set()
@@ -1102,7 +1145,10 @@ class AdminService:
             raise errors.InvalidRequest("active_days holds integers 0-6 (0 = Sunday)")
         allowed_from = _hhmm(body.allowed_from, "allowed_from")
         allowed_to = _hhmm(body.allowed_to, "allowed_to")
-        timezone = _timezone(body.timezone)
+        async with self._pool.acquire() as conn:
+            # NOTE: a name only one side knows would put the window somewhere else (the core
+            # reads an unknown zone as UTC), so both must know it.
+            timezone = validate.timezone(body.timezone, "timezone", await validate.load_timezones(conn))
 
         async def work(conn: asyncpg.Connection) -> None:
             await self._check_pair(conn, uid, mid)
