@@ -312,7 +312,8 @@ def _measures(r: asyncpg.Record, head: dict[str, Any]) -> dict[str, Any]:
 async def audit(conn: asyncpg.Connection, query_string: str | None) -> dict[str, Any]:
     """``GET /admin/audit``: the audit log, newest first, filtered by actor, action and time."""
     raw = validate.query(_parse(query_string), _AUDIT_KNOWN)
-    clauses, args = [], []
+    clauses: list[str] = []
+    args: list[Any] = []
     for column, value in (("actor", raw.get("actor")), ("action", raw.get("action"))):
         if value:
             args.append(value)

@@ -18,11 +18,28 @@ import msgspec
 from msgspec import Meta
 
 from meshfast import errors, snapshot, validate
-from meshfast.validate import (ApiKey, BackoffMs, DisplayName, Email, Id, Int32, Label, Name, Names, NonNegative,
-                               Path, Percent, Positive, Retries, Url, Weekdays, Word, Words)
 from meshfast.sealing import open_sealed, seal
 from meshfast.secrets import Secrets, new_mesh_key
 from meshfast.store import sql
+from meshfast.validate import (
+    ApiKey,
+    BackoffMs,
+    DisplayName,
+    Email,
+    Id,
+    Int32,
+    Label,
+    Name,
+    Names,
+    Path,
+    Percent,
+    Positive,
+    Retries,
+    Url,
+    Weekdays,
+    Word,
+    Words,
+)
 from meshfast.verify import wants_verify
 
 FAMILIES = ("openai", "openai_responses", "anthropic", "gemini", "ollama", "generic")
