@@ -475,3 +475,18 @@ def test_safe_text_is_always_storable_and_changes_only_what_it_must(value: str) 
     out.encode()
     if "\x00" not in value and len(value) <= 100 and validate.text_problem(value) is None:
         assert out == value
+
+
+@pytest.mark.parametrize("method, path", [("PUT", "/admin/providers/{id}"), ("PUT", "/admin/models/{id}"),
+                                          ("POST", "/admin/users"), ("POST", "/admin/tokens"),
+                                          ("PUT", "/admin/users/{user}/policies/{model}")])
+def test_a_body_nested_thousands_deep_is_a_400(gateway: Gateway, registry: dict[str, Any], method: str,
+                                               path: str) -> None:
+    """A body nested past the decoder's recursion limit is refused as a 400, on every route that
+    decodes one (the provider PUT decodes it twice)."""
+    url = path.format(id=registry["provider"]["id"] if "providers" in path else registry["model"]["id"],
+                      user=registry["user"]["id"], model=registry["model"]["id"])
+    body = b'{"name": ' + b"[" * DEEP + b"]" * DEEP + b"}"
+    response = gateway.client.request(method, url, content=body, headers={
+        "authorization": f"Bearer {gateway.admin_token}", "content-type": "application/json", "if-match": "*"})
+    assert response.status_code == 400 and response.json()["error"] == "invalid_request", response.text
