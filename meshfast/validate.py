@@ -51,7 +51,6 @@ Path = Annotated[str, Meta(max_length=1024)]  # a dot path into a provider's ans
 Names = Annotated[list[Name], Meta(max_length=256)]  # aliases, tags
 Words = Annotated[list[Word], Meta(max_length=64)]
 Positive = Annotated[int, Meta(ge=1, le=INT32_MAX)]
-NonNegative = Annotated[int, Meta(ge=0, le=INT32_MAX)]
 Int32 = Annotated[int, Meta(ge=-INT32_MAX - 1, le=INT32_MAX)]
 Retries = Annotated[int, Meta(ge=0, le=100)]
 BackoffMs = Annotated[int, Meta(ge=0, le=600_000)]
