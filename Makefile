@@ -72,6 +72,10 @@ bench: setup ## authenticated GET /v1/models vs a Granian hello-world, with wrk 
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python bench/models_bench.py --workers $(WORKERS) --rounds 3 --meshfast-cmd $(BIN)/meshfast
 
+.PHONY: bench-slowbody
+bench-slowbody: setup ## valid callers' latency before, during and after 2,000 stalled request bodies (--quick: QUICK=1)
+	$(BIN)/python bench/slowbody_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
+
 .PHONY: build-bench
 build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for published numbers
 	MATURIN_PEP517_ARGS="--profile bench-release" MESHFAST_BUILD_PROFILE=bench-release \
