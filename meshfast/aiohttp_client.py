@@ -27,7 +27,9 @@ class GuardedResolver(AbstractResolver):
         results = await self._inner.resolve(host, port, family)
         allowed = [r for r in results if not forbidden_address(r["host"])]
         if not allowed:
-            raise ForbiddenAddress(f"{host} resolves only to private, loopback, link-local or other non-public addresses")
+            raise ForbiddenAddress(
+                f"{host} resolves only to private, loopback, link-local or other non-public addresses"
+            )
         return allowed
 
     async def close(self) -> None:

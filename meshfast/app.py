@@ -19,13 +19,13 @@ import asyncpg
 import msgspec
 
 from meshfast import background, counters, dashboard, errors, verify
-from meshfast.body import BodyReader, Saturation, raise_open_file_limit
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
 from meshfast.admin.plane import AdminPlane
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
+from meshfast.body import BodyReader, Saturation, raise_open_file_limit
 from meshfast.dataplane import ENTRY_ROUTES, DataPlane, client_ip, gemini_call, ollama_tags, openai_embeddings_call
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, apply_retention, ensure_log_partitions

@@ -383,7 +383,9 @@ class Client:
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
         allowed = [a for a in addresses if not forbidden_address(a)]
         if not allowed:
-            raise ForbiddenAddress(f"{host} resolves only to private, loopback, link-local or other non-public addresses")
+            raise ForbiddenAddress(
+                f"{host} resolves only to private, loopback, link-local or other non-public addresses"
+            )
         self._dns[(host, port)] = (now + DNS_TTL_S, allowed)
         return allowed
 

@@ -31,7 +31,7 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_HEADER_TIMEOUT_S", "seconds a client has to send its request headers (default 30)"),
     ("MESHFAST_BODY_IDLE_TIMEOUT_S", "seconds a request body may pause between reads before a 408 (default 10)"),
     ("MESHFAST_BODY_TIMEOUT_S", "seconds a client has to send its whole request body before a 408 (default 120)"),
-    ("MESHFAST_MAX_ADMIN_BODY_KB", "largest admin request body in KiB (default 1024; data plane: MESHFAST_MAX_BODY_MB)"),
+    ("MESHFAST_MAX_ADMIN_BODY_KB", "largest admin request body in KiB (default 1024)"),
     ("MESHFAST_BACKLOG", "listen backlog of the server socket (default 16384; capped by net.core.somaxconn)"),
     ("MESHFAST_MAX_CONNECTIONS", "requests served at once per instance; more wait in the backlog (default 1024)"),
     ("MESHFAST_FAULT_INJECT", "tests only: background loops that fail on purpose, e.g. telemetry:2,leader"),

@@ -303,3 +303,18 @@ def test_a_non_super_admin_cannot_raise_or_touch_super_admins(gateway: Gateway,
     boss = next(a for a in gateway.admin("GET", "/admin/admins").json() if a["id"] == boss_id)
     assert (boss["status"], boss["is_super"]) == ("active", True)
     assert not any(a["email"].startswith("up-") for a in gateway.admin("GET", "/admin/admins").json())
+
+
+def test_idempotency_keys_belong_to_one_token_even_when_two_share_a_name(gateway: Gateway) -> None:
+    """Two admin tokens with the same name keep separate Idempotency-Keys: one never replays the
+    other's stored answer nor is blocked by it."""
+    tokens = [gateway.admin("POST", "/admin/tokens", {"name": "twin"}).json()["token"] for _ in range(2)]
+    key = "idem-" + secrets.token_hex(8)
+    answers = []
+    for i, token in enumerate(tokens):
+        answers.append(gateway.client.post(
+            "/admin/users", json={"email": f"twin{i}-{key}@example.com", "display_name": "Twin"},
+            headers={"authorization": f"Bearer {token}", "idempotency-key": key}))
+    assert [a.status_code for a in answers] == [201, 201]
+    assert "idempotent-replayed" not in answers[1].headers
+    assert answers[0].json()["id"] != answers[1].json()["id"]

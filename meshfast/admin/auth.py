@@ -26,15 +26,17 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import asyncpg
 import msgspec
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+from msgspec import Meta
 
 from meshfast import errors
 from meshfast._core import ShmError
+from meshfast.validate import Email, Name
 
 log = logging.getLogger("meshfast.admin")
 
@@ -59,24 +61,28 @@ _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash("meshfast-dummy-password")
 
 
+# A passphrase: long enough for any password manager, short enough to hash in bounded time.
+Password = Annotated[str, Meta(max_length=1024)]
+
+
 class LoginBody(msgspec.Struct, forbid_unknown_fields=True):
-    email: str
-    password: str
+    email: Email
+    password: Password
 
 
 class AdminCreate(msgspec.Struct, forbid_unknown_fields=True):
-    email: str
-    password: str
+    email: Email
+    password: Password
     is_super: bool = False
 
 
 class PasswordChange(msgspec.Struct, forbid_unknown_fields=True):
-    old_password: str
-    new_password: str
+    old_password: Password
+    new_password: Password
 
 
 class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
+    name: Name
     is_super: bool = False
 
 
@@ -114,7 +120,7 @@ WHERE s.token_hash = $1 AND s.expires_at > now() AND a.status = 'active'
 # A token is refused while the admin it answers to (owner_admin_id, see migration 0012) is paused or
 # once they are deleted.
 _TOKEN_BY_HASH = """
-SELECT t.name, t.is_super, t.owner_admin_id FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
+SELECT t.id, t.name, t.is_super, t.owner_admin_id FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
 WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.owner_admin_id IS NULL OR a.status = 'active')
 """
 _TOKEN_FOR_REVOKE = """
@@ -263,8 +269,8 @@ class AdminAuth:
                 raise CsrfFailed()
         return found
 
-    async def bearer(self, authorization: str) -> tuple[str, bool, str | None]:
-        """The (actor name, is super, owner admin id) of a bearer admin token, looked up on every
+    async def bearer(self, authorization: str) -> tuple[str, bool, str | None, str]:
+        """The (actor name, is super, owner admin id, token id) of a bearer admin token, looked up on every
         request (no cache may outlive a revocation or a pause); 401 for anything else."""
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
@@ -275,7 +281,7 @@ class AdminAuth:
         if row is None:
             raise errors.Unauthorized()
         owner = row["owner_admin_id"]
-        return f"token:{row['name']}", row["is_super"], None if owner is None else str(owner)
+        return f"token:{row['name']}", row["is_super"], None if owner is None else str(owner), str(row["id"])
 
     async def logout(self, session: Session) -> None:
         async with self._pool.acquire() as conn:

@@ -100,12 +100,13 @@ class AdminPlane:
         """A bearer admin token, else a session cookie (with CSRF on unsafe methods); 401 else."""
         authorization = headers.get("authorization")
         if authorization:
-            name, is_super, _ = await self.auth.bearer(authorization)
-            return Actor(name=name, is_super=is_super), None
+            name, is_super, owner, token_id = await self.auth.bearer(authorization)
+            return Actor(name=name, is_super=is_super, id=f"token:{token_id}", owner_admin_id=owner), None
         session = await self.auth.session(headers, method)
         if session is None:
             raise errors.Unauthorized()
-        return Actor(name=session.email, is_super=session.is_super), session
+        return Actor(name=session.email, is_super=session.is_super, id=f"admin:{session.admin_id}",
+                     owner_admin_id=session.admin_id), session
 
     async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
                      read_body: Callable[[int], Awaitable[bytes]]) -> Reply:
@@ -134,9 +135,9 @@ class AdminPlane:
         key = headers.get("idempotency-key")
         if method == "POST" and key:
             return await self._idempotent(actor, key, path, body,
-                                          lambda: self.router.dispatch(method, path, None, body, actor=actor))
+                                          lambda: self.router.dispatch(method, path, body, actor))
         try:
-            return await self.router.dispatch(method, path, None, body, actor=actor)
+            return await self.router.dispatch(method, path, body, actor)
         except errors.NotFound:
             # A path only this plane routes, asked with another method.
             if matched:
@@ -153,10 +154,10 @@ class AdminPlane:
         async with self._pool.acquire() as conn:
             claimed = await conn.fetchval(
                 "INSERT INTO admin_idempotency (actor, key, request_hash) VALUES ($1, $2, $3) "
-                "ON CONFLICT DO NOTHING RETURNING true", actor.name, key, digest)
+                "ON CONFLICT DO NOTHING RETURNING true", actor.id, key, digest)
             if not claimed:
                 row = await conn.fetchrow("SELECT request_hash, status, response FROM admin_idempotency "
-                                          "WHERE actor = $1 AND key = $2", actor.name, key)
+                                          "WHERE actor = $1 AND key = $2", actor.id, key)
                 if row is None or row["request_hash"] != digest:
                     raise errors.IdempotencyConflict()
                 if row["status"] == 0:
@@ -167,13 +168,13 @@ class AdminPlane:
             reply = await run()
         except BaseException:
             async with self._pool.acquire() as conn:
-                await conn.execute("DELETE FROM admin_idempotency WHERE actor = $1 AND key = $2", actor.name, key)
+                await conn.execute("DELETE FROM admin_idempotency WHERE actor = $1 AND key = $2", actor.id, key)
             raise
         kept = {k: v for k, v in reply.body.items() if k not in _SECRET_FIELDS} if isinstance(reply.body, dict) \
             else reply.body
         async with self._pool.acquire() as conn:
             await conn.execute("UPDATE admin_idempotency SET status = $3, response = $4::jsonb "
-                               "WHERE actor = $1 AND key = $2", actor.name, key, reply.status,
+                               "WHERE actor = $1 AND key = $2", actor.id, key, reply.status,
                                msgspec.json.encode(kept).decode())
         return reply
 
@@ -213,7 +214,7 @@ class AdminPlane:
     async def _create_token(self, actor: Actor, session: auth.Session | None, query: str | None,
                             body: bytes, headers: Any) -> Reply:
         # The new token answers to the same admin as the credential that made it.
-        owner = session.admin_id if session is not None else (await self.auth.bearer(headers["authorization"]))[2]
-        created = await self.auth.create_token(actor.name, actor.is_super, owner, svc.decode(body, auth.TokenCreate),
+        created = await self.auth.create_token(actor.name, actor.is_super, actor.owner_admin_id,
+                                               svc.decode(body, auth.TokenCreate),
                                                self._hash_token)
         return Reply(201, created)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,18 +13,20 @@ import msgspec
 from meshfast import errors
 from meshfast.admin import service as svc
 from meshfast.secrets import Secrets
-from meshfast.store import sql
 
 _json = msgspec.json.Encoder()
 
-# Admin tokens are checked against the database at most every few seconds per token.
-_TOKEN_CACHE_TTL_S = 5.0
-
-
 @dataclass(frozen=True, slots=True)
 class Actor:
+    """Who asks: ``name`` is what the audit log shows (``token:<name>`` or the admin's email);
+    ``id`` is unique (``token:<uuid>`` or ``admin:<uuid>``; token names need not be), so what is
+    kept per caller (idempotency keys) is never shared between two of them."""
+
     name: str
     is_super: bool
+    id: str
+    # The admin a credential answers to (None for the bootstrap token and tokens it made).
+    owner_admin_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -43,7 +44,6 @@ class AdminRouter:
         self._pool = pool
         self._secrets = secrets
         self.service = service
-        self._token_cache: dict[str, tuple[float, Actor | None]] = {}
         s = service
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
         add = self._add
@@ -96,32 +96,9 @@ class AdminRouter:
             raise errors.Forbidden()
         return Reply(200, await self.service.set_kill_switch(actor.name, svc.decode(body, svc.KillSwitchBody)))
 
-    async def authenticate(self, authorization: str | None) -> Actor:
-        if not authorization or not authorization[:7].lower() == "bearer ":
-            raise errors.Unauthorized()
-        token = authorization[7:].strip()
-        if not token:
-            raise errors.Unauthorized()
-        now = time.monotonic()
-        cached = self._token_cache.get(token)
-        if cached is not None and now - cached[0] < _TOKEN_CACHE_TTL_S:
-            actor = cached[1]
-        else:
-            token_hash = self._secrets.hash_admin_token(token)
-            async with self._pool.acquire() as conn:
-                row = await conn.fetchrow(sql.ADMIN_TOKEN_BY_HASH, token_hash)
-            actor = None if row is None else Actor(name=f"token:{row['name']}", is_super=row["is_super"])
-            if len(self._token_cache) > 1024:
-                self._token_cache.clear()
-            self._token_cache[token] = (now, actor)
-        if actor is None:
-            raise errors.Unauthorized()
-        return actor
-
-    async def dispatch(self, method: str, path: str, authorization: str | None, body: bytes,
-                       actor: Actor | None = None) -> Reply:
-        """Routes a configuration request; ``actor`` when the caller was already authenticated
-        (a session, see :mod:`meshfast.admin.plane`), else the bearer token is checked here."""
+    async def dispatch(self, method: str, path: str, body: bytes, actor: Actor) -> Reply:
+        """Routes a configuration request of ``actor``, authenticated by :mod:`meshfast.admin.plane`
+        (on every request, from its headers: no cache outlives a revocation)."""
         matched_path = False
         for route_method, pattern, handler in self._routes:
             match = pattern.match(path)
@@ -130,8 +107,6 @@ class AdminRouter:
             matched_path = True
             if route_method != method:
                 continue
-            if actor is None:
-                actor = await self.authenticate(authorization)
             return await handler(actor, body, **match.groupdict())
         if matched_path:
             raise errors.MethodNotAllowed()

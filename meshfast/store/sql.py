@@ -60,9 +60,6 @@ INSERT_BOOTSTRAP_TOKEN = """
 INSERT INTO admin_tokens (name, token_hash, is_super, created_by)
 VALUES ('bootstrap', $1, true, $2)
 """
-ADMIN_TOKEN_BY_HASH = """
-SELECT id, name, is_super FROM admin_tokens WHERE token_hash = $1 AND revoked_at IS NULL
-"""
 
 # --- audit -----------------------------------------------------------------------------------
 
