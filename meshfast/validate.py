@@ -24,6 +24,7 @@ import msgspec
 from msgspec import Meta
 
 from meshfast import errors
+from meshfast._core import forbidden_address
 
 # --- the table ---------------------------------------------------------------------------------
 
@@ -237,7 +238,6 @@ def timezone(name: str, field: str, zones: frozenset[str] | None = None) -> str:
 # Names every resolver maps to the loopback interface (RFC 6761, /etc/hosts on common systems).
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "localhost6", "localhost6.localdomain6",
                              "ip6-localhost", "ip6-loopback"})
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._")
 
 
@@ -296,14 +296,9 @@ def host_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | N
 
 def non_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """Loopback, private, link-local, shared (100.64.0.0/10), multicast, unspecified, reserved
-    or otherwise not globally reachable, also when carried inside an IPv6 address."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        inner = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if inner is None and ip in _NAT64:
-            inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if inner is not None and non_public(inner):
-            return True
-    return not ip.is_global or ip.is_multicast or ip.is_unspecified or ip.is_loopback or ip.is_link_local
+    or otherwise special-purpose, also when carried inside an IPv6 address: the core's list, the
+    one the upstream clients check every resolved address against at connect time."""
+    return forbidden_address(str(ip))
 
 
 def url_problem(url: str, field: str, *, local: bool) -> str | None:
