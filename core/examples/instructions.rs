@@ -23,8 +23,12 @@ fn openai_sse() -> Vec<u8> {
                 .as_bytes(),
         );
     }
-    out.extend_from_slice(b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n");
-    out.extend_from_slice(b"data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":200}}\n\n");
+    out.extend_from_slice(
+        b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+    );
+    out.extend_from_slice(
+        b"data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":200}}\n\n",
+    );
     out.extend_from_slice(b"data: [DONE]\n\n");
     out
 }
@@ -57,7 +61,11 @@ fn main() {
             }
         }
         "sse_to_ndjson" => {
-            let plan = Arc::new(Plan::preset(Family::OpenAi, "http://upstream", true).expect("preset").finish());
+            let plan = Arc::new(
+                Plan::preset(Family::OpenAi, "http://upstream", true)
+                    .expect("preset")
+                    .finish(),
+            );
             for _ in 0..100 {
                 let mut stream = Stream::new(Arc::clone(&plan), "req_01J00000000000000000000000", 256, false);
                 let mut out = Vec::new();
@@ -72,7 +80,9 @@ fn main() {
             let body = br#"{"model":"m","max_tokens":256,"system":"be brief","messages":[{"role":"user","content":"hello there"},{"role":"assistant","content":[{"type":"text","text":"hi"},{"type":"tool_use","id":"t1","name":"get_weather","input":{"city":"Paris"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"sunny"}]}],"tools":[{"name":"get_weather","description":"weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}]}"#;
             for _ in 0..1000 {
                 let decoded = translate::decode_request(Format::Anthropic, body).expect("valid request");
-                sink += translate::encode_request(Format::OpenAiChat, &decoded.value).expect("encodable").len();
+                sink += translate::encode_request(Format::OpenAiChat, &decoded.value)
+                    .expect("encodable")
+                    .len();
             }
         }
         "translate_stream" => {
@@ -88,9 +98,12 @@ fn main() {
         }
         "key_lookup" => {
             let tokens: Vec<String> = (0..1000).map(|i| format!("mesh_live_{i:0>43}")).collect();
-            let index = KeyIndex::new(b"pepper-pepper-pepper-pepper-pep!", tokens.iter().map(|t| {
-                KeyIndex::new(b"pepper-pepper-pepper-pepper-pep!", []).digest(t.as_bytes())
-            }));
+            let index = KeyIndex::new(
+                b"pepper-pepper-pepper-pepper-pep!",
+                tokens
+                    .iter()
+                    .map(|t| KeyIndex::new(b"pepper-pepper-pepper-pepper-pep!", []).digest(t.as_bytes())),
+            );
             for round in 0..10 {
                 for token in &tokens {
                     sink += index.lookup(token).map_or(round, |i| i as usize);

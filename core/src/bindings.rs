@@ -19,10 +19,30 @@ use crate::snapshot::Snapshot;
 use crate::translate::Format;
 use crate::{entry, http1, ids, pricing, shm, stream, views};
 
-create_exception!(meshfast._core, CoreError, PyException, "Base class of every error raised by meshfast._core.");
-create_exception!(meshfast._core, SnapshotError, CoreError, "A config failed validation; `.errors` lists every problem.");
-create_exception!(meshfast._core, ShmError, CoreError, "A shared-memory segment is unusable or one of its tables is full.");
-create_exception!(meshfast._core, UpstreamBodyError, CoreError, "An upstream response lacks what the provider's paths promise.");
+create_exception!(
+    meshfast._core,
+    CoreError,
+    PyException,
+    "Base class of every error raised by meshfast._core."
+);
+create_exception!(
+    meshfast._core,
+    SnapshotError,
+    CoreError,
+    "A config failed validation; `.errors` lists every problem."
+);
+create_exception!(
+    meshfast._core,
+    ShmError,
+    CoreError,
+    "A shared-memory segment is unusable or one of its tables is full."
+);
+create_exception!(
+    meshfast._core,
+    UpstreamBodyError,
+    CoreError,
+    "An upstream response lacks what the provider's paths promise."
+);
 
 /// The one mapping from [`Error`] to Python exceptions.
 fn to_py_err(err: Error) -> PyErr {
@@ -85,14 +105,18 @@ impl PySegment {
         ring_records: usize,
         record_bytes: usize,
     ) -> PyResult<Self> {
-        let inner = released(py, || shm::Segment::create_with_ring(path, slots, leases, procs, ring_records, record_bytes))
-            .map_err(to_py_err)?;
+        let inner = released(py, || {
+            shm::Segment::create_with_ring(path, slots, leases, procs, ring_records, record_bytes)
+        })
+        .map_err(to_py_err)?;
         Ok(Self { inner: Arc::new(inner) })
     }
 
     #[staticmethod]
     fn open(path: String) -> PyResult<Self> {
-        Ok(Self { inner: Arc::new(shm::Segment::open(path).map_err(to_py_err)?) })
+        Ok(Self {
+            inner: Arc::new(shm::Segment::open(path).map_err(to_py_err)?),
+        })
     }
 
     fn register(&self) -> PyResult<u64> {
@@ -112,8 +136,14 @@ impl PySegment {
     }
 
     fn reserve(&self, key: &[u8], amount: i64, cap: i64) -> PyResult<Option<PyLease>> {
-        let lease = self.inner.reserve(key_from_bytes(key)?, amount, cap).map_err(to_py_err)?;
-        Ok(lease.map(|lease| PyLease { segment: Arc::clone(&self.inner), lease }))
+        let lease = self
+            .inner
+            .reserve(key_from_bytes(key)?, amount, cap)
+            .map_err(to_py_err)?;
+        Ok(lease.map(|lease| PyLease {
+            segment: Arc::clone(&self.inner),
+            lease,
+        }))
     }
 
     /// Open reservations per counter key (16 bytes), summed over held leases.
@@ -128,9 +158,12 @@ impl PySegment {
 
     /// GCRA admission on `key`; 0 when admitted, else nanoseconds to wait.
     fn rate_acquire(&self, key: &[u8], rate_per_s: f64, burst: i64, now_ns: i64) -> PyResult<i64> {
-        let interval = shm::emission_interval_ns(rate_per_s)
-            .ok_or_else(|| PyValueError::new_err(format!("rate_per_s must be positive and finite, got {rate_per_s}")))?;
-        self.inner.rate_acquire(key_from_bytes(key)?, interval, burst, now_ns).map_err(to_py_err)
+        let interval = shm::emission_interval_ns(rate_per_s).ok_or_else(|| {
+            PyValueError::new_err(format!("rate_per_s must be positive and finite, got {rate_per_s}"))
+        })?;
+        self.inner
+            .rate_acquire(key_from_bytes(key)?, interval, burst, now_ns)
+            .map_err(to_py_err)
     }
 
     /// The process-wide admission weight in flight.
@@ -216,7 +249,10 @@ struct PyPrincipal {
 #[pymethods]
 impl PyPrincipal {
     fn __repr__(&self) -> String {
-        format!("Principal(id={:?}, email={:?}, key_id={:?})", self.id, self.email, self.key_id)
+        format!(
+            "Principal(id={:?}, email={:?}, key_id={:?})",
+            self.id, self.email, self.key_id
+        )
     }
 }
 
@@ -245,11 +281,20 @@ impl PyCore {
         Some((loaded, key))
     }
 
-    fn render<'py>(&self, py: Python<'py>, sources: [Option<&str>; 4], now_ms: i64, view: View) -> (u16, Bound<'py, PyBytes>) {
+    fn render<'py>(
+        &self,
+        py: Python<'py>,
+        sources: [Option<&str>; 4],
+        now_ms: i64,
+        view: View,
+    ) -> (u16, Bound<'py, PyBytes>) {
         match self.resolve(sources, now_ms) {
             Some((loaded, key)) => {
                 let principal = loaded.snapshot.keys[key as usize].principal;
-                (200, PyBytes::new(py, &view(&loaded.snapshot, principal, &self.segment, now_ms)))
+                (
+                    200,
+                    PyBytes::new(py, &view(&loaded.snapshot, principal, &self.segment, now_ms)),
+                )
             }
             None => (401, PyBytes::new(py, views::UNAUTHORIZED_BODY)),
         }
@@ -292,7 +337,10 @@ impl PyCore {
             })
             .collect::<PyResult<Vec<_>>>()?;
         let seq = snapshot.seq;
-        self.current.store(Some(Arc::new(Loaded { snapshot, principal_by_key })));
+        self.current.store(Some(Arc::new(Loaded {
+            snapshot,
+            principal_by_key,
+        })));
         Ok(seq)
     }
 
@@ -303,7 +351,10 @@ impl PyCore {
 
     #[getter]
     fn kill_switch(&self) -> bool {
-        self.current.load().as_ref().is_some_and(|loaded| loaded.snapshot.kill_switch)
+        self.current
+            .load()
+            .as_ref()
+            .is_some_and(|loaded| loaded.snapshot.kill_switch)
     }
 
     fn hash_token<'py>(&self, py: Python<'py>, token: &str) -> Bound<'py, PyBytes> {
@@ -326,7 +377,10 @@ impl PyCore {
 
     /// The decision for a data-plane POST route; see the stub.
     #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None))]
-    #[expect(clippy::too_many_arguments, reason = "one call per request with the raw request parts")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call per request with the raw request parts"
+    )]
     fn prepare(
         &self,
         route: &str,
@@ -342,9 +396,25 @@ impl PyCore {
     ) -> PyResult<PyPrepared> {
         let _ = content_length; // NOTE: 413 and the byte-cost admission are Python's, before this call.
         let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
-        let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
-        let request = prepare::Request { route, model, stream, authorization, x_api_key, x_goog_api_key, query_string, body, now_ms };
-        Ok(PyPrepared { inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request), failed_over: AtomicBool::new(false) })
+        let loaded = self
+            .current
+            .load_full()
+            .ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let request = prepare::Request {
+            route,
+            model,
+            stream,
+            authorization,
+            x_api_key,
+            x_goog_api_key,
+            query_string,
+            body,
+            now_ms,
+        };
+        Ok(PyPrepared {
+            inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request),
+            failed_over: AtomicBool::new(false),
+        })
     }
 
     /// `(input_cost_nano, output_cost_nano)` of a call on `model_id`, each token class at its price.
@@ -362,7 +432,10 @@ impl PyCore {
         cache_write_tokens: i64,
         cache_write_1h_tokens: i64,
     ) -> PyResult<(i64, i64)> {
-        let loaded = self.current.load_full().ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let loaded = self
+            .current
+            .load_full()
+            .ok_or_else(|| CoreError::new_err("no config loaded"))?;
         let snapshot = &loaded.snapshot;
         let model = snapshot.model_index(model_id).map(|i| &snapshot.models[i as usize]);
         let model = model.ok_or_else(|| PyValueError::new_err(format!("unknown model id {model_id:?}")))?;
@@ -379,8 +452,16 @@ impl PyCore {
 
     /// Adds `nano` (negative counts as 0) to the principal's spend on the model today; returns the new total.
     fn charge(&self, principal_id: &str, model_id: &str, nano: i64, now_ms: i64) -> PyResult<i64> {
-        let segment = self.segment.as_ref().ok_or_else(|| ShmError::new_err("this Core has no segment"))?;
-        let key = shm::counter_key(shm::SPEND_DAY, &shm::id_bytes(principal_id), &shm::id_bytes(model_id), shm::utc_day(now_ms));
+        let segment = self
+            .segment
+            .as_ref()
+            .ok_or_else(|| ShmError::new_err("this Core has no segment"))?;
+        let key = shm::counter_key(
+            shm::SPEND_DAY,
+            &shm::id_bytes(principal_id),
+            &shm::id_bytes(model_id),
+            shm::utc_day(now_ms),
+        );
         segment.add(key, nano.max(0)).map_err(to_py_err)
     }
 
@@ -403,7 +484,12 @@ impl PyCore {
         query: Option<&str>,
         now_ms: i64,
     ) -> (u16, Bound<'py, PyBytes>) {
-        self.render(py, [authorization, x_api_key, x_goog_api_key, query], now_ms, views::models_json)
+        self.render(
+            py,
+            [authorization, x_api_key, x_goog_api_key, query],
+            now_ms,
+            views::models_json,
+        )
     }
 
     #[pyo3(signature = (authorization, x_api_key, x_goog_api_key, query, now_ms))]
@@ -416,7 +502,12 @@ impl PyCore {
         query: Option<&str>,
         now_ms: i64,
     ) -> (u16, Bound<'py, PyBytes>) {
-        self.render(py, [authorization, x_api_key, x_goog_api_key, query], now_ms, views::usage_json)
+        self.render(
+            py,
+            [authorization, x_api_key, x_goog_api_key, query],
+            now_ms,
+            views::usage_json,
+        )
     }
 }
 
@@ -431,16 +522,21 @@ struct PyPrepared {
 impl PyPrepared {
     /// The fallback once the call failed over to it.
     fn fallback(&self) -> Option<&prepare::Fallback> {
-        self.inner.fallback.as_ref().filter(|_| self.failed_over.load(Ordering::Acquire))
+        self.inner
+            .fallback
+            .as_ref()
+            .filter(|_| self.failed_over.load(Ordering::Acquire))
     }
 
     /// The upstream call in force: the first deployment's, or the fallback's after a failover.
     fn active(&self) -> Option<&prepare::Upstream> {
-        self.fallback().map_or(self.inner.upstream.as_ref(), |f| Some(&f.upstream))
+        self.fallback()
+            .map_or(self.inner.upstream.as_ref(), |f| Some(&f.upstream))
     }
 
     fn upstream(&self) -> PyResult<&prepare::Upstream> {
-        self.active().ok_or_else(|| CoreError::new_err("a denied request has no upstream call"))
+        self.active()
+            .ok_or_else(|| CoreError::new_err("a denied request has no upstream call"))
     }
 
     fn generation(&self) -> Option<&crate::provider::GenerationPlan> {
@@ -489,7 +585,8 @@ impl PyPrepared {
     }
     #[getter]
     fn provider_id(&self) -> Option<&str> {
-        self.fallback().map_or(self.inner.provider_id.as_deref(), |f| Some(&f.provider_id))
+        self.fallback()
+            .map_or(self.inner.provider_id.as_deref(), |f| Some(&f.provider_id))
     }
     #[getter]
     fn model_name(&self) -> Option<&str> {
@@ -512,7 +609,9 @@ impl PyPrepared {
     /// cannot take this call, its provider's hourly quota is spent, or the call already failed over.
     /// True: the caller must admit the call again (its provider's limits changed).
     fn failover(&self) -> bool {
-        let Some(fallback) = &self.inner.fallback else { return false };
+        let Some(fallback) = &self.inner.fallback else {
+            return false;
+        };
         if self.inner.upstream.is_none() || self.failed_over.load(Ordering::Acquire) || !fallback.admit() {
             return false;
         }
@@ -533,7 +632,9 @@ impl PyPrepared {
     }
     #[getter]
     fn headers(&self) -> Vec<(&str, &str)> {
-        self.active().map_or_else(Vec::new, |u| u.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+        self.active().map_or_else(Vec::new, |u| {
+            u.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+        })
     }
     #[getter]
     fn upstream_body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -582,7 +683,9 @@ impl PyPrepared {
 
     #[pyo3(signature = (now_ns, max_wait_ns = 0, capacity = 0))]
     fn admit_provider(&self, now_ns: i64, max_wait_ns: i64, capacity: i64) -> PyResult<(bool, i64)> {
-        self.holds()?.admit_provider(now_ns, max_wait_ns, capacity).map_err(to_py_err)
+        self.holds()?
+            .admit_provider(now_ns, max_wait_ns, capacity)
+            .map_err(to_py_err)
     }
 
     fn admit_global(&self, capacity: i64, factor: i64) -> PyResult<bool> {
@@ -625,11 +728,15 @@ impl PyPrepared {
     }
 
     fn render_status_url(&self, job_id: &str) -> PyResult<String> {
-        self.upstream()?.render_job_url(false, job_id).ok_or_else(|| CoreError::new_err("no async status URL"))
+        self.upstream()?
+            .render_job_url(false, job_id)
+            .ok_or_else(|| CoreError::new_err("no async status URL"))
     }
 
     fn render_content_url(&self, job_id: &str) -> PyResult<String> {
-        self.upstream()?.render_job_url(true, job_id).ok_or_else(|| CoreError::new_err("no async content URL"))
+        self.upstream()?
+            .render_job_url(true, job_id)
+            .ok_or_else(|| CoreError::new_err("no async content URL"))
     }
 
     fn stream(&self) -> PyResult<PyStream> {
@@ -638,7 +745,12 @@ impl PyPrepared {
             return Err(CoreError::new_err("not a chat call"));
         }
         Ok(PyStream {
-            inner: stream::Stream::new(Arc::clone(&upstream.plan), &self.inner.request_id, upstream.max_tokens, upstream.web_search),
+            inner: stream::Stream::new(
+                Arc::clone(&upstream.plan),
+                &self.inner.request_id,
+                upstream.max_tokens,
+                upstream.web_search,
+            ),
             out: Vec::with_capacity(4096),
         })
     }
@@ -646,7 +758,10 @@ impl PyPrepared {
     /// The response side of an entry-route call.
     fn entry_stream(&self) -> PyResult<PyEntryStream> {
         let upstream = self.upstream()?;
-        let plan = upstream.entry.as_ref().ok_or_else(|| CoreError::new_err("not an entry-route call"))?;
+        let plan = upstream
+            .entry
+            .as_ref()
+            .ok_or_else(|| CoreError::new_err("not an entry-route call"))?;
         let model = self.inner.model_name.clone().unwrap_or_default();
         Ok(PyEntryStream {
             inner: entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model)
@@ -658,36 +773,62 @@ impl PyPrepared {
     /// OpenAI embeddings: the upstream body of each input, in order.
     #[getter]
     fn embedding_bodies<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        Ok(self.upstream()?.embedding_bodies.iter().map(|b| PyBytes::new(py, b)).collect())
+        Ok(self
+            .upstream()?
+            .embedding_bodies
+            .iter()
+            .map(|b| PyBytes::new(py, b))
+            .collect())
     }
 
     /// Whether the caller of an entry route asked for a stream (False on Mesh routes).
     #[getter]
     fn client_stream(&self) -> bool {
-        self.active().and_then(|u| u.entry.as_ref()).is_some_and(|e| e.client_stream)
+        self.active()
+            .and_then(|u| u.entry.as_ref())
+            .is_some_and(|e| e.client_stream)
     }
 
     /// Request fields the entry codec could not classify (schema drift), e.g. `seed`.
     #[getter]
     fn unknown_fields(&self) -> Vec<String> {
-        self.active().and_then(|u| u.entry.as_ref()).map(|e| e.unknown.clone()).unwrap_or_default()
+        self.active()
+            .and_then(|u| u.entry.as_ref())
+            .map(|e| e.unknown.clone())
+            .unwrap_or_default()
     }
 
     fn extract_embedding<'py>(&self, py: Python<'py>, body: &[u8]) -> PyResult<(Bound<'py, PyBytes>, i64)> {
         let plan = &self.upstream()?.plan;
-        let (vector, tokens) = released(py, || prepare::extract_embedding(plan, body)).map_err(|e| to_py_err(Error::UpstreamBody(e)))?;
+        let (vector, tokens) =
+            released(py, || prepare::extract_embedding(plan, body)).map_err(|e| to_py_err(Error::UpstreamBody(e)))?;
         Ok((PyBytes::new(py, &vector), tokens))
     }
 
     #[expect(clippy::type_complexity, reason = "a plain tuple is the stub's contract")]
-    fn extract_generation(&self, py: Python<'_>, body: &[u8]) -> PyResult<(Vec<String>, f64, Option<String>, Option<String>, i64, i64)> {
+    fn extract_generation(
+        &self,
+        py: Python<'_>,
+        body: &[u8],
+    ) -> PyResult<(Vec<String>, f64, Option<String>, Option<String>, i64, i64)> {
         let plan = &self.upstream()?.plan;
-        let g = released(py, || prepare::extract_generation(plan, body)).map_err(|e| to_py_err(Error::UpstreamBody(e)))?;
-        Ok((g.outputs, g.seconds, g.job_id, g.status, g.input_tokens, g.output_tokens))
+        let g =
+            released(py, || prepare::extract_generation(plan, body)).map_err(|e| to_py_err(Error::UpstreamBody(e)))?;
+        Ok((
+            g.outputs,
+            g.seconds,
+            g.job_id,
+            g.status,
+            g.input_tokens,
+            g.output_tokens,
+        ))
     }
 
     fn __repr__(&self) -> String {
-        format!("Prepared(request_id={:?}, status={}, deny_reason={:?})", self.inner.request_id, self.inner.status, self.inner.deny_reason)
+        format!(
+            "Prepared(request_id={:?}, status={}, deny_reason={:?})",
+            self.inner.request_id, self.inner.status, self.inner.deny_reason
+        )
     }
 }
 
@@ -758,7 +899,13 @@ impl PyStream {
 /// An error body in an entry format's own shape (see the stub).
 #[pyfunction]
 #[pyo3(signature = (format, status, code, detail = None))]
-fn entry_error<'py>(py: Python<'py>, format: &str, status: u16, code: &str, detail: Option<&str>) -> PyResult<Bound<'py, PyBytes>> {
+fn entry_error<'py>(
+    py: Python<'py>,
+    format: &str,
+    status: u16,
+    code: &str,
+    detail: Option<&str>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let format = Format::parse(format).ok_or_else(|| PyValueError::new_err(format!("unknown format {format:?}")))?;
     Ok(PyBytes::new(py, &entry::error_body(format, status, code, detail)))
 }
@@ -785,7 +932,10 @@ impl PyEntryStream {
     }
 
     fn set_usage(&mut self, input_tokens: i64, output_tokens: i64) {
-        self.inner.set_usage(u64::try_from(input_tokens).unwrap_or(0), u64::try_from(output_tokens).unwrap_or(0));
+        self.inner.set_usage(
+            u64::try_from(input_tokens).unwrap_or(0),
+            u64::try_from(output_tokens).unwrap_or(0),
+        );
     }
 
     /// `(input, output, cache_read, cache_write, cache_write_1h)` tokens reported so far;
@@ -793,7 +943,13 @@ impl PyEntryStream {
     #[getter]
     fn usage(&self) -> (u64, u64, u64, u64, u64) {
         let u = self.inner.usage();
-        (u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, u.cache_write_1h_tokens)
+        (
+            u.input_tokens,
+            u.output_tokens,
+            u.cache_read_tokens,
+            u.cache_write_tokens,
+            u.cache_write_1h_tokens,
+        )
     }
     #[getter]
     fn usage_reported(&self) -> bool {
@@ -863,7 +1019,8 @@ fn redact_credentials<'a>(text: &'a str, headers: Vec<(String, String)>, url: &s
 /// Raises ValueError when `address` is not an IP address (a name: resolve it, then ask).
 #[pyfunction]
 fn forbidden_address(address: &str) -> PyResult<bool> {
-    http1::forbidden_address_str(address).ok_or_else(|| PyValueError::new_err(format!("not an IP address: {address:?}")))
+    http1::forbidden_address_str(address)
+        .ok_or_else(|| PyValueError::new_err(format!("not an IP address: {address:?}")))
 }
 
 /// One upstream exchange's HTTP/1.1 response parser; `feed` returns decoded body bytes and
@@ -879,12 +1036,17 @@ impl PyResponseParser {
     #[new]
     #[pyo3(signature = (no_body = false))]
     fn new(no_body: bool) -> Self {
-        Self { inner: http1::ResponseParser::new(no_body), out: Vec::new() }
+        Self {
+            inner: http1::ResponseParser::new(no_body),
+            out: Vec::new(),
+        }
     }
 
     fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
         self.out.clear();
-        self.inner.feed(data, &mut self.out).map_err(|e| PyConnectionError::new_err(e.to_string()))?;
+        self.inner
+            .feed(data, &mut self.out)
+            .map_err(|e| PyConnectionError::new_err(e.to_string()))?;
         Ok(PyBytes::new(py, &self.out))
     }
 
@@ -892,7 +1054,9 @@ impl PyResponseParser {
     /// response was cut short.
     fn eof<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         self.out.clear();
-        self.inner.eof(&mut self.out).map_err(|e| PyConnectionError::new_err(e.to_string()))?;
+        self.inner
+            .eof(&mut self.out)
+            .map_err(|e| PyConnectionError::new_err(e.to_string()))?;
         Ok(PyBytes::new(py, &self.out))
     }
 

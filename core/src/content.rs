@@ -109,14 +109,28 @@ pub fn resolve<'a>(query: &'a str, content: &'a [RawBlock<'a>]) -> Result<Vec<Bl
     match (query.is_empty(), content.is_empty()) {
         (false, false) => return Err(BOTH_QUERY_AND_CONTENT),
         (true, true) => return Err(EMPTY_REQUEST),
-        (false, true) => return Ok(vec![Block { kind: BlockType::Text, text: query, media_type: "", data: "", url: "" }]),
+        (false, true) => {
+            return Ok(vec![Block {
+                kind: BlockType::Text,
+                text: query,
+                media_type: "",
+                data: "",
+                url: "",
+            }])
+        }
         (true, false) => {}
     }
     content
         .iter()
         .map(|raw| {
             let kind = BlockType::parse(s(&raw.kind)).ok_or(UNKNOWN_BLOCK_TYPE)?;
-            let block = Block { kind, text: s(&raw.text), media_type: s(&raw.media_type), data: s(&raw.data), url: s(&raw.url) };
+            let block = Block {
+                kind,
+                text: s(&raw.text),
+                media_type: s(&raw.media_type),
+                data: s(&raw.data),
+                url: s(&raw.url),
+            };
             if kind != BlockType::Text {
                 if block.data.is_empty() && block.url.is_empty() {
                     return Err(MISSING_BLOCK_DATA);
@@ -187,7 +201,11 @@ fn render_block(family: Family, block: &Block<'_>, out: &mut Vec<u8>) -> Result<
             out.push(b'}');
         }
         (Family::Anthropic, Image | Document) => {
-            out.extend_from_slice(if block.kind == Image { b"{\"type\":\"image\",\"source\":" } else { b"{\"type\":\"document\",\"source\":" });
+            out.extend_from_slice(if block.kind == Image {
+                b"{\"type\":\"image\",\"source\":"
+            } else {
+                b"{\"type\":\"document\",\"source\":"
+            });
             if inline {
                 out.extend_from_slice(b"{\"type\":\"base64\",\"media_type\":");
                 write_str(out, block.media_type);
@@ -253,7 +271,12 @@ fn render_block(family: Family, block: &Block<'_>, out: &mut Vec<u8>) -> Result<
 /// The `content_json` array for `family`; generic providers get `[]` (they use `{{query}}`).
 /// `Err(block type)` when the family cannot carry a block (400 `content_type_not_supported_by_model`).
 pub fn content_json(family: Family, blocks: &[Block<'_>]) -> Result<Vec<u8>, BlockType> {
-    let mut out = Vec::with_capacity(64 + blocks.iter().map(|b| b.text.len() + b.data.len() + b.url.len()).sum::<usize>());
+    let mut out = Vec::with_capacity(
+        64 + blocks
+            .iter()
+            .map(|b| b.text.len() + b.data.len() + b.url.len())
+            .sum::<usize>(),
+    );
     out.push(b'[');
     if family == Family::Generic {
         if let Some(block) = blocks.iter().find(|b| b.kind != BlockType::Text) {
@@ -277,7 +300,13 @@ mod tests {
     use serde_json::json;
 
     fn block<'a>(kind: BlockType, media_type: &'a str, data: &'a str, url: &'a str) -> Block<'a> {
-        Block { kind, text: "", media_type, data, url }
+        Block {
+            kind,
+            text: "",
+            media_type,
+            data,
+            url,
+        }
     }
 
     fn rendered(family: Family, blocks: &[Block<'_>]) -> serde_json::Value {
@@ -286,7 +315,13 @@ mod tests {
 
     #[test]
     fn test_families_render_blocks_as_mesh() {
-        let text = Block { kind: BlockType::Text, text: "hi \"x\"", media_type: "", data: "", url: "" };
+        let text = Block {
+            kind: BlockType::Text,
+            text: "hi \"x\"",
+            media_type: "",
+            data: "",
+            url: "",
+        };
         let image = block(BlockType::Image, "image/png", "AAAA", "");
         let pdf = block(BlockType::Document, "application/pdf", "BBBB", "");
         assert_eq!(
@@ -296,13 +331,25 @@ mod tests {
                    {"type":"file","file":{"filename":"document.pdf","file_data":"data:application/pdf;base64,BBBB"}}])
         );
         let by_url = block(BlockType::Image, "", "", "https://x/i.png");
-        assert_eq!(rendered(Family::Anthropic, &[by_url]), json!([{"type":"image","source":{"type":"url","url":"https://x/i.png"}}]));
+        assert_eq!(
+            rendered(Family::Anthropic, &[by_url]),
+            json!([{"type":"image","source":{"type":"url","url":"https://x/i.png"}}])
+        );
         let audio = block(BlockType::Audio, "audio/x-wav", "CC", "");
-        assert_eq!(rendered(Family::OpenAi, &[audio]), json!([{"type":"input_audio","input_audio":{"data":"CC","format":"wav"}}]));
+        assert_eq!(
+            rendered(Family::OpenAi, &[audio]),
+            json!([{"type":"input_audio","input_audio":{"data":"CC","format":"wav"}}])
+        );
         let video = block(BlockType::Video, "video/mp4", "", "gs://v");
-        assert_eq!(rendered(Family::Gemini, &[video]), json!([{"file_data":{"mime_type":"video/mp4","file_uri":"gs://v"}}]));
+        assert_eq!(
+            rendered(Family::Gemini, &[video]),
+            json!([{"file_data":{"mime_type":"video/mp4","file_uri":"gs://v"}}])
+        );
         let doc = block(BlockType::Document, "application/pdf", "DD", "");
-        assert_eq!(rendered(Family::OpenAiResponses, &[doc]), json!([{"type":"input_file","filename":"document.pdf","file_data":"data:application/pdf;base64,DD"}]));
+        assert_eq!(
+            rendered(Family::OpenAiResponses, &[doc]),
+            json!([{"type":"input_file","filename":"document.pdf","file_data":"data:application/pdf;base64,DD"}])
+        );
     }
 
     #[test]
@@ -313,7 +360,13 @@ mod tests {
         assert_eq!(content_json(Family::OpenAi, &[doc_url]), Err(BlockType::Document));
         let video = block(BlockType::Video, "video/mp4", "VV", "");
         assert_eq!(content_json(Family::Anthropic, &[video]), Err(BlockType::Video));
-        let text = Block { kind: BlockType::Text, text: "q", media_type: "", data: "", url: "" };
+        let text = Block {
+            kind: BlockType::Text,
+            text: "q",
+            media_type: "",
+            data: "",
+            url: "",
+        };
         assert_eq!(content_json(Family::Generic, &[text]).unwrap(), b"[]");
     }
 
@@ -325,13 +378,24 @@ mod tests {
             data: Some(data.into()),
             ..RawBlock::default()
         };
-        assert_eq!(resolve("q", &[raw("text", "", "")]).unwrap_err(), BOTH_QUERY_AND_CONTENT);
+        assert_eq!(
+            resolve("q", &[raw("text", "", "")]).unwrap_err(),
+            BOTH_QUERY_AND_CONTENT
+        );
         assert_eq!(resolve("", &[]).unwrap_err(), EMPTY_REQUEST);
         assert_eq!(resolve("", &[raw("gif", "", "")]).unwrap_err(), UNKNOWN_BLOCK_TYPE);
         assert_eq!(resolve("", &[raw("image", "", "")]).unwrap_err(), MISSING_BLOCK_DATA);
-        assert_eq!(resolve("", &[raw("image", "", "AAAA")]).unwrap_err(), MISSING_MEDIA_TYPE);
+        assert_eq!(
+            resolve("", &[raw("image", "", "AAAA")]).unwrap_err(),
+            MISSING_MEDIA_TYPE
+        );
         let big = "A".repeat((20 << 20) / 3 * 4 + 8);
-        let blocks = [RawBlock { kind: Some("image".into()), media_type: Some("image/png".into()), data: Some(big.into()), ..RawBlock::default() }];
+        let blocks = [RawBlock {
+            kind: Some("image".into()),
+            media_type: Some("image/png".into()),
+            data: Some(big.into()),
+            ..RawBlock::default()
+        }];
         assert_eq!(resolve("", &blocks).unwrap_err(), BLOCK_TOO_LARGE);
     }
 }

@@ -385,14 +385,21 @@ mod tests {
 
     #[test]
     fn error_bodies_follow_each_api() {
-        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::OpenAiChat, 404, "model_not_found", None)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&error_body(Format::OpenAiChat, 404, "model_not_found", None)).unwrap();
         assert_eq!(v["error"]["code"], "model_not_found");
-        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::Anthropic, 429, "budget_exceeded", Some("x"))).unwrap();
-        assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("budget_exceeded")));
-        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::Gemini, 401, "invalid_or_revoked_key", None)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&error_body(Format::Anthropic, 429, "budget_exceeded", Some("x"))).unwrap();
+        assert_eq!(
+            (v["type"].as_str(), v["error"]["type"].as_str()),
+            (Some("error"), Some("budget_exceeded"))
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&error_body(Format::Gemini, 401, "invalid_or_revoked_key", None)).unwrap();
         assert_eq!(v["error"]["code"], 401);
         assert_eq!(v["error"]["status"], "UNAUTHENTICATED");
-        let v: serde_json::Value = serde_json::from_slice(&error_body(Format::Ollama, 503, "server_busy", None)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&error_body(Format::Ollama, 503, "server_busy", None)).unwrap();
         assert!(v["error"].is_string());
     }
 }

@@ -28,15 +28,23 @@ pub struct ProviderLimits {
 impl ProviderLimits {
     /// The limits of the provider with id bytes `provider_id`; non-positive values mean none.
     #[must_use]
-    pub fn new(provider_id: &[u8; 16], max_concurrent_upstream: Option<i64>, max_outbound_rps: Option<i64>,
-               admission_share_pct: Option<i64>) -> Self {
+    pub fn new(
+        provider_id: &[u8; 16],
+        max_concurrent_upstream: Option<i64>,
+        max_outbound_rps: Option<i64>,
+        admission_share_pct: Option<i64>,
+    ) -> Self {
         let key = |kind| shm::counter_key(kind, &[0; 16], provider_id, 0);
         Self {
             share: admission_share_pct
                 .filter(|&pct| (1..100).contains(&pct))
                 .map(|pct| (shm::counter_key(shm::PROVIDER_INFLIGHT, &[0; 16], provider_id, 1), pct)),
-            slots: max_concurrent_upstream.filter(|&n| n > 0).map(|n| (key(shm::PROVIDER_INFLIGHT), n)),
-            rate: max_outbound_rps.filter(|&n| n > 0).map(|n| (key(shm::PROVIDER_RATE), 1_000_000_000 / n.min(1_000_000_000), n)),
+            slots: max_concurrent_upstream
+                .filter(|&n| n > 0)
+                .map(|n| (key(shm::PROVIDER_INFLIGHT), n)),
+            rate: max_outbound_rps
+                .filter(|&n| n > 0)
+                .map(|n| (key(shm::PROVIDER_RATE), 1_000_000_000 / n.min(1_000_000_000), n)),
         }
     }
 }
@@ -67,7 +75,15 @@ impl Holds {
     /// Holds nothing yet; costs go to `spend_key` in `segment` (nowhere without one).
     #[must_use]
     pub fn new(segment: Option<Arc<Segment>>, spend_key: u128, provider: ProviderLimits, weight: u32) -> Self {
-        Self { segment, spend_key, weight, state: Mutex::new(State { provider, ..State::default() }) }
+        Self {
+            segment,
+            spend_key,
+            weight,
+            state: Mutex::new(State {
+                provider,
+                ..State::default()
+            }),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -104,7 +120,9 @@ impl Holds {
             return Ok((true, 0));
         }
         if state.settled {
-            return Err(crate::error::Error::InvalidArgument("the call is already settled".into()));
+            return Err(crate::error::Error::InvalidArgument(
+                "the call is already settled".into(),
+            ));
         }
         let limits = state.provider;
         if let Some((key, cap)) = limits.slots {
@@ -135,7 +153,10 @@ impl Holds {
             match segment.rate_reserve(key, interval, burst, now_ns, max_wait_ns.max(0)) {
                 Ok(Ok(wait)) => start_after = wait,
                 refused => {
-                    for lease in [state.provider_slot.take(), state.provider_share.take()].into_iter().flatten() {
+                    for lease in [state.provider_slot.take(), state.provider_share.take()]
+                        .into_iter()
+                        .flatten()
+                    {
                         segment.release(&lease);
                     }
                     return refused.map(|r| (false, r.unwrap_or_else(|wait| wait)));
@@ -173,7 +194,10 @@ impl Holds {
     pub fn switch_provider(&self, limits: ProviderLimits) {
         let mut state = self.state();
         if let Some(segment) = self.segment.as_deref() {
-            for lease in [state.provider_slot.take(), state.provider_share.take()].into_iter().flatten() {
+            for lease in [state.provider_slot.take(), state.provider_share.take()]
+                .into_iter()
+                .flatten()
+            {
                 segment.release(&lease);
             }
         }
@@ -192,7 +216,14 @@ impl Holds {
         let Some(segment) = segment else {
             return;
         };
-        for lease in [state.provider_slot.take(), state.provider_share.take(), state.global.take()].into_iter().flatten() {
+        for lease in [
+            state.provider_slot.take(),
+            state.provider_share.take(),
+            state.global.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             segment.release(&lease);
         }
         state.provider_admitted = false;
@@ -234,7 +265,10 @@ impl Holds {
 
 impl std::fmt::Debug for Holds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Holds").field("weight", &self.weight).field("state", &*self.state()).finish_non_exhaustive()
+        f.debug_struct("Holds")
+            .field("weight", &self.weight)
+            .field("state", &*self.state())
+            .finish_non_exhaustive()
     }
 }
 

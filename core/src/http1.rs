@@ -65,7 +65,10 @@ pub fn encode_request(
         }
         clean(value, "header value")?;
         // NOTE: framing and the connection are this client's business, not a template's.
-        if ["host", "content-length", "transfer-encoding", "connection"].iter().any(|n| name.eq_ignore_ascii_case(n)) {
+        if ["host", "content-length", "transfer-encoding", "connection"]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n))
+        {
             continue;
         }
         has_accept |= name.eq_ignore_ascii_case("accept");
@@ -95,14 +98,26 @@ pub fn encode_request(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunked {
     /// Reading hex digits of a chunk size.
-    Size { size: u64, digits: u8 },
+    Size {
+        size: u64,
+        digits: u8,
+    },
     /// After the digits: extensions up to the line end.
-    Extension { size: u64, len: usize },
-    Data { left: u64 },
+    Extension {
+        size: u64,
+        len: usize,
+    },
+    Data {
+        left: u64,
+    },
     /// The CRLF after a chunk's data; `cr` once the CR was seen.
-    DataEnd { cr: bool },
+    DataEnd {
+        cr: bool,
+    },
     /// Trailer lines after the last chunk; `len` of the current line.
-    Trailer { len: usize },
+    Trailer {
+        len: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +174,10 @@ impl ResponseParser {
 
     /// The first header named `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     /// Consumes `data`, appending decoded body bytes to `out`.
@@ -229,7 +247,12 @@ impl ResponseParser {
             self.headers = response
                 .headers
                 .iter()
-                .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_owned()))
+                .map(|h| {
+                    (
+                        h.name.to_ascii_lowercase(),
+                        String::from_utf8_lossy(h.value).trim().to_owned(),
+                    )
+                })
                 .collect();
             self.start_body(version)?;
             return Ok(Some(skipped + len));
@@ -243,9 +266,13 @@ impl ResponseParser {
             Some(c) if c.split(',').any(|t| t.trim() == "keep-alive") => true,
             _ => version == 1,
         };
-        let chunked = self
-            .header("transfer-encoding")
-            .map(|te| te.rsplit(',').next().unwrap_or("").trim().eq_ignore_ascii_case("chunked"));
+        let chunked = self.header("transfer-encoding").map(|te| {
+            te.rsplit(',')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("chunked")
+        });
         let length = self.header("content-length");
         self.state = if self.status == 101 {
             // NOTE: never asked for (no request carries Upgrade): whatever follows is another
@@ -275,7 +302,12 @@ impl ResponseParser {
                 }
                 parsed = Some(n);
             }
-            let values = self.headers.iter().filter(|(n, _)| n == "content-length").map(|(_, v)| v.trim()).collect::<Vec<_>>();
+            let values = self
+                .headers
+                .iter()
+                .filter(|(n, _)| n == "content-length")
+                .map(|(_, v)| v.trim())
+                .collect::<Vec<_>>();
             if values.windows(2).any(|w| w[0] != w[1]) {
                 return err("conflicting content-length headers");
             }
@@ -288,7 +320,11 @@ impl ResponseParser {
             self.keep_alive = false;
             State::UntilClose
         };
-        self.inflate = match self.header("content-encoding").map(|e| e.trim().to_ascii_lowercase()).as_deref() {
+        self.inflate = match self
+            .header("content-encoding")
+            .map(|e| e.trim().to_ascii_lowercase())
+            .as_deref()
+        {
             None | Some("") | Some("identity") => None,
             Some("gzip") | Some("x-gzip") => Some(Inflate::Gzip(GzDecoder::new(Vec::new()))),
             Some("deflate") => Some(Inflate::Zlib(ZlibDecoder::new(Vec::new()))),
@@ -332,10 +368,18 @@ impl ResponseParser {
     }
 
     fn inflate_into(&mut self, compressed: &[u8], out: &mut Vec<u8>) -> Result<(), ProtocolError> {
-        let Some(inflate) = self.inflate.as_mut() else { return Ok(()) };
+        let Some(inflate) = self.inflate.as_mut() else {
+            return Ok(());
+        };
         let result = match inflate {
-            Inflate::Gzip(d) => d.write_all(compressed).and_then(|_| d.flush()).map(|_| std::mem::take(d.get_mut())),
-            Inflate::Zlib(d) => d.write_all(compressed).and_then(|_| d.flush()).map(|_| std::mem::take(d.get_mut())),
+            Inflate::Gzip(d) => d
+                .write_all(compressed)
+                .and_then(|_| d.flush())
+                .map(|_| std::mem::take(d.get_mut())),
+            Inflate::Zlib(d) => d
+                .write_all(compressed)
+                .and_then(|_| d.flush())
+                .map(|_| std::mem::take(d.get_mut())),
         };
         match result {
             Ok(decoded) => out.extend_from_slice(&decoded),
@@ -373,7 +417,10 @@ fn chunk_step(state: Chunked, data: &[u8], out: &mut Vec<u8>) -> Result<(State, 
                     return err("chunk size too large");
                 }
                 let v = (b as char).to_digit(16).unwrap_or(0) as u64;
-                Chunked::Size { size: size * 16 + v, digits: digits + 1 }
+                Chunked::Size {
+                    size: size * 16 + v,
+                    digits: digits + 1,
+                }
             }
             _ if digits == 0 => return err("missing chunk size"),
             b'\n' => return Ok((after_size(size), 1)),
@@ -384,9 +431,13 @@ fn chunk_step(state: Chunked, data: &[u8], out: &mut Vec<u8>) -> Result<(State, 
             // Skip the extensions (and the CR) in one go, up to the line feed.
             return match memchr::memchr(b'\n', data) {
                 Some(i) if len + i <= MAX_LINE_BYTES => Ok((after_size(size), i + 1)),
-                None if len + data.len() <= MAX_LINE_BYTES => {
-                    Ok((State::Chunked(Chunked::Extension { size, len: len + data.len() }), data.len()))
-                }
+                None if len + data.len() <= MAX_LINE_BYTES => Ok((
+                    State::Chunked(Chunked::Extension {
+                        size,
+                        len: len + data.len(),
+                    }),
+                    data.len(),
+                )),
                 _ => err("chunk extension too long"),
             };
         }
@@ -394,7 +445,11 @@ fn chunk_step(state: Chunked, data: &[u8], out: &mut Vec<u8>) -> Result<(State, 
             let take = (left.min(data.len() as u64)) as usize;
             out.extend_from_slice(&data[..take]);
             let left = left - take as u64;
-            let next = if left == 0 { Chunked::DataEnd { cr: false } } else { Chunked::Data { left } };
+            let next = if left == 0 {
+                Chunked::DataEnd { cr: false }
+            } else {
+                Chunked::Data { left }
+            };
             return Ok((State::Chunked(next), take));
         }
         Chunked::DataEnd { cr } => match b {
@@ -452,7 +507,7 @@ fn forbidden_v4(ip: std::net::Ipv4Addr) -> bool {
             | (198, 18..=19, _)               // benchmarking
             | (198, 51, 100)                  // TEST-NET-2
             | (203, 0, 113)                   // TEST-NET-3
-            | (224..=255, _, _)               // multicast, reserved, broadcast
+            | (224..=255, _, _) // multicast, reserved, broadcast
     )
 }
 
@@ -474,14 +529,21 @@ fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
         // 2001:db8::/32 documentation.
         [0x2001, 0 | 0xdb8, ..] | [0x2001, 2, 0, ..] | [0x2001, 0x10..=0x2f, ..] => true,
         // 2002::/16, 6to4: the IPv4 address in bits 16..48.
-        [0x2002, hi, lo, ..] => {
-            forbidden_v4(std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8))
-        }
+        [0x2002, hi, lo, ..] => forbidden_v4(std::net::Ipv4Addr::new(
+            (hi >> 8) as u8,
+            hi as u8,
+            (lo >> 8) as u8,
+            lo as u8,
+        )),
         // 3fff::/20 documentation, 5f00::/16 SRv6 SIDs.
         [0x3fff, 0..=0x0fff, ..] | [0x5f00, ..] => true,
         // fc00::/7 unique-local, fe80::/10 link-local, fec0::/10 site-local, ff00::/8 multicast.
-        [first, ..] => (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80 || (first & 0xffc0) == 0xfec0
-            || (first & 0xff00) == 0xff00,
+        [first, ..] => {
+            (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || (first & 0xffc0) == 0xfec0
+                || (first & 0xff00) == 0xff00
+        }
     }
 }
 
@@ -510,7 +572,8 @@ mod tests {
 
     /// The obvious reference: chunked-encode `parts` in one buffer.
     fn chunked(parts: &[Vec<u8>], extension: bool, trailer: bool) -> Vec<u8> {
-        let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        let mut wire =
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
         for part in parts.iter().filter(|p| !p.is_empty()) {
             wire.extend_from_slice(format!("{:X}", part.len()).as_bytes());
             if extension {
@@ -535,10 +598,31 @@ mod tests {
     #[test]
     fn special_purpose_ipv4_ranges_are_refused() {
         for address in [
-            "0.0.0.0", "0.1.2.3", "10.0.0.1", "10.255.255.255", "100.64.0.1", "100.100.100.200", "100.127.255.255",
-            "127.0.0.1", "127.1.2.3", "169.254.169.254", "172.16.0.1", "172.31.255.255", "192.0.0.1", "192.0.0.170",
-            "192.0.2.1", "192.88.99.1", "192.168.1.1", "198.18.0.1", "198.19.255.255", "198.51.100.7",
-            "203.0.113.9", "224.0.0.1", "239.255.255.250", "240.0.0.1", "255.255.255.255",
+            "0.0.0.0",
+            "0.1.2.3",
+            "10.0.0.1",
+            "10.255.255.255",
+            "100.64.0.1",
+            "100.100.100.200",
+            "100.127.255.255",
+            "127.0.0.1",
+            "127.1.2.3",
+            "169.254.169.254",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.0.0.1",
+            "192.0.0.170",
+            "192.0.2.1",
+            "192.88.99.1",
+            "192.168.1.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "198.51.100.7",
+            "203.0.113.9",
+            "224.0.0.1",
+            "239.255.255.250",
+            "240.0.0.1",
+            "255.255.255.255",
         ] {
             assert!(blocked(address), "{address} must be refused");
         }
@@ -547,8 +631,18 @@ mod tests {
     #[test]
     fn public_ipv4_addresses_pass() {
         for address in [
-            "1.1.1.1", "8.8.8.8", "100.63.255.255", "100.128.0.1", "104.18.6.192", "172.15.255.255", "172.32.0.1",
-            "192.0.1.1", "192.169.0.1", "198.17.255.255", "198.20.0.1", "223.255.255.255",
+            "1.1.1.1",
+            "8.8.8.8",
+            "100.63.255.255",
+            "100.128.0.1",
+            "104.18.6.192",
+            "172.15.255.255",
+            "172.32.0.1",
+            "192.0.1.1",
+            "192.169.0.1",
+            "198.17.255.255",
+            "198.20.0.1",
+            "223.255.255.255",
         ] {
             assert!(!blocked(address), "{address} is public");
         }
@@ -557,11 +651,34 @@ mod tests {
     #[test]
     fn special_purpose_ipv6_ranges_are_refused() {
         for address in [
-            "::", "::1", "::127.0.0.1", "::ffff:127.0.0.1", "::ffff:100.64.0.1", "::ffff:169.254.169.254",
-            "64:ff9b::10.0.0.1", "64:ff9b::a9fe:a9fe", "64:ff9b:1::1", "100::1", "2001::1", "2001:2::1",
-            "2001:10::1", "2001:20::1", "2001:db8::1", "2002:7f00:1::", "2002:a9fe:a9fe::1", "2002:6440:1::1",
-            "3fff::1", "fc00::1", "fd12:3456::1", "fe80::1", "fe80::1%eth0", "[fe80::1]", "febf::1", "fec0::1",
-            "ff02::1", "ff05::2",
+            "::",
+            "::1",
+            "::127.0.0.1",
+            "::ffff:127.0.0.1",
+            "::ffff:100.64.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::10.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::1",
+            "100::1",
+            "2001::1",
+            "2001:2::1",
+            "2001:10::1",
+            "2001:20::1",
+            "2001:db8::1",
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+            "2002:6440:1::1",
+            "3fff::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "fe80::1%eth0",
+            "[fe80::1]",
+            "febf::1",
+            "fec0::1",
+            "ff02::1",
+            "ff05::2",
         ] {
             assert!(blocked(address), "{address} must be refused");
         }
@@ -570,7 +687,11 @@ mod tests {
     #[test]
     fn public_ipv6_addresses_pass() {
         for address in [
-            "2606:4700:4700::1111", "2001:4860:4860::8888", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1",
+            "2606:4700:4700::1111",
+            "2001:4860:4860::8888",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
             "2a00:1450:4001::200e",
         ] {
             assert!(!blocked(address), "{address} is public");
@@ -579,7 +700,15 @@ mod tests {
 
     #[test]
     fn names_are_not_addresses() {
-        for name in ["localhost", "api.openai.com", "127.1", "0x7f000001", "2130706433", "0177.0.0.1", ""] {
+        for name in [
+            "localhost",
+            "api.openai.com",
+            "127.1",
+            "0x7f000001",
+            "2130706433",
+            "0177.0.0.1",
+            "",
+        ] {
             assert_eq!(forbidden_address_str(name), None, "{name}");
         }
     }
@@ -595,7 +724,8 @@ mod tests {
 
     #[test]
     fn interim_responses_are_skipped() {
-        let (p, out) = parse_all(&[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok"]);
+        let (p, out) =
+            parse_all(&[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok"]);
         assert_eq!((p.status, out.as_slice()), (201, &b"ok"[..]));
     }
 
@@ -603,7 +733,10 @@ mod tests {
     fn an_unrequested_protocol_switch_ends_the_exchange_and_the_connection() {
         let (p, out) = parse_all(&[b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n\x00\x00\x12"]);
         assert_eq!(p.status, 101);
-        assert!(p.complete() && !p.keep_alive, "a 101 is complete and its connection is not pooled");
+        assert!(
+            p.complete() && !p.keep_alive,
+            "a 101 is complete and its connection is not pooled"
+        );
         assert!(out.is_empty());
     }
 
@@ -611,7 +744,8 @@ mod tests {
     fn close_delimited_body_ends_at_eof() {
         let mut p = ResponseParser::new(false);
         let mut out = Vec::new();
-        p.feed(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nabc", &mut out).unwrap();
+        p.feed(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nabc", &mut out)
+            .unwrap();
         assert!(!p.complete() && !p.keep_alive);
         p.eof(&mut out).unwrap();
         assert!(p.complete());
@@ -622,7 +756,8 @@ mod tests {
     fn cut_short_bodies_are_errors() {
         let mut p = ResponseParser::new(false);
         let mut out = Vec::new();
-        p.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", &mut out).unwrap();
+        p.feed(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", &mut out)
+            .unwrap();
         assert!(p.eof(&mut out).is_err());
         let mut p = ResponseParser::new(false);
         assert!(p.eof(&mut out).is_err());
@@ -647,7 +782,11 @@ mod tests {
             b"NOT HTTP\r\n\r\n",
         ] {
             let mut p = ResponseParser::new(false);
-            assert!(p.feed(wire, &mut Vec::new()).is_err(), "{:?}", String::from_utf8_lossy(wire));
+            assert!(
+                p.feed(wire, &mut Vec::new()).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(wire)
+            );
         }
     }
 
@@ -656,7 +795,11 @@ mod tests {
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         enc.write_all(b"data: {\"x\":1}\n\n").unwrap();
         let gz = enc.finish().unwrap();
-        let mut wire = format!("HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: {}\r\n\r\n", gz.len()).into_bytes();
+        let mut wire = format!(
+            "HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: {}\r\n\r\n",
+            gz.len()
+        )
+        .into_bytes();
         wire.extend_from_slice(&gz);
         let mut p = ResponseParser::new(false);
         let mut out = Vec::new();
@@ -669,7 +812,10 @@ mod tests {
 
     #[test]
     fn requests_are_encoded_and_injection_refused() {
-        let headers = vec![("x-api-key".to_owned(), "k".to_owned()), ("Content-Length".to_owned(), "9".to_owned())];
+        let headers = vec![
+            ("x-api-key".to_owned(), "k".to_owned()),
+            ("Content-Length".to_owned(), "9".to_owned()),
+        ];
         let wire = encode_request("POST", "/v1/messages", "api:443", &headers, b"{}").unwrap();
         assert_eq!(
             wire,

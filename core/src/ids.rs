@@ -28,7 +28,9 @@ pub fn ulid_at(unix_ms: u64) -> u128 {
 /// A fresh request id, `req_` + ULID.
 #[must_use]
 pub fn request_id() -> String {
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let mut id = String::with_capacity(30);
     id.push_str("req_");
     // encode_ulid only emits ASCII.

@@ -109,12 +109,19 @@ pub fn extract_token<'a>(
         }
     });
     let query_key = query.and_then(|q| {
-        q.trim_start_matches('?').split('&').find_map(|pair| pair.strip_prefix("key="))
+        q.trim_start_matches('?')
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("key="))
     });
-    [bearer, x_api_key.map(str::trim), x_goog_api_key.map(str::trim), query_key]
-        .into_iter()
-        .flatten()
-        .find(|candidate| !candidate.is_empty())
+    [
+        bearer,
+        x_api_key.map(str::trim),
+        x_goog_api_key.map(str::trim),
+        query_key,
+    ]
+    .into_iter()
+    .flatten()
+    .find(|candidate| !candidate.is_empty())
 }
 
 #[cfg(test)]
@@ -141,7 +148,10 @@ mod tests {
     fn test_first_non_empty_source_wins_in_order() {
         assert_eq!(extract_token(Some(""), Some("x"), Some("g"), Some("key=q")), Some("x"));
         assert_eq!(extract_token(None, Some(" "), Some("g"), Some("key=q")), Some("g"));
-        assert_eq!(extract_token(Some("Bearer "), None, None, Some("alt=sse&key=q")), Some("q"));
+        assert_eq!(
+            extract_token(Some("Bearer "), None, None, Some("alt=sse&key=q")),
+            Some("q")
+        );
         assert_eq!(extract_token(None, None, None, Some("?key=q")), Some("q"));
         assert_eq!(extract_token(None, None, None, Some("nokey=q")), None);
     }
@@ -152,7 +162,10 @@ mod tests {
         assert_eq!(index.lookup(TOKEN), Some(0));
         assert_eq!(index.lookup(&TOKEN[..52]), None);
         assert_eq!(index.lookup(&TOKEN.replace("mesh_live_", "mesh_test_")), None);
-        assert_eq!(index.lookup("mesh_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAé"), None);
+        assert_eq!(
+            index.lookup("mesh_live_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAé"),
+            None
+        );
     }
 
     proptest! {

@@ -92,7 +92,10 @@ impl Denial {
 /// budget. `None` when the call is allowed.
 #[must_use]
 pub fn denial(grant: &Grant, provider: &Provider, counters: &Counters, now_ms: i64) -> Option<(Denial, Option<i64>)> {
-    if provider.max_calls_per_hour.is_some_and(|max| counters.provider_calls_this_hour >= max) {
+    if provider
+        .max_calls_per_hour
+        .is_some_and(|max| counters.provider_calls_this_hour >= max)
+    {
         return Some((Denial::ProviderHourly, Some(next_utc_hour(now_ms))));
     }
     if let Some(limit) = grant.max_calls_per_hour.filter(|&max| counters.calls_this_hour >= max) {
@@ -102,7 +105,12 @@ pub fn denial(grant: &Grant, provider: &Provider, counters: &Counters, now_ms: i
         return Some((Denial::OutsideHours, next_open(grant, now_ms)));
     }
     if grant.daily_cap_nano_usd > 0 && counters.spent_today_nano >= grant.daily_cap_nano_usd {
-        return Some((Denial::Budget { cap_nano: grant.daily_cap_nano_usd }, Some(next_utc_midnight(now_ms))));
+        return Some((
+            Denial::Budget {
+                cap_nano: grant.daily_cap_nano_usd,
+            },
+            Some(next_utc_midnight(now_ms)),
+        ));
     }
     None
 }
@@ -138,7 +146,11 @@ fn day_allowed(grant: &Grant, date: NaiveDate) -> bool {
 /// overnight window).
 #[must_use]
 pub fn is_open(grant: &Grant, now_ms: i64) -> bool {
-    let Some(local) = Utc.timestamp_millis_opt(now_ms).single().map(|t| t.with_timezone(&grant.timezone)) else {
+    let Some(local) = Utc
+        .timestamp_millis_opt(now_ms)
+        .single()
+        .map(|t| t.with_timezone(&grant.timezone))
+    else {
         return false;
     };
     let minute = (local.hour() * 60 + local.minute()) as u16;
@@ -162,11 +174,17 @@ pub fn next_open(grant: &Grant, now_ms: i64) -> Option<i64> {
     if is_open(grant, now_ms) {
         return Some(now_ms);
     }
-    let today = Utc.timestamp_millis_opt(now_ms).single()?.with_timezone(&grant.timezone).date_naive();
+    let today = Utc
+        .timestamp_millis_opt(now_ms)
+        .single()?
+        .with_timezone(&grant.timezone)
+        .date_naive();
     (0..=8u64)
         .filter_map(|offset| today.checked_add_days(Days::new(offset)))
         .filter(|&date| day_allowed(grant, date))
-        .flat_map(|date| intervals(grant.window).filter_map(move |(start, _)| local_instant(&grant.timezone, date, start)))
+        .flat_map(|date| {
+            intervals(grant.window).filter_map(move |(start, _)| local_instant(&grant.timezone, date, start))
+        })
         // A window lying wholly inside a DST gap never opens that day.
         .filter(|&instant| instant > now_ms && is_open(grant, instant))
         .min()
@@ -191,42 +209,91 @@ mod tests {
         let mut g = grant();
         g.max_calls_per_hour = Some(5);
         g.daily_cap_nano_usd = 100;
-        g.window = Some(Window { from_min: 9 * 60, to_min: 17 * 60 });
+        g.window = Some(Window {
+            from_min: 9 * 60,
+            to_min: 17 * 60,
+        });
         let mut p = provider();
         p.max_calls_per_hour = Some(10);
         let night = ms("2025-03-05T22:00:00Z");
-        let all = Counters { calls_this_hour: 5, provider_calls_this_hour: 10, spent_today_nano: 100 };
-        assert_eq!(status(&g, &p, &all, night), (Status::RateLimited, Some(ms("2025-03-05T23:00:00Z"))));
-        let c = Counters { provider_calls_this_hour: 9, ..all };
+        let all = Counters {
+            calls_this_hour: 5,
+            provider_calls_this_hour: 10,
+            spent_today_nano: 100,
+        };
+        assert_eq!(
+            status(&g, &p, &all, night),
+            (Status::RateLimited, Some(ms("2025-03-05T23:00:00Z")))
+        );
+        let c = Counters {
+            provider_calls_this_hour: 9,
+            ..all
+        };
         assert_eq!(status(&g, &p, &c, night).0, Status::RateLimited);
-        let c = Counters { calls_this_hour: 4, ..c };
-        assert_eq!(status(&g, &p, &c, night), (Status::OutsideHours, Some(ms("2025-03-06T09:00:00Z"))));
+        let c = Counters {
+            calls_this_hour: 4,
+            ..c
+        };
+        assert_eq!(
+            status(&g, &p, &c, night),
+            (Status::OutsideHours, Some(ms("2025-03-06T09:00:00Z")))
+        );
         let noon = ms("2025-03-05T12:00:00Z");
-        assert_eq!(status(&g, &p, &c, noon), (Status::BudgetExceeded, Some(ms("2025-03-06T00:00:00Z"))));
-        let c = Counters { spent_today_nano: 99, ..c };
+        assert_eq!(
+            status(&g, &p, &c, noon),
+            (Status::BudgetExceeded, Some(ms("2025-03-06T00:00:00Z")))
+        );
+        let c = Counters {
+            spent_today_nano: 99,
+            ..c
+        };
         assert_eq!(status(&g, &p, &c, noon), (Status::Available, None));
         g.daily_cap_nano_usd = 0;
-        assert_eq!(status(&g, &p, &Counters { spent_today_nano: i64::MAX, ..c }, noon).0, Status::Available);
+        assert_eq!(
+            status(
+                &g,
+                &p,
+                &Counters {
+                    spent_today_nano: i64::MAX,
+                    ..c
+                },
+                noon
+            )
+            .0,
+            Status::Available
+        );
     }
 
     #[test]
     fn test_overnight_window_is_open_late_and_early() {
         let mut g = grant();
-        g.window = Some(Window { from_min: 22 * 60, to_min: 6 * 60 });
+        g.window = Some(Window {
+            from_min: 22 * 60,
+            to_min: 6 * 60,
+        });
         assert!(is_open(&g, ms("2025-03-05T23:30:00Z")));
         assert!(is_open(&g, ms("2025-03-05T05:59:00Z")));
         assert!(!is_open(&g, ms("2025-03-05T06:00:00Z")));
         assert!(!is_open(&g, ms("2025-03-05T12:00:00Z")));
-        assert_eq!(at(next_open(&g, ms("2025-03-05T12:00:00Z")).unwrap()), "2025-03-05T22:00:00+00:00");
+        assert_eq!(
+            at(next_open(&g, ms("2025-03-05T12:00:00Z")).unwrap()),
+            "2025-03-05T22:00:00+00:00"
+        );
     }
 
     #[test]
     fn test_always_open_ignores_window_and_days() {
         let mut g = grant();
-        g.window = Some(Window { from_min: 60, to_min: 120 });
+        g.window = Some(Window {
+            from_min: 60,
+            to_min: 120,
+        });
         g.active_days = 0;
         g.always_open = true;
-        assert_eq!(status(&g, &provider(), &Counters::default(), 0), (Status::Available, None));
+        assert_eq!(
+            status(&g, &provider(), &Counters::default(), 0),
+            (Status::Available, None)
+        );
     }
 
     #[test]
@@ -234,21 +301,39 @@ mod tests {
         let mut g = grant();
         g.timezone = chrono_tz::Europe::Paris;
         g.active_days = 1 << 1; // Mondays only
-        // Wednesday 2025-03-05 12:00 Paris (11:00Z): next Monday 2025-03-10 at local midnight.
-        assert_eq!(at(next_open(&g, ms("2025-03-05T11:00:00Z")).unwrap()), "2025-03-09T23:00:00+00:00");
-        g.window = Some(Window { from_min: 9 * 60, to_min: 17 * 60 });
-        assert_eq!(at(next_open(&g, ms("2025-03-05T11:00:00Z")).unwrap()), "2025-03-10T08:00:00+00:00");
+                                // Wednesday 2025-03-05 12:00 Paris (11:00Z): next Monday 2025-03-10 at local midnight.
+        assert_eq!(
+            at(next_open(&g, ms("2025-03-05T11:00:00Z")).unwrap()),
+            "2025-03-09T23:00:00+00:00"
+        );
+        g.window = Some(Window {
+            from_min: 9 * 60,
+            to_min: 17 * 60,
+        });
+        assert_eq!(
+            at(next_open(&g, ms("2025-03-05T11:00:00Z")).unwrap()),
+            "2025-03-10T08:00:00+00:00"
+        );
         // Monday 18:00 Paris: window over, next Monday.
-        assert_eq!(at(next_open(&g, ms("2025-03-10T17:00:00Z")).unwrap()), "2025-03-17T08:00:00+00:00");
+        assert_eq!(
+            at(next_open(&g, ms("2025-03-10T17:00:00Z")).unwrap()),
+            "2025-03-17T08:00:00+00:00"
+        );
     }
 
     #[test]
     fn test_window_start_in_dst_gap_opens_when_gap_ends() {
         let mut g = grant();
         g.timezone = chrono_tz::America::New_York;
-        g.window = Some(Window { from_min: 2 * 60 + 30, to_min: 5 * 60 });
+        g.window = Some(Window {
+            from_min: 2 * 60 + 30,
+            to_min: 5 * 60,
+        });
         // 2025-03-09 02:30 does not exist in New York; clocks jump 02:00 -> 03:00 EDT (07:00Z).
-        assert_eq!(at(next_open(&g, ms("2025-03-09T05:00:00Z")).unwrap()), "2025-03-09T07:00:00+00:00");
+        assert_eq!(
+            at(next_open(&g, ms("2025-03-09T05:00:00Z")).unwrap()),
+            "2025-03-09T07:00:00+00:00"
+        );
     }
 
     proptest::proptest! {
@@ -277,9 +362,15 @@ mod tests {
     fn test_window_wholly_inside_dst_gap_is_skipped_that_day() {
         let mut g = grant();
         g.timezone = chrono_tz::America::New_York;
-        g.window = Some(Window { from_min: 2 * 60 + 10, to_min: 2 * 60 + 50 });
+        g.window = Some(Window {
+            from_min: 2 * 60 + 10,
+            to_min: 2 * 60 + 50,
+        });
         // 2025-03-09 has no 02:10-02:50 in New York; the next opening is 2025-03-10 02:10 EDT.
-        assert_eq!(at(next_open(&g, ms("2025-03-09T05:00:00Z")).unwrap()), "2025-03-10T06:10:00+00:00");
+        assert_eq!(
+            at(next_open(&g, ms("2025-03-09T05:00:00Z")).unwrap()),
+            "2025-03-10T06:10:00+00:00"
+        );
     }
 
     #[test]
@@ -287,7 +378,7 @@ mod tests {
         let mut g = grant();
         g.timezone = chrono_tz::Asia::Tokyo;
         g.active_days = 1 << 4; // Thursdays
-        // Wednesday 2025-03-05 20:00Z is Thursday 05:00 in Tokyo.
+                                // Wednesday 2025-03-05 20:00Z is Thursday 05:00 in Tokyo.
         assert!(is_open(&g, ms("2025-03-05T20:00:00Z")));
         assert!(!is_open(&g, ms("2025-03-05T10:00:00Z")));
     }

@@ -164,7 +164,9 @@ pub struct Fallback {
 impl std::fmt::Debug for Fallback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // NOTE: not the upstream call: its headers carry the provider key.
-        f.debug_struct("Fallback").field("provider_id", &self.provider_id).finish_non_exhaustive()
+        f.debug_struct("Fallback")
+            .field("provider_id", &self.provider_id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -265,7 +267,10 @@ fn query_param<'a>(query: &'a str, name: &str) -> Option<Cow<'a, str>> {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' => {
-                match (bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+                match (
+                    bytes.get(i + 1).copied().and_then(hex),
+                    bytes.get(i + 2).copied().and_then(hex),
+                ) {
                     (Some(h), Some(l)) => {
                         out.push((h * 16 + l) as u8);
                         i += 2;
@@ -311,7 +316,9 @@ pub const EMPTY_PROMPT: &str = "prompt must be a non-empty string";
 
 fn retry_after(resume_at_ms: i64, now_ms: i64) -> u32 {
     let ms = (resume_at_ms - now_ms).max(0);
-    u32::try_from(ms.div_euclid(1000) + i64::from(ms % 1000 != 0)).unwrap_or(u32::MAX).max(1)
+    u32::try_from(ms.div_euclid(1000) + i64::from(ms % 1000 != 0))
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
 fn headers(plan: &Plan, vars: &Vars<'_>) -> Vec<(String, String)> {
@@ -319,7 +326,11 @@ fn headers(plan: &Plan, vars: &Vars<'_>) -> Vec<(String, String)> {
     if !plan.has_content_type {
         out.push(("Content-Type".to_owned(), "application/json".to_owned()));
     }
-    out.extend(plan.headers.iter().map(|(name, value)| (name.clone(), value.render_string(vars))));
+    out.extend(
+        plan.headers
+            .iter()
+            .map(|(name, value)| (name.clone(), value.render_string(vars))),
+    );
     out
 }
 
@@ -327,24 +338,39 @@ fn headers(plan: &Plan, vars: &Vars<'_>) -> Vec<(String, String)> {
 fn governing(grant: &Grant, provider: &Provider, c: &Counters, now_ms: i64) -> Option<Governing> {
     let percent = |used: i64, limit: i64| (used as f64 * 100.0 / limit as f64 * 100.0).round() / 100.0;
     let candidates = [
-        (grant.daily_cap_nano_usd > 0)
-            .then(|| ("policy.daily_usd", percent(c.spent_today_nano, grant.daily_cap_nano_usd), next_utc_midnight(now_ms))),
-        grant
-            .max_calls_per_hour
-            .filter(|&max| max > 0)
-            .map(|max| ("policy.hourly_calls", percent(c.calls_this_hour, max), next_utc_hour(now_ms))),
-        provider
-            .max_calls_per_hour
-            .filter(|&max| max > 0)
-            .map(|max| ("provider.hourly_calls", percent(c.provider_calls_this_hour, max), next_utc_hour(now_ms))),
+        (grant.daily_cap_nano_usd > 0).then(|| {
+            (
+                "policy.daily_usd",
+                percent(c.spent_today_nano, grant.daily_cap_nano_usd),
+                next_utc_midnight(now_ms),
+            )
+        }),
+        grant.max_calls_per_hour.filter(|&max| max > 0).map(|max| {
+            (
+                "policy.hourly_calls",
+                percent(c.calls_this_hour, max),
+                next_utc_hour(now_ms),
+            )
+        }),
+        provider.max_calls_per_hour.filter(|&max| max > 0).map(|max| {
+            (
+                "provider.hourly_calls",
+                percent(c.provider_calls_this_hour, max),
+                next_utc_hour(now_ms),
+            )
+        }),
     ];
-    candidates
-        .into_iter()
-        .flatten()
-        .fold(None, |best: Option<Governing>, (id, utilization, reset_at_ms)| match best {
+    candidates.into_iter().flatten().fold(
+        None,
+        |best: Option<Governing>, (id, utilization, reset_at_ms)| match best {
             Some(best) if best.utilization >= utilization => Some(best),
-            _ => Some(Governing { id, utilization, reset_at_ms }),
-        })
+            _ => Some(Governing {
+                id,
+                utilization,
+                reset_at_ms,
+            }),
+        },
+    )
 }
 
 /// The worst-case cost of `upstream` in nano-USD: bounds × prices, one web search if asked,
@@ -352,7 +378,14 @@ fn governing(grant: &Grant, provider: &Provider, c: &Counters, now_ms: i64) -> O
 #[must_use]
 pub fn worst_case_nano(model: &Model, provider: &Provider, upstream: &Upstream) -> i64 {
     let searches = i64::from(upstream.web_search);
-    let (input, output) = pricing::price(model, provider, upstream.input_tokens_bound, upstream.output_tokens_bound, 0.0, searches);
+    let (input, output) = pricing::price(
+        model,
+        provider,
+        upstream.input_tokens_bound,
+        upstream.output_tokens_bound,
+        0.0,
+        searches,
+    );
     input.saturating_add(output)
 }
 
@@ -391,7 +424,11 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         _ => None,
     };
     if let (Some(format), true) = (shape, p.status != 0) {
-        let code = if p.status == 404 { "model_not_found" } else { p.deny_reason.unwrap_or("invalid_request") };
+        let code = if p.status == 404 {
+            "model_not_found"
+        } else {
+            p.deny_reason.unwrap_or("invalid_request")
+        };
         let detail = mesh_detail(&p.body);
         p.body = crate::entry::error_body(format, p.status, code, detail.as_deref());
     }
@@ -405,11 +442,19 @@ fn mesh_detail(body: &[u8]) -> Option<String> {
 }
 
 fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Request<'_>) -> Prepared {
-    let mut p = Prepared { request_id: crate::ids::request_id(), log_requests: true, ..Prepared::default() };
+    let mut p = Prepared {
+        request_id: crate::ids::request_id(),
+        log_requests: true,
+        ..Prepared::default()
+    };
     if let Some(model) = req.model {
         model.clone_into(&mut p.requested_model);
     } else if !matches!(req.route, Route::Entry(_) | Route::OpenAiEmbeddings) {
-        p.requested_model = req.query_string.and_then(|q| query_param(q, "model")).map(Cow::into_owned).unwrap_or_default();
+        p.requested_model = req
+            .query_string
+            .and_then(|q| query_param(q, "model"))
+            .map(Cow::into_owned)
+            .unwrap_or_default();
     }
 
     // 1-2. Authentication, key and principal status.
@@ -460,7 +505,10 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
 
     // 3. The grant for this route's kind; unknown names are the same 403 (404 on entry routes).
     let grant = snapshot.grant_by_name(key.principal, &p.requested_model);
-    let Some((grant, model)) = grant.map(|g| (g, &snapshot.models[g.model as usize])).filter(|(_, m)| req.route.admits(m.kind)) else {
+    let Some((grant, model)) = grant
+        .map(|g| (g, &snapshot.models[g.model as usize]))
+        .filter(|(_, m)| req.route.admits(m.kind))
+    else {
         if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
             let known = snapshot.model_named(&p.requested_model).is_some();
             p.deny(404, if known { "model_not_permitted" } else { "unknown_model" }, |_| {});
@@ -558,8 +606,12 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
 
     // Reserve the worst case against the daily cap: spend + open reservations + worst <= cap.
     let spend_key = grant.spend_key.at(utc_day(req.now_ms));
-    let limits = ProviderLimits::new(&id_bytes(&provider.id), provider.max_concurrent_upstream, provider.max_outbound_rps,
-                                     provider.admission_share_pct);
+    let limits = ProviderLimits::new(
+        &id_bytes(&provider.id),
+        provider.max_concurrent_upstream,
+        provider.max_outbound_rps,
+        provider.admission_share_pct,
+    );
     let holds = Holds::new(segment.cloned(), spend_key, limits, upstream.weight);
     if let Some(segment) = segment.filter(|_| grant.daily_cap_nano_usd > 0) {
         let worst = worst_case_nano(model, provider, &upstream);
@@ -585,7 +637,10 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
     // 14. Count the attempt.
     if let Some(segment) = segment {
         let hour = utc_hour(req.now_ms);
-        match segment.add(provider.calls_key.at(hour), 1).and_then(|n| Ok((n, segment.add(grant.calls_key.at(hour), 1)?))) {
+        match segment
+            .add(provider.calls_key.at(hour), 1)
+            .and_then(|n| Ok((n, segment.add(grant.calls_key.at(hour), 1)?)))
+        {
             Ok((provider_calls, calls)) => {
                 counters.provider_calls_this_hour = provider_calls;
                 counters.calls_this_hour = calls;
@@ -635,8 +690,12 @@ fn render_fallback(
         provider_id: provider.id.clone(),
         local: provider.local,
         upstream,
-        limits: ProviderLimits::new(&id_bytes(&provider.id), provider.max_concurrent_upstream, provider.max_outbound_rps,
-                                    provider.admission_share_pct),
+        limits: ProviderLimits::new(
+            &id_bytes(&provider.id),
+            provider.max_concurrent_upstream,
+            provider.max_outbound_rps,
+            provider.admission_share_pct,
+        ),
         calls_key: provider.calls_key.at(utc_hour(req.now_ms)),
         max_calls_per_hour: provider.max_calls_per_hour,
         segment: segment.cloned(),
@@ -652,7 +711,13 @@ impl crate::shm::CounterRead for SegmentRef<'_> {
     }
 }
 
-fn base_upstream(provider: &Provider, model: &Model, url: String, headers: Vec<(String, String)>, body: Vec<u8>) -> Upstream {
+fn base_upstream(
+    provider: &Provider,
+    model: &Model,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+) -> Upstream {
     Upstream {
         url,
         method: provider.plan.method.clone(),
@@ -679,21 +744,41 @@ fn retry_plan(upstream: &mut Upstream, provider: &Provider) {
     } else {
         1
     };
-    upstream.backoff_ms = u32::try_from(provider.retry_backoff_ms).ok().filter(|&ms| ms > 0).unwrap_or(100);
+    upstream.backoff_ms = u32::try_from(provider.retry_backoff_ms)
+        .ok()
+        .filter(|&ms| ms > 0)
+        .unwrap_or(100);
 }
 
 /// An entry route's upstream call: the caller's request, decoded to the IR, encoded in the
 /// provider's format for the resolved model, always streamed and always asking for usage.
-fn entry(p: &mut Prepared, format: Format, decoded: translate::Decoded<translate::Request>, model: &Model,
-         provider: &Provider) -> Option<Upstream> {
-    let translate::Decoded { value: mut request, unknown } = decoded;
+fn entry(
+    p: &mut Prepared,
+    format: Format,
+    decoded: translate::Decoded<translate::Request>,
+    model: &Model,
+    provider: &Provider,
+) -> Option<Upstream> {
+    let translate::Decoded {
+        value: mut request,
+        unknown,
+    } = decoded;
     let Some(upstream_format) = crate::entry::upstream_format(provider.plan.family) else {
-        p.invalid(Some("the model's provider has custom templates; call it through /v1/proxy"));
+        p.invalid(Some(
+            "the model's provider has custom templates; call it through /v1/proxy",
+        ));
         return None;
     };
-    let images = request.messages.iter().flat_map(|m| &m.content).filter(|b| matches!(b, translate::Block::Image(_))).count();
+    let images = request
+        .messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .filter(|b| matches!(b, translate::Block::Image(_)))
+        .count();
     if images > 0 && !model.supports_image_in {
-        p.deny(400, "content_type_not_supported_by_model", |out| out.extend_from_slice(b",\"content_type\":\"image\""));
+        p.deny(400, "content_type_not_supported_by_model", |out| {
+            out.extend_from_slice(b",\"content_type\":\"image\"")
+        });
         return None;
     }
     // The same per-block limit as /v1/proxy: an inline image decodes to at most 20 MiB.
@@ -715,7 +800,12 @@ fn entry(p: &mut Prepared, format: Format, decoded: translate::Decoded<translate
     let (client_stream, include_usage) = (request.stream, request.include_usage);
     // Text bytes / 3, images as media blocks: the same bound /v1/proxy reserves.
     let text_bytes: usize = request.system.iter().map(String::len).sum::<usize>()
-        + request.messages.iter().flat_map(|m| &m.content).map(block_text_len).sum::<usize>();
+        + request
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .map(block_text_len)
+            .sum::<usize>();
     request.model.clone_from(&model.resolved_model);
     request.max_tokens = Some(u64::try_from(max_tokens).unwrap_or(u64::MAX));
     request.stream = true;
@@ -728,15 +818,31 @@ fn entry(p: &mut Prepared, format: Format, decoded: translate::Decoded<translate
         }
     };
     let chat = provider.plan.chat.as_ref()?;
-    let vars = Vars { api_key: Some(&provider.api_key.0), model: Some(&model.resolved_model), ..Vars::default() };
-    let mut upstream = base_upstream(provider, model, chat.url.render_string(&vars), headers(&provider.plan, &vars), body);
+    let vars = Vars {
+        api_key: Some(&provider.api_key.0),
+        model: Some(&model.resolved_model),
+        ..Vars::default()
+    };
+    let mut upstream = base_upstream(
+        provider,
+        model,
+        chat.url.render_string(&vars),
+        headers(&provider.plan, &vars),
+        body,
+    );
     retry_plan(&mut upstream, provider);
     upstream.max_tokens = max_tokens;
     upstream.weight = u32::try_from(1 + 5 * images).unwrap_or(u32::MAX);
-    upstream.input_tokens_bound = text_token_bound_len(text_bytes)
-        + i64::try_from(images).unwrap_or(0) * MEDIA_BLOCK_TOKENS;
+    upstream.input_tokens_bound =
+        text_token_bound_len(text_bytes) + i64::try_from(images).unwrap_or(0) * MEDIA_BLOCK_TOKENS;
     upstream.output_tokens_bound = max_tokens;
-    upstream.entry = Some(EntryPlan { upstream: upstream_format, entry: format, client_stream, include_usage, unknown });
+    upstream.entry = Some(EntryPlan {
+        upstream: upstream_format,
+        entry: format,
+        client_stream,
+        include_usage,
+        unknown,
+    });
     Some(upstream)
 }
 
@@ -796,7 +902,11 @@ fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> O
     let chat = provider.plan.chat.as_ref()?;
     let web_search = request.web_search.unwrap_or(false);
     let body_template = if web_search {
-        match chat.web_search_body.as_ref().filter(|_| model.supports_web_search && provider.supports_web_search) {
+        match chat
+            .web_search_body
+            .as_ref()
+            .filter(|_| model.supports_web_search && provider.supports_web_search)
+        {
             Some(template) => template,
             None => {
                 p.deny(400, "web_search_not_supported_by_model", |_| {});
@@ -813,7 +923,11 @@ fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> O
             return None;
         }
     };
-    let texts: Vec<&str> = blocks.iter().filter(|b| b.kind == BlockType::Text).map(|b| b.text).collect();
+    let texts: Vec<&str> = blocks
+        .iter()
+        .filter(|b| b.kind == BlockType::Text)
+        .map(|b| b.text)
+        .collect();
     let mut max_tokens_json = itoa::Buffer::new();
     let vars = Vars {
         api_key: Some(&provider.api_key.0),
@@ -826,7 +940,13 @@ fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> O
     let mut upstream_body = Vec::with_capacity(content_json.len() + 256);
     let body_vars = Vars { api_key: None, ..vars };
     body_template.render_into(&body_vars, &mut upstream_body);
-    let mut upstream = base_upstream(provider, model, chat.url.render_string(&vars), headers(&provider.plan, &vars), upstream_body);
+    let mut upstream = base_upstream(
+        provider,
+        model,
+        chat.url.render_string(&vars),
+        headers(&provider.plan, &vars),
+        upstream_body,
+    );
     retry_plan(&mut upstream, provider);
     upstream.max_tokens = max_tokens;
     upstream.web_search = web_search;
@@ -846,7 +966,11 @@ fn json_string(text: &str) -> Vec<u8> {
 /// (token-id arrays are refused: meshfast does not know the provider's tokenizer).
 fn openai_embedding_request(body: &[u8]) -> Result<(String, Vec<String>), &'static str> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| "the body is not a JSON object")?;
-    let model = value.get("model").and_then(|m| m.as_str()).filter(|m| !m.is_empty()).ok_or("model must be a non-empty string")?;
+    let model = value
+        .get("model")
+        .and_then(|m| m.as_str())
+        .filter(|m| !m.is_empty())
+        .ok_or("model must be a non-empty string")?;
     let inputs = match value.get("input") {
         Some(serde_json::Value::String(s)) => vec![s.clone()],
         Some(serde_json::Value::Array(items)) if !items.is_empty() && items.len() <= MAX_EMBEDDING_INPUTS => items
@@ -854,7 +978,9 @@ fn openai_embedding_request(body: &[u8]) -> Result<(String, Vec<String>), &'stat
             .map(|i| i.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
             .ok_or("input must be a string or a list of strings (token arrays are not supported)")?,
-        Some(serde_json::Value::Array(items)) if items.len() > MAX_EMBEDDING_INPUTS => return Err("at most 2048 inputs per request"),
+        Some(serde_json::Value::Array(items)) if items.len() > MAX_EMBEDDING_INPUTS => {
+            return Err("at most 2048 inputs per request")
+        }
         _ => return Err("input must be a non-empty string or list of strings"),
     };
     if inputs.iter().any(String::is_empty) {
@@ -873,7 +999,10 @@ pub const MAX_EMBEDDING_INPUTS: usize = 2048;
 
 fn openai_embeddings(inputs: &[String], model: &Model, provider: &Provider) -> Option<Upstream> {
     let mut upstream = render_embedding(provider, model, inputs.first()?)?;
-    upstream.embedding_bodies = inputs.iter().filter_map(|i| render_embedding(provider, model, i).map(|u| u.body)).collect();
+    upstream.embedding_bodies = inputs
+        .iter()
+        .filter_map(|i| render_embedding(provider, model, i).map(|u| u.body))
+        .collect();
     upstream.input_tokens_bound = inputs.iter().map(|i| text_token_bound(i)).sum();
     upstream.weight = u32::try_from(inputs.len()).unwrap_or(u32::MAX);
     Some(upstream)
@@ -883,9 +1012,20 @@ fn openai_embeddings(inputs: &[String], model: &Model, provider: &Provider) -> O
 fn render_embedding(provider: &Provider, model: &Model, input: &str) -> Option<Upstream> {
     let plan = provider.plan.embedding.as_ref()?;
     let input_json = json_string(input);
-    let vars = Vars { api_key: Some(&provider.api_key.0), model: Some(&model.resolved_model), input_json: Some(&input_json), ..Vars::default() };
+    let vars = Vars {
+        api_key: Some(&provider.api_key.0),
+        model: Some(&model.resolved_model),
+        input_json: Some(&input_json),
+        ..Vars::default()
+    };
     let body = plan.body.render(&Vars { api_key: None, ..vars });
-    let mut upstream = base_upstream(provider, model, plan.url.render_string(&vars), headers(&provider.plan, &vars), body);
+    let mut upstream = base_upstream(
+        provider,
+        model,
+        plan.url.render_string(&vars),
+        headers(&provider.plan, &vars),
+        body,
+    );
     upstream.input_tokens_bound = text_token_bound(input);
     Some(upstream)
 }
@@ -913,9 +1053,20 @@ fn generate(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -
     };
     let plan = provider.plan.generation.as_ref()?;
     let prompt_json = json_string(&prompt);
-    let vars = Vars { api_key: Some(&provider.api_key.0), model: Some(&model.resolved_model), prompt_json: Some(&prompt_json), ..Vars::default() };
+    let vars = Vars {
+        api_key: Some(&provider.api_key.0),
+        model: Some(&model.resolved_model),
+        prompt_json: Some(&prompt_json),
+        ..Vars::default()
+    };
     let body = plan.body.render(&Vars { api_key: None, ..vars });
-    let mut upstream = base_upstream(provider, model, plan.url.render_string(&vars), headers(&provider.plan, &vars), body);
+    let mut upstream = base_upstream(
+        provider,
+        model,
+        plan.url.render_string(&vars),
+        headers(&provider.plan, &vars),
+        body,
+    );
     upstream.weight = BlockType::Video.weight();
     upstream.input_tokens_bound = text_token_bound(&prompt);
     upstream.output_tokens_bound = model.max_output_tokens;
@@ -929,8 +1080,17 @@ impl Upstream {
     #[must_use]
     pub fn render_job_url(&self, content: bool, job_id: &str) -> Option<String> {
         let generation = self.plan.generation.as_ref()?;
-        let template = if content { generation.content_url.as_ref() } else { generation.status_url.as_ref() }?;
-        Some(template.render_string(&Vars { api_key: Some(&self.api_key.0), model: Some(""), job_id: Some(job_id), ..Vars::default() }))
+        let template = if content {
+            generation.content_url.as_ref()
+        } else {
+            generation.status_url.as_ref()
+        }?;
+        Some(template.render_string(&Vars {
+            api_key: Some(&self.api_key.0),
+            model: Some(""),
+            job_id: Some(job_id),
+            ..Vars::default()
+        }))
     }
 }
 
@@ -941,7 +1101,11 @@ pub type ExtractError = String;
 pub fn extract_embedding(plan: &Plan, body: &[u8]) -> Result<(Vec<u8>, i64), ExtractError> {
     let embedding = plan.embedding.as_ref().ok_or("provider has no embedding plan")?;
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| format!("response is not JSON: {e}"))?;
-    let vector = embedding.vector.get(&value).and_then(serde_json::Value::as_array).filter(|v| v.iter().all(serde_json::Value::is_number));
+    let vector = embedding
+        .vector
+        .get(&value)
+        .and_then(serde_json::Value::as_array)
+        .filter(|v| v.iter().all(serde_json::Value::is_number));
     let vector = vector.ok_or("vector path does not resolve to an array of numbers")?;
     let json = serde_json::to_vec(vector).map_err(|e| e.to_string())?;
     let tokens = embedding.usage.as_ref().and_then(|p| p.get_int(&value)).unwrap_or(0);
@@ -965,9 +1129,10 @@ pub fn extract_generation(plan: &Plan, body: &[u8]) -> Result<Generation, Extrac
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| format!("response is not JSON: {e}"))?;
     let outputs = match generation.media.as_ref().and_then(|p| p.get(&value)) {
         Some(serde_json::Value::String(s)) if !s.is_empty() => vec![s.clone()],
-        Some(serde_json::Value::Array(items)) => {
-            items.iter().filter_map(|i| i.as_str().filter(|s| !s.is_empty()).map(str::to_owned)).collect()
-        }
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .filter_map(|i| i.as_str().filter(|s| !s.is_empty()).map(str::to_owned))
+            .collect(),
         _ => Vec::new(),
     };
     let seconds = match generation.duration.as_ref().and_then(|p| p.get(&value)) {
@@ -980,8 +1145,16 @@ pub fn extract_generation(plan: &Plan, body: &[u8]) -> Result<Generation, Extrac
         seconds,
         job_id: generation.job_id.as_ref().and_then(|p| p.get_text(&value)),
         status: generation.status.as_ref().and_then(|p| p.get_text(&value)),
-        input_tokens: generation.usage_in.as_ref().and_then(|p| p.get_int(&value)).unwrap_or(0),
-        output_tokens: generation.usage_out.as_ref().and_then(|p| p.get_int(&value)).unwrap_or(0),
+        input_tokens: generation
+            .usage_in
+            .as_ref()
+            .and_then(|p| p.get_int(&value))
+            .unwrap_or(0),
+        output_tokens: generation
+            .usage_out
+            .as_ref()
+            .and_then(|p| p.get_int(&value))
+            .unwrap_or(0),
     })
 }
 
@@ -1015,13 +1188,27 @@ mod tests {
     #[test]
     fn test_proxy_renders_openai_request() {
         let s = snapshot();
-        let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"hi \"you\"","max_tokens":5,"id":"x","extra":1}"#));
+        let p = prepare(
+            &s,
+            None,
+            &req(
+                Route::Proxy,
+                "model=gpt-b",
+                br#"{"query":"hi \"you\"","max_tokens":5,"id":"x","extra":1}"#,
+            ),
+        );
         assert_eq!(p.status, 0, "{}", String::from_utf8_lossy(&p.body));
         let up = p.upstream.as_ref().unwrap();
         assert_eq!(up.url, "/v1/chat/completions");
-        assert_eq!(up.headers[0], ("Content-Type".to_owned(), "application/json".to_owned()));
+        assert_eq!(
+            up.headers[0],
+            ("Content-Type".to_owned(), "application/json".to_owned())
+        );
         let body: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
-        assert_eq!(body["messages"][0]["content"], json!([{"type": "text", "text": "hi \"you\""}]));
+        assert_eq!(
+            body["messages"][0]["content"],
+            json!([{"type": "text", "text": "hi \"you\""}])
+        );
         assert_eq!(body["max_tokens"], 5);
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!((up.attempts, up.weight, up.max_tokens), (3, 1, 5));
@@ -1031,27 +1218,49 @@ mod tests {
     #[test]
     fn test_entry_route_translates_to_the_providers_format() {
         let s = snapshot();
-        let body = br#"{"model":"gpt-b","max_tokens":9,"system":"be brief","messages":[{"role":"user","content":"hi"}]}"#;
+        let body =
+            br#"{"model":"gpt-b","max_tokens":9,"system":"be brief","messages":[{"role":"user","content":"hi"}]}"#;
         let p = prepare(&s, None, &req(Route::Entry(Format::Anthropic), "", body));
         assert_eq!(p.status, 0, "{}", String::from_utf8_lossy(&p.body));
         assert_eq!(p.requested_model, "gpt-b");
         let up = p.upstream.as_ref().unwrap();
         let sent: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
         assert_eq!(sent["messages"][0], json!({"role": "system", "content": "be brief"}));
-        assert_eq!((sent["max_completion_tokens"].as_i64(), sent["stream"].as_bool()), (Some(9), Some(true)));
-        assert_eq!(sent["stream_options"]["include_usage"], true, "usage is always asked for");
+        assert_eq!(
+            (sent["max_completion_tokens"].as_i64(), sent["stream"].as_bool()),
+            (Some(9), Some(true))
+        );
+        assert_eq!(
+            sent["stream_options"]["include_usage"], true,
+            "usage is always asked for"
+        );
         let plan = up.entry.as_ref().unwrap();
-        assert_eq!((plan.upstream, plan.entry, plan.client_stream), (Format::OpenAiChat, Format::Anthropic, false));
+        assert_eq!(
+            (plan.upstream, plan.entry, plan.client_stream),
+            (Format::OpenAiChat, Format::Anthropic, false)
+        );
         assert_eq!(up.output_tokens_bound, 9);
     }
 
     #[test]
     fn test_entry_route_denials_are_404_for_unknown_and_unpermitted_models_in_the_apis_shape() {
         let s = snapshot();
-        let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", br#"{"model":"nope","messages":[]}"#));
+        let p = prepare(
+            &s,
+            None,
+            &req(
+                Route::Entry(Format::OpenAiChat),
+                "",
+                br#"{"model":"nope","messages":[]}"#,
+            ),
+        );
         assert_eq!((p.status, p.deny_reason), (404, Some("unknown_model")));
         assert_eq!(body_json(&p)["error"]["code"], "model_not_found");
-        let mut r = req(Route::Entry(Format::Gemini), "", br#"{"contents":[{"role":"user","parts":[{"text":"x"}]}]}"#);
+        let mut r = req(
+            Route::Entry(Format::Gemini),
+            "",
+            br#"{"contents":[{"role":"user","parts":[{"text":"x"}]}]}"#,
+        );
         r.model = Some("gpt-a-image");
         let p = prepare(&s, None, &r);
         assert_eq!((p.status, p.deny_reason), (404, Some("model_not_permitted")));
@@ -1063,15 +1272,42 @@ mod tests {
 
     #[test]
     fn test_openai_embeddings_body_is_validated_and_rendered_per_input() {
-        assert_eq!(openai_embedding_request(br#"{"model":"m","input":"a"}"#), Ok(("m".into(), vec!["a".into()])));
-        assert_eq!(openai_embedding_request(br#"{"model":"m","input":["a","b"]}"#).unwrap().1.len(), 2);
-        for bad in [&br#"{"model":"m","input":[1,2]}"#[..], br#"{"model":"m","input":[]}"#, br#"{"input":"a"}"#,
-                    br#"{"model":"m","input":"a","encoding_format":"int8"}"#, br#"{"model":"m","input":[""]}"#, b"[]"] {
-            assert!(openai_embedding_request(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        assert_eq!(
+            openai_embedding_request(br#"{"model":"m","input":"a"}"#),
+            Ok(("m".into(), vec!["a".into()]))
+        );
+        assert_eq!(
+            openai_embedding_request(br#"{"model":"m","input":["a","b"]}"#)
+                .unwrap()
+                .1
+                .len(),
+            2
+        );
+        for bad in [
+            &br#"{"model":"m","input":[1,2]}"#[..],
+            br#"{"model":"m","input":[]}"#,
+            br#"{"input":"a"}"#,
+            br#"{"model":"m","input":"a","encoding_format":"int8"}"#,
+            br#"{"model":"m","input":[""]}"#,
+            b"[]",
+        ] {
+            assert!(
+                openai_embedding_request(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
         let s = snapshot();
-        let p = prepare(&s, None, &req(Route::OpenAiEmbeddings, "", br#"{"model":"gpt-b","input":["x"]}"#));
-        assert_eq!((p.status, p.deny_reason), (404, Some("model_not_permitted")), "a chat model is not an embedding model");
+        let p = prepare(
+            &s,
+            None,
+            &req(Route::OpenAiEmbeddings, "", br#"{"model":"gpt-b","input":["x"]}"#),
+        );
+        assert_eq!(
+            (p.status, p.deny_reason),
+            (404, Some("model_not_permitted")),
+            "a chat model is not an embedding model"
+        );
         assert_eq!(body_json(&p)["error"]["code"], "model_not_found");
     }
 
@@ -1082,22 +1318,38 @@ mod tests {
         r.authorization = None;
         assert_eq!(prepare(&s, None, &r).status, 401);
         let p = prepare(&s, None, &req(Route::Proxy, "model=nope", b"{}"));
-        assert_eq!((p.status, body_json(&p)), (403, json!({"error": "model_not_permitted"})));
+        assert_eq!(
+            (p.status, body_json(&p)),
+            (403, json!({"error": "model_not_permitted"}))
+        );
         let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-a-image", b"{}"));
         assert_eq!(p.deny_reason, Some("model_not_permitted"), "generation model via proxy");
         let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-old", b"{}"));
         assert_eq!(p.deny_reason, Some("model_blocked"));
         let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", b"{not json"));
         assert_eq!(body_json(&p), json!({"error": "invalid_request"}));
-        let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a","max_tokens":0}"#));
-        assert_eq!(body_json(&p), json!({"error": "invalid_request", "detail": content::INVALID_MAX_TOKENS}));
+        let p = prepare(
+            &s,
+            None,
+            &req(Route::Proxy, "model=gpt-b", br#"{"query":"a","max_tokens":0}"#),
+        );
+        assert_eq!(
+            body_json(&p),
+            json!({"error": "invalid_request", "detail": content::INVALID_MAX_TOKENS})
+        );
         let doc = br#"{"content":[{"type":"document","media_type":"application/pdf","data":"AAAA"}]}"#;
         let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", doc));
-        assert_eq!(body_json(&p), json!({"error": "content_type_not_supported_by_model", "content_type": "document"}));
+        assert_eq!(
+            body_json(&p),
+            json!({"error": "content_type_not_supported_by_model", "content_type": "document"})
+        );
         let mut r = req(Route::Proxy, "model=gpt-b", b"{}");
         r.now_ms = NOON_WED - 5 * 3_600_000; // 07:00Z = 08:00 Paris, before the window
         let p = prepare(&s, None, &r);
-        assert_eq!(body_json(&p), json!({"error": "outside_allowed_hours", "resume_at": "2025-03-05T08:00:00Z"}));
+        assert_eq!(
+            body_json(&p),
+            json!({"error": "outside_allowed_hours", "resume_at": "2025-03-05T08:00:00Z"})
+        );
         assert_eq!(p.retry_after_s, None);
     }
 
@@ -1107,7 +1359,10 @@ mod tests {
         config["kill_switch"] = json!(true);
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
-        assert_eq!((p.status, p.deny_reason, p.retry_after_s), (503, Some("paused_by_admin"), Some(KILL_SWITCH_RETRY_S)));
+        assert_eq!(
+            (p.status, p.deny_reason, p.retry_after_s),
+            (503, Some("paused_by_admin"), Some(KILL_SWITCH_RETRY_S))
+        );
     }
 
     #[test]
@@ -1116,10 +1371,25 @@ mod tests {
         let segment = Arc::new(Segment::create(&path, 64, 16, 4).unwrap());
         let s = snapshot();
         for _ in 0..100 {
-            assert_eq!(prepare(&s, Some(&segment), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#)).status, 0);
+            assert_eq!(
+                prepare(
+                    &s,
+                    Some(&segment),
+                    &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#)
+                )
+                .status,
+                0
+            );
         }
-        let p = prepare(&s, Some(&segment), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
-        assert_eq!(body_json(&p), json!({"error": "user_model_hourly_limit_reached", "resume_at": "2025-03-05T13:00:00Z", "limit": 100}));
+        let p = prepare(
+            &s,
+            Some(&segment),
+            &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#),
+        );
+        assert_eq!(
+            body_json(&p),
+            json!({"error": "user_model_hourly_limit_reached", "resume_at": "2025-03-05T13:00:00Z", "limit": 100})
+        );
         assert_eq!(p.retry_after_s, Some(3600));
         std::fs::remove_file(path).unwrap();
     }
@@ -1144,14 +1414,31 @@ mod tests {
         let s = snapshot();
         seg.add(spend_key(&s), CAP - WORST_A + 1).unwrap();
         let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
-        assert_eq!(body_json(&p), json!({"error": "budget_exceeded", "cap": 2.5, "resume_at": "2025-03-06T00:00:00Z"}));
-        assert_eq!((p.status, p.retry_after_s, p.should_retry), (429, Some(12 * 3600), Some(false)));
+        assert_eq!(
+            body_json(&p),
+            json!({"error": "budget_exceeded", "cap": 2.5, "resume_at": "2025-03-06T00:00:00Z"})
+        );
+        assert_eq!(
+            (p.status, p.retry_after_s, p.should_retry),
+            (429, Some(12 * 3600), Some(false))
+        );
         let limit = p.limit.unwrap();
-        assert_eq!((limit.id, limit.reset_at_ms), ("policy.daily_usd", next_utc_midnight(NOON_WED)));
+        assert_eq!(
+            (limit.id, limit.reset_at_ms),
+            ("policy.daily_usd", next_utc_midnight(NOON_WED))
+        );
         assert!(limit.utilization > 99.99 && limit.utilization <= 100.0, "{limit:?}");
-        assert_eq!(seg.get(spend_key(&s)), CAP - WORST_A + 1, "nothing reserved, nothing counted");
+        assert_eq!(
+            seg.get(spend_key(&s)),
+            CAP - WORST_A + 1,
+            "nothing reserved, nothing counted"
+        );
         // A smaller max_tokens fits: 1 + 4095 × 2 = 8191 <= 8192.
-        let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a","max_tokens":4095}"#));
+        let p = prepare(
+            &s,
+            Some(&seg),
+            &req(Route::Proxy, "model=gpt-b", br#"{"query":"a","max_tokens":4095}"#),
+        );
         assert_eq!((p.status, p.should_retry), (0, None));
         assert_eq!(p.holds.as_ref().unwrap().reserved_nano(), 8191);
         assert_eq!(seg.get(spend_key(&s)), CAP - 1);
@@ -1176,7 +1463,11 @@ mod tests {
         drop(p);
         assert_eq!(seg.get(key), 1234);
         // No cap: nothing reserved, settle charges the spend counter once.
-        let p = prepare(&s, Some(&seg), &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        let p = prepare(
+            &s,
+            Some(&seg),
+            &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#),
+        );
         let holds = p.holds.as_ref().unwrap();
         assert_eq!(holds.reserved_nano(), 0);
         assert!(holds.settle(50).unwrap() && !holds.settle(50).unwrap());
@@ -1231,7 +1522,10 @@ mod tests {
             let mut status = 0;
             // SAFETY: waiting on our own child.
             unsafe { libc::waitpid(pid, &mut status, 0) };
-            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed");
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "child failed"
+            );
         }
         assert_eq!(seg.get(key), seg.get(tally), "the counter is exactly the settled costs");
         assert!(seg.get(key) <= 200_000);
@@ -1245,16 +1539,33 @@ mod tests {
         config["providers"][0]["admission_share_pct"] = json!(10);
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let (path, seg) = segment("share");
-        let call = || prepare(&s, Some(&seg), &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        let call = || {
+            prepare(
+                &s,
+                Some(&seg),
+                &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#),
+            )
+        };
         let (a, b) = (call(), call());
         let (ha, hb) = (a.holds.as_ref().unwrap(), b.holds.as_ref().unwrap());
         // Capacity 100, share 10 %: one generate call (weight 25, clamped to the share) fills it.
         assert_eq!(ha.admit_provider(1, 0, 100).unwrap(), (true, 0));
-        assert_eq!(hb.admit_provider(1, 0, 100).unwrap(), (false, crate::govern::SLOT_POLL_NS));
+        assert_eq!(
+            hb.admit_provider(1, 0, 100).unwrap(),
+            (false, crate::govern::SLOT_POLL_NS)
+        );
         ha.release_provider();
-        assert_eq!(hb.admit_provider(1, 0, 100).unwrap(), (true, 0), "released share admits the next");
+        assert_eq!(
+            hb.admit_provider(1, 0, 100).unwrap(),
+            (true, 0),
+            "released share admits the next"
+        );
         drop(b);
-        assert_eq!(ha.admit_provider(1, 0, 100).unwrap(), (true, 0), "drop gives the share back");
+        assert_eq!(
+            ha.admit_provider(1, 0, 100).unwrap(),
+            (true, 0),
+            "drop gives the share back"
+        );
         drop(a);
         std::fs::remove_file(path).ok();
     }
@@ -1266,32 +1577,67 @@ mod tests {
         config["providers"][0]["max_outbound_rps"] = json!(2);
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let (path, seg) = segment("provider");
-        let call = || prepare(&s, Some(&seg), &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        let call = || {
+            prepare(
+                &s,
+                Some(&seg),
+                &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#),
+            )
+        };
         let (a, b) = (call(), call());
         let (ha, hb) = (a.holds.as_ref().unwrap(), b.holds.as_ref().unwrap());
         let t0 = 5_000_000_000;
         assert_eq!(ha.admit_provider(t0, 0, 0).unwrap(), (true, 0));
         assert_eq!(ha.admit_provider(t0, 0, 0).unwrap(), (true, 0), "idempotent");
-        assert_eq!(hb.admit_provider(t0, 0, 0).unwrap(), (false, crate::govern::SLOT_POLL_NS), "the one slot is taken");
+        assert_eq!(
+            hb.admit_provider(t0, 0, 0).unwrap(),
+            (false, crate::govern::SLOT_POLL_NS),
+            "the one slot is taken"
+        );
         ha.release_provider();
-        assert_eq!(hb.admit_provider(t0, 0, 0).unwrap(), (true, 0), "burst 2: a second token at once");
+        assert_eq!(
+            hb.admit_provider(t0, 0, 0).unwrap(),
+            (true, 0),
+            "burst 2: a second token at once"
+        );
         hb.release_provider();
-        assert_eq!(ha.admit_provider(t0 + 100_000_000, 0, 0).unwrap(), (false, 400_000_000), "bucket empty: wait, slot released");
-        assert_eq!(hb.admit_provider(t0 + 100_000_000, 0, 0).unwrap(), (false, 400_000_000), "not the slot: the bucket");
+        assert_eq!(
+            ha.admit_provider(t0 + 100_000_000, 0, 0).unwrap(),
+            (false, 400_000_000),
+            "bucket empty: wait, slot released"
+        );
+        assert_eq!(
+            hb.admit_provider(t0 + 100_000_000, 0, 0).unwrap(),
+            (false, 400_000_000),
+            "not the slot: the bucket"
+        );
         assert_eq!(ha.admit_provider(t0 + 500_000_000, 0, 0).unwrap(), (true, 0));
         ha.release_provider();
-        assert_eq!(hb.admit_provider(t0 + 500_000_000, 1_000_000_000, 0).unwrap(), (true, 500_000_000),
-                   "within the allowed wait: the next token is taken, in line");
+        assert_eq!(
+            hb.admit_provider(t0 + 500_000_000, 1_000_000_000, 0).unwrap(),
+            (true, 500_000_000),
+            "within the allowed wait: the next token is taken, in line"
+        );
         hb.release_provider();
-        assert_eq!(ha.admit_provider(t0 + 500_000_000, 600_000_000, 0).unwrap(), (false, 1_000_000_000),
-                   "the token after that is further away than allowed: nothing taken");
-        assert_eq!(ha.admit_provider(t0 + 500_000_000, 1_000_000_000, 0).unwrap(), (true, 1_000_000_000));
+        assert_eq!(
+            ha.admit_provider(t0 + 500_000_000, 600_000_000, 0).unwrap(),
+            (false, 1_000_000_000),
+            "the token after that is further away than allowed: nothing taken"
+        );
+        assert_eq!(
+            ha.admit_provider(t0 + 500_000_000, 1_000_000_000, 0).unwrap(),
+            (true, 1_000_000_000)
+        );
         // Process-wide weight: generate weighs 25; × factor 2, clamped to the capacity.
         assert!(ha.admit_global(60, 2).unwrap());
         assert_eq!(seg.get(crate::shm::global_inflight_key()), 50);
         assert!(!hb.admit_global(60, 1).unwrap(), "25 more does not fit under 60");
         drop(a);
-        assert_eq!(seg.get(crate::shm::global_inflight_key()), 0, "drop releases slot and weight");
+        assert_eq!(
+            seg.get(crate::shm::global_inflight_key()),
+            0,
+            "drop releases slot and weight"
+        );
         assert!(hb.admit_global(10, 4).unwrap(), "clamped to the capacity");
         assert_eq!(seg.get(crate::shm::global_inflight_key()), 10);
         assert!(hb.settle(0).unwrap());
@@ -1304,9 +1650,18 @@ mod tests {
     #[test]
     fn test_generation_without_plan_is_refused_and_query_is_percent_decoded() {
         let s = snapshot();
-        let p = prepare(&s, None, &req(Route::Generate, "x=1&model=gpt%2Da%2dimage", br#"{"prompt":"cat"}"#));
+        let p = prepare(
+            &s,
+            None,
+            &req(Route::Generate, "x=1&model=gpt%2Da%2dimage", br#"{"prompt":"cat"}"#),
+        );
         assert_eq!(p.requested_model, "gpt-a-image");
-        assert_eq!(p.status, 0, "the openai preset generates images: {}", String::from_utf8_lossy(&p.body));
+        assert_eq!(
+            p.status,
+            0,
+            "the openai preset generates images: {}",
+            String::from_utf8_lossy(&p.body)
+        );
         assert_eq!(p.upstream.as_ref().unwrap().weight, 25);
         assert_eq!(query_param("model=a+b%zz", "model").as_deref(), Some("a b%zz"));
     }
@@ -1319,15 +1674,33 @@ mod tests {
         config["grants"].as_array_mut().unwrap().pop();
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let p = prepare(&s, None, &req(Route::Proxy, "model=fast", br#"{"query":"a"}"#));
-        assert_eq!((p.status, p.model_name.as_deref(), p.requested_model.as_str()), (0, Some("gpt-b"), "fast"));
+        assert_eq!(
+            (p.status, p.model_name.as_deref(), p.requested_model.as_str()),
+            (0, Some("gpt-b"), "fast")
+        );
         let sent: serde_json::Value = serde_json::from_slice(&p.upstream.as_ref().unwrap().body).unwrap();
         assert_eq!(sent["model"], "gpt-b", "the upstream gets the resolved model");
         let chat = br#"{"model":"fast","messages":[{"role":"user","content":"hi"}]}"#;
-        assert_eq!(prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", chat)).status, 0);
+        assert_eq!(
+            prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", chat)).status,
+            0
+        );
         let old = br#"{"model":"old","messages":[{"role":"user","content":"hi"}]}"#;
         let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", old));
-        assert_eq!((p.status, p.deny_reason), (404, Some("model_not_permitted")), "an alias of an ungranted model");
-        let p = prepare(&s, None, &req(Route::Entry(Format::Anthropic), "", br#"{"model":"nope","max_tokens":5,"messages":[]}"#));
+        assert_eq!(
+            (p.status, p.deny_reason),
+            (404, Some("model_not_permitted")),
+            "an alias of an ungranted model"
+        );
+        let p = prepare(
+            &s,
+            None,
+            &req(
+                Route::Entry(Format::Anthropic),
+                "",
+                br#"{"model":"nope","max_tokens":5,"messages":[]}"#,
+            ),
+        );
         assert_eq!(p.deny_reason, Some("unknown_model"));
     }
 
@@ -1337,12 +1710,16 @@ mod tests {
         config["providers"].as_array_mut().unwrap().push(json!(
             {"id": "77777777-7777-7777-7777-777777777777", "name": "claude", "family": "anthropic",
              "max_calls_per_hour": 1, "base_url": "http://claude", "api_key": "sk-claude", "local": true}));
-        config["models"][0]["deployments"] = json!([{"id": "d1", "provider": 1, "resolved_model": "claude-x", "priority": 5}]);
+        config["models"][0]["deployments"] =
+            json!([{"id": "d1", "provider": 1, "resolved_model": "claude-x", "priority": 5}]);
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let (path, seg) = segment("fallback");
         let p = prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
         let fallback = p.fallback.as_ref().unwrap();
-        assert_eq!((fallback.provider_id.as_str(), fallback.local), ("77777777-7777-7777-7777-777777777777", true));
+        assert_eq!(
+            (fallback.provider_id.as_str(), fallback.local),
+            ("77777777-7777-7777-7777-777777777777", true)
+        );
         assert_eq!(fallback.upstream.url, "http://claude/v1/messages");
         let sent: serde_json::Value = serde_json::from_slice(&fallback.upstream.body).unwrap();
         assert_eq!(sent["model"], "claude-x");
@@ -1351,8 +1728,16 @@ mod tests {
         let chat = br#"{"model":"gpt-b","messages":[{"role":"user","content":"hi"}]}"#;
         let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", chat));
         let plan = p.fallback.as_ref().unwrap().upstream.entry.as_ref().unwrap();
-        assert_eq!((plan.entry, plan.upstream), (Format::OpenAiChat, Format::Anthropic), "translated for the deployment");
-        let p = prepare(&s, None, &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#));
+        assert_eq!(
+            (plan.entry, plan.upstream),
+            (Format::OpenAiChat, Format::Anthropic),
+            "translated for the deployment"
+        );
+        let p = prepare(
+            &s,
+            None,
+            &req(Route::Generate, "model=gpt-a-image", br#"{"prompt":"cat"}"#),
+        );
         assert!(p.fallback.is_none(), "no deployments, no fallback");
         std::fs::remove_file(path).unwrap();
     }
@@ -1364,22 +1749,39 @@ mod tests {
         config["providers"].as_array_mut().unwrap().push(json!(
             {"id": "77777777-7777-7777-7777-777777777777", "name": "claude", "family": "anthropic",
              "max_concurrent_upstream": 1, "base_url": "http://claude", "api_key": "sk-claude", "local": true}));
-        config["models"][0]["deployments"] = json!([{"id": "d1", "provider": 1, "resolved_model": "claude-x", "priority": 5}]);
+        config["models"][0]["deployments"] =
+            json!([{"id": "d1", "provider": 1, "resolved_model": "claude-x", "priority": 5}]);
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let (path, seg) = segment("failover-slots");
         let call = || prepare(&s, Some(&seg), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
         let (a, b, c) = (call(), call(), call());
-        let (ha, hb, hc) = (a.holds.as_ref().unwrap(), b.holds.as_ref().unwrap(), c.holds.as_ref().unwrap());
+        let (ha, hb, hc) = (
+            a.holds.as_ref().unwrap(),
+            b.holds.as_ref().unwrap(),
+            c.holds.as_ref().unwrap(),
+        );
         let slot = crate::govern::SLOT_POLL_NS;
         assert_eq!(ha.admit_provider(1, 0, 0).unwrap(), (true, 0));
-        assert_eq!(hb.admit_provider(1, 0, 0).unwrap(), (false, slot), "the first provider's one slot is a's");
+        assert_eq!(
+            hb.admit_provider(1, 0, 0).unwrap(),
+            (false, slot),
+            "the first provider's one slot is a's"
+        );
         // b fails over first and takes the second provider's one slot.
         hb.switch_provider(b.fallback.as_ref().unwrap().limits);
         assert_eq!(hb.admit_provider(1, 0, 0).unwrap(), (true, 0));
         // a fails over: its first slot goes back at once (c gets it), and it waits for b's.
         ha.switch_provider(a.fallback.as_ref().unwrap().limits);
-        assert_eq!(hc.admit_provider(1, 0, 0).unwrap(), (true, 0), "a gave the first provider's slot back");
-        assert_eq!(ha.admit_provider(1, 0, 0).unwrap(), (false, slot), "the failover waits for its own provider");
+        assert_eq!(
+            hc.admit_provider(1, 0, 0).unwrap(),
+            (true, 0),
+            "a gave the first provider's slot back"
+        );
+        assert_eq!(
+            ha.admit_provider(1, 0, 0).unwrap(),
+            (false, slot),
+            "the failover waits for its own provider"
+        );
         hb.release_provider();
         assert_eq!(ha.admit_provider(1, 0, 0).unwrap(), (true, 0));
         drop((a, b, c));

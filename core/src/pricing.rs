@@ -22,7 +22,13 @@ impl Prices {
     /// does, 1 h writes what 5 min writes do. So a model priced for input and output only
     /// charges cached prompt tokens as input, as before the classes existed.
     #[must_use]
-    pub fn resolve(input: i64, output: i64, cache_read: Option<i64>, cache_write: Option<i64>, cache_write_1h: Option<i64>) -> Self {
+    pub fn resolve(
+        input: i64,
+        output: i64,
+        cache_read: Option<i64>,
+        cache_write: Option<i64>,
+        cache_write_1h: Option<i64>,
+    ) -> Self {
         let cache_write = cache_write.unwrap_or(input);
         Self {
             input,
@@ -36,7 +42,13 @@ impl Prices {
     /// Every class's price, for validation.
     #[must_use]
     pub fn all(&self) -> [i64; 5] {
-        [self.input, self.output, self.cache_read, self.cache_write, self.cache_write_1h]
+        [
+            self.input,
+            self.output,
+            self.cache_read,
+            self.cache_write,
+            self.cache_write_1h,
+        ]
     }
 }
 
@@ -63,7 +75,9 @@ impl Tokens {
     /// The prompt's size for the long-context threshold: input and every cached class.
     #[must_use]
     pub fn prompt(&self) -> i64 {
-        [self.input, self.cache_read, self.cache_write, self.cache_write_1h].iter().fold(0i64, |sum, &n| sum.saturating_add(n.max(0)))
+        [self.input, self.cache_read, self.cache_write, self.cache_write_1h]
+            .iter()
+            .fold(0i64, |sum, &n| sum.saturating_add(n.max(0)))
     }
 }
 
@@ -94,25 +108,53 @@ fn scaled(value: i128, price: i128, divisor: i128) -> i64 {
 /// per-search price go to input; `seconds` × the per-second price to output. `seconds` is taken
 /// at microsecond precision (rounded half up), the only float involved.
 #[must_use]
-pub fn price_tokens(model: &Model, provider: &Provider, tokens: &Tokens, seconds: f64, web_searches: i64) -> (i64, i64) {
+pub fn price_tokens(
+    model: &Model,
+    provider: &Provider,
+    tokens: &Tokens,
+    seconds: f64,
+    web_searches: i64,
+) -> (i64, i64) {
     let prices = tier(model, tokens.prompt());
     let class = |n: i64, price: i64| i128::from(n.max(0)) * i128::from(price);
     let prompt = class(tokens.input, prices.input)
         + class(tokens.cache_read, prices.cache_read)
         + class(tokens.cache_write, prices.cache_write)
         + class(tokens.cache_write_1h, prices.cache_write_1h);
-    let input = round_div(prompt, 1000).saturating_add(scaled(web_searches.into(), provider.web_search_price_nano.into(), 1));
-    #[expect(clippy::cast_possible_truncation, reason = "seconds of one call fit an i64 of microseconds")]
-    let micros = if seconds.is_finite() && seconds > 0.0 { (seconds * 1e6).round() as i64 } else { 0 };
-    let output = scaled(tokens.output.max(0).into(), prices.output.into(), 1000)
-        .saturating_add(scaled(micros.into(), model.price_per_second_nano.into(), 1_000_000));
+    let input =
+        round_div(prompt, 1000).saturating_add(scaled(web_searches.into(), provider.web_search_price_nano.into(), 1));
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "seconds of one call fit an i64 of microseconds"
+    )]
+    let micros = if seconds.is_finite() && seconds > 0.0 {
+        (seconds * 1e6).round() as i64
+    } else {
+        0
+    };
+    let output = scaled(tokens.output.max(0).into(), prices.output.into(), 1000).saturating_add(scaled(
+        micros.into(),
+        model.price_per_second_nano.into(),
+        1_000_000,
+    ));
     (input, output)
 }
 
 /// [`price_tokens`] for a call without cached tokens.
 #[must_use]
-pub fn price(model: &Model, provider: &Provider, input_tokens: i64, output_tokens: i64, seconds: f64, web_searches: i64) -> (i64, i64) {
-    let tokens = Tokens { input: input_tokens, output: output_tokens, ..Tokens::default() };
+pub fn price(
+    model: &Model,
+    provider: &Provider,
+    input_tokens: i64,
+    output_tokens: i64,
+    seconds: f64,
+    web_searches: i64,
+) -> (i64, i64) {
+    let tokens = Tokens {
+        input: input_tokens,
+        output: output_tokens,
+        ..Tokens::default()
+    };
     price_tokens(model, provider, &tokens, seconds, web_searches)
 }
 
@@ -151,17 +193,41 @@ mod tests {
         let s = snapshot();
         let mut model = s.models[0].clone();
         model.prices = Prices::resolve(3_000, 15_000, Some(300), Some(3_750), Some(6_000));
-        let tokens = Tokens { input: 1, output: 0, cache_read: 1, cache_write: 1, cache_write_1h: 1 };
+        let tokens = Tokens {
+            input: 1,
+            output: 0,
+            cache_read: 1,
+            cache_write: 1,
+            cache_write_1h: 1,
+        };
         // 3 + 0.3 + 3.75 + 6 = 13.05 nano: one rounding, not four (which would give 3+0+4+6 = 13).
         assert_eq!(price_tokens(&model, &provider(), &tokens, 0.0, 0), (13, 0));
-        let tokens = Tokens { input: 100, output: 10, cache_read: 2_000, cache_write: 400, cache_write_1h: 0 };
-        assert_eq!(price_tokens(&model, &provider(), &tokens, 0.0, 0), (300 + 600 + 1_500, 150));
+        let tokens = Tokens {
+            input: 100,
+            output: 10,
+            cache_read: 2_000,
+            cache_write: 400,
+            cache_write_1h: 0,
+        };
+        assert_eq!(
+            price_tokens(&model, &provider(), &tokens, 0.0, 0),
+            (300 + 600 + 1_500, 150)
+        );
     }
 
     #[test]
     fn test_unset_cache_prices_fall_back_to_input_and_5_minute_writes() {
         let prices = Prices::resolve(10, 20, None, Some(12), None);
-        assert_eq!(prices, Prices { input: 10, output: 20, cache_read: 10, cache_write: 12, cache_write_1h: 12 });
+        assert_eq!(
+            prices,
+            Prices {
+                input: 10,
+                output: 20,
+                cache_read: 10,
+                cache_write: 12,
+                cache_write_1h: 12
+            }
+        );
         assert_eq!(Prices::resolve(10, 20, None, None, None).all(), [10, 20, 10, 10, 10]);
     }
 
@@ -170,11 +236,27 @@ mod tests {
         let s = snapshot();
         let mut model = s.models[0].clone();
         model.prices = Prices::resolve(1_000, 2_000, Some(100), None, None);
-        model.long_context = Some(LongContext { threshold_tokens: 1_000, prices: Prices::resolve(2_000, 4_000, Some(200), None, None) });
-        let at = Tokens { input: 500, output: 1_000, cache_read: 500, ..Tokens::default() };
-        assert_eq!(price_tokens(&model, &provider(), &at, 0.0, 0), (500 + 50, 2_000), "1000 is not above 1000");
+        model.long_context = Some(LongContext {
+            threshold_tokens: 1_000,
+            prices: Prices::resolve(2_000, 4_000, Some(200), None, None),
+        });
+        let at = Tokens {
+            input: 500,
+            output: 1_000,
+            cache_read: 500,
+            ..Tokens::default()
+        };
+        assert_eq!(
+            price_tokens(&model, &provider(), &at, 0.0, 0),
+            (500 + 50, 2_000),
+            "1000 is not above 1000"
+        );
         let above = Tokens { cache_write: 1, ..at };
-        assert_eq!(price_tokens(&model, &provider(), &above, 0.0, 0), (1_000 + 100 + 2, 4_000), "output too");
+        assert_eq!(
+            price_tokens(&model, &provider(), &above, 0.0, 0),
+            (1_000 + 100 + 2, 4_000),
+            "output too"
+        );
     }
 
     #[test]

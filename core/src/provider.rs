@@ -135,7 +135,10 @@ impl GenerationPlan {
         match self.mode {
             GenerationMode::Sync => self.media.is_some(),
             GenerationMode::AsyncPoll => {
-                self.job_id.is_some() && self.status_url.is_some() && self.status.is_some() && self.content_url.is_some()
+                self.job_id.is_some()
+                    && self.status_url.is_some()
+                    && self.status.is_some()
+                    && self.content_url.is_some()
             }
         }
     }
@@ -260,7 +263,9 @@ impl Plan {
             Family::Gemini => (
                 vec![("x-goog-api-key".to_owned(), text("{{api_key}}"))],
                 ChatPlan {
-                    url: text(&format!("{base}/v1beta/models/{{{{model}}}}:streamGenerateContent?alt=sse")),
+                    url: text(&format!(
+                        "{base}/v1beta/models/{{{{model}}}}:streamGenerateContent?alt=sse"
+                    )),
                     body: json(GEMINI),
                     web_search_body: Some(json(GEMINI_SEARCH)),
                     delta: DotPath::parse("candidates.0.content.parts.0.text").expect("static path"),
@@ -282,20 +287,40 @@ impl Plan {
             ),
         };
         // NOTE: a keyless local server (Ollama) gets no empty `Bearer ` header.
-        let headers = if has_api_key { headers } else { headers.into_iter().filter(|(_, t)| !t.uses(Var::ApiKey)).collect() };
-        Some(Self { family, method: "POST".into(), headers, has_content_type: false, chat: Some(chat), embedding, generation })
+        let headers = if has_api_key {
+            headers
+        } else {
+            headers.into_iter().filter(|(_, t)| !t.uses(Var::ApiKey)).collect()
+        };
+        Some(Self {
+            family,
+            method: "POST".into(),
+            headers,
+            has_content_type: false,
+            chat: Some(chat),
+            embedding,
+            generation,
+        })
     }
 
     /// Compiles a generic provider's templates (or the generic fields overriding a preset's
     /// embedding/generation parts). Every problem is pushed to `errors`.
-    pub fn from_generic(family: Family, g: &GenericTemplates, preset: Option<Self>, errors: &mut Vec<String>, what: &str) -> Self {
+    pub fn from_generic(
+        family: Family,
+        g: &GenericTemplates,
+        preset: Option<Self>,
+        errors: &mut Vec<String>,
+        what: &str,
+    ) -> Self {
         let json_body = |name: &str, t: &str, errors: &mut Vec<String>| {
             if serde_json::from_str::<serde::de::IgnoredAny>(t).is_err() {
                 errors.push(format!("{what}.{name}: not valid JSON"));
             }
             let compiled = Template::compile(t, Mode::Json);
             if compiled.uses(Var::ApiKey) {
-                errors.push(format!("{what}.{name}: {{{{api_key}}}} is allowed only in the URL and headers"));
+                errors.push(format!(
+                    "{what}.{name}: {{{{api_key}}}} is allowed only in the URL and headers"
+                ));
             }
             compiled
         };
@@ -315,9 +340,11 @@ impl Plan {
         if !g.header_template.is_empty() {
             plan.headers = g.header_template.iter().map(|(k, v)| (k.clone(), text(v))).collect();
         }
-        if let (Some(url), Some(body), Some(delta)) =
-            (nonempty(&g.endpoint_url), nonempty(&g.request_body_template), nonempty(&g.response_delta_path))
-        {
+        if let (Some(url), Some(body), Some(delta)) = (
+            nonempty(&g.endpoint_url),
+            nonempty(&g.request_body_template),
+            nonempty(&g.response_delta_path),
+        ) {
             plan.chat = Some(ChatPlan {
                 url: text(&url),
                 body: json_body("request_body_template", &body, errors),
@@ -329,7 +356,9 @@ impl Plan {
                 usage_out: nonempty(&g.usage_output_tokens_path).and_then(|p| path(&p)),
             });
         } else if family == Family::Generic && plan.chat.is_none() && g.endpoint_url.is_some() {
-            errors.push(format!("{what}: a generic chat endpoint needs request_body_template and response_delta_path"));
+            errors.push(format!(
+                "{what}: a generic chat endpoint needs request_body_template and response_delta_path"
+            ));
         }
         if let (Some(url), Some(body), Some(vector)) = (
             nonempty(&g.embedding_endpoint_url),
@@ -343,7 +372,10 @@ impl Plan {
                 usage: nonempty(&g.embedding_usage_tokens_path).and_then(|p| path(&p)),
             });
         }
-        if let (Some(url), Some(body)) = (nonempty(&g.generation_endpoint_url), nonempty(&g.generation_request_body_template)) {
+        if let (Some(url), Some(body)) = (
+            nonempty(&g.generation_endpoint_url),
+            nonempty(&g.generation_request_body_template),
+        ) {
             let mode = match g.generation_mode.as_deref().unwrap_or("") {
                 "" | "sync" => GenerationMode::Sync,
                 "async_poll" => GenerationMode::AsyncPoll,
@@ -352,7 +384,11 @@ impl Plan {
                     GenerationMode::Sync
                 }
             };
-            let positive = |v: Option<i64>, default: u64| v.and_then(|v| u64::try_from(v).ok()).filter(|&v| v > 0).unwrap_or(default);
+            let positive = |v: Option<i64>, default: u64| {
+                v.and_then(|v| u64::try_from(v).ok())
+                    .filter(|&v| v > 0)
+                    .unwrap_or(default)
+            };
             let values = |v: &Option<Vec<String>>, default: &str| match v {
                 Some(list) if !list.is_empty() => list.clone(),
                 _ => vec![default.to_owned()],
@@ -387,7 +423,10 @@ impl Plan {
     /// Finishes a plan: notes whether the headers set `Content-Type` themselves.
     #[must_use]
     pub fn finish(mut self) -> Self {
-        self.has_content_type = self.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+        self.has_content_type = self
+            .headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("content-type"));
         self
     }
 }
@@ -399,15 +438,29 @@ mod tests {
 
     #[test]
     fn test_every_preset_body_is_valid_json_once_rendered() {
-        for family in [Family::OpenAi, Family::OpenAiResponses, Family::Anthropic, Family::Gemini, Family::Ollama] {
+        for family in [
+            Family::OpenAi,
+            Family::OpenAiResponses,
+            Family::Anthropic,
+            Family::Gemini,
+            Family::Ollama,
+        ] {
             let plan = Plan::preset(family, "http://h/", true).unwrap();
             let chat = plan.chat.as_ref().unwrap();
-            let vars = Vars { model: Some("m"), content_json: Some(b"[]"), max_tokens_json: Some(b"5"), ..Vars::default() };
+            let vars = Vars {
+                model: Some("m"),
+                content_json: Some(b"[]"),
+                max_tokens_json: Some(b"5"),
+                ..Vars::default()
+            };
             for body in std::iter::once(&chat.body).chain(chat.web_search_body.as_ref()) {
                 let v: serde_json::Value = serde_json::from_slice(&body.render(&vars)).unwrap();
                 assert!(v.to_string().contains('5'), "{family:?} forwards max_tokens");
             }
-            assert!(!chat.url.render_string(&vars).contains("//v1"), "base_url's trailing slash trimmed");
+            assert!(
+                !chat.url.render_string(&vars).contains("//v1"),
+                "base_url's trailing slash trimmed"
+            );
         }
     }
 

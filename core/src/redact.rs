@@ -30,9 +30,24 @@ const MIN_MASKED_SUFFIX: usize = 4;
 const MIN_BARE_PREFIX: usize = 8;
 
 /// Header names (lower case) that carry a credential whatever their value looks like.
-const CREDENTIAL_HEADERS: &[&str] = &["authorization", "proxy-authorization", "x-api-key", "x-goog-api-key", "api-key"];
+const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "api-key",
+];
 /// A header or query parameter whose (lower-case) name contains one of these carries a credential.
-const CREDENTIAL_NAME_PARTS: &[&str] = &["key", "token", "secret", "auth", "password", "signature", "sig", "credential"];
+const CREDENTIAL_NAME_PARTS: &[&str] = &[
+    "key",
+    "token",
+    "secret",
+    "auth",
+    "password",
+    "signature",
+    "sig",
+    "credential",
+];
 
 /// The credentials one upstream request carried.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -103,7 +118,12 @@ impl Credentials {
                 }
             }
         }
-        let partial: Vec<&str> = self.0.iter().map(String::as_str).filter(|s| s.chars().count() >= MIN_PARTIAL_LEN).collect();
+        let partial: Vec<&str> = self
+            .0
+            .iter()
+            .map(String::as_str)
+            .filter(|s| s.chars().count() >= MIN_PARTIAL_LEN)
+            .collect();
         if partial.is_empty() {
             return out;
         }
@@ -111,10 +131,16 @@ impl Credentials {
         let mut changed = false;
         let mut rest = out.as_ref();
         while let Some(start) = rest.find(is_word_char) {
-            let end = rest[start..].find(|c: char| !is_word_char(c)).map_or(rest.len(), |n| start + n);
+            let end = rest[start..]
+                .find(|c: char| !is_word_char(c))
+                .map_or(rest.len(), |n| start + n);
             let word = &rest[start..end];
             // A sentence's full stop is not part of the word (a mask of dots at the end is).
-            let trimmed = if word.ends_with('.') && !word.ends_with("..") { &word[..word.len() - 1] } else { word };
+            let trimmed = if word.ends_with('.') && !word.ends_with("..") {
+                &word[..word.len() - 1]
+            } else {
+                word
+            };
             result.push_str(&rest[..start]);
             if partial.iter().any(|secret| echoes(trimmed, secret)) {
                 result.push_str(REDACTED);
@@ -236,14 +262,23 @@ mod tests {
     const KEY: &str = "sk-proj-Abc123def456GHI789jkl012MNO345pqrXyZ9";
 
     fn bearer(key: &str) -> Credentials {
-        Credentials::from_request(&[("Authorization".into(), format!("Bearer {key}")), ("content-type".into(), "application/json".into())], "https://api.example.com/v1/chat")
+        Credentials::from_request(
+            &[
+                ("Authorization".into(), format!("Bearer {key}")),
+                ("content-type".into(), "application/json".into()),
+            ],
+            "https://api.example.com/v1/chat",
+        )
     }
 
     #[test]
     fn a_whole_key_is_redacted_wherever_it_stands() {
         let c = bearer(KEY);
         let text = format!("Incorrect API key provided: {KEY}. You can find your API key at https://x/keys.");
-        assert_eq!(c.redact(&text), "Incorrect API key provided: [redacted]. You can find your API key at https://x/keys.");
+        assert_eq!(
+            c.redact(&text),
+            "Incorrect API key provided: [redacted]. You can find your API key at https://x/keys."
+        );
         assert_eq!(c.redact(&format!("\"Bearer {KEY}\"")), "\"[redacted]\"");
         assert_eq!(c.redact(&format!("x{KEY}y")), "x[redacted]y");
     }
@@ -266,7 +301,11 @@ mod tests {
             let stop = if echo.ends_with('.') { "" } else { "." };
             let text = format!("Incorrect API key provided: {echo}{stop} You can find your API key at https://x.");
             let redacted = c.redact(&text);
-            assert_eq!(redacted, format!("Incorrect API key provided: [redacted]{stop} You can find your API key at https://x."), "{echo}");
+            assert_eq!(
+                redacted,
+                format!("Incorrect API key provided: [redacted]{stop} You can find your API key at https://x."),
+                "{echo}"
+            );
         }
     }
 
@@ -282,9 +321,15 @@ mod tests {
     #[test]
     fn ordinary_words_that_begin_a_key_stay() {
         let c = bearer("testserve-key-0123456789");
-        assert_eq!(c.redact("testserve: scenario error-500"), "testserve: scenario error-500");
+        assert_eq!(
+            c.redact("testserve: scenario error-500"),
+            "testserve: scenario error-500"
+        );
         let short = bearer("testserve-key");
-        assert_eq!(short.redact("testserve: invalid API key testserve-key"), "testserve: invalid API key [redacted]");
+        assert_eq!(
+            short.redact("testserve: invalid API key testserve-key"),
+            "testserve: invalid API key [redacted]"
+        );
     }
 
     #[test]
@@ -303,9 +348,15 @@ mod tests {
             ("X-Custom-Token".into(), "custom-token-value".into()),
             ("accept".into(), "application/json".into()),
         ];
-        let c = Credentials::from_request(&headers, "https://user:p%40ss-word@h.example/v1/m:generate?alt=sse&key=AIza%2BQuery&api-version=2024-02-01");
+        let c = Credentials::from_request(
+            &headers,
+            "https://user:p%40ss-word@h.example/v1/m:generate?alt=sse&key=AIza%2BQuery&api-version=2024-02-01",
+        );
         let text = "anthropic-secret-1 AIzaSyGoogleSecret custom-token-value AIza+Query AIza%2BQuery p@ss-word alt=sse application/json 2024-02-01";
-        assert_eq!(c.redact(text), "[redacted] [redacted] [redacted] [redacted] [redacted] [redacted] alt=sse application/json 2024-02-01");
+        assert_eq!(
+            c.redact(text),
+            "[redacted] [redacted] [redacted] [redacted] [redacted] [redacted] alt=sse application/json 2024-02-01"
+        );
     }
 
     #[test]

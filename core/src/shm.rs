@@ -82,7 +82,9 @@ const RECORD_HEADER: usize = 32;
 pub const RING_STALL_MS: u64 = 5000;
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 const LEASE_FREE: u64 = 0;
@@ -118,8 +120,12 @@ pub fn global_inflight_key() -> u128 {
 /// rate that is not positive and finite (no limit).
 #[must_use]
 pub fn emission_interval_ns(rate_per_s: f64) -> Option<i64> {
-    #[expect(clippy::cast_possible_truncation, reason = "clamped to [1, i64::MAX / 2^20] before the cast")]
-    (rate_per_s.is_finite() && rate_per_s > 0.0).then(|| (1e9 / rate_per_s).round().clamp(1.0, (i64::MAX >> 20) as f64) as i64)
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "clamped to [1, i64::MAX / 2^20] before the cast"
+    )]
+    (rate_per_s.is_finite() && rate_per_s > 0.0)
+        .then(|| (1e9 / rate_per_s).round().clamp(1.0, (i64::MAX >> 20) as f64) as i64)
 }
 
 /// How far behind the bucket's state a reading of the clock may be before [`gcra_step`] treats it
@@ -168,9 +174,7 @@ pub fn utc_hour(unix_ms: i64) -> u32 {
 #[must_use]
 pub fn id_bytes(id: &str) -> [u8; 16] {
     let hex: Vec<u8> = id.bytes().filter(|&b| b != b'-').collect();
-    let is_uuid = hex.len() == 32
-        && (id.len() == 32 || id.len() == 36)
-        && hex.iter().all(u8::is_ascii_hexdigit);
+    let is_uuid = hex.len() == 32 && (id.len() == 32 || id.len() == 36) && hex.iter().all(u8::is_ascii_hexdigit);
     if !is_uuid {
         return xxh3_128(id.as_bytes()).to_be_bytes();
     }
@@ -280,7 +284,10 @@ pub struct Segment {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.display().to_string(), source }
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 fn split_key(key: u128) -> (u64, u64) {
@@ -378,7 +385,8 @@ impl Segment {
             .mode(0o600)
             .open(&tmp)
             .map_err(io_error(&tmp))?;
-        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io_error(&tmp))?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io_error(&tmp))?;
         file.set_len(len as u64).map_err(io_error(&tmp))?;
         let map = MmapOptions::new().len(len).map_raw(&file).map_err(io_error(&tmp))?;
         let segment = Self::from_map(map, [slots, leases, procs, ring_records, record_bytes]);
@@ -400,10 +408,17 @@ impl Segment {
     /// Maps an existing segment, checking its magic, layout version and size.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error(path))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_error(path))?;
         let len = file.metadata().map_err(io_error(path))?.len() as usize;
         if len < HEADER_BYTES {
-            return Err(Error::ShmLayout(format!("{} is {len} bytes, shorter than a header", path.display())));
+            return Err(Error::ShmLayout(format!(
+                "{} is {len} bytes, shorter than a header",
+                path.display()
+            )));
         }
         let map = MmapOptions::new().len(len).map_raw(&file).map_err(io_error(path))?;
         let probe = Self::from_map(map, [1, 0, 0, 0, 0]);
@@ -424,7 +439,10 @@ impl Segment {
             || record_bytes < 64
             || Self::layout_len(slots, leases, procs, ring_records, record_bytes) != len
         {
-            return Err(Error::ShmLayout(format!("{}: sizes do not match the file", path.display())));
+            return Err(Error::ShmLayout(format!(
+                "{}: sizes do not match the file",
+                path.display()
+            )));
         }
         Ok(Self::from_map(probe.map, sizes))
     }
@@ -532,12 +550,15 @@ impl Segment {
         let mut freed = 0;
         for end in 0..self.slots {
             let before = |i: usize| (end + self.slots - i) & self.slot_mask;
-            if self.slot_word(end, 0).load(Acquire) != EMPTY
-                || self.slot_word(before(1), 0).load(Acquire) != TOMBSTONE
+            if self.slot_word(end, 0).load(Acquire) != EMPTY || self.slot_word(before(1), 0).load(Acquire) != TOMBSTONE
             {
                 continue;
             }
-            if self.slot_word(end, 0).compare_exchange(EMPTY, FENCE, AcqRel, Relaxed).is_err() {
+            if self
+                .slot_word(end, 0)
+                .compare_exchange(EMPTY, FENCE, AcqRel, Relaxed)
+                .is_err()
+            {
                 continue;
             }
             // NOTE: tombstones never change back except here, so the run is stable under the fence.
@@ -546,7 +567,11 @@ impl Segment {
                 let slot = before(back);
                 self.slot_word(slot, 1).store(0, Release);
                 self.slot_value(slot).store(0, Release);
-                if self.slot_word(slot, 0).compare_exchange(TOMBSTONE, EMPTY, AcqRel, Relaxed).is_ok() {
+                if self
+                    .slot_word(slot, 0)
+                    .compare_exchange(TOMBSTONE, EMPTY, AcqRel, Relaxed)
+                    .is_ok()
+                {
                     freed += 1;
                 }
                 back += 1;
@@ -591,7 +616,9 @@ impl Segment {
             let data = self.map.as_mut_ptr().add(self.record_offset(record) + RECORD_HEADER);
             std::ptr::copy_nonoverlapping(row.as_ptr(), data, row.len());
         }
-        self.record_word(record, 0).compare_exchange(4 * pos, 4 * pos + 1, AcqRel, Relaxed).is_ok()
+        self.record_word(record, 0)
+            .compare_exchange(4 * pos, 4 * pos + 1, AcqRel, Relaxed)
+            .is_ok()
     }
 
     /// Frees a record of lap `old_pos` that a consumer popped and never freed, once stalled.
@@ -602,7 +629,9 @@ impl Segment {
             return false;
         }
         let next = 4 * (old_pos + self.ring_records as u64);
-        self.record_word(record, 0).compare_exchange(seq, next, AcqRel, Relaxed).is_ok()
+        self.record_word(record, 0)
+            .compare_exchange(seq, next, AcqRel, Relaxed)
+            .is_ok()
     }
 
     fn record_stalled(&self, record: usize) -> bool {
@@ -698,7 +727,10 @@ impl Segment {
     pub fn remove(&self, key: u128) -> bool {
         let (hi, _) = split_key(key);
         match self.find(key) {
-            Some(slot) => self.slot_word(slot, 0).compare_exchange(hi, TOMBSTONE, AcqRel, Acquire).is_ok(),
+            Some(slot) => self
+                .slot_word(slot, 0)
+                .compare_exchange(hi, TOMBSTONE, AcqRel, Acquire)
+                .is_ok(),
             None => false,
         }
     }
@@ -714,14 +746,15 @@ impl Segment {
         let pid = current_pid();
         let registration = self.registration.load(Acquire);
         if registration != 0 && (registration >> 32) as u32 == pid {
-            return Ok(((registration & 0xFFFF_FFFF) as usize, self.registered_generation.load(Acquire)));
+            return Ok((
+                (registration & 0xFFFF_FFFF) as usize,
+                self.registered_generation.load(Acquire),
+            ));
         }
         let start_time = process_start_time(pid).unwrap_or(0);
         let mine = (u64::from(pid) << 2) | PROC_LIVE;
         for entry in 0..self.procs {
-            if self.proc_word(entry, 0).load(Acquire) == mine
-                && self.proc_word(entry, 1).load(Acquire) == start_time
-            {
+            if self.proc_word(entry, 0).load(Acquire) == mine && self.proc_word(entry, 1).load(Acquire) == start_time {
                 return Ok(self.remember(pid, entry, self.proc_word(entry, 2).load(Acquire)));
             }
         }
@@ -768,7 +801,8 @@ impl Segment {
                     .is_ok()
             })
             .ok_or(Error::ShmFull("lease table"))?;
-        self.lease_word(entry, 1).store(((proc_entry as u64) << 48) | (generation & 0xFFFF_FFFF_FFFF), Release);
+        self.lease_word(entry, 1)
+            .store(((proc_entry as u64) << 48) | (generation & 0xFFFF_FFFF_FFFF), Release);
         self.lease_word(entry, 2).store(slot as u64, Release);
         self.lease_word(entry, 3).store(amount as u64, Release);
         let mut current = value.load(Acquire);
@@ -782,7 +816,8 @@ impl Segment {
                 Err(actual) => current = actual,
             }
         }
-        if self.lease_word(entry, 0)
+        if self
+            .lease_word(entry, 0)
             .compare_exchange((seq << 2) | LEASE_RESERVING, (seq << 2) | LEASE_HELD, AcqRel, Relaxed)
             .is_err()
         {
@@ -790,7 +825,12 @@ impl Segment {
             value.fetch_sub(amount, AcqRel);
             return Err(Error::ShmLayout("lease entry reclaimed while reserving".into()));
         }
-        Ok(Some(Lease { entry: entry as u32, tag: seq, slot: slot as u32, amount }))
+        Ok(Some(Lease {
+            entry: entry as u32,
+            tag: seq,
+            slot: slot as u32,
+            amount,
+        }))
     }
 
     /// GCRA admission on the slot at `key` (which holds the theoretical arrival time in ns), exact
@@ -800,7 +840,9 @@ impl Segment {
     /// process shares (`CLOCK_MONOTONIC` or `CLOCK_REALTIME` on one host).
     pub fn rate_acquire(&self, key: u128, interval_ns: i64, burst: i64, now_ns: i64) -> Result<i64> {
         if interval_ns <= 0 || burst <= 0 {
-            return Err(Error::InvalidArgument(format!("rate interval {interval_ns} ns and burst {burst} must be positive")));
+            return Err(Error::InvalidArgument(format!(
+                "rate interval {interval_ns} ns and burst {burst} must be positive"
+            )));
         }
         let value = self.slot_value(self.find_or_claim(key)?);
         let mut tat = value.load(Acquire);
@@ -819,10 +861,18 @@ impl Segment {
     /// `max_wait_ns` takes its token now, at its place in line, so waiters are served in arrival
     /// order instead of racing for each token: `Ok(Ok(wait))` = admitted, start after `wait` ns;
     /// `Ok(Err(wait))` = it would wait longer than allowed, nothing taken.
-    pub fn rate_reserve(&self, key: u128, interval_ns: i64, burst: i64, now_ns: i64, max_wait_ns: i64)
-        -> Result<std::result::Result<i64, i64>> {
+    pub fn rate_reserve(
+        &self,
+        key: u128,
+        interval_ns: i64,
+        burst: i64,
+        now_ns: i64,
+        max_wait_ns: i64,
+    ) -> Result<std::result::Result<i64, i64>> {
         if interval_ns <= 0 || burst <= 0 {
-            return Err(Error::InvalidArgument(format!("rate interval {interval_ns} ns and burst {burst} must be positive")));
+            return Err(Error::InvalidArgument(format!(
+                "rate interval {interval_ns} ns and burst {burst} must be positive"
+            )));
         }
         let value = self.slot_value(self.find_or_claim(key)?);
         let mut tat = value.load(Acquire);
@@ -855,7 +905,10 @@ impl Segment {
             if slot >= self.slots || self.lease_word(entry, 0).load(Acquire) != tag {
                 continue;
             }
-            let (hi, lo) = (self.slot_word(slot, 0).load(Acquire), self.slot_word(slot, 1).load(Acquire));
+            let (hi, lo) = (
+                self.slot_word(slot, 0).load(Acquire),
+                self.slot_word(slot, 1).load(Acquire),
+            );
             if matches!(hi, EMPTY | TOMBSTONE | FENCE) || lo == 0 {
                 continue;
             }
@@ -874,7 +927,12 @@ impl Segment {
     /// Moves `lease` from held to settling; false if it was already released, settled or reclaimed.
     fn begin_settle(&self, lease: &Lease) -> bool {
         self.lease_word(lease.entry as usize, 0)
-            .compare_exchange((lease.tag << 2) | LEASE_HELD, (lease.tag << 2) | LEASE_SETTLING, AcqRel, Relaxed)
+            .compare_exchange(
+                (lease.tag << 2) | LEASE_HELD,
+                (lease.tag << 2) | LEASE_SETTLING,
+                AcqRel,
+                Relaxed,
+            )
             .is_ok()
     }
 
@@ -887,7 +945,8 @@ impl Segment {
     /// A second call (or one after `release`) is a no-op.
     pub fn settle(&self, lease: &Lease, actual: i64) {
         if self.begin_settle(lease) {
-            self.slot_value(lease.slot as usize).fetch_add(actual - lease.amount, AcqRel);
+            self.slot_value(lease.slot as usize)
+                .fetch_add(actual - lease.amount, AcqRel);
             self.free_lease(lease.entry as usize);
         }
     }
@@ -929,7 +988,10 @@ impl Segment {
             }
             match tag & 3 {
                 LEASE_HELD => {
-                    if tag_word.compare_exchange(tag, (tag & !3) | LEASE_SETTLING, AcqRel, Relaxed).is_ok() {
+                    if tag_word
+                        .compare_exchange(tag, (tag & !3) | LEASE_SETTLING, AcqRel, Relaxed)
+                        .is_ok()
+                    {
                         let slot = self.lease_word(entry, 2).load(Acquire) as usize;
                         let amount = self.lease_word(entry, 3).load(Acquire) as i64;
                         self.slot_value(slot).fetch_sub(amount, AcqRel);
@@ -957,7 +1019,10 @@ impl Segment {
             generation: self.header(5).load(Acquire),
             ring_records: self.ring_records as u64,
             record_bytes: self.record_bytes as u64,
-            ring_len: self.header(10).load(Acquire).saturating_sub(self.header(11).load(Acquire)),
+            ring_len: self
+                .header(10)
+                .load(Acquire)
+                .saturating_sub(self.header(11).load(Acquire)),
             ..Stats::default()
         };
         for slot in 0..self.slots {
@@ -967,9 +1032,12 @@ impl Segment {
                 _ => stats.slots_used += 1,
             }
         }
-        stats.leases_held = (0..self.leases).filter(|&e| self.lease_word(e, 0).load(Relaxed) & 3 != 0).count() as u64;
-        stats.procs_registered =
-            (0..self.procs).filter(|&e| self.proc_word(e, 0).load(Relaxed) & 3 == PROC_LIVE).count() as u64;
+        stats.leases_held = (0..self.leases)
+            .filter(|&e| self.lease_word(e, 0).load(Relaxed) & 3 != 0)
+            .count() as u64;
+        stats.procs_registered = (0..self.procs)
+            .filter(|&e| self.proc_word(e, 0).load(Relaxed) & 3 == PROC_LIVE)
+            .count() as u64;
         stats
     }
 }
@@ -1009,7 +1077,10 @@ mod tests {
             let mut status = 0;
             // SAFETY: waiting on our own child.
             unsafe { libc::waitpid(pid, &mut status, 0) };
-            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed");
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "child failed"
+            );
         }
     }
 
@@ -1030,7 +1101,9 @@ mod tests {
     fn test_forked_processes_increment_to_exact_total() {
         let path = temp_path("add");
         let segment = Segment::create(&path, 1024, 64, 64).unwrap();
-        let keys: Vec<u128> = (0..8u32).map(|p| counter_key(CALLS_HOUR, &[1; 16], &[2; 16], p)).collect();
+        let keys: Vec<u128> = (0..8u32)
+            .map(|p| counter_key(CALLS_HOUR, &[1; 16], &[2; 16], p))
+            .collect();
         fork_children(4, |_| {
             let mine = Segment::open(&path).unwrap();
             for i in 0..2000 {
@@ -1181,7 +1254,9 @@ mod tests {
             let child = Segment::open(&path).unwrap();
             let enqueue = child.header(10);
             let pos = enqueue.fetch_add(1, AcqRel);
-            child.record_word((pos & 3) as usize, 1).store(u64::from(current_pid()), Relaxed);
+            child
+                .record_word((pos & 3) as usize, 1)
+                .store(u64::from(current_pid()), Relaxed);
             unsafe { libc::_exit(0) };
         }
         unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
@@ -1275,7 +1350,12 @@ mod tests {
             });
             assert_eq!(segment.get(tally), admitted);
         }
-        assert_eq!(segment.rate_acquire(key, interval, 5, 1_000_000_000 + 3 * interval).unwrap(), interval);
+        assert_eq!(
+            segment
+                .rate_acquire(key, interval, 5, 1_000_000_000 + 3 * interval)
+                .unwrap(),
+            interval
+        );
         std::fs::remove_file(path).unwrap();
     }
 
@@ -1283,7 +1363,10 @@ mod tests {
     fn test_reserved_sums_held_leases_per_key() {
         let path = temp_path("reserved");
         let segment = Segment::create(&path, 64, 16, 4).unwrap();
-        let (a, b) = (counter_key(SPEND_DAY, &[1; 16], &[1; 16], 1), counter_key(SPEND_DAY, &[2; 16], &[2; 16], 1));
+        let (a, b) = (
+            counter_key(SPEND_DAY, &[1; 16], &[1; 16], 1),
+            counter_key(SPEND_DAY, &[2; 16], &[2; 16], 1),
+        );
         segment.add(a, 100).unwrap();
         let la = segment.reserve(a, 7, 1000).unwrap().unwrap();
         let _la2 = segment.reserve(a, 8, 1000).unwrap().unwrap();
@@ -1292,7 +1375,11 @@ mod tests {
         segment.settle(&la, 3);
         segment.release(&lb);
         assert_eq!(segment.reserved(), HashMap::from([(a, 8)]));
-        assert_eq!(segment.get(a) - segment.reserved()[&a], 103, "committed = counter - reserved");
+        assert_eq!(
+            segment.get(a) - segment.reserved()[&a],
+            103,
+            "committed = counter - reserved"
+        );
         std::fs::remove_file(path).unwrap();
     }
 

@@ -204,7 +204,11 @@ pub struct Secret(pub String);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() { "Secret(\"\")" } else { "Secret(***)" })
+        f.write_str(if self.0.is_empty() {
+            "Secret(\"\")"
+        } else {
+            "Secret(***)"
+        })
     }
 }
 
@@ -397,7 +401,9 @@ fn long_context(
         (None, None) => return None,
         (Some(threshold), Some(prices)) => (threshold, prices),
         _ => {
-            errors.push(format!("{what}: long_context_threshold_tokens and long_context_prices go together"));
+            errors.push(format!(
+                "{what}: long_context_threshold_tokens and long_context_prices go together"
+            ));
             return None;
         }
     };
@@ -411,12 +417,23 @@ fn long_context(
         }
         match PRICE_CLASSES.iter().position(|c| c == class) {
             Some(at) => tier[at] = Some(price),
-            None => errors.push(format!("{what}: long_context_prices has unknown class {class:?} (one of {PRICE_CLASSES:?})")),
+            None => errors.push(format!(
+                "{what}: long_context_prices has unknown class {class:?} (one of {PRICE_CLASSES:?})"
+            )),
         }
     }
     let [input, output, cache_read, cache_write, cache_write_1h] = tier;
-    let prices = Prices::resolve(input.unwrap_or(0), output.unwrap_or(0), cache_read, cache_write, cache_write_1h);
-    Some(LongContext { threshold_tokens: threshold, prices })
+    let prices = Prices::resolve(
+        input.unwrap_or(0),
+        output.unwrap_or(0),
+        cache_read,
+        cache_write,
+        cache_write_1h,
+    );
+    Some(LongContext {
+        threshold_tokens: threshold,
+        prices,
+    })
 }
 
 /// The token classes a long-context tier may price, in [`Prices::all`] order.
@@ -428,7 +445,12 @@ fn names(errors: &mut Vec<String>, models: &[Model]) -> HashMap<String, u32> {
     let label = |i: u32| format!("models[{i}] ({:?})", models[i as usize].name);
     for (i, model) in models.iter().enumerate() {
         if let Some(&other) = by_name.get(&model.name) {
-            errors.push(format!("{}: name {:?} is also the name of {}", label(i as u32), model.name, label(other)));
+            errors.push(format!(
+                "{}: name {:?} is also the name of {}",
+                label(i as u32),
+                model.name,
+                label(other)
+            ));
         }
         by_name.insert(model.name.clone(), i as u32);
     }
@@ -442,11 +464,21 @@ fn names(errors: &mut Vec<String>, models: &[Model]) -> HashMap<String, u32> {
                 Some(&other) if other == i as u32 && *alias == model.name => {
                     errors.push(format!("{}: alias {alias:?} is the model's own name", label(i as u32)));
                 }
-                Some(&other) if other == i as u32 => errors.push(format!("{}: alias {alias:?} is listed twice", label(i as u32))),
-                Some(&other) if models[other as usize].name == *alias => {
-                    errors.push(format!("{}: alias {alias:?} is the name of {}", label(i as u32), label(other)));
+                Some(&other) if other == i as u32 => {
+                    errors.push(format!("{}: alias {alias:?} is listed twice", label(i as u32)))
                 }
-                Some(&other) => errors.push(format!("{}: alias {alias:?} is also an alias of {}", label(i as u32), label(other))),
+                Some(&other) if models[other as usize].name == *alias => {
+                    errors.push(format!(
+                        "{}: alias {alias:?} is the name of {}",
+                        label(i as u32),
+                        label(other)
+                    ));
+                }
+                Some(&other) => errors.push(format!(
+                    "{}: alias {alias:?} is also an alias of {}",
+                    label(i as u32),
+                    label(other)
+                )),
                 None => {
                     by_name.insert(alias.clone(), i as u32);
                 }
@@ -463,7 +495,9 @@ fn names(errors: &mut Vec<String>, models: &[Model]) -> HashMap<String, u32> {
 /// provider lacks its kind's operation is answered per request, as Mesh:
 /// `embeddings_not_supported_by_provider` and the like.) Deployments must also be distinct.
 fn serviceable(errors: &mut Vec<String>, what: &str, model: &Model, providers: &[Provider]) {
-    let Some(own) = providers.get(model.provider as usize) else { return };
+    let Some(own) = providers.get(model.provider as usize) else {
+        return;
+    };
     let serves = |provider: &Provider| match model.kind {
         ModelKind::Chat => provider.plan.chat.is_some(),
         ModelKind::Embedding => provider.plan.embedding.is_some(),
@@ -475,13 +509,23 @@ fn serviceable(errors: &mut Vec<String>, what: &str, model: &Model, providers: &
     let mut seen = vec![(model.provider, model.resolved_model.as_str())];
     for (j, deployment) in model.deployments.iter().enumerate() {
         let at = format!("{what}.deployments[{j}]");
-        let Some(provider) = providers.get(deployment.provider as usize) else { continue };
+        let Some(provider) = providers.get(deployment.provider as usize) else {
+            continue;
+        };
         if seen.contains(&(deployment.provider, deployment.resolved_model.as_str())) {
-            errors.push(format!("{at}: provider {:?} with {:?} is already a deployment of the model", provider.name, deployment.resolved_model));
+            errors.push(format!(
+                "{at}: provider {:?} with {:?} is already a deployment of the model",
+                provider.name, deployment.resolved_model
+            ));
         }
         seen.push((deployment.provider, deployment.resolved_model.as_str()));
         if !serves(provider) {
-            errors.push(format!("{at}: provider {:?} ({}) has no {} operation", provider.name, provider.family, model.kind.as_str()));
+            errors.push(format!(
+                "{at}: provider {:?} ({}) has no {} operation",
+                provider.name,
+                provider.family,
+                model.kind.as_str()
+            ));
         } else if model.kind == ModelKind::Chat && serves(own) && translates(own) && !translates(provider) {
             errors.push(format!(
                 "{at}: provider {:?} has custom templates, so it cannot serve the standard entry formats the model advertises",
@@ -544,7 +588,10 @@ impl Snapshot {
             .map(|(i, p)| {
                 let what = format!("providers[{i}]");
                 let family = Family::parse(&p.family).unwrap_or_else(|| {
-                    e.push(format!("{what}: family {:?} is not generic, anthropic, openai, openai_responses, gemini or ollama", p.family));
+                    e.push(format!(
+                        "{what}: family {:?} is not generic, anthropic, openai, openai_responses, gemini or ollama",
+                        p.family
+                    ));
                     Family::Generic
                 });
                 let preset = Plan::preset(family, &p.base_url, !p.api_key.is_empty());
@@ -557,7 +604,9 @@ impl Snapshot {
                     None => preset.expect("every non-generic family has a preset"),
                 };
                 if p.max_retries < 0 || p.retry_backoff_ms < 0 || p.web_search_price_nano < 0 {
-                    e.push(format!("{what}: negative max_retries, retry_backoff_ms or web_search_price_nano"));
+                    e.push(format!(
+                        "{what}: negative max_retries, retry_backoff_ms or web_search_price_nano"
+                    ));
                 }
                 Provider {
                     calls_key: KeyTemplate::new(PROVIDER_CALLS_HOUR, &[0; 16], &id_bytes(&p.id)),
@@ -589,7 +638,10 @@ impl Snapshot {
             .map(|(i, m)| {
                 let what = format!("models[{i}] ({:?})", m.name);
                 let kind = ModelKind::parse(&m.kind).unwrap_or_else(|| {
-                    e.push(format!("{what}: kind {:?} is not chat, embedding, image_generation or video_generation", m.kind));
+                    e.push(format!(
+                        "{what}: kind {:?} is not chat, embedding, image_generation or video_generation",
+                        m.kind
+                    ));
                     ModelKind::Chat
                 });
                 let prices = Prices::resolve(
@@ -612,7 +664,13 @@ impl Snapshot {
                     m.cache_write_price_nano_per_1k,
                     m.cache_write_1h_price_nano_per_1k,
                 ];
-                let long_context = long_context(e, &what, base, m.long_context_threshold_tokens, m.long_context_prices.as_ref());
+                let long_context = long_context(
+                    e,
+                    &what,
+                    base,
+                    m.long_context_threshold_tokens,
+                    m.long_context_prices.as_ref(),
+                );
 
                 let mut deployments: Vec<Deployment> = m
                     .deployments
@@ -648,7 +706,10 @@ impl Snapshot {
                     output_media_type: m.output_media_type,
                     prices,
                     long_context,
-                    resolved_model: m.resolved_model.filter(|r| !r.is_empty()).unwrap_or_else(|| m.name.clone()),
+                    resolved_model: m
+                        .resolved_model
+                        .filter(|r| !r.is_empty())
+                        .unwrap_or_else(|| m.name.clone()),
                     max_output_tokens: m.max_output_tokens,
                     price_per_second_nano: m.price_per_second_nano,
                     aliases: m.aliases,
@@ -674,7 +735,9 @@ impl Snapshot {
                 let principal = index(e, &format!("{what}.principal"), g.principal, principals.len());
                 let model = index(e, &format!("{what}.model"), g.model, models.len());
                 if !granted.insert((principal, model)) && !principals.is_empty() && !models.is_empty() {
-                    e.push(format!("{what}: duplicate grant of model {model} to principal {principal}"));
+                    e.push(format!(
+                        "{what}: duplicate grant of model {model} to principal {principal}"
+                    ));
                 }
                 let from = minute(e, &format!("{what}.allowed_from_min"), g.allowed_from_min);
                 let to = minute(e, &format!("{what}.allowed_to_min"), g.allowed_to_min);
@@ -722,7 +785,11 @@ impl Snapshot {
             });
         }
         let key_index = KeyIndex::new(pepper, keys.iter().map(|k| k.digest));
-        let model_by_id = models.iter().enumerate().map(|(i, m)| (m.id.clone(), i as u32)).collect();
+        let model_by_id = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.id.clone(), i as u32))
+            .collect();
         Ok(Self {
             model_by_id,
             model_by_name,
@@ -787,11 +854,13 @@ impl Snapshot {
     /// The grants a principal can see listed, sorted by model name: blocked and retired models
     /// are left out.
     pub fn visible_grants(&self, principal: u32) -> impl Iterator<Item = (&Grant, &Model, &Provider)> {
-        self.grants_by_principal[principal as usize].iter().filter_map(move |&g| {
-            let grant = &self.grants[g as usize];
-            let model = &self.models[grant.model as usize];
-            (!model.blocked && !model.retired).then(|| (grant, model, &self.providers[model.provider as usize]))
-        })
+        self.grants_by_principal[principal as usize]
+            .iter()
+            .filter_map(move |&g| {
+                let grant = &self.grants[g as usize];
+                let model = &self.models[grant.model as usize];
+                (!model.blocked && !model.retired).then(|| (grant, model, &self.providers[model.provider as usize]))
+            })
     }
 }
 
@@ -912,7 +981,9 @@ pub(crate) mod test_support {
                 serde_json::Value::String(s) => rmpv::Value::from(s.as_str()),
                 serde_json::Value::Array(a) => rmpv::Value::Array(a.iter().map(convert).collect()),
                 serde_json::Value::Object(o) => rmpv::Value::Map(
-                    o.iter().map(|(k, v)| (rmpv::Value::from(k.as_str()), convert(v))).collect(),
+                    o.iter()
+                        .map(|(k, v)| (rmpv::Value::from(k.as_str()), convert(v)))
+                        .collect(),
                 ),
             }
         }
@@ -938,8 +1009,16 @@ mod tests {
         assert_eq!(snapshot.seq, 7);
         assert_eq!(snapshot.authenticate(TOKEN, 0), Some(0));
         let names: Vec<&str> = snapshot.visible_grants(0).map(|(_, m, _)| m.name.as_str()).collect();
-        assert_eq!(names, ["gpt-a-image", "gpt-b"], "sorted by name, retired model left out");
-        assert_eq!(snapshot.grants[1].timezone, Tz::UTC, "invalid timezone falls back to UTC");
+        assert_eq!(
+            names,
+            ["gpt-a-image", "gpt-b"],
+            "sorted by name, retired model left out"
+        );
+        assert_eq!(
+            snapshot.grants[1].timezone,
+            Tz::UTC,
+            "invalid timezone falls back to UTC"
+        );
         assert_eq!(snapshot.grants[0].active_days, 0b0011_1110);
     }
 
@@ -952,7 +1031,10 @@ mod tests {
         let snapshot = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         assert_eq!(snapshot.authenticate(TOKEN, 999), Some(0));
         assert_eq!(snapshot.authenticate(TOKEN, 1000), None);
-        assert_eq!(snapshot.authenticate("mesh_live_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC", 0), None);
+        assert_eq!(
+            snapshot.authenticate("mesh_live_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC", 0),
+            None
+        );
     }
 
     #[test]
@@ -976,9 +1058,16 @@ mod tests {
         config["models"][0]["aliases"] = serde_json::json!(["fast", "b-latest"]);
         config["models"][0]["tags"] = serde_json::json!(["team:search"]);
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
-        assert_eq!((s.model_named("fast"), s.model_named("gpt-b"), s.model_named("nope")), (Some(0), Some(0), None));
+        assert_eq!(
+            (s.model_named("fast"), s.model_named("gpt-b"), s.model_named("nope")),
+            (Some(0), Some(0), None)
+        );
         assert_eq!(s.grant_by_name(0, "b-latest").map(|g| g.model), Some(0));
-        assert_eq!(s.grant_by_name(1, "fast").map(|g| g.model), None, "principal 1 holds no grant");
+        assert_eq!(
+            s.grant_by_name(1, "fast").map(|g| g.model),
+            None,
+            "principal 1 holds no grant"
+        );
         assert_eq!(s.models[0].tags, ["team:search"]);
     }
 
@@ -1012,10 +1101,28 @@ mod tests {
         model["long_context_prices"] = serde_json::json!({"input": 2000, "cache_write": 2600});
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let m = &s.models[0];
-        assert_eq!(m.prices, Prices { input: 1000, output: 2000, cache_read: 100, cache_write: 1000, cache_write_1h: 2500 });
+        assert_eq!(
+            m.prices,
+            Prices {
+                input: 1000,
+                output: 2000,
+                cache_read: 100,
+                cache_write: 1000,
+                cache_write_1h: 2500
+            }
+        );
         let long = m.long_context.unwrap();
         assert_eq!(long.threshold_tokens, 200_000);
-        assert_eq!(long.prices, Prices { input: 2000, output: 2000, cache_read: 100, cache_write: 2600, cache_write_1h: 2500 });
+        assert_eq!(
+            long.prices,
+            Prices {
+                input: 2000,
+                output: 2000,
+                cache_read: 100,
+                cache_write: 2600,
+                cache_write_1h: 2500
+            }
+        );
 
         let mut config = test_support::config();
         config["models"][0]["long_context_prices"] = serde_json::json!({"input": 1});
@@ -1026,7 +1133,10 @@ mod tests {
             panic!("bad prices should be refused");
         };
         assert_eq!(errors.len(), 5, "{errors:?}");
-        assert!(errors[0].ends_with("long_context_threshold_tokens and long_context_prices go together"), "{errors:?}");
+        assert!(
+            errors[0].ends_with("long_context_threshold_tokens and long_context_prices go together"),
+            "{errors:?}"
+        );
         assert!(errors[2].contains(r#"unknown class "inputs""#), "{errors:?}");
     }
 
@@ -1060,7 +1170,8 @@ mod tests {
             {"id": "d3", "provider": 9, "resolved_model": "", "priority": 3}
         ]);
         config["models"][1]["kind"] = serde_json::json!("embedding");
-        config["models"][1]["deployments"] = serde_json::json!([{"id": "d4", "provider": 1, "resolved_model": "e", "priority": 1}]);
+        config["models"][1]["deployments"] =
+            serde_json::json!([{"id": "d4", "provider": 1, "resolved_model": "e", "priority": 1}]);
         let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&encode(&config), PEPPER) else {
             panic!("unservable deployments should be refused");
         };

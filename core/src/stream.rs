@@ -117,7 +117,12 @@ impl Stream {
         if payload.is_empty() {
             return;
         }
-        if payload == b"[DONE]" || chat.done_signal.as_deref().is_some_and(|signal| signal.as_bytes() == payload) {
+        if payload == b"[DONE]"
+            || chat
+                .done_signal
+                .as_deref()
+                .is_some_and(|signal| signal.as_bytes() == payload)
+        {
             self.done = true;
             return;
         }
@@ -195,7 +200,12 @@ mod tests {
     use serde_json::json;
 
     fn stream() -> Stream {
-        Stream::new(Arc::new(Plan::preset(Family::OpenAi, "http://h", true).unwrap()), "req_1", 3, false)
+        Stream::new(
+            Arc::new(Plan::preset(Family::OpenAi, "http://h", true).unwrap()),
+            "req_1",
+            3,
+            false,
+        )
     }
 
     fn feed_all(chunks: &[&[u8]]) -> (Vec<u8>, Stream) {
@@ -233,21 +243,32 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
         plan.chat.as_mut().unwrap().done_signal = Some("END".into());
         let mut s = Stream::new(Arc::new(plan), "r", 10, false);
         let mut out = Vec::new();
-        s.feed(b"data: END\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n", &mut out);
+        s.feed(
+            b"data: END\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n",
+            &mut out,
+        );
         assert!(s.done && out.is_empty());
     }
 
     const RECORDED: [(Family, &[u8]); 4] = [
         (Family::OpenAi, include_bytes!("testdata/websearch_openai.sse")),
         (Family::Anthropic, include_bytes!("testdata/websearch_anthropic.sse")),
-        (Family::OpenAiResponses, include_bytes!("testdata/websearch_openai_responses.sse")),
+        (
+            Family::OpenAiResponses,
+            include_bytes!("testdata/websearch_openai_responses.sse"),
+        ),
         (Family::Gemini, include_bytes!("testdata/websearch_gemini.sse")),
     ];
 
     /// Feeds testserve's recorded web-search stream of `family` in `chunks` (`None`: whole).
     fn feed_recorded(family: Family, web_search: bool, cuts: Option<&[usize]>) -> (Vec<u8>, Stream) {
         let sse = RECORDED.iter().find(|(f, _)| *f == family).unwrap().1;
-        let mut s = Stream::new(Arc::new(Plan::preset(family, "http://h", true).unwrap()), "req_1", 100, web_search);
+        let mut s = Stream::new(
+            Arc::new(Plan::preset(family, "http://h", true).unwrap()),
+            "req_1",
+            100,
+            web_search,
+        );
         let mut out = Vec::new();
         for chunk in split(sse, cuts.unwrap_or(&[])) {
             s.feed(chunk, &mut out);
@@ -272,14 +293,20 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
 
     fn lines(out: &[u8]) -> Vec<serde_json::Value> {
         assert_eq!(out.last(), Some(&b'\n'));
-        out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).unwrap()).collect()
+        out.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect()
     }
 
     const R1: &str = "https://example.com/testserve/result-1";
     const R2: &str = "https://example.org/testserve/result-2";
 
     fn delta_lines() -> Vec<serde_json::Value> {
-        ["Hello", " wor\"ld", "!"].iter().map(|d| json!({"id": "req_1", "delta": d})).collect()
+        ["Hello", " wor\"ld", "!"]
+            .iter()
+            .map(|d| json!({"id": "req_1", "delta": d}))
+            .collect()
     }
 
     #[test]
@@ -316,9 +343,11 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
         let mut want = delta_lines();
         want.push(json!({"id": "req_1", "sources": [{"url": R1, "title": "testserve result one"}]}));
         want.push(json!({"id": "req_1", "sources": [{"url": R2, "title": "testserve result two"}]}));
-        want.push(json!({"id": "req_1", "done": true, "usage": {"input_tokens": 7, "output_tokens": 3, "web_searches": 1},
+        want.push(
+            json!({"id": "req_1", "done": true, "usage": {"input_tokens": 7, "output_tokens": 3, "web_searches": 1},
             "sources": [{"url": R1, "title": "testserve result one"}, {"url": R2, "title": "testserve result two"}],
-            "queries": ["rust sse"]}));
+            "queries": ["rust sse"]}),
+        );
         assert_eq!(lines(&out), want);
         assert_eq!(s.web_searches(), 1, "one distinct query");
     }
@@ -342,29 +371,49 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
             let got = lines(&out);
             assert_eq!(got[..3], delta_lines()[..], "{family:?}");
             assert_eq!(got.len(), 4, "{family:?}: no sources line");
-            assert_eq!(got[3], json!({"id": "req_1", "done": true, "usage": {"input_tokens": 7, "output_tokens": 3}}), "{family:?}");
+            assert_eq!(
+                got[3],
+                json!({"id": "req_1", "done": true, "usage": {"input_tokens": 7, "output_tokens": 3}}),
+                "{family:?}"
+            );
             assert!(s.search.is_none() && s.web_searches() == 0);
         }
     }
 
     #[test]
     fn test_more_than_100_urls_are_truncated_and_repeats_are_not_resent() {
-        let mut s = Stream::new(Arc::new(Plan::preset(Family::OpenAi, "http://h", true).unwrap()), "r", 0, true);
+        let mut s = Stream::new(
+            Arc::new(Plan::preset(Family::OpenAi, "http://h", true).unwrap()),
+            "r",
+            0,
+            true,
+        );
         let mut out = Vec::new();
         for batch in 0..11 {
-            let notes: Vec<_> = (batch * 10..batch * 10 + 10).chain([0]).map(|i| json!({"type": "url_citation", "url": format!("https://u/{i}")})).collect();
+            let notes: Vec<_> = (batch * 10..batch * 10 + 10)
+                .chain([0])
+                .map(|i| json!({"type": "url_citation", "url": format!("https://u/{i}")}))
+                .collect();
             let event = json!({"choices": [{"delta": {"annotations": notes}}]});
             s.feed(format!("data: {event}\n").as_bytes(), &mut out);
         }
         s.finish(false, &mut out);
         let got = lines(&out);
-        let streamed: Vec<&str> = got.iter().filter_map(|l| l["sources"].as_array().filter(|_| l.get("done").is_none())).flatten().map(|c| c["url"].as_str().unwrap()).collect();
+        let streamed: Vec<&str> = got
+            .iter()
+            .filter_map(|l| l["sources"].as_array().filter(|_| l.get("done").is_none()))
+            .flatten()
+            .map(|c| c["url"].as_str().unwrap())
+            .collect();
         let first_100: Vec<String> = (0..100).map(|i| format!("https://u/{i}")).collect();
         assert_eq!(streamed, first_100, "each URL streamed once, none past the cap");
         assert_eq!(got.len(), 11, "the last batch adds nothing new");
         let last = got.last().unwrap();
         assert_eq!(last["sources"].as_array().unwrap().len(), 100);
-        assert_eq!((last["sources_truncated"].clone(), last["usage"]["web_searches"].clone()), (json!(true), json!(1)));
+        assert_eq!(
+            (last["sources_truncated"].clone(), last["usage"]["web_searches"].clone()),
+            (json!(true), json!(1))
+        );
     }
 
     proptest! {

@@ -101,7 +101,10 @@ impl Template {
         let mut rest = text;
         while let Some(open) = rest.find("{{") {
             let after = &rest[open + 2..];
-            let name_len = after.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_').count();
+            let name_len = after
+                .bytes()
+                .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+                .count();
             if name_len == 0 || !after[name_len..].starts_with("}}") {
                 literal.push_str(&rest[..open + 2]);
                 rest = after;
@@ -109,7 +112,8 @@ impl Template {
             }
             let name = &after[..name_len];
             let end = open + 2 + name_len + 2;
-            let quoted = mode == Mode::Json && open > 0 && rest.as_bytes()[open - 1] == b'"' && rest[end..].starts_with('"');
+            let quoted =
+                mode == Mode::Json && open > 0 && rest.as_bytes()[open - 1] == b'"' && rest[end..].starts_with('"');
             let part = match (quoted.then(|| Raw::parse(name)).flatten(), Var::parse(name)) {
                 (Some(raw), _) => {
                     literal.push_str(&rest[..open - 1]);
@@ -136,8 +140,15 @@ impl Template {
         if !literal.is_empty() {
             parts.push(Part::Literal(literal));
         }
-        let literal_len = parts.iter().map(|p| if let Part::Literal(s) = p { s.len() } else { 0 }).sum();
-        Self { mode, parts, literal_len }
+        let literal_len = parts
+            .iter()
+            .map(|p| if let Part::Literal(s) = p { s.len() } else { 0 })
+            .sum();
+        Self {
+            mode,
+            parts,
+            literal_len,
+        }
     }
 
     /// Whether the template uses `var` (e.g. `{{api_key}}`, refused in bodies).
@@ -285,10 +296,12 @@ impl DotPath {
     #[must_use]
     pub fn get_int(&self, value: &Value) -> Option<i64> {
         let n = self.get(value)?;
-        n.as_i64().or_else(|| n.as_u64().map(|u| i64::try_from(u).unwrap_or(i64::MAX))).or_else(|| {
-            #[expect(clippy::cast_possible_truncation, reason = "Mesh truncates a JSON number to an int")]
-            n.as_f64().map(|f| f as i64)
-        })
+        n.as_i64()
+            .or_else(|| n.as_u64().map(|u| i64::try_from(u).unwrap_or(i64::MAX)))
+            .or_else(|| {
+                #[expect(clippy::cast_possible_truncation, reason = "Mesh truncates a JSON number to an int")]
+                n.as_f64().map(|f| f as i64)
+            })
     }
 
     /// The string, or number as text, at this path (async job ids and statuses).
@@ -309,7 +322,10 @@ mod tests {
 
     #[test]
     fn test_json_mode_escapes_values_and_splices_raw() {
-        let t = Template::compile(r#"{"model":"{{model}}","q":"{{query}}","c":"{{content_json}}","m":"{{max_tokens_json}}","x":"{{nope}}","k":"a{{content_json}}"}"#, Mode::Json);
+        let t = Template::compile(
+            r#"{"model":"{{model}}","q":"{{query}}","c":"{{content_json}}","m":"{{max_tokens_json}}","x":"{{nope}}","k":"a{{content_json}}"}"#,
+            Mode::Json,
+        );
         let vars = Vars {
             model: Some("g\"pt"),
             query: Some(&["a\nb", "c"]),
@@ -326,7 +342,11 @@ mod tests {
     #[test]
     fn test_text_mode_substitutes_plainly_and_keeps_missing_values() {
         let t = Template::compile("https://h/{{model}}:x?key={{api_key}}&j={{job_id}}{{", Mode::Text);
-        let vars = Vars { model: Some("m/1"), api_key: Some("k&"), ..Vars::default() };
+        let vars = Vars {
+            model: Some("m/1"),
+            api_key: Some("k&"),
+            ..Vars::default()
+        };
         assert_eq!(t.render_string(&vars), "https://h/m/1:x?key=k&&j={{job_id}}{{");
         assert!(t.uses(Var::ApiKey));
     }
@@ -334,14 +354,25 @@ mod tests {
     #[test]
     fn test_values_are_never_substituted_twice() {
         let t = Template::compile(r#"{"q":"{{query}}","c":"{{content_json}}"}"#, Mode::Json);
-        let vars = Vars { query: Some(&["\"{{content_json}}\" {{model}}"]), content_json: Some(b"[]"), model: Some("X"), ..Vars::default() };
-        assert_eq!(String::from_utf8(t.render(&vars)).unwrap(), r#"{"q":"\"{{content_json}}\" {{model}}","c":[]}"#);
+        let vars = Vars {
+            query: Some(&["\"{{content_json}}\" {{model}}"]),
+            content_json: Some(b"[]"),
+            model: Some("X"),
+            ..Vars::default()
+        };
+        assert_eq!(
+            String::from_utf8(t.render(&vars)).unwrap(),
+            r#"{"q":"\"{{content_json}}\" {{model}}","c":[]}"#
+        );
     }
 
     #[test]
     fn test_dot_paths_index_arrays_and_objects() {
         let v: Value = serde_json::json!({"choices": [{"delta": {"content": "hi"}}], "u": {"0": 3.9}});
-        assert_eq!(DotPath::parse("choices.0.delta.content").unwrap().get(&v), Some(&Value::from("hi")));
+        assert_eq!(
+            DotPath::parse("choices.0.delta.content").unwrap().get(&v),
+            Some(&Value::from("hi"))
+        );
         assert_eq!(DotPath::parse("u.0").unwrap().get_int(&v), Some(3));
         assert_eq!(DotPath::parse("choices.1.delta").unwrap().get(&v), None);
         assert_eq!(DotPath::parse(""), None);

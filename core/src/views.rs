@@ -4,7 +4,7 @@ use chrono::{DateTime, SecondsFormat};
 
 use crate::policy::{self, Counters, Status};
 use crate::shm::{utc_day, utc_hour, CounterRead};
-use crate::snapshot::{Grant, ModelKind, Model, Provider, Snapshot};
+use crate::snapshot::{Grant, Model, ModelKind, Provider, Snapshot};
 
 /// The 401 body for a missing, unknown, revoked or expired key.
 pub const UNAUTHORIZED_BODY: &[u8] = b"{\"error\":\"invalid_or_revoked_key\"}\n";
@@ -79,7 +79,11 @@ pub fn write_usd(out: &mut Vec<u8>, nano_usd: i64) {
 /// Appends `used / limit` as a percentage with up to 2 decimals (rounded down); a limit of 0
 /// or less reads as fully used.
 fn write_percent(out: &mut Vec<u8>, used: i64, limit: i64) {
-    let hundredths = if limit <= 0 { 10_000 } else { i128::from(used.max(0)) * 10_000 / i128::from(limit) };
+    let hundredths = if limit <= 0 {
+        10_000
+    } else {
+        i128::from(used.max(0)) * 10_000 / i128::from(limit)
+    };
     write_fixed(out, hundredths, 2);
 }
 
@@ -95,7 +99,15 @@ pub(crate) fn write_time(out: &mut Vec<u8>, unix_ms: i64) {
 
 fn write_hhmm(out: &mut Vec<u8>, minute: u16) {
     let (h, m) = (minute / 60, minute % 60);
-    out.extend_from_slice(&[b'"', b'0' + (h / 10) as u8, b'0' + (h % 10) as u8, b':', b'0' + (m / 10) as u8, b'0' + (m % 10) as u8, b'"']);
+    out.extend_from_slice(&[
+        b'"',
+        b'0' + (h / 10) as u8,
+        b'0' + (h % 10) as u8,
+        b':',
+        b'0' + (m / 10) as u8,
+        b'0' + (m % 10) as u8,
+        b'"',
+    ]);
 }
 
 fn write_opt_int(out: &mut Vec<u8>, value: Option<i64>) {
@@ -148,7 +160,11 @@ fn write_model_entry(out: &mut Vec<u8>, grant: &Grant, model: &Model, provider: 
         }
     }
     out.extend_from_slice(b"],\"web_search\":");
-    out.extend_from_slice(if model.supports_web_search && provider.supports_web_search { b"true" } else { b"false" });
+    out.extend_from_slice(if model.supports_web_search && provider.supports_web_search {
+        b"true"
+    } else {
+        b"false"
+    });
     if !model.tags.is_empty() {
         out.extend_from_slice(b",\"tags\":[");
         for (i, tag) in model.tags.iter().enumerate() {
@@ -265,13 +281,31 @@ pub fn usage_json(snapshot: &Snapshot, principal: u32, segment: &impl CounterRea
         out.extend_from_slice(b",\"limits\":[");
         let start = out.len();
         if cap > 0 {
-            write_limit(&mut out, "policy.daily_usd", c.spent_today_nano, cap, policy::next_utc_midnight(now_ms));
+            write_limit(
+                &mut out,
+                "policy.daily_usd",
+                c.spent_today_nano,
+                cap,
+                policy::next_utc_midnight(now_ms),
+            );
         }
         if let Some(limit) = grant.max_calls_per_hour {
-            write_limit(&mut out, "policy.hourly_calls", c.calls_this_hour, limit, policy::next_utc_hour(now_ms));
+            write_limit(
+                &mut out,
+                "policy.hourly_calls",
+                c.calls_this_hour,
+                limit,
+                policy::next_utc_hour(now_ms),
+            );
         }
         if let Some(limit) = provider.max_calls_per_hour {
-            write_limit(&mut out, "provider.hourly_calls", c.provider_calls_this_hour, limit, policy::next_utc_hour(now_ms));
+            write_limit(
+                &mut out,
+                "provider.hourly_calls",
+                c.provider_calls_this_hour,
+                limit,
+                policy::next_utc_hour(now_ms),
+            );
         }
         if out.len() > start {
             out.remove(start); // the first limit's leading comma
@@ -312,7 +346,10 @@ mod tests {
         let snapshot = snapshot();
         let body: Value = serde_json::from_slice(&models_json(&snapshot, 0, &(), NOON_WEDNESDAY)).unwrap();
         assert_eq!(body["object"], "list");
-        assert_eq!(body["data"][0], json!({"id": "gpt-a-image", "object": "model", "created": 1_700_000_001, "owned_by": "openai"}));
+        assert_eq!(
+            body["data"][0],
+            json!({"id": "gpt-a-image", "object": "model", "created": 1_700_000_001, "owned_by": "openai"})
+        );
         assert_eq!(body["data"].as_array().unwrap().len(), 2);
         let image = &body["models"][0];
         assert_eq!(image["kind"], "generation");
@@ -322,8 +359,14 @@ mod tests {
         assert_eq!(chat["formats_accepted"], json!(["text", "image"]));
         assert_eq!(chat["web_search"], true);
         assert_eq!(chat["status"], "available");
-        assert_eq!(chat["usage"], json!({"calls_this_hour": 0, "calls_per_hour_limit": 100, "spent_today_usd": 0, "daily_cap_usd": 2.5}));
-        assert_eq!(chat["allowed_hours"], json!({"from": "09:00", "to": "17:00", "timezone": "Europe/Paris", "days": [1, 2, 3, 4, 5]}));
+        assert_eq!(
+            chat["usage"],
+            json!({"calls_this_hour": 0, "calls_per_hour_limit": 100, "spent_today_usd": 0, "daily_cap_usd": 2.5})
+        );
+        assert_eq!(
+            chat["allowed_hours"],
+            json!({"from": "09:00", "to": "17:00", "timezone": "Europe/Paris", "days": [1, 2, 3, 4, 5]})
+        );
     }
 
     #[test]
@@ -332,17 +375,25 @@ mod tests {
         let segment = Segment::create(&path, 64, 4, 4).unwrap();
         let snapshot = snapshot();
         let grant = &snapshot.grants[0];
-        segment.add(grant.spend_key.at(utc_day(NOON_WEDNESDAY)), 2_500_000_000).unwrap();
+        segment
+            .add(grant.spend_key.at(utc_day(NOON_WEDNESDAY)), 2_500_000_000)
+            .unwrap();
         segment.add(grant.calls_key.at(utc_hour(NOON_WEDNESDAY)), 42).unwrap();
         let body: Value = serde_json::from_slice(&models_json(&snapshot, 0, &segment, NOON_WEDNESDAY)).unwrap();
         assert_eq!(body["models"][1]["status"], "budget_exceeded");
         assert_eq!(body["models"][1]["resume_at"], "2025-03-06T00:00:00Z");
         let usage: Value = serde_json::from_slice(&usage_json(&snapshot, 0, &segment, NOON_WEDNESDAY)).unwrap();
-        assert_eq!(usage["usage"][0]["limits"], json!([{"id": "provider.hourly_calls", "utilization": 0, "reset": "2025-03-05T13:00:00Z"}]));
+        assert_eq!(
+            usage["usage"][0]["limits"],
+            json!([{"id": "provider.hourly_calls", "utilization": 0, "reset": "2025-03-05T13:00:00Z"}])
+        );
         assert_eq!(usage["usage"][1]["spent_usd"], 2.5);
         assert_eq!(usage["usage"][1]["remaining_usd"], 0);
         assert_eq!(usage["usage"][1]["limits"][0]["utilization"], 100);
-        assert_eq!(usage["usage"][1]["limits"][1], json!({"id": "policy.hourly_calls", "utilization": 42, "reset": "2025-03-05T13:00:00Z"}));
+        assert_eq!(
+            usage["usage"][1]["limits"][1],
+            json!({"id": "policy.hourly_calls", "utilization": 42, "reset": "2025-03-05T13:00:00Z"})
+        );
         std::fs::remove_file(path).unwrap();
     }
 

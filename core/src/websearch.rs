@@ -24,7 +24,11 @@ pub struct Citation {
 impl Citation {
     /// Fills this citation's empty fields from `title`, `cited_text` and `page_age`.
     fn merge(&mut self, title: &str, cited_text: &str, page_age: &str) {
-        for (field, value) in [(&mut self.title, title), (&mut self.cited_text, cited_text), (&mut self.page_age, page_age)] {
+        for (field, value) in [
+            (&mut self.title, title),
+            (&mut self.cited_text, cited_text),
+            (&mut self.page_age, page_age),
+        ] {
             if field.is_empty() && !value.is_empty() {
                 value.clone_into(field);
             }
@@ -57,7 +61,10 @@ fn text<'a>(value: &'a Value, key: &str) -> &'a str {
 }
 
 fn array<'a>(value: Option<&'a Value>, key: &str) -> &'a [Value] {
-    value.and_then(|v| v.get(key)).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    value
+        .and_then(|v| v.get(key))
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 fn is_type(value: &Value, kind: &str) -> bool {
@@ -160,20 +167,31 @@ impl Search {
     fn anthropic(&mut self, event: &Value) {
         match event.get("type").and_then(Value::as_str) {
             Some("content_block_start") => {
-                let block = event.get("content_block").filter(|b| is_type(b, "web_search_tool_result"));
-                for result in array(block, "content").iter().filter(|r| is_type(r, "web_search_result")) {
+                let block = event
+                    .get("content_block")
+                    .filter(|b| is_type(b, "web_search_tool_result"));
+                for result in array(block, "content")
+                    .iter()
+                    .filter(|r| is_type(r, "web_search_result"))
+                {
                     self.cite(text(result, "url"), text(result, "title"), "", text(result, "page_age"));
                 }
             }
             Some("content_block_delta") => {
                 let delta = event.get("delta").filter(|d| is_type(d, "citations_delta"));
                 if let Some(citation) = delta.and_then(|d| d.get("citation")).filter(|c| c.is_object()) {
-                    self.cite(text(citation, "url"), text(citation, "title"), text(citation, "cited_text"), "");
+                    self.cite(
+                        text(citation, "url"),
+                        text(citation, "title"),
+                        text(citation, "cited_text"),
+                        "",
+                    );
                 }
             }
             _ => {}
         }
-        let reported = search_requests(event.get("usage")).or_else(|| search_requests(event.get("message")?.get("usage")));
+        let reported =
+            search_requests(event.get("usage")).or_else(|| search_requests(event.get("message")?.get("usage")));
         if let Some(n) = reported {
             self.reported = self.reported.max(n);
         }
@@ -184,14 +202,25 @@ impl Search {
         if !is_type(annotation, "url_citation") {
             return;
         }
-        let fields = annotation.get("url_citation").filter(|n| n.is_object()).unwrap_or(annotation);
+        let fields = annotation
+            .get("url_citation")
+            .filter(|n| n.is_object())
+            .unwrap_or(annotation);
         self.cite(text(fields, "url"), text(fields, "title"), "", "");
     }
 
     fn openai_chat(&mut self, event: &Value) {
         for choice in array(Some(event), "choices") {
-            let annotations = |key: &str| choice.get(key).and_then(|m| m.get("annotations")).and_then(Value::as_array);
-            for annotation in annotations("delta").or_else(|| annotations("message")).map_or(&[][..], Vec::as_slice) {
+            let annotations = |key: &str| {
+                choice
+                    .get(key)
+                    .and_then(|m| m.get("annotations"))
+                    .and_then(Value::as_array)
+            };
+            for annotation in annotations("delta")
+                .or_else(|| annotations("message"))
+                .map_or(&[][..], Vec::as_slice)
+            {
                 self.url_citation(annotation);
             }
         }
@@ -300,7 +329,11 @@ pub fn write_citations(out: &mut Vec<u8>, citations: &[Citation]) {
         }
         out.extend_from_slice(b"{\"url\":");
         write_str(out, &c.url);
-        for (key, value) in [("title", &c.title), ("cited_text", &c.cited_text), ("page_age", &c.page_age)] {
+        for (key, value) in [
+            ("title", &c.title),
+            ("cited_text", &c.cited_text),
+            ("page_age", &c.page_age),
+        ] {
             if !value.is_empty() {
                 out.extend_from_slice(b",\"");
                 out.extend_from_slice(key.as_bytes());
@@ -322,9 +355,15 @@ mod tests {
     #[test]
     fn test_anthropic_search_count_comes_from_usage_or_message_usage() {
         let mut s = Search::new(Family::Anthropic);
-        s.observe(&json!({"type": "message_start", "message": {"usage": {"server_tool_use": {"web_search_requests": 2}}}}));
+        s.observe(
+            &json!({"type": "message_start", "message": {"usage": {"server_tool_use": {"web_search_requests": 2}}}}),
+        );
         s.observe(&json!({"type": "message_delta", "usage": {"server_tool_use": {"web_search_requests": 1.9}}}));
-        assert_eq!((s.reported, s.billable(), s.used()), (2, 2, true), "the highest count wins");
+        assert_eq!(
+            (s.reported, s.billable(), s.used()),
+            (2, 2, true),
+            "the highest count wins"
+        );
     }
 
     #[test]
@@ -358,7 +397,15 @@ mod tests {
             "webSearchQueries": ["a", "b", "a", ""],
             "searchEntryPoint": {"renderedContent": "<div/>"},
         }}]}));
-        assert_eq!((s.sources.len(), s.queries.clone(), s.suggestions_html.as_deref(), s.billable()), (1, vec!["a".to_owned(), "b".to_owned()], Some("<div/>"), 2));
+        assert_eq!(
+            (
+                s.sources.len(),
+                s.queries.clone(),
+                s.suggestions_html.as_deref(),
+                s.billable()
+            ),
+            (1, vec!["a".to_owned(), "b".to_owned()], Some("<div/>"), 2)
+        );
     }
 
     #[test]
@@ -383,7 +430,10 @@ mod tests {
         s.write_final_fields(&mut out);
         out.push(b'}');
         let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v, json!({"usage": {"x": 1, "web_searches": 1}, "sources": [{"url": "https://a\"", "title": "T"}], "queries": ["q"], "search_suggestions_html": "<b>"}));
+        assert_eq!(
+            v,
+            json!({"usage": {"x": 1, "web_searches": 1}, "sources": [{"url": "https://a\"", "title": "T"}], "queries": ["q"], "search_suggestions_html": "<b>"})
+        );
     }
 
     /// The slow reference: a linear scan per citation, no index.
@@ -392,7 +442,12 @@ mod tests {
         let mut truncated = false;
         for &(url, title, cited, age) in cites {
             let field = |tag: &str, v: u8| if v == 0 { String::new() } else { format!("{tag}{v}") };
-            let c = Citation { url: format!("https://u/{url}"), title: field("t", title), cited_text: field("c", cited), page_age: field("p", age) };
+            let c = Citation {
+                url: format!("https://u/{url}"),
+                title: field("t", title),
+                cited_text: field("c", cited),
+                page_age: field("p", age),
+            };
             let full = sources.len() >= MAX_SOURCES;
             match sources.iter_mut().find(|s| s.url == c.url) {
                 Some(s) => {

@@ -43,8 +43,14 @@ pub(crate) const PASSTHROUGH: &[&str] = &["cache_control", "container", "diagnos
 const KEPT: &[&str] = &["thinking", "output_config"];
 
 /// Known and not carried (see the module docs).
-pub(crate) const IGNORED: &[&str] =
-    &["metadata", "service_tier", "user_profile_id", "workspace_id", "speed", "inference_geo"];
+pub(crate) const IGNORED: &[&str] = &[
+    "metadata",
+    "service_tier",
+    "user_profile_id",
+    "workspace_id",
+    "speed",
+    "inference_geo",
+];
 
 /// Anthropic's smallest thinking budget.
 const MIN_THINKING_BUDGET: u64 = 1024;
@@ -65,13 +71,16 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         stop: wire::stop_list(body.get("stop_sequences"))?,
         stream: wire::flag(body, "stream")?,
         reasoning: decode_reasoning(body),
-        output_format: body.get("output_config").and_then(|c| c.get("format")).and_then(|format| {
-            (format.get("type")?.as_str()? == "json_schema").then(|| OutputFormat::JsonSchema {
-                name: String::new(),
-                schema: format.get("schema").cloned().unwrap_or_else(wire::empty_schema),
-                strict: None,
-            })
-        }),
+        output_format: body
+            .get("output_config")
+            .and_then(|c| c.get("format"))
+            .and_then(|format| {
+                (format.get("type")?.as_str()? == "json_schema").then(|| OutputFormat::JsonSchema {
+                    name: String::new(),
+                    schema: format.get("schema").cloned().unwrap_or_else(wire::empty_schema),
+                    strict: None,
+                })
+            }),
         ..Request::default()
     };
     wire::keep(body, &[PASSTHROUGH, KEPT].concat(), &mut request.passthrough);
@@ -103,7 +112,11 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
     if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
         for tool in array(tools, "tools")? {
             let tool = object(tool, "tool")?;
-            drift.check("tools[]", tool, &["type", "name", "description", "input_schema", "cache_control"]);
+            drift.check(
+                "tools[]",
+                tool,
+                &["type", "name", "description", "input_schema", "cache_control"],
+            );
             if opt_str(tool, "type")?.is_some_and(|t| t != "custom") {
                 // NOTE: server tools (web search, code execution, ...) have no IR form.
                 drift.note(format!("tools[].type={}", req_str(tool, "type")?));
@@ -128,16 +141,27 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
             other => return Err(format!("unknown tool_choice type {other:?}")),
         });
     }
-    Ok(Decoded { value: request, unknown: drift.unknown })
+    Ok(Decoded {
+        value: request,
+        unknown: drift.unknown,
+    })
 }
 
 /// `thinking` with `output_config.effort`: a budget or a switch, else the effort level.
 fn decode_reasoning(body: &Map<String, Value>) -> Option<Reasoning> {
-    let effort = body.get("output_config").and_then(|c| c.get("effort")?.as_str()).and_then(Effort::parse);
+    let effort = body
+        .get("output_config")
+        .and_then(|c| c.get("effort")?.as_str())
+        .and_then(Effort::parse);
     let by_effort = effort.map(Reasoning::Effort);
-    let Some(thinking) = body.get("thinking").filter(|t| !t.is_null()) else { return by_effort };
+    let Some(thinking) = body.get("thinking").filter(|t| !t.is_null()) else {
+        return by_effort;
+    };
     match thinking.get("type").and_then(Value::as_str) {
-        Some("enabled") => thinking.get("budget_tokens").and_then(Value::as_u64).map(Reasoning::Budget),
+        Some("enabled") => thinking
+            .get("budget_tokens")
+            .and_then(Value::as_u64)
+            .map(Reasoning::Budget),
         Some("disabled") => Some(Reasoning::Off),
         _ => by_effort.or(Some(Reasoning::Auto)),
     }
@@ -146,7 +170,9 @@ fn decode_reasoning(body: &Map<String, Value>) -> Option<Reasoning> {
 /// `thinking` for another format's reasoning: a budget under `max_tokens`, or `None` when
 /// there is no room for Anthropic's minimum.
 fn encode_thinking(reasoning: Reasoning, max_tokens: u64) -> Option<Value> {
-    let Some(budget) = reasoning.budget_tokens() else { return Some(json!({"type": "disabled"})) };
+    let Some(budget) = reasoning.budget_tokens() else {
+        return Some(json!({"type": "disabled"}));
+    };
     let budget = budget.max(MIN_THINKING_BUDGET).min(max_tokens.saturating_sub(1));
     (budget >= MIN_THINKING_BUDGET).then(|| json!({"type": "enabled", "budget_tokens": budget}))
 }
@@ -168,7 +194,11 @@ fn decode_blocks(blocks: &[Value], drift: &mut Drift) -> Result<Vec<Block>, Stri
                 continue;
             }
         };
-        drift.check(&format!("messages[].content[{kind}]"), block, &[BLOCK_COMMON, known].concat());
+        drift.check(
+            &format!("messages[].content[{kind}]"),
+            block,
+            &[BLOCK_COMMON, known].concat(),
+        );
         out.push(decode_block(kind, block)?);
     }
     Ok(out)
@@ -190,7 +220,9 @@ fn decode_block(kind: &str, block: &Map<String, Value>) -> Result<Block, String>
         }
         "thinking" => Block::Thinking {
             text: req_str(block, "thinking")?.to_owned(),
-            signature: opt_str(block, "signature")?.filter(|s| !s.is_empty()).map(str::to_owned),
+            signature: opt_str(block, "signature")?
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
         },
         "redacted_thinking" => Block::RedactedThinking(req_str(block, "data")?.to_owned()),
         "tool_use" => {
@@ -208,7 +240,10 @@ fn decode_block(kind: &str, block: &Map<String, Value>) -> Result<Block, String>
                 Some(Value::String(s)) => s.clone(),
                 Some(parts) => {
                     // NOTE: only the text of a block-list result has an IR form.
-                    array(parts, "tool_result content")?.iter().filter_map(|p| p.get("text")?.as_str()).collect()
+                    array(parts, "tool_result content")?
+                        .iter()
+                        .filter_map(|p| p.get("text")?.as_str())
+                        .collect()
                 }
             };
             Block::ToolResult(ToolResult {
@@ -260,7 +295,10 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
             body.insert("system".into(), json!(one));
         }
         parts => {
-            body.insert("system".into(), parts.iter().map(|t| json!({"type": "text", "text": t})).collect());
+            body.insert(
+                "system".into(),
+                parts.iter().map(|t| json!({"type": "text", "text": t})).collect(),
+            );
         }
     }
     let messages = request.messages.iter().map(|m| {
@@ -309,7 +347,10 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
         body.insert("thinking".into(), thinking);
     }
     if let Some(OutputFormat::JsonSchema { schema, .. }) = &request.output_format {
-        body.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
+        body.insert(
+            "output_config".into(),
+            json!({"format": {"type": "json_schema", "schema": schema}}),
+        );
     }
     if request.stream {
         body.insert("stream".into(), json!(true));
@@ -373,9 +414,16 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
     Ok(Response {
         id: opt_str(body, "id")?.unwrap_or_default().to_owned(),
         model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
-        content: decode_blocks(array(body.get("content").unwrap_or(&Value::Null), "content")?, &mut ignored)?,
+        content: decode_blocks(
+            array(body.get("content").unwrap_or(&Value::Null), "content")?,
+            &mut ignored,
+        )?,
         stop_reason: opt_str(body, "stop_reason")?.map(decode_stop),
-        usage: body.get("usage").and_then(Value::as_object).map(decode_usage).unwrap_or_default(),
+        usage: body
+            .get("usage")
+            .and_then(Value::as_object)
+            .map(decode_usage)
+            .unwrap_or_default(),
     })
 }
 
@@ -420,14 +468,25 @@ impl StreamDecoder {
                 let index = index()?;
                 let block = object(event.get("content_block").unwrap_or(&Value::Null), "content_block")?;
                 let (kind, first) = match req_str(block, "type")? {
-                    "text" => (BlockKind::Text, opt_str(block, "text")?.map(|t| Delta::Text(t.to_owned()))),
-                    "thinking" => {
-                        (BlockKind::Thinking, opt_str(block, "thinking")?.map(|t| Delta::Thinking(t.to_owned())))
-                    }
+                    "text" => (
+                        BlockKind::Text,
+                        opt_str(block, "text")?.map(|t| Delta::Text(t.to_owned())),
+                    ),
+                    "thinking" => (
+                        BlockKind::Thinking,
+                        opt_str(block, "thinking")?.map(|t| Delta::Thinking(t.to_owned())),
+                    ),
                     "redacted_thinking" => (BlockKind::RedactedThinking(req_str(block, "data")?.to_owned()), None),
                     "tool_use" => {
                         let (id, signature) = decode_call_id(req_str(block, "id")?);
-                        (BlockKind::ToolCall { id, name: req_str(block, "name")?.to_owned(), signature }, None)
+                        (
+                            BlockKind::ToolCall {
+                                id,
+                                name: req_str(block, "name")?.to_owned(),
+                                signature,
+                            },
+                            None,
+                        )
                     }
                     other => return Err(format!("unsupported content block {other:?}")),
                 };
@@ -460,7 +519,9 @@ impl StreamDecoder {
                 }
             }
             "message_stop" => out.push(Event::End),
-            "error" => out.push(Event::Error(event.get("error").map(Value::to_string).unwrap_or_default())),
+            "error" => out.push(Event::Error(
+                event.get("error").map(Value::to_string).unwrap_or_default(),
+            )),
             _ => {}
         }
         Ok(())
@@ -505,7 +566,9 @@ impl StreamEncoder {
                 write_sse(out, "content_block_start", &data);
             }
             Event::Delta { index, delta } => {
-                let Some(wire_index) = self.wire_index(*index) else { return };
+                let Some(wire_index) = self.wire_index(*index) else {
+                    return;
+                };
                 let delta = match delta {
                     Delta::Text(text) => json!({"type": "text_delta", "text": text}),
                     Delta::Thinking(text) => json!({"type": "thinking_delta", "thinking": text}),
@@ -516,8 +579,14 @@ impl StreamEncoder {
                 write_sse(out, "content_block_delta", &data);
             }
             Event::BlockStop { index } => {
-                let Some(wire_index) = self.wire_index(*index) else { return };
-                write_sse(out, "content_block_stop", &json!({"type": "content_block_stop", "index": wire_index}));
+                let Some(wire_index) = self.wire_index(*index) else {
+                    return;
+                };
+                write_sse(
+                    out,
+                    "content_block_stop",
+                    &json!({"type": "content_block_stop", "index": wire_index}),
+                );
             }
             Event::Finish(reason) => self.stop_reason = Some(*reason),
             Event::End => {
@@ -543,7 +612,11 @@ impl StreamEncoder {
                 "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
                 "stop_reason": null, "stop_sequence": null, "usage": encode_usage(&self.usage),
             });
-            write_sse(out, "message_start", &json!({"type": "message_start", "message": message}));
+            write_sse(
+                out,
+                "message_start",
+                &json!({"type": "message_start", "message": message}),
+            );
         }
     }
 
@@ -594,7 +667,10 @@ mod tests {
         assert_eq!(request.tool_choice, Some(ToolChoice::Required));
         assert_eq!(
             request.messages[1].content[0],
-            Block::Thinking { text: "Looks like Paris.".into(), signature: Some("EqQBCgIYAh".into()) }
+            Block::Thinking {
+                text: "Looks like Paris.".into(),
+                signature: Some("EqQBCgIYAh".into())
+            }
         );
         assert!(matches!(&request.messages[1].content[1], Block::ToolCall(c) if c.arguments == r#"{"city":"Paris"}"#));
         assert!(matches!(&request.messages[2].content[0], Block::ToolResult(r) if r.name == "get_weather"));
@@ -606,7 +682,10 @@ mod tests {
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}},
             {"type": "text", "text": "hi", "citations": null, "extra": 1}]}]});
         let decoded = decode_request(Format::Anthropic, body.to_string().as_bytes()).unwrap();
-        assert_eq!(decoded.unknown, ["messages[].content[].type=document", "messages[].content[text].extra"]);
+        assert_eq!(
+            decoded.unknown,
+            ["messages[].content[].type=document", "messages[].content[text].extra"]
+        );
         assert_eq!(decoded.value.messages[0].content, [Block::Text("hi".into())]);
     }
 
@@ -619,7 +698,13 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::MaxTokens));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 3, output_tokens: 2, cache_read_tokens: 20, cache_write_tokens: 10, cache_write_1h_tokens: 0 }
+            Usage {
+                input_tokens: 3,
+                output_tokens: 2,
+                cache_read_tokens: 20,
+                cache_write_tokens: 10,
+                cache_write_1h_tokens: 0
+            }
         );
     }
 
@@ -634,11 +719,25 @@ mod tests {
         let split = usage(json!({"ephemeral_5m_input_tokens": 6, "ephemeral_1h_input_tokens": 4}));
         assert_eq!((split.cache_write_tokens, split.cache_write_1h_tokens), (10, 4));
         let encoded = encode_usage(&split);
-        assert_eq!(encoded["cache_creation"], json!({"ephemeral_5m_input_tokens": 6, "ephemeral_1h_input_tokens": 4}));
-        assert_eq!(decode_usage(encoded.as_object().unwrap()), split, "the split survives a round trip");
-        assert_eq!(usage(json!({"ephemeral_1h_input_tokens": 99})).cache_write_1h_tokens, 10, "clamped to the writes");
+        assert_eq!(
+            encoded["cache_creation"],
+            json!({"ephemeral_5m_input_tokens": 6, "ephemeral_1h_input_tokens": 4})
+        );
+        assert_eq!(
+            decode_usage(encoded.as_object().unwrap()),
+            split,
+            "the split survives a round trip"
+        );
+        assert_eq!(
+            usage(json!({"ephemeral_1h_input_tokens": 99})).cache_write_1h_tokens,
+            10,
+            "clamped to the writes"
+        );
         assert_eq!(usage(Value::Null).cache_write_1h_tokens, 0);
-        assert!(encode_usage(&usage(Value::Null)).get("cache_creation").is_none(), "no split, no field");
+        assert!(
+            encode_usage(&usage(Value::Null)).get("cache_creation").is_none(),
+            "no split, no field"
+        );
     }
 
     #[test]
@@ -663,12 +762,22 @@ mod tests {
         let mut acc = super::super::stream::Accumulator::default();
         events.iter().for_each(|e| acc.push(e));
         let response = acc.response();
-        assert_eq!(response.usage, Usage { input_tokens: 9, output_tokens: 15, ..Usage::default() });
+        assert_eq!(
+            response.usage,
+            Usage {
+                input_tokens: 9,
+                output_tokens: 15,
+                ..Usage::default()
+            }
+        );
         assert_eq!(response.stop_reason, Some(StopReason::ToolUse));
         assert_eq!(
             response.content,
             [
-                Block::Thinking { text: "hm".into(), signature: Some("sig".into()) },
+                Block::Thinking {
+                    text: "hm".into(),
+                    signature: Some("sig".into())
+                },
                 Block::ToolCall(ToolCall {
                     id: "toolu_1".into(),
                     name: "f".into(),

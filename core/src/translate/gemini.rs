@@ -40,7 +40,9 @@ const SYNTH_PREFIX: &str = "gcall_";
 
 /// A field by its camelCase name, or its snake_case spelling.
 fn field<'a>(map: &'a Map<String, Value>, camel: &str) -> Option<&'a Value> {
-    map.get(camel).or_else(|| map.get(&*snake(camel))).filter(|v| !v.is_null())
+    map.get(camel)
+        .or_else(|| map.get(&*snake(camel)))
+        .filter(|v| !v.is_null())
 }
 
 fn snake(camel: &str) -> Cow<'_, str> {
@@ -82,7 +84,11 @@ fn camel(key: &str) -> Cow<'_, str> {
 fn check(drift: &mut Drift, prefix: &str, map: &Map<String, Value>, known: &[&str]) {
     for key in map.keys() {
         if !known.contains(&&*camel(key)) {
-            drift.note(if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") });
+            drift.note(if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            });
         }
     }
 }
@@ -99,8 +105,14 @@ fn req_field<'a>(map: &'a Map<String, Value>, camel: &str) -> Result<&'a str, St
     str_field(map, camel)?.ok_or_else(|| format!("{camel} is missing"))
 }
 
-pub(crate) const MAPPED: &[&str] =
-    &["model", "contents", "systemInstruction", "tools", "toolConfig", "generationConfig"];
+pub(crate) const MAPPED: &[&str] = &[
+    "model",
+    "contents",
+    "systemInstruction",
+    "tools",
+    "toolConfig",
+    "generationConfig",
+];
 
 /// Fields the IR does not model, carried verbatim to an upstream of this format.
 pub(crate) const PASSTHROUGH: &[&str] = &["safetySettings", "cachedContent", "continuationToken"];
@@ -124,15 +136,24 @@ pub(crate) const GENERATION_MAPPED: &[&str] = &[
 ];
 
 /// `generationConfig` fields carried verbatim to an upstream of this format.
-pub(crate) const GENERATION_PASSTHROUGH: &[&str] =
-    &["responseLogprobs", "logprobs", "mediaResolution", "enableEnhancedCivicAnswers"];
+pub(crate) const GENERATION_PASSTHROUGH: &[&str] = &[
+    "responseLogprobs",
+    "logprobs",
+    "mediaResolution",
+    "enableEnhancedCivicAnswers",
+];
 
 /// Mapped `generationConfig` fields with more in them than the IR holds.
 const GENERATION_KEPT: &[&str] = &["responseMimeType", "responseSchema", "thinkingConfig"];
 
 /// `generationConfig` fields known and not carried (see the module docs).
-pub(crate) const GENERATION_IGNORED: &[&str] =
-    &["candidateCount", "responseModalities", "speechConfig", "imageConfig", "audioTranscriptionConfig"];
+pub(crate) const GENERATION_IGNORED: &[&str] = &[
+    "candidateCount",
+    "responseModalities",
+    "speechConfig",
+    "imageConfig",
+    "audioTranscriptionConfig",
+];
 
 /// The largest `thinkingBudget` every thinking model accepts (2.5 Flash's ceiling).
 const MAX_THINKING_BUDGET: u64 = 24_576;
@@ -154,7 +175,10 @@ fn decode_thinking(config: &Map<String, Value>) -> Option<Reasoning> {
         Some(0) => Some(Reasoning::Off),
         Some(n) if n < 0 => Some(Reasoning::Auto),
         Some(n) => u64::try_from(n).ok().map(Reasoning::Budget),
-        None => match field(config, "thinkingLevel").and_then(Value::as_str).and_then(Effort::parse) {
+        None => match field(config, "thinkingLevel")
+            .and_then(Value::as_str)
+            .and_then(Effort::parse)
+        {
             Some(effort) => Some(Reasoning::Effort(effort)),
             None => Some(Reasoning::Auto),
         },
@@ -166,7 +190,10 @@ fn encode_thinking(reasoning: Reasoning) -> Value {
         Reasoning::Off => json!({"thinkingBudget": 0}),
         Reasoning::Auto => json!({"thinkingBudget": -1, "includeThoughts": true}),
         other => {
-            let budget = other.budget_tokens().unwrap_or(MAX_THINKING_BUDGET).min(MAX_THINKING_BUDGET);
+            let budget = other
+                .budget_tokens()
+                .unwrap_or(MAX_THINKING_BUDGET)
+                .min(MAX_THINKING_BUDGET);
             json!({"thinkingBudget": budget, "includeThoughts": true})
         }
     }
@@ -178,7 +205,11 @@ fn decode_output_format(config: &Map<String, Value>) -> Option<OutputFormat> {
         return None;
     }
     Some(match field(config, "responseJsonSchema") {
-        Some(schema) => OutputFormat::JsonSchema { name: String::new(), schema: schema.clone(), strict: None },
+        Some(schema) => OutputFormat::JsonSchema {
+            name: String::new(),
+            schema: schema.clone(),
+            strict: None,
+        },
         None => OutputFormat::Json,
     })
 }
@@ -187,14 +218,26 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
     let body = object(value, "body")?;
     let mut drift = Drift::default();
     check(&mut drift, "", body, &[MAPPED, PASSTHROUGH, IGNORED].concat());
-    let mut request = Request { model: str_field(body, "model")?.unwrap_or_default().to_owned(), ..Request::default() };
+    let mut request = Request {
+        model: str_field(body, "model")?.unwrap_or_default().to_owned(),
+        ..Request::default()
+    };
     keep(body, PASSTHROUGH, "", &mut request.passthrough);
     if let Some(config) = field(body, "generationConfig") {
         let config = object(config, "generationConfig")?;
         let known = [GENERATION_MAPPED, GENERATION_PASSTHROUGH, GENERATION_IGNORED].concat();
         check(&mut drift, "generationConfig", config, &known);
-        keep(config, &[GENERATION_PASSTHROUGH, GENERATION_KEPT].concat(), "generationConfig", &mut request.passthrough);
-        let count = |key| field(config, key).and_then(wire::integer).and_then(|n| u64::try_from(n).ok());
+        keep(
+            config,
+            &[GENERATION_PASSTHROUGH, GENERATION_KEPT].concat(),
+            "generationConfig",
+            &mut request.passthrough,
+        );
+        let count = |key| {
+            field(config, key)
+                .and_then(wire::integer)
+                .and_then(|n| u64::try_from(n).ok())
+        };
         request.max_tokens = count("maxOutputTokens");
         request.top_k = count("topK");
         request.seed = field(config, "seed").and_then(wire::integer);
@@ -203,13 +246,20 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         request.presence_penalty = field(config, "presencePenalty").and_then(Value::as_f64);
         request.frequency_penalty = field(config, "frequencyPenalty").and_then(Value::as_f64);
         request.stop = wire::stop_list(field(config, "stopSequences"))?;
-        request.reasoning = field(config, "thinkingConfig").and_then(Value::as_object).and_then(decode_thinking);
+        request.reasoning = field(config, "thinkingConfig")
+            .and_then(Value::as_object)
+            .and_then(decode_thinking);
         request.output_format = decode_output_format(config);
     }
     if let Some(system) = field(body, "systemInstruction") {
         let system = object(system, "systemInstruction")?;
-        for part in array(field(system, "parts").unwrap_or(&Value::Null), "systemInstruction.parts")? {
-            request.system.push(req_field(object(part, "part")?, "text")?.to_owned());
+        for part in array(
+            field(system, "parts").unwrap_or(&Value::Null),
+            "systemInstruction.parts",
+        )? {
+            request
+                .system
+                .push(req_field(object(part, "part")?, "text")?.to_owned());
         }
     }
     let mut calls = Calls::new(SYNTH_PREFIX);
@@ -227,9 +277,10 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
     for tool in array(field(body, "tools").unwrap_or(&wire::EMPTY_ARRAY), "tools")? {
         let tool = object(tool, "tool")?;
         check(&mut drift, "tools[]", tool, &["functionDeclarations"]);
-        for declaration in
-            array(field(tool, "functionDeclarations").unwrap_or(&wire::EMPTY_ARRAY), "functionDeclarations")?
-        {
+        for declaration in array(
+            field(tool, "functionDeclarations").unwrap_or(&wire::EMPTY_ARRAY),
+            "functionDeclarations",
+        )? {
             let declaration = object(declaration, "function declaration")?;
             let known = ["name", "description", "parameters", "parametersJsonSchema"];
             check(&mut drift, "tools[].functionDeclarations[]", declaration, &known);
@@ -248,7 +299,12 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         check(&mut drift, "toolConfig", config, &["functionCallingConfig"]);
         if let Some(calling) = field(config, "functionCallingConfig") {
             let calling = object(calling, "functionCallingConfig")?;
-            check(&mut drift, "toolConfig.functionCallingConfig", calling, &["mode", "allowedFunctionNames"]);
+            check(
+                &mut drift,
+                "toolConfig.functionCallingConfig",
+                calling,
+                &["mode", "allowedFunctionNames"],
+            );
             let allowed = field(calling, "allowedFunctionNames").and_then(Value::as_array);
             request.tool_choice = match str_field(calling, "mode")?.unwrap_or("AUTO") {
                 "NONE" => Some(ToolChoice::None),
@@ -260,12 +316,18 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
             };
         }
     }
-    Ok(Decoded { value: request, unknown: drift.unknown })
+    Ok(Decoded {
+        value: request,
+        unknown: drift.unknown,
+    })
 }
 
 /// The id suffix that keeps synthesized ids unique across turns: the response id's safe part.
 fn id_suffix(response_id: &str) -> String {
-    let safe: String = response_id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+    let safe: String = response_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
     if safe.is_empty() {
         safe
     } else {
@@ -283,7 +345,15 @@ fn decode_parts(parts: &[Value], calls: &mut Calls, drift: &mut Drift, merge: bo
             drift,
             "contents[].parts[]",
             part,
-            &["text", "thought", "thoughtSignature", "inlineData", "fileData", "functionCall", "functionResponse"],
+            &[
+                "text",
+                "thought",
+                "thoughtSignature",
+                "inlineData",
+                "fileData",
+                "functionCall",
+                "functionResponse",
+            ],
         );
         let signature = str_field(part, "thoughtSignature")?.map(str::to_owned);
         if let Some(call) = field(part, "functionCall") {
@@ -291,29 +361,53 @@ fn decode_parts(parts: &[Value], calls: &mut Calls, drift: &mut Drift, merge: bo
             let name = req_field(call, "name")?;
             let id = calls.call_id(str_field(call, "id")?, name);
             let arguments = wire::args_text(field(call, "args"));
-            blocks.push(Block::ToolCall(ToolCall { id, name: name.to_owned(), arguments, signature }));
+            blocks.push(Block::ToolCall(ToolCall {
+                id,
+                name: name.to_owned(),
+                arguments,
+                signature,
+            }));
         } else if let Some(response) = field(part, "functionResponse") {
             let response = object(response, "functionResponse")?;
             let name = req_field(response, "name")?;
             let id = calls.result_id(str_field(response, "id")?, name);
             let (content, is_error) = decode_result(field(response, "response"));
-            blocks.push(Block::ToolResult(ToolResult { id, name: name.to_owned(), content, is_error }));
+            blocks.push(Block::ToolResult(ToolResult {
+                id,
+                name: name.to_owned(),
+                content,
+                is_error,
+            }));
         } else if let Some(data) = field(part, "inlineData") {
             let data = object(data, "inlineData")?;
             let media_type = req_field(data, "mimeType")?.to_owned();
-            blocks.push(Block::Image(Image::Base64 { media_type, data: standard_base64(req_field(data, "data")?) }));
+            blocks.push(Block::Image(Image::Base64 {
+                media_type,
+                data: standard_base64(req_field(data, "data")?),
+            }));
         } else if let Some(file) = field(part, "fileData") {
-            blocks.push(Block::Image(Image::Url(req_field(object(file, "fileData")?, "fileUri")?.to_owned())));
+            blocks.push(Block::Image(Image::Url(
+                req_field(object(file, "fileData")?, "fileUri")?.to_owned(),
+            )));
         } else if let Some(text) = str_field(part, "text")? {
             let thought = field(part, "thought").and_then(Value::as_bool).unwrap_or(false);
             let joined = match (merge, blocks.last_mut()) {
                 (true, Some(Block::Text(last))) if !thought => Some(last),
-                (true, Some(Block::Thinking { text: last, signature: None })) if thought => Some(last),
+                (
+                    true,
+                    Some(Block::Thinking {
+                        text: last,
+                        signature: None,
+                    }),
+                ) if thought => Some(last),
                 _ => None,
             };
             match joined {
                 Some(last) => last.push_str(text),
-                None if thought => blocks.push(Block::Thinking { text: text.to_owned(), signature: None }),
+                None if thought => blocks.push(Block::Thinking {
+                    text: text.to_owned(),
+                    signature: None,
+                }),
                 // NOTE: empty answer text carries nothing (Gemini ends streams with one that holds
                 // only a signature); the stream decoder opens no block for it either.
                 None if text.is_empty() => {}
@@ -322,7 +416,10 @@ fn decode_parts(parts: &[Value], calls: &mut Calls, drift: &mut Drift, merge: bo
             if let Some(signature) = signature {
                 match blocks.last_mut() {
                     Some(Block::Thinking { signature: slot, .. }) if thought => *slot = Some(signature),
-                    _ => blocks.push(Block::Thinking { text: String::new(), signature: Some(signature) }),
+                    _ => blocks.push(Block::Thinking {
+                        text: String::new(),
+                        signature: Some(signature),
+                    }),
                 }
             }
         }
@@ -333,7 +430,9 @@ fn decode_parts(parts: &[Value], calls: &mut Calls, drift: &mut Drift, merge: bo
 /// A `functionResponse.response` as IR text: `{"output": s}` and `{"error": s}` unwrap, any
 /// other object travels as JSON text.
 fn decode_result(response: Option<&Value>) -> (String, bool) {
-    let Some(Value::Object(map)) = response else { return (String::new(), false) };
+    let Some(Value::Object(map)) = response else {
+        return (String::new(), false);
+    };
     if map.len() == 1 {
         if let Some(Value::String(s)) = map.get("output") {
             return (s.clone(), false);
@@ -427,7 +526,10 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
             }
             value
         });
-        body.insert("tools".into(), json!([{"functionDeclarations": declarations.collect::<Vec<_>>()}]));
+        body.insert(
+            "tools".into(),
+            json!([{"functionDeclarations": declarations.collect::<Vec<_>>()}]),
+        );
     }
     if let Some(choice) = &request.tool_choice {
         let calling = match choice {
@@ -529,7 +631,10 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
     calls.suffix = id_suffix(&id);
     let mut response = Response {
         model: str_field(body, "modelVersion")?.unwrap_or_default().to_owned(),
-        usage: field(body, "usageMetadata").and_then(Value::as_object).map(decode_usage).unwrap_or_default(),
+        usage: field(body, "usageMetadata")
+            .and_then(Value::as_object)
+            .map(decode_usage)
+            .unwrap_or_default(),
         ..Response::default()
     };
     let candidates = field(body, "candidates").and_then(Value::as_array);
@@ -571,7 +676,13 @@ pub(crate) struct StreamDecoder {
 
 impl Default for StreamDecoder {
     fn default() -> Self {
-        Self { started: false, calls: Calls::new(SYNTH_PREFIX), open: None, next_index: 0, finish: None }
+        Self {
+            started: false,
+            calls: Calls::new(SYNTH_PREFIX),
+            open: None,
+            next_index: 0,
+            finish: None,
+        }
     }
 }
 
@@ -588,12 +699,19 @@ impl StreamDecoder {
             let id = str_field(chunk, "responseId")?.unwrap_or_default();
             self.calls.suffix = id_suffix(id);
             let model = str_field(chunk, "modelVersion")?.unwrap_or_default().to_owned();
-            out.push(Event::Start { id: id.to_owned(), model });
+            out.push(Event::Start {
+                id: id.to_owned(),
+                model,
+            });
         }
-        let candidate =
-            field(chunk, "candidates").and_then(Value::as_array).and_then(|c| c.first()).and_then(Value::as_object);
+        let candidate = field(chunk, "candidates")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first())
+            .and_then(Value::as_object);
         if let Some(candidate) = candidate {
-            let parts = field(candidate, "content").and_then(Value::as_object).and_then(|c| field(c, "parts"));
+            let parts = field(candidate, "content")
+                .and_then(Value::as_object)
+                .and_then(|c| field(c, "parts"));
             for part in parts.and_then(Value::as_array).map_or(&[][..], Vec::as_slice) {
                 self.part(object(part, "part")?, out)?;
             }
@@ -616,21 +734,44 @@ impl StreamDecoder {
             let id = self.calls.call_id(str_field(call, "id")?, name);
             self.close(out);
             let index = self.next();
-            out.push(Event::BlockStart { index, block: BlockKind::ToolCall { id, name: name.to_owned(), signature } });
-            out.push(Event::Delta { index, delta: Delta::Arguments(wire::args_text(field(call, "args"))) });
+            out.push(Event::BlockStart {
+                index,
+                block: BlockKind::ToolCall {
+                    id,
+                    name: name.to_owned(),
+                    signature,
+                },
+            });
+            out.push(Event::Delta {
+                index,
+                delta: Delta::Arguments(wire::args_text(field(call, "args"))),
+            });
             out.push(Event::BlockStop { index });
             return Ok(());
         }
-        let Some(text) = str_field(part, "text")? else { return Ok(()) };
+        let Some(text) = str_field(part, "text")? else {
+            return Ok(());
+        };
         let thought = field(part, "thought").and_then(Value::as_bool).unwrap_or(false);
         if !text.is_empty() || (thought && signature.is_none()) {
             let index = self.ensure(thought, out);
-            let delta = if thought { Delta::Thinking(text.to_owned()) } else { Delta::Text(text.to_owned()) };
+            let delta = if thought {
+                Delta::Thinking(text.to_owned())
+            } else {
+                Delta::Text(text.to_owned())
+            };
             out.push(Event::Delta { index, delta });
         }
         if let Some(signature) = signature {
-            let index = if thought { self.ensure(true, out) } else { self.open_new(true, out) };
-            out.push(Event::Delta { index, delta: Delta::Signature(signature) });
+            let index = if thought {
+                self.ensure(true, out)
+            } else {
+                self.open_new(true, out)
+            };
+            out.push(Event::Delta {
+                index,
+                delta: Delta::Signature(signature),
+            });
             // NOTE: a signature ends its part's block; later text starts a new one, as the
             // non-streamed decoder splits parts there too.
             self.close(out);
@@ -654,7 +795,10 @@ impl StreamDecoder {
         self.close(out);
         let index = self.next();
         self.open = Some((index, thought));
-        out.push(Event::BlockStart { index, block: if thought { BlockKind::Thinking } else { BlockKind::Text } });
+        out.push(Event::BlockStart {
+            index,
+            block: if thought { BlockKind::Thinking } else { BlockKind::Text },
+        });
         index
     }
 
@@ -721,7 +865,10 @@ impl StreamEncoder {
                 Delta::Text(text) => self.chunk(out, vec![json!({"text": text})]),
                 Delta::Thinking(text) => self.chunk(out, vec![json!({"text": text, "thought": true})]),
                 Delta::Signature(signature) => {
-                    self.chunk(out, vec![json!({"text": "", "thought": true, "thoughtSignature": signature})]);
+                    self.chunk(
+                        out,
+                        vec![json!({"text": "", "thought": true, "thoughtSignature": signature})],
+                    );
                 }
                 Delta::Arguments(more) => {
                     if let Some((open, call)) = &mut self.call {
@@ -789,7 +936,11 @@ mod tests {
     fn test_url_safe_image_data_becomes_standard_base64() {
         assert_eq!(super::standard_base64("4__8_AwAI"), "4//8/AwAI===");
         assert_eq!(super::standard_base64("iVBORw0KGgo="), "iVBORw0KGgo=");
-        assert_eq!(super::standard_base64("iVBORaAAaA/0+"), "iVBORaAAaA/0+", "standard text is kept");
+        assert_eq!(
+            super::standard_base64("iVBORaAAaA/0+"),
+            "iVBORaAAaA/0+",
+            "standard text is kept"
+        );
     }
 
     use super::super::stream::{Accumulator, Decoder};
@@ -821,10 +972,14 @@ mod tests {
         assert_eq!(request.top_k, Some(40));
         assert_eq!(request.tool_choice, Some(ToolChoice::Tool("get_weather".into())));
         assert_eq!(request.max_tokens, Some(200));
-        let Block::ToolCall(call) = &request.messages[1].content[0] else { panic!("not a call") };
+        let Block::ToolCall(call) = &request.messages[1].content[0] else {
+            panic!("not a call")
+        };
         assert_eq!(call.signature.as_deref(), Some("CiQBVKhc7z"));
         assert_eq!(call.arguments, r#"{"city":"Paris"}"#);
-        let Block::ToolResult(result) = &request.messages[2].content[0] else { panic!("not a result") };
+        let Block::ToolResult(result) = &request.messages[2].content[0] else {
+            panic!("not a result")
+        };
         assert_eq!((result.id.as_str(), result.content.as_str()), (call.id.as_str(), "18C"));
         // Synthesized ids stay out of the wire; the signature goes back on the call's part.
         let body: Value = serde_json::from_slice(&encode_request(Format::Gemini, &request).unwrap()).unwrap();
@@ -844,7 +999,10 @@ mod tests {
             "system_instruction": {"parts": [{"text": "S"}]}, "generation_config": {"max_output_tokens": 9}});
         let decoded = decode_request(Format::Gemini, body.to_string().as_bytes()).unwrap();
         assert!(decoded.unknown.is_empty(), "{:?}", decoded.unknown);
-        assert_eq!((decoded.value.system, decoded.value.max_tokens), (vec!["S".to_owned()], Some(9)));
+        assert_eq!(
+            (decoded.value.system, decoded.value.max_tokens),
+            (vec!["S".to_owned()], Some(9))
+        );
     }
 
     #[test]
@@ -860,12 +1018,21 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::ToolUse));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 20, output_tokens: 25, cache_read_tokens: 10, cache_write_tokens: 0, cache_write_1h_tokens: 0 }
+            Usage {
+                input_tokens: 20,
+                output_tokens: 25,
+                cache_read_tokens: 10,
+                cache_write_tokens: 0,
+                cache_write_1h_tokens: 0
+            }
         );
         assert_eq!(
             response.content,
             [
-                Block::Thinking { text: "Let me check".into(), signature: None },
+                Block::Thinking {
+                    text: "Let me check".into(),
+                    signature: None
+                },
                 Block::ToolCall(ToolCall {
                     id: "gcall_0_r1".into(),
                     name: "f".into(),
@@ -891,7 +1058,10 @@ mod tests {
         let whole = json!({"candidates": [{"content": {"parts": [{"text": "Hello", "thoughtSignature": "s"}], "role": "model"},
             "finishReason": "STOP", "index": 0}], "usageMetadata": {"promptTokenCount": 4, "candidatesTokenCount": 2},
             "modelVersion": "g", "responseId": "r"});
-        assert_eq!(acc.response(), &decode_response(Format::Gemini, whole.to_string().as_bytes()).unwrap());
+        assert_eq!(
+            acc.response(),
+            &decode_response(Format::Gemini, whole.to_string().as_bytes()).unwrap()
+        );
         assert_eq!(events.last(), Some(&Event::End));
     }
 }

@@ -64,7 +64,13 @@ pub enum Format {
 
 impl Format {
     /// Every format, for tests and tables.
-    pub const ALL: [Format; 5] = [Self::OpenAiChat, Self::OpenAiResponses, Self::Anthropic, Self::Gemini, Self::Ollama];
+    pub const ALL: [Format; 5] = [
+        Self::OpenAiChat,
+        Self::OpenAiResponses,
+        Self::Anthropic,
+        Self::Gemini,
+        Self::Ollama,
+    ];
 
     /// Parses the name the registry and the Python side use.
     #[must_use]
@@ -241,7 +247,11 @@ pub enum OutputFormat {
     Json,
     /// JSON that matches `schema` (OpenAI `json_schema`, Anthropic `output_config.format`,
     /// Gemini `responseJsonSchema`, Ollama's schema `format`).
-    JsonSchema { name: String, schema: Value, strict: Option<bool> },
+    JsonSchema {
+        name: String,
+        schema: Value,
+        strict: Option<bool>,
+    },
 }
 
 /// The caller's fields for the same format only: top-level keys as the body had them, and the
@@ -263,7 +273,10 @@ impl Passthrough {
         let map = if container.is_empty() {
             &mut self.fields
         } else {
-            let slot = self.fields.entry(container).or_insert_with(|| Value::Object(Map::new()));
+            let slot = self
+                .fields
+                .entry(container)
+                .or_insert_with(|| Value::Object(Map::new()));
             match slot {
                 Value::Object(map) => map,
                 _ => return,
@@ -552,7 +565,10 @@ pub fn encode_response(format: Format, response: &Response) -> Vec<u8> {
 /// # Errors
 /// As [`decode_request`] and [`encode_request`].
 pub fn translate_request(from: Format, to: Format, body: &[u8], options: &RequestOptions) -> Result<TranslatedRequest> {
-    let Decoded { value: mut request, unknown } = decode_request(from, body)?;
+    let Decoded {
+        value: mut request,
+        unknown,
+    } = decode_request(from, body)?;
     if let Some(stream) = options.stream {
         request.stream = stream;
     }
@@ -564,7 +580,12 @@ pub fn translate_request(from: Format, to: Format, body: &[u8], options: &Reques
         request.max_tokens = Some(options.default_max_tokens);
     }
     request.include_usage |= options.force_usage;
-    Ok(TranslatedRequest { body: encode_request(to, &request)?, unknown, stream, include_usage })
+    Ok(TranslatedRequest {
+        body: encode_request(to, &request)?,
+        unknown,
+        stream,
+        include_usage,
+    })
 }
 
 /// Translates a non-streamed response body from the upstream format to the entry format.
@@ -625,9 +646,15 @@ pub fn known_fields(format: Format) -> KnownFields {
     };
     match format {
         Format::Gemini => {
-            known.mapped.extend(nested("generationConfig", gemini::GENERATION_MAPPED));
-            known.passthrough.extend(nested("generationConfig", gemini::GENERATION_PASSTHROUGH));
-            known.ignored.extend(nested("generationConfig", gemini::GENERATION_IGNORED));
+            known
+                .mapped
+                .extend(nested("generationConfig", gemini::GENERATION_MAPPED));
+            known
+                .passthrough
+                .extend(nested("generationConfig", gemini::GENERATION_PASSTHROUGH));
+            known
+                .ignored
+                .extend(nested("generationConfig", gemini::GENERATION_IGNORED));
         }
         Format::Ollama => {
             known.mapped.extend(nested("options", ollama::OPTIONS_MAPPED));
@@ -641,7 +668,9 @@ pub fn known_fields(format: Format) -> KnownFields {
 /// Writes `signature` into a tool-call id as the module docs describe; `None` leaves the id.
 #[must_use]
 pub fn encode_call_id(id: &str, signature: Option<&str>) -> String {
-    let Some(signature) = signature else { return id.to_owned() };
+    let Some(signature) = signature else {
+        return id.to_owned();
+    };
     let encoded = wire::base64url_encode(signature.as_bytes());
     format!("{SIGNATURE_PREFIX}{}_{encoded}{id}", encoded.len())
 }
@@ -704,8 +733,14 @@ mod tests {
     #[test]
     fn test_call_id_carries_signature_and_restores_original() {
         let id = encode_call_id("call_1_x", Some("Cq+/AB=="));
-        assert!(id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{id}");
-        assert_eq!(decode_call_id(&id), ("call_1_x".to_owned(), Some("Cq+/AB==".to_owned())));
+        assert!(
+            id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+            "{id}"
+        );
+        assert_eq!(
+            decode_call_id(&id),
+            ("call_1_x".to_owned(), Some("Cq+/AB==".to_owned()))
+        );
         assert_eq!(decode_call_id("toolu_01"), ("toolu_01".to_owned(), None));
         assert_eq!(decode_call_id("mfts_99_ab"), ("mfts_99_ab".to_owned(), None));
         assert_eq!(encode_call_id("x", None), "x");
@@ -713,9 +748,25 @@ mod tests {
 
     #[test]
     fn test_usage_merge_keeps_classes_reported_once() {
-        let mut usage = Usage { input_tokens: 10, cache_read_tokens: 4, ..Usage::default() };
-        usage.merge(&Usage { output_tokens: 7, ..Usage::default() });
-        assert_eq!(usage, Usage { input_tokens: 10, output_tokens: 7, cache_read_tokens: 4, cache_write_tokens: 0, cache_write_1h_tokens: 0 });
+        let mut usage = Usage {
+            input_tokens: 10,
+            cache_read_tokens: 4,
+            ..Usage::default()
+        };
+        usage.merge(&Usage {
+            output_tokens: 7,
+            ..Usage::default()
+        });
+        assert_eq!(
+            usage,
+            Usage {
+                input_tokens: 10,
+                output_tokens: 7,
+                cache_read_tokens: 4,
+                cache_write_tokens: 0,
+                cache_write_1h_tokens: 0
+            }
+        );
         assert_eq!(usage.prompt_tokens(), 14);
     }
 
@@ -733,7 +784,10 @@ mod tests {
             Format::OpenAiChat => {
                 let mut message = served["choices"][0]["message"].clone();
                 // NOTE: agent clients drop fields they do not know; only the id survives.
-                message["tool_calls"][0].as_object_mut().unwrap().remove("extra_content");
+                message["tool_calls"][0]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("extra_content");
                 let id = message["tool_calls"][0]["id"].clone();
                 json!({"model": "m", "messages": [user, message, {"role": "tool", "tool_call_id": id, "content": "18C"}]})
             }
@@ -749,7 +803,10 @@ mod tests {
                 json!({"model": "m", "input": [user, call, output]})
             }
         };
-        let options = RequestOptions { model: "gemini-3-pro".into(), ..RequestOptions::default() };
+        let options = RequestOptions {
+            model: "gemini-3-pro".into(),
+            ..RequestOptions::default()
+        };
         let translated = translate_request(client, Format::Gemini, body.to_string().as_bytes(), &options).unwrap();
         assert!(translated.unknown.is_empty(), "{client:?}: {:?}", translated.unknown);
         serde_json::from_slice(&translated.body).unwrap()
@@ -784,12 +841,21 @@ mod tests {
         let translated = translate_request(Format::OpenAiChat, Format::Anthropic, body, &options).unwrap();
         assert!(translated.stream && !translated.include_usage);
         let upstream: Value = serde_json::from_slice(&translated.body).unwrap();
-        assert_eq!((upstream["model"].as_str(), upstream["max_tokens"].as_u64()), (Some("claude-x"), Some(4096)));
+        assert_eq!(
+            (upstream["model"].as_str(), upstream["max_tokens"].as_u64()),
+            (Some("claude-x"), Some(4096))
+        );
         let translated = translate_request(Format::OpenAiChat, Format::OpenAiChat, body, &options).unwrap();
         let upstream: Value = serde_json::from_slice(&translated.body).unwrap();
         assert_eq!(upstream["stream_options"], json!({"include_usage": true}));
-        assert!(matches!(decode_request(Format::Anthropic, b"[1]"), Err(Error::InvalidArgument(_))));
-        assert!(matches!(decode_response(Format::Gemini, b"{"), Err(Error::UpstreamBody(_))));
+        assert!(matches!(
+            decode_request(Format::Anthropic, b"[1]"),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            decode_response(Format::Gemini, b"{"),
+            Err(Error::UpstreamBody(_))
+        ));
     }
 
     #[test]
@@ -841,7 +907,12 @@ mod tests {
     fn test_field_classes_are_disjoint() {
         for format in Format::ALL {
             let known = known_fields(format);
-            let mut all: Vec<&String> = known.mapped.iter().chain(&known.passthrough).chain(&known.ignored).collect();
+            let mut all: Vec<&String> = known
+                .mapped
+                .iter()
+                .chain(&known.passthrough)
+                .chain(&known.ignored)
+                .collect();
             let count = all.len();
             all.sort();
             all.dedup();
@@ -851,7 +922,11 @@ mod tests {
 
     /// `body` of `from` translated for a `to` upstream, as JSON.
     fn upstream(from: Format, to: Format, body: &Value) -> Value {
-        let options = RequestOptions { model: "m".into(), default_max_tokens: 64_000, ..RequestOptions::default() };
+        let options = RequestOptions {
+            model: "m".into(),
+            default_max_tokens: 64_000,
+            ..RequestOptions::default()
+        };
         let translated = translate_request(from, to, body.to_string().as_bytes(), &options).unwrap();
         assert!(translated.unknown.is_empty(), "{from:?}: {:?}", translated.unknown);
         serde_json::from_slice(&translated.body).unwrap()
@@ -898,8 +973,17 @@ mod tests {
             }
             for other in Format::ALL.into_iter().filter(|f| *f != format) {
                 let translated = upstream(format, other, &body);
-                for key in ["logit_bias", "prediction", "previous_response_id", "cache_control", "num_ctx"] {
-                    assert!(!translated.to_string().contains(key), "{format:?} -> {other:?} carried {key}");
+                for key in [
+                    "logit_bias",
+                    "prediction",
+                    "previous_response_id",
+                    "cache_control",
+                    "num_ctx",
+                ] {
+                    assert!(
+                        !translated.to_string().contains(key),
+                        "{format:?} -> {other:?} carried {key}"
+                    );
                 }
             }
         }
@@ -940,11 +1024,17 @@ mod tests {
             upstream(Format::OpenAiChat, Format::OpenAiResponses, &chat)["reasoning"],
             json!({"effort": "high"})
         );
-        assert_eq!(upstream(Format::OpenAiChat, Format::Ollama, &chat)["think"], json!(true));
+        assert_eq!(
+            upstream(Format::OpenAiChat, Format::Ollama, &chat)["think"],
+            json!(true)
+        );
 
         let claude = json!({"model": "x", "max_tokens": 1500, "messages": [{"role": "user", "content": "hi"}],
             "thinking": {"type": "enabled", "budget_tokens": 2048}});
-        assert_eq!(upstream(Format::Anthropic, Format::OpenAiChat, &claude)["reasoning_effort"], "low");
+        assert_eq!(
+            upstream(Format::Anthropic, Format::OpenAiChat, &claude)["reasoning_effort"],
+            "low"
+        );
         assert_eq!(
             upstream(Format::Anthropic, Format::Gemini, &claude)["generationConfig"]["thinkingConfig"]
                 ["thinkingBudget"],
@@ -953,15 +1043,25 @@ mod tests {
         // A budget from another format stays under max_tokens, and is dropped below Anthropic's floor.
         let chat_small =
             json!({"model": "x", "messages": [], "reasoning_effort": "medium", "max_completion_tokens": 4000});
-        assert_eq!(upstream(Format::OpenAiChat, Format::Anthropic, &chat_small)["thinking"]["budget_tokens"], 3999);
+        assert_eq!(
+            upstream(Format::OpenAiChat, Format::Anthropic, &chat_small)["thinking"]["budget_tokens"],
+            3999
+        );
         let chat_tiny =
             json!({"model": "x", "messages": [], "reasoning_effort": "medium", "max_completion_tokens": 1000});
-        assert!(upstream(Format::OpenAiChat, Format::Anthropic, &chat_tiny).get("thinking").is_none());
+        assert!(upstream(Format::OpenAiChat, Format::Anthropic, &chat_tiny)
+            .get("thinking")
+            .is_none());
 
         let off = json!({"contents": [], "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}}});
-        assert_eq!(upstream(Format::Gemini, Format::Anthropic, &off)["thinking"], json!({"type": "disabled"}));
+        assert_eq!(
+            upstream(Format::Gemini, Format::Anthropic, &off)["thinking"],
+            json!({"type": "disabled"})
+        );
         assert_eq!(upstream(Format::Gemini, Format::Ollama, &off)["think"], json!(false));
-        assert!(upstream(Format::Gemini, Format::OpenAiChat, &off).get("reasoning_effort").is_none());
+        assert!(upstream(Format::Gemini, Format::OpenAiChat, &off)
+            .get("reasoning_effort")
+            .is_none());
         let auto = json!({"model": "x", "messages": [], "think": true});
         assert_eq!(
             upstream(Format::Ollama, Format::Gemini, &auto)["generationConfig"]["thinkingConfig"]["thinkingBudget"],
@@ -984,7 +1084,10 @@ mod tests {
         assert_eq!(gemini["generationConfig"]["responseMimeType"], "application/json");
         assert_eq!(gemini["generationConfig"]["responseJsonSchema"], schema);
         let claude = upstream(Format::OpenAiChat, Format::Anthropic, &chat);
-        assert_eq!(claude["output_config"], json!({"format": {"type": "json_schema", "schema": schema}}));
+        assert_eq!(
+            claude["output_config"],
+            json!({"format": {"type": "json_schema", "schema": schema}})
+        );
         assert_eq!(upstream(Format::OpenAiChat, Format::Ollama, &chat)["format"], schema);
         assert_eq!(
             upstream(Format::OpenAiChat, Format::OpenAiResponses, &chat)["text"],
@@ -993,7 +1096,10 @@ mod tests {
         let gemini = json!({"contents": [], "generationConfig": {"responseMimeType": "application/json",
             "responseJsonSchema": schema}});
         let back = upstream(Format::Gemini, Format::OpenAiChat, &gemini);
-        assert_eq!(back["response_format"]["json_schema"], json!({"name": "response", "schema": schema}));
+        assert_eq!(
+            back["response_format"]["json_schema"],
+            json!({"name": "response", "schema": schema})
+        );
 
         let mode = json!({"model": "x", "messages": [], "format": "json"});
         assert_eq!(
@@ -1005,7 +1111,9 @@ mod tests {
             json!({"responseMimeType": "application/json"})
         );
         // Anthropic needs a schema: schemaless JSON is a documented loss.
-        assert!(upstream(Format::Ollama, Format::Anthropic, &mode).get("output_config").is_none());
+        assert!(upstream(Format::Ollama, Format::Anthropic, &mode)
+            .get("output_config")
+            .is_none());
     }
 
     #[test]
@@ -1013,22 +1121,40 @@ mod tests {
         let claude = json!({"model": "x", "max_tokens": 10, "messages": [], "top_k": 5,
             "tools": [{"name": "f", "input_schema": {"type": "object"}}],
             "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}});
-        assert_eq!(upstream(Format::Anthropic, Format::Gemini, &claude)["generationConfig"]["topK"], 5);
-        assert_eq!(upstream(Format::Anthropic, Format::Ollama, &claude)["options"]["top_k"], 5);
+        assert_eq!(
+            upstream(Format::Anthropic, Format::Gemini, &claude)["generationConfig"]["topK"],
+            5
+        );
+        assert_eq!(
+            upstream(Format::Anthropic, Format::Ollama, &claude)["options"]["top_k"],
+            5
+        );
         let chat = upstream(Format::Anthropic, Format::OpenAiChat, &claude);
         assert!(chat.get("top_k").is_none());
         assert_eq!(chat["parallel_tool_calls"], false);
         let same = upstream(Format::Anthropic, Format::Anthropic, &claude);
-        assert_eq!((same["top_k"].clone(), same["tool_choice"].clone()), (json!(5), claude["tool_choice"].clone()));
+        assert_eq!(
+            (same["top_k"].clone(), same["tool_choice"].clone()),
+            (json!(5), claude["tool_choice"].clone())
+        );
 
         let chat = json!({"model": "x", "messages": [], "seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.25,
             "parallel_tool_calls": false, "tools": [{"type": "function", "function": {"name": "f"}}]});
         let ollama = upstream(Format::OpenAiChat, Format::Ollama, &chat);
-        assert_eq!(ollama["options"], json!({"seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.25}));
+        assert_eq!(
+            ollama["options"],
+            json!({"seed": 7, "presence_penalty": 0.5, "frequency_penalty": -0.25})
+        );
         let gemini = upstream(Format::OpenAiChat, Format::Gemini, &chat);
-        assert_eq!(gemini["generationConfig"], json!({"seed": 7, "presencePenalty": 0.5, "frequencyPenalty": -0.25}));
+        assert_eq!(
+            gemini["generationConfig"],
+            json!({"seed": 7, "presencePenalty": 0.5, "frequencyPenalty": -0.25})
+        );
         let claude = upstream(Format::OpenAiChat, Format::Anthropic, &chat);
-        assert_eq!(claude["tool_choice"], json!({"type": "auto", "disable_parallel_tool_use": true}));
+        assert_eq!(
+            claude["tool_choice"],
+            json!({"type": "auto", "disable_parallel_tool_use": true})
+        );
     }
 
     #[test]
@@ -1062,7 +1188,10 @@ mod tests {
                 "metadata",
                 "safety_identifier",
             ] {
-                assert!(!known.passthrough.iter().any(|p| p == governed), "{format:?}: {governed}");
+                assert!(
+                    !known.passthrough.iter().any(|p| p == governed),
+                    "{format:?}: {governed}"
+                );
             }
         }
     }

@@ -39,8 +39,16 @@ const KEPT: &[&str] = &["format", "think"];
 /// Known and not carried: how long the Ollama server keeps the model loaded.
 pub(crate) const IGNORED: &[&str] = &["keep_alive"];
 
-pub(crate) const OPTIONS_MAPPED: &[&str] =
-    &["temperature", "top_p", "num_predict", "stop", "top_k", "seed", "presence_penalty", "frequency_penalty"];
+pub(crate) const OPTIONS_MAPPED: &[&str] = &[
+    "temperature",
+    "top_p",
+    "num_predict",
+    "stop",
+    "top_k",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+];
 
 /// `options` carried verbatim to an upstream of this format: the runner's own knobs.
 pub(crate) const OPTIONS_PASSTHROUGH: &[&str] = &[
@@ -83,9 +91,11 @@ fn decode_think(think: &Value) -> Option<Reasoning> {
 fn decode_format(format: &Value) -> Option<OutputFormat> {
     match format {
         Value::String(s) if s == "json" => Some(OutputFormat::Json),
-        Value::Object(_) => {
-            Some(OutputFormat::JsonSchema { name: String::new(), schema: format.clone(), strict: None })
-        }
+        Value::Object(_) => Some(OutputFormat::JsonSchema {
+            name: String::new(),
+            schema: format.clone(),
+            strict: None,
+        }),
         _ => None,
     }
 }
@@ -112,7 +122,10 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         }
         request.temperature = wire::opt_f64(options, "temperature")?;
         request.top_p = wire::opt_f64(options, "top_p")?;
-        request.top_k = options.get("top_k").and_then(wire::integer).and_then(|n| u64::try_from(n).ok());
+        request.top_k = options
+            .get("top_k")
+            .and_then(wire::integer)
+            .and_then(|n| u64::try_from(n).ok());
         request.seed = wire::opt_i64(options, "seed")?;
         request.presence_penalty = wire::opt_f64(options, "presence_penalty")?;
         request.frequency_penalty = wire::opt_f64(options, "frequency_penalty")?;
@@ -126,7 +139,15 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         drift.check(
             "messages[]",
             message,
-            &["role", "content", "images", "tool_calls", "thinking", "tool_name", "tool_call_id"],
+            &[
+                "role",
+                "content",
+                "images",
+                "tool_calls",
+                "thinking",
+                "tool_name",
+                "tool_call_id",
+            ],
         );
         let content = opt_str(message, "content")?.unwrap_or_default();
         match req_str(message, "role")? {
@@ -139,14 +160,23 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
                 for image in wire::list(message, "images")? {
                     let data = image.as_str().ok_or("images must be base64 strings")?;
                     let media_type = wire::sniff_media_type(data).to_owned();
-                    blocks.push(Block::Image(Image::Base64 { media_type, data: data.to_owned() }));
+                    blocks.push(Block::Image(Image::Base64 {
+                        media_type,
+                        data: data.to_owned(),
+                    }));
                 }
-                request.messages.push(Message { role: Role::User, content: blocks });
+                request.messages.push(Message {
+                    role: Role::User,
+                    content: blocks,
+                });
             }
             "assistant" => {
                 let mut blocks = Vec::new();
                 if let Some(thinking) = opt_str(message, "thinking")?.filter(|t| !t.is_empty()) {
-                    blocks.push(Block::Thinking { text: thinking.to_owned(), signature: None });
+                    blocks.push(Block::Thinking {
+                        text: thinking.to_owned(),
+                        signature: None,
+                    });
                 }
                 if !content.is_empty() {
                     blocks.push(Block::Text(content.to_owned()));
@@ -154,12 +184,19 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
                 for call in wire::list(message, "tool_calls")? {
                     blocks.push(Block::ToolCall(decode_call(call, &mut calls, &mut drift)?));
                 }
-                request.messages.push(Message { role: Role::Assistant, content: blocks });
+                request.messages.push(Message {
+                    role: Role::Assistant,
+                    content: blocks,
+                });
             }
             "tool" => {
                 let name = opt_str(message, "tool_name")?.unwrap_or_default();
-                let id =
-                    calls.result_id(opt_str(message, "tool_call_id")?.map(|id| decode_call_id(id).0).as_deref(), name);
+                let id = calls.result_id(
+                    opt_str(message, "tool_call_id")?
+                        .map(|id| decode_call_id(id).0)
+                        .as_deref(),
+                    name,
+                );
                 let result = Block::ToolResult(ToolResult {
                     id,
                     name: name.to_owned(),
@@ -173,7 +210,10 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
                     {
                         last.content.push(result);
                     }
-                    _ => request.messages.push(Message { role: Role::User, content: vec![result] }),
+                    _ => request.messages.push(Message {
+                        role: Role::User,
+                        content: vec![result],
+                    }),
                 }
             }
             other => return Err(format!("unknown message role {other:?}")),
@@ -184,7 +224,10 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
             request.tools.push(wire::function_tool(tool, &mut drift, "tools[]")?);
         }
     }
-    Ok(Decoded { value: request, unknown: drift.unknown })
+    Ok(Decoded {
+        value: request,
+        unknown: drift.unknown,
+    })
 }
 
 fn decode_call(value: &Value, calls: &mut Calls, drift: &mut Drift) -> Result<ToolCall, String> {
@@ -197,7 +240,12 @@ fn decode_call(value: &Value, calls: &mut Calls, drift: &mut Drift) -> Result<To
         None => (String::new(), None),
     };
     let id = calls.call_id(Some(&id), name);
-    Ok(ToolCall { id, name: name.to_owned(), arguments: wire::args_text(function.get("arguments")), signature })
+    Ok(ToolCall {
+        id,
+        name: name.to_owned(),
+        arguments: wire::args_text(function.get("arguments")),
+        signature,
+    })
 }
 
 fn encode_call(call: &ToolCall) -> Value {
@@ -232,7 +280,11 @@ fn assistant_message(content: &[Block]) -> Value {
 }
 
 pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
-    let mut messages: Vec<Value> = request.system.iter().map(|t| json!({"role": "system", "content": t})).collect();
+    let mut messages: Vec<Value> = request
+        .system
+        .iter()
+        .map(|t| json!({"role": "system", "content": t}))
+        .collect();
     for message in &request.messages {
         if message.role == Role::Assistant {
             messages.push(assistant_message(&message.content));
@@ -344,7 +396,11 @@ fn now_rfc3339() -> String {
 /// The closing object of a response: the reason and the counts Ollama reports.
 fn done_fields(value: &mut Value, stop_reason: Option<StopReason>, usage: &Usage) {
     value["done"] = json!(true);
-    value["done_reason"] = json!(if stop_reason == Some(StopReason::MaxTokens) { "length" } else { "stop" });
+    value["done_reason"] = json!(if stop_reason == Some(StopReason::MaxTokens) {
+        "length"
+    } else {
+        "stop"
+    });
     value["prompt_eval_count"] = json!(usage.prompt_tokens());
     value["eval_count"] = json!(usage.output_tokens);
 }
@@ -354,7 +410,10 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
     let message = object(body.get("message").unwrap_or(&Value::Null), "message")?;
     let mut content = Vec::new();
     if let Some(thinking) = opt_str(message, "thinking")?.filter(|t| !t.is_empty()) {
-        content.push(Block::Thinking { text: thinking.to_owned(), signature: None });
+        content.push(Block::Thinking {
+            text: thinking.to_owned(),
+            signature: None,
+        });
     }
     if let Some(text) = opt_str(message, "content")?.filter(|t| !t.is_empty()) {
         content.push(Block::Text(text.to_owned()));
@@ -394,7 +453,12 @@ pub(crate) struct StreamDecoder {
 
 impl Default for StreamDecoder {
     fn default() -> Self {
-        Self { started: false, calls: Calls::new(SYNTH_PREFIX), open: None, next_index: 0 }
+        Self {
+            started: false,
+            calls: Calls::new(SYNTH_PREFIX),
+            open: None,
+            next_index: 0,
+        }
     }
 }
 
@@ -403,37 +467,58 @@ impl StreamDecoder {
         let value: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
         let body = object(&value, "line")?;
         if let Some(error) = body.get("error") {
-            out.push(Event::Error(error.as_str().map_or_else(|| error.to_string(), str::to_owned)));
+            out.push(Event::Error(
+                error.as_str().map_or_else(|| error.to_string(), str::to_owned),
+            ));
             return Ok(());
         }
         if !self.started {
             self.started = true;
-            out.push(Event::Start { id: String::new(), model: opt_str(body, "model")?.unwrap_or_default().to_owned() });
+            out.push(Event::Start {
+                id: String::new(),
+                model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
+            });
         }
         if let Some(message) = body.get("message").and_then(Value::as_object) {
             if let Some(thinking) = opt_str(message, "thinking")?.filter(|t| !t.is_empty()) {
                 let index = self.ensure(true, out);
-                out.push(Event::Delta { index, delta: Delta::Thinking(thinking.to_owned()) });
+                out.push(Event::Delta {
+                    index,
+                    delta: Delta::Thinking(thinking.to_owned()),
+                });
             }
             if let Some(text) = opt_str(message, "content")?.filter(|t| !t.is_empty()) {
                 let index = self.ensure(false, out);
-                out.push(Event::Delta { index, delta: Delta::Text(text.to_owned()) });
+                out.push(Event::Delta {
+                    index,
+                    delta: Delta::Text(text.to_owned()),
+                });
             }
             for call in wire::list(message, "tool_calls")? {
                 let call = decode_call(call, &mut self.calls, &mut Drift::default())?;
                 self.close(out);
                 let index = self.next_index;
                 self.next_index += 1;
-                let block = BlockKind::ToolCall { id: call.id, name: call.name, signature: call.signature };
+                let block = BlockKind::ToolCall {
+                    id: call.id,
+                    name: call.name,
+                    signature: call.signature,
+                };
                 out.push(Event::BlockStart { index, block });
-                out.push(Event::Delta { index, delta: Delta::Arguments(call.arguments) });
+                out.push(Event::Delta {
+                    index,
+                    delta: Delta::Arguments(call.arguments),
+                });
                 out.push(Event::BlockStop { index });
             }
         }
         if body.get("done").and_then(Value::as_bool) == Some(true) {
             self.close(out);
             out.push(Event::Usage(usage_of(body)));
-            out.push(Event::Finish(decode_stop(opt_str(body, "done_reason")?, self.calls.made > 0)));
+            out.push(Event::Finish(decode_stop(
+                opt_str(body, "done_reason")?,
+                self.calls.made > 0,
+            )));
             out.push(Event::End);
         }
         Ok(())
@@ -449,7 +534,10 @@ impl StreamDecoder {
         let index = self.next_index;
         self.next_index += 1;
         self.open = Some((index, thinking));
-        out.push(Event::BlockStart { index, block: if thinking { BlockKind::Thinking } else { BlockKind::Text } });
+        out.push(Event::BlockStart {
+            index,
+            block: if thinking { BlockKind::Thinking } else { BlockKind::Text },
+        });
         index
     }
 
@@ -479,7 +567,10 @@ impl StreamEncoder {
     pub(crate) fn encode(&mut self, event: &Event, out: &mut Vec<u8>) {
         match event {
             Event::Start { model, .. } => self.model.clone_from(model),
-            Event::BlockStart { index, block: BlockKind::ToolCall { id, name, signature } } => {
+            Event::BlockStart {
+                index,
+                block: BlockKind::ToolCall { id, name, signature },
+            } => {
                 let call = ToolCall {
                     id: id.clone(),
                     name: name.clone(),
@@ -503,7 +594,10 @@ impl StreamEncoder {
             Event::BlockStop { index } => {
                 if let Some((open, call)) = self.call.take() {
                     if open == *index {
-                        self.line(out, json!({"role": "assistant", "content": "", "tool_calls": [encode_call(&call)]}));
+                        self.line(
+                            out,
+                            json!({"role": "assistant", "content": "", "tool_calls": [encode_call(&call)]}),
+                        );
                     } else {
                         self.call = Some((open, call));
                     }
@@ -559,10 +653,18 @@ mod tests {
         assert_eq!(request.max_tokens, Some(64));
         assert_eq!(
             request.messages[0].content[1],
-            Block::Image(Image::Base64 { media_type: "image/png".into(), data: "iVBORw0KGgoAAAANSUhEUg==".into() })
+            Block::Image(Image::Base64 {
+                media_type: "image/png".into(),
+                data: "iVBORw0KGgoAAAANSUhEUg==".into()
+            })
         );
-        let Block::ToolCall(call) = &request.messages[1].content[0] else { panic!("not a call") };
-        assert_eq!((call.id.as_str(), call.arguments.as_str()), ("ocall_0", r#"{"q":"cat"}"#));
+        let Block::ToolCall(call) = &request.messages[1].content[0] else {
+            panic!("not a call")
+        };
+        assert_eq!(
+            (call.id.as_str(), call.arguments.as_str()),
+            ("ocall_0", r#"{"q":"cat"}"#)
+        );
         assert!(matches!(&request.messages[2].content[0], Block::ToolResult(r) if r.id == "ocall_0"));
     }
 
@@ -594,6 +696,9 @@ mod tests {
         let whole = json!({"model": "llama3.2", "created_at": "2025-01-01T00:00:00Z",
             "message": {"role": "assistant", "content": "Hi!", "thinking": "hmm"},
             "done": true, "done_reason": "stop", "prompt_eval_count": 12, "eval_count": 3});
-        assert_eq!(acc.response(), &decode_response(Format::Ollama, whole.to_string().as_bytes()).unwrap());
+        assert_eq!(
+            acc.response(),
+            &decode_response(Format::Ollama, whole.to_string().as_bytes()).unwrap()
+        );
     }
 }

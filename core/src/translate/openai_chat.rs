@@ -110,7 +110,10 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         None | Some(Value::Null) => None,
         Some(choice) => Some(decode_tool_choice(choice)?),
     };
-    Ok(Decoded { value: request, unknown: drift.unknown })
+    Ok(Decoded {
+        value: request,
+        unknown: drift.unknown,
+    })
 }
 
 /// `reasoning_effort`; a level the IR does not know is kept for the same format only.
@@ -171,19 +174,33 @@ fn decode_message(value: &Value, request: &mut Request, drift: &mut Drift) -> Re
     drift.check(
         "messages[]",
         message,
-        &["role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "refusal"],
+        &[
+            "role",
+            "content",
+            "name",
+            "tool_calls",
+            "tool_call_id",
+            "reasoning_content",
+            "refusal",
+        ],
     );
     let content = message.get("content").unwrap_or(&Value::Null);
     match req_str(message, "role")? {
         "system" | "developer" => request.system.extend(text_parts(content, drift)?),
         "user" => {
             let blocks = user_parts(content, drift)?;
-            request.messages.push(Message { role: Role::User, content: blocks });
+            request.messages.push(Message {
+                role: Role::User,
+                content: blocks,
+            });
         }
         "assistant" => {
             let mut blocks = Vec::new();
             if let Some(reasoning) = opt_str(message, "reasoning_content")?.filter(|s| !s.is_empty()) {
-                blocks.push(Block::Thinking { text: reasoning.to_owned(), signature: None });
+                blocks.push(Block::Thinking {
+                    text: reasoning.to_owned(),
+                    signature: None,
+                });
             }
             blocks.extend(text_parts(content, drift)?.into_iter().map(Block::Text));
             if let Some(calls) = message.get("tool_calls").filter(|v| !v.is_null()) {
@@ -191,7 +208,10 @@ fn decode_message(value: &Value, request: &mut Request, drift: &mut Drift) -> Re
                     blocks.push(Block::ToolCall(decode_tool_call(call, drift)?));
                 }
             }
-            request.messages.push(Message { role: Role::Assistant, content: blocks });
+            request.messages.push(Message {
+                role: Role::Assistant,
+                content: blocks,
+            });
         }
         "tool" => {
             let result = ToolResult {
@@ -210,7 +230,10 @@ fn decode_message(value: &Value, request: &mut Request, drift: &mut Drift) -> Re
                 {
                     last.content.push(Block::ToolResult(result));
                 }
-                _ => request.messages.push(Message { role: Role::User, content: vec![Block::ToolResult(result)] }),
+                _ => request.messages.push(Message {
+                    role: Role::User,
+                    content: vec![Block::ToolResult(result)],
+                }),
             }
         }
         other => return Err(format!("unknown message role {other:?}")),
@@ -220,7 +243,11 @@ fn decode_message(value: &Value, request: &mut Request, drift: &mut Drift) -> Re
 
 fn decode_tool_call(value: &Value, drift: &mut Drift) -> Result<ToolCall, String> {
     let call = object(value, "tool call")?;
-    drift.check("messages[].tool_calls[]", call, &["id", "type", "function", "extra_content"]);
+    drift.check(
+        "messages[].tool_calls[]",
+        call,
+        &["id", "type", "function", "extra_content"],
+    );
     let function = object(call.get("function").unwrap_or(&Value::Null), "tool call function")?;
     let (id, mut signature) = decode_call_id(req_str(call, "id")?);
     if let Some(extra) = extra_signature(call) {
@@ -236,7 +263,11 @@ fn decode_tool_call(value: &Value, drift: &mut Drift) -> Result<ToolCall, String
 
 /// Gemini's signature in its OpenAI-compatible extension field.
 fn extra_signature(call: &Map<String, Value>) -> Option<String> {
-    call.get("extra_content")?.get("google")?.get("thought_signature")?.as_str().map(str::to_owned)
+    call.get("extra_content")?
+        .get("google")?
+        .get("thought_signature")?
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// Text of a `content` that is a string or a list of text parts.
@@ -283,8 +314,11 @@ fn user_parts(content: &Value, drift: &mut Drift) -> Result<Vec<Block>, String> 
 }
 
 pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
-    let mut messages: Vec<Value> =
-        request.system.iter().map(|text| json!({"role": "system", "content": text})).collect();
+    let mut messages: Vec<Value> = request
+        .system
+        .iter()
+        .map(|text| json!({"role": "system", "content": text}))
+        .collect();
     for message in &request.messages {
         encode_message(message, &mut messages, false);
     }
@@ -413,7 +447,11 @@ fn encode_message(message: &Message, out: &mut Vec<Value>, response: bool) {
 }
 
 fn encode_tool_call(call: &ToolCall, signed_id: bool) -> Value {
-    let id = if signed_id { encode_call_id(&call.id, call.signature.as_deref()) } else { call.id.clone() };
+    let id = if signed_id {
+        encode_call_id(&call.id, call.signature.as_deref())
+    } else {
+        call.id.clone()
+    };
     let mut value = json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
     if let Some(signature) = &call.signature {
         value["extra_content"] = json!({"google": {"thought_signature": signature}});
@@ -428,7 +466,10 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
     let message = object(choice.get("message").unwrap_or(&Value::Null), "message")?;
     let mut content = Vec::new();
     if let Some(reasoning) = opt_str(message, "reasoning_content")?.filter(|s| !s.is_empty()) {
-        content.push(Block::Thinking { text: reasoning.to_owned(), signature: None });
+        content.push(Block::Thinking {
+            text: reasoning.to_owned(),
+            signature: None,
+        });
     }
     let mut ignored = Drift::default();
     let texts = text_parts(message.get("content").unwrap_or(&Value::Null), &mut ignored)?;
@@ -446,7 +487,11 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
         model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
         content,
         stop_reason: opt_str(choice, "finish_reason")?.map(decode_stop),
-        usage: body.get("usage").and_then(Value::as_object).map(decode_usage).unwrap_or_default(),
+        usage: body
+            .get("usage")
+            .and_then(Value::as_object)
+            .map(decode_usage)
+            .unwrap_or_default(),
     })
 }
 
@@ -491,8 +536,17 @@ fn encode_stop(reason: StopReason) -> &'static str {
 
 pub(crate) fn encode_response(response: &Response) -> Value {
     let mut messages = Vec::new();
-    encode_message(&Message { role: Role::Assistant, content: response.content.clone() }, &mut messages, true);
-    let mut message = messages.pop().unwrap_or_else(|| json!({"role": "assistant", "content": null}));
+    encode_message(
+        &Message {
+            role: Role::Assistant,
+            content: response.content.clone(),
+        },
+        &mut messages,
+        true,
+    );
+    let mut message = messages
+        .pop()
+        .unwrap_or_else(|| json!({"role": "assistant", "content": null}));
     message["refusal"] = Value::Null;
     json!({
         "id": response.id,
@@ -566,16 +620,24 @@ impl StreamDecoder {
     fn delta(&mut self, delta: &Map<String, Value>, out: &mut Vec<Event>) -> Result<(), String> {
         if let Some(text) = opt_str(delta, "reasoning_content")?.filter(|s| !s.is_empty()) {
             let index = self.ensure(OpenKind::Thinking, out);
-            out.push(Event::Delta { index, delta: Delta::Thinking(text.to_owned()) });
+            out.push(Event::Delta {
+                index,
+                delta: Delta::Thinking(text.to_owned()),
+            });
         }
         // NOTE: a refusal is the answer's text, as the non-streamed decoder reads it.
         for key in ["content", "refusal"] {
             if let Some(text) = opt_str(delta, key)?.filter(|s| !s.is_empty()) {
                 let index = self.ensure(OpenKind::Text, out);
-                out.push(Event::Delta { index, delta: Delta::Text(text.to_owned()) });
+                out.push(Event::Delta {
+                    index,
+                    delta: Delta::Text(text.to_owned()),
+                });
             }
         }
-        let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) else { return Ok(()) };
+        let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) else {
+            return Ok(());
+        };
         for call in calls {
             let call = object(call, "tool call delta")?;
             let wire_index = opt_u64(call, "index")?.unwrap_or(0);
@@ -593,20 +655,34 @@ impl StreamDecoder {
                     if let Some(extra) = extra_signature(call) {
                         signature = Some(extra);
                     }
-                    let name = function.map(|f| opt_str(f, "name")).transpose()?.flatten().unwrap_or_default();
+                    let name = function
+                        .map(|f| opt_str(f, "name"))
+                        .transpose()?
+                        .flatten()
+                        .unwrap_or_default();
                     out.push(Event::BlockStart {
                         index,
-                        block: BlockKind::ToolCall { id, name: name.to_owned(), signature },
+                        block: BlockKind::ToolCall {
+                            id,
+                            name: name.to_owned(),
+                            signature,
+                        },
                     });
                     index
                 }
             };
             // NOTE: a delta for an earlier call (providers that interleave parallel calls) keeps
             // its own index; the single-open-block rule holds for the usual sequential order.
-            if let Some(arguments) =
-                function.map(|f| opt_str(f, "arguments")).transpose()?.flatten().filter(|s| !s.is_empty())
+            if let Some(arguments) = function
+                .map(|f| opt_str(f, "arguments"))
+                .transpose()?
+                .flatten()
+                .filter(|s| !s.is_empty())
             {
-                out.push(Event::Delta { index, delta: Delta::Arguments(arguments.to_owned()) });
+                out.push(Event::Delta {
+                    index,
+                    delta: Delta::Arguments(arguments.to_owned()),
+                });
             }
         }
         Ok(())
@@ -622,7 +698,11 @@ impl StreamDecoder {
         let index = self.next_index;
         self.next_index += 1;
         self.open = Some((index, kind));
-        let block = if kind == OpenKind::Text { BlockKind::Text } else { BlockKind::Thinking };
+        let block = if kind == OpenKind::Text {
+            BlockKind::Text
+        } else {
+            BlockKind::Thinking
+        };
         out.push(Event::BlockStart { index, block });
         index
     }
@@ -648,7 +728,14 @@ pub(crate) struct StreamEncoder {
 
 impl StreamEncoder {
     pub(crate) fn new(include_usage: bool) -> Self {
-        Self { include_usage, id: String::new(), model: String::new(), created: 0, calls: Vec::new(), usage: None }
+        Self {
+            include_usage,
+            id: String::new(),
+            model: String::new(),
+            created: 0,
+            calls: Vec::new(),
+            usage: None,
+        }
     }
 
     fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
@@ -670,7 +757,10 @@ impl StreamEncoder {
                 self.created = wire::now_unix();
                 self.chunk(out, json!({"role": "assistant", "content": ""}), None);
             }
-            Event::BlockStart { index, block: BlockKind::ToolCall { id, name, signature } } => {
+            Event::BlockStart {
+                index,
+                block: BlockKind::ToolCall { id, name, signature },
+            } => {
                 let wire_index = self.calls.len();
                 self.calls.push((*index, wire_index));
                 let call = ToolCall {
@@ -687,7 +777,9 @@ impl StreamEncoder {
                 Delta::Text(text) => self.chunk(out, json!({"content": text}), None),
                 Delta::Thinking(text) => self.chunk(out, json!({"reasoning_content": text}), None),
                 Delta::Arguments(arguments) => {
-                    let Some(&(_, wire_index)) = self.calls.iter().find(|(i, _)| i == index) else { return };
+                    let Some(&(_, wire_index)) = self.calls.iter().find(|(i, _)| i == index) else {
+                        return;
+                    };
                     self.chunk(
                         out,
                         json!({"tool_calls": [{"index": wire_index, "function": {"arguments": arguments}}]}),
@@ -767,7 +859,10 @@ mod tests {
         assert_eq!(request.tools[0].name, "get_weather");
         assert_eq!(
             request.messages[0].content[1],
-            Block::Image(Image::Base64 { media_type: "image/png".into(), data: "iVBORw0KGgo=".into() })
+            Block::Image(Image::Base64 {
+                media_type: "image/png".into(),
+                data: "iVBORw0KGgo=".into()
+            })
         );
         assert_eq!(
             request.messages[2].content,
@@ -782,18 +877,32 @@ mod tests {
 
     #[test]
     fn test_gemini_signature_rides_in_extra_content_upstream_and_in_the_id_downstream() {
-        let call =
-            ToolCall { id: "c1".into(), name: "f".into(), arguments: "{}".into(), signature: Some("sig/+=".into()) };
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+            signature: Some("sig/+=".into()),
+        };
         let request = Request {
-            messages: vec![Message { role: Role::Assistant, content: vec![Block::ToolCall(call.clone())] }],
-            tools: vec![Tool { name: "f".into(), description: None, parameters: wire::empty_schema() }],
+            messages: vec![Message {
+                role: Role::Assistant,
+                content: vec![Block::ToolCall(call.clone())],
+            }],
+            tools: vec![Tool {
+                name: "f".into(),
+                description: None,
+                parameters: wire::empty_schema(),
+            }],
             ..Request::default()
         };
         let body: Value = serde_json::from_slice(&encode_request(Format::OpenAiChat, &request).unwrap()).unwrap();
         let wire_call = &body["messages"][0]["tool_calls"][0];
         assert_eq!(wire_call["id"], "c1");
         assert_eq!(wire_call["extra_content"]["google"]["thought_signature"], "sig/+=");
-        let response = Response { content: vec![Block::ToolCall(call.clone())], ..Response::default() };
+        let response = Response {
+            content: vec![Block::ToolCall(call.clone())],
+            ..Response::default()
+        };
         let body: Value =
             serde_json::from_slice(&super::super::encode_response(Format::OpenAiChat, &response)).unwrap();
         let id = body["choices"][0]["message"]["tool_calls"][0]["id"].as_str().unwrap();
@@ -818,7 +927,13 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::ToolUse));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 40, output_tokens: 9, cache_read_tokens: 60, cache_write_tokens: 0, cache_write_1h_tokens: 0 }
+            Usage {
+                input_tokens: 40,
+                output_tokens: 9,
+                cache_read_tokens: 60,
+                cache_write_tokens: 0,
+                cache_write_1h_tokens: 0
+            }
         );
         assert!(matches!(&response.content[0], Block::ToolCall(c) if c.arguments == "{\"a\":1}"));
     }
@@ -837,19 +952,39 @@ mod tests {
         let mut decoder = super::super::stream::Decoder::new(Format::OpenAiChat);
         let mut events = Vec::new();
         decoder.feed(stream.as_bytes(), &mut events);
-        let call = BlockKind::ToolCall { id: "call_1".into(), name: "f".into(), signature: None };
+        let call = BlockKind::ToolCall {
+            id: "call_1".into(),
+            name: "f".into(),
+            signature: None,
+        };
         assert_eq!(
             events,
             [
-                Event::Start { id: "c".into(), model: "m".into() },
-                Event::BlockStart { index: 0, block: BlockKind::Text },
-                Event::Delta { index: 0, delta: Delta::Text("Hi".into()) },
+                Event::Start {
+                    id: "c".into(),
+                    model: "m".into()
+                },
+                Event::BlockStart {
+                    index: 0,
+                    block: BlockKind::Text
+                },
+                Event::Delta {
+                    index: 0,
+                    delta: Delta::Text("Hi".into())
+                },
                 Event::BlockStop { index: 0 },
                 Event::BlockStart { index: 1, block: call },
-                Event::Delta { index: 1, delta: Delta::Arguments("{}".into()) },
+                Event::Delta {
+                    index: 1,
+                    delta: Delta::Arguments("{}".into())
+                },
                 Event::BlockStop { index: 1 },
                 Event::Finish(StopReason::ToolUse),
-                Event::Usage(Usage { input_tokens: 5, output_tokens: 2, ..Usage::default() }),
+                Event::Usage(Usage {
+                    input_tokens: 5,
+                    output_tokens: 2,
+                    ..Usage::default()
+                }),
                 Event::End,
             ]
         );

@@ -85,11 +85,17 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
         top_p: opt_f64(body, "top_p")?,
         stream: wire::flag(body, "stream")?,
         parallel_tool_calls: wire::opt_bool(body, "parallel_tool_calls")?,
-        reasoning: body.get("reasoning").and_then(|r| r.get("effort")?.as_str()).and_then(|effort| match effort {
-            "none" => Some(Reasoning::Off),
-            other => Effort::parse(other).map(Reasoning::Effort),
-        }),
-        output_format: body.get("text").and_then(|t| t.get("format")).and_then(decode_text_format),
+        reasoning: body
+            .get("reasoning")
+            .and_then(|r| r.get("effort")?.as_str())
+            .and_then(|effort| match effort {
+                "none" => Some(Reasoning::Off),
+                other => Effort::parse(other).map(Reasoning::Effort),
+            }),
+        output_format: body
+            .get("text")
+            .and_then(|t| t.get("format"))
+            .and_then(decode_text_format),
         ..Request::default()
     };
     wire::keep(body, &[PASSTHROUGH, KEPT].concat(), &mut request.passthrough);
@@ -98,9 +104,10 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
     }
     match body.get("input") {
         None | Some(Value::Null) => {}
-        Some(Value::String(text)) => {
-            request.messages.push(Message { role: Role::User, content: vec![Block::Text(text.clone())] })
-        }
+        Some(Value::String(text)) => request.messages.push(Message {
+            role: Role::User,
+            content: vec![Block::Text(text.clone())],
+        }),
         Some(items) => {
             for item in array(items, "input")? {
                 decode_item(object(item, "input item")?, &mut request, &mut drift)?;
@@ -114,11 +121,19 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
             drift.note(format!("tools[].type={kind}"));
             continue;
         }
-        drift.check("tools[]", tool, &["type", "name", "description", "parameters", "strict"]);
+        drift.check(
+            "tools[]",
+            tool,
+            &["type", "name", "description", "parameters", "strict"],
+        );
         request.tools.push(Tool {
             name: req_str(tool, "name")?.to_owned(),
             description: opt_str(tool, "description")?.map(str::to_owned),
-            parameters: tool.get("parameters").filter(|v| !v.is_null()).cloned().unwrap_or_else(wire::empty_schema),
+            parameters: tool
+                .get("parameters")
+                .filter(|v| !v.is_null())
+                .cloned()
+                .unwrap_or_else(wire::empty_schema),
         });
     }
     request.tool_choice = match body.get("tool_choice") {
@@ -137,7 +152,10 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
             }
         }
     };
-    Ok(Decoded { value: request, unknown: drift.unknown })
+    Ok(Decoded {
+        value: request,
+        unknown: drift.unknown,
+    })
 }
 
 /// `text.format`; `text` (the default) and unknown types are no constraint.
@@ -145,7 +163,11 @@ fn decode_text_format(format: &Value) -> Option<OutputFormat> {
     match format.get("type")?.as_str()? {
         "json_object" => Some(OutputFormat::Json),
         "json_schema" => Some(OutputFormat::JsonSchema {
-            name: format.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            name: format
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
             schema: format.get("schema").cloned().unwrap_or_else(wire::empty_schema),
             strict: format.get("strict").and_then(Value::as_bool),
         }),
@@ -161,7 +183,10 @@ fn append(request: &mut Request, role: Role, block: Block) {
     };
     match request.messages.last_mut() {
         Some(last) if joins(last) => last.content.push(block),
-        _ => request.messages.push(Message { role, content: vec![block] }),
+        _ => request.messages.push(Message {
+            role,
+            content: vec![block],
+        }),
     }
 }
 
@@ -182,13 +207,20 @@ fn decode_item(item: &Map<String, Value>, request: &mut Request, drift: &mut Dri
                         }
                     }));
                 }
-                "user" => request.messages.push(Message { role: Role::User, content: blocks }),
+                "user" => request.messages.push(Message {
+                    role: Role::User,
+                    content: blocks,
+                }),
                 "assistant" => blocks.into_iter().for_each(|b| append(request, Role::Assistant, b)),
                 other => return Err(format!("unknown message role {other:?}")),
             }
         }
         "function_call" => {
-            drift.check("input[]", item, &["type", "call_id", "name", "arguments", "id", "status"]);
+            drift.check(
+                "input[]",
+                item,
+                &["type", "call_id", "name", "arguments", "id", "status"],
+            );
             let (id, signature) = decode_call_id(req_str(item, "call_id")?);
             let call = ToolCall {
                 id,
@@ -209,11 +241,20 @@ fn decode_item(item: &Map<String, Value>, request: &mut Request, drift: &mut Dri
             append(
                 request,
                 Role::User,
-                Block::ToolResult(ToolResult { id, name: String::new(), content, is_error: false }),
+                Block::ToolResult(ToolResult {
+                    id,
+                    name: String::new(),
+                    content,
+                    is_error: false,
+                }),
             );
         }
         "reasoning" => {
-            drift.check("input[]", item, &["type", "id", "summary", "encrypted_content", "content", "status"]);
+            drift.check(
+                "input[]",
+                item,
+                &["type", "id", "summary", "encrypted_content", "content", "status"],
+            );
             append(request, Role::Assistant, decode_reasoning(item)?);
         }
         other => drift.note(format!("input[].type={other}")),
@@ -224,7 +265,10 @@ fn decode_item(item: &Map<String, Value>, request: &mut Request, drift: &mut Dri
 fn decode_reasoning(item: &Map<String, Value>) -> Result<Block, String> {
     let summary = wire::list(item, "summary")?;
     let texts: Vec<&str> = summary.iter().filter_map(|p| p.get("text")?.as_str()).collect();
-    Ok(Block::Thinking { text: texts.join("\n\n"), signature: opt_str(item, "encrypted_content")?.map(str::to_owned) })
+    Ok(Block::Thinking {
+        text: texts.join("\n\n"),
+        signature: opt_str(item, "encrypted_content")?.map(str::to_owned),
+    })
 }
 
 fn decode_content(content: &Value, drift: &mut Drift) -> Result<Vec<Block>, String> {
@@ -240,7 +284,11 @@ fn decode_content(content: &Value, drift: &mut Drift) -> Result<Vec<Block>, Stri
             "input_text" | "output_text" => blocks.push(Block::Text(req_str(part, "text")?.to_owned())),
             "refusal" => blocks.push(Block::Text(req_str(part, "refusal")?.to_owned())),
             "input_image" => {
-                drift.check("input[].content[input_image]", part, &["type", "image_url", "detail", "file_id"]);
+                drift.check(
+                    "input[].content[input_image]",
+                    part,
+                    &["type", "image_url", "detail", "file_id"],
+                );
                 match opt_str(part, "image_url")? {
                     Some(url) => blocks.push(Block::Image(wire::image_from_url(url))),
                     None => drift.note("input[].content[input_image].file_id".to_owned()),
@@ -270,14 +318,22 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
         let mut parts = Vec::new();
         let flush = |parts: &mut Vec<Value>, input: &mut Vec<Value>| {
             if !parts.is_empty() {
-                let role = if message.role == Role::User { "user" } else { "assistant" };
+                let role = if message.role == Role::User {
+                    "user"
+                } else {
+                    "assistant"
+                };
                 input.push(json!({"type": "message", "role": role, "content": std::mem::take(parts)}));
             }
         };
         for block in &message.content {
             match block {
                 Block::Text(text) => {
-                    let kind = if message.role == Role::User { "input_text" } else { "output_text" };
+                    let kind = if message.role == Role::User {
+                        "input_text"
+                    } else {
+                        "output_text"
+                    };
                     parts.push(json!({"type": kind, "text": text}));
                 }
                 Block::Image(image) => {
@@ -363,7 +419,10 @@ pub(crate) fn encode_request(request: &Request) -> Result<Value, String> {
 }
 
 fn decode_usage(usage: &Map<String, Value>) -> Usage {
-    let cached = count(usage.get("input_tokens_details").and_then(Value::as_object), "cached_tokens");
+    let cached = count(
+        usage.get("input_tokens_details").and_then(Value::as_object),
+        "cached_tokens",
+    );
     Usage {
         input_tokens: count(Some(usage), "input_tokens").saturating_sub(cached),
         output_tokens: count(Some(usage), "output_tokens"),
@@ -385,7 +444,10 @@ fn encode_usage(usage: &Usage) -> Value {
 
 /// The stop reason a finished response implies: Responses states only why it is incomplete.
 fn decode_stop(response: &Map<String, Value>, called: bool) -> StopReason {
-    let reason = response.get("incomplete_details").and_then(|d| d.get("reason")).and_then(Value::as_str);
+    let reason = response
+        .get("incomplete_details")
+        .and_then(|d| d.get("reason"))
+        .and_then(Value::as_str);
     match reason {
         Some("max_output_tokens") => StopReason::MaxTokens,
         Some("content_filter") => StopReason::ContentFilter,
@@ -402,7 +464,10 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
         match req_str(item, "type")? {
             "message" => {
                 let mut ignored = Drift::default();
-                content.extend(decode_content(item.get("content").unwrap_or(&Value::Null), &mut ignored)?);
+                content.extend(decode_content(
+                    item.get("content").unwrap_or(&Value::Null),
+                    &mut ignored,
+                )?);
             }
             "reasoning" => content.push(decode_reasoning(item)?),
             "function_call" => {
@@ -423,7 +488,11 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
         id: opt_str(body, "id")?.unwrap_or_default().to_owned(),
         model: opt_str(body, "model")?.unwrap_or_default().to_owned(),
         stop_reason: Some(decode_stop(body, called)),
-        usage: body.get("usage").and_then(Value::as_object).map(decode_usage).unwrap_or_default(),
+        usage: body
+            .get("usage")
+            .and_then(Value::as_object)
+            .map(decode_usage)
+            .unwrap_or_default(),
         content,
     })
 }
@@ -467,7 +536,11 @@ fn message_item(id: &str, parts: Vec<Value>) -> Value {
 }
 
 fn reasoning_item(id: &str, text: &str, signature: Option<&str>) -> Value {
-    let summary = if text.is_empty() { json!([]) } else { json!([{"type": "summary_text", "text": text}]) };
+    let summary = if text.is_empty() {
+        json!([])
+    } else {
+        json!([{"type": "summary_text", "text": text}])
+    };
     let mut item = json!({"type": "reasoning", "id": id, "summary": summary});
     if let Some(signature) = signature {
         item["encrypted_content"] = json!(signature);
@@ -541,7 +614,11 @@ impl StreamDecoder {
         let output_index = opt_u64(event, "output_index")?.unwrap_or(0);
         let key = (output_index, opt_u64(event, "content_index")?.unwrap_or(0));
         let item = event.get("item").and_then(Value::as_object);
-        let item_kind = item.map(|i| opt_str(i, "type")).transpose()?.flatten().unwrap_or_default();
+        let item_kind = item
+            .map(|i| opt_str(i, "type"))
+            .transpose()?
+            .flatten()
+            .unwrap_or_default();
         match req_str(event, "type")? {
             "response.created" => {
                 let response = object(event.get("response").unwrap_or(&Value::Null), "response")?;
@@ -551,15 +628,24 @@ impl StreamDecoder {
                 });
             }
             "response.output_item.added" => {
-                let Some(item) = item else { return Err("item is missing".to_owned()) };
+                let Some(item) = item else {
+                    return Err("item is missing".to_owned());
+                };
                 match item_kind {
                     "function_call" => {
                         self.called = true;
                         let (id, signature) = decode_call_id(req_str(item, "call_id")?);
-                        let block = BlockKind::ToolCall { id, name: req_str(item, "name")?.to_owned(), signature };
+                        let block = BlockKind::ToolCall {
+                            id,
+                            name: req_str(item, "name")?.to_owned(),
+                            signature,
+                        };
                         let index = self.open((output_index, 0), block, out);
                         if let Some(arguments) = opt_str(item, "arguments")?.filter(|a| !a.is_empty()) {
-                            out.push(Event::Delta { index, delta: Delta::Arguments(arguments.to_owned()) });
+                            out.push(Event::Delta {
+                                index,
+                                delta: Delta::Arguments(arguments.to_owned()),
+                            });
                         }
                     }
                     "reasoning" => {
@@ -573,27 +659,46 @@ impl StreamDecoder {
             }
             "response.output_text.delta" | "response.refusal.delta" => {
                 let delta = req_str(event, "delta")?.to_owned();
-                out.push(Event::Delta { index: self.index(key)?, delta: Delta::Text(delta) });
+                out.push(Event::Delta {
+                    index: self.index(key)?,
+                    delta: Delta::Text(delta),
+                });
             }
-            "response.content_part.done" => out.push(Event::BlockStop { index: self.index(key)? }),
+            "response.content_part.done" => out.push(Event::BlockStop {
+                index: self.index(key)?,
+            }),
             "response.reasoning_summary_part.added" if opt_u64(event, "summary_index")?.unwrap_or(0) > 0 => {
                 let index = self.index((output_index, 0))?;
-                out.push(Event::Delta { index, delta: Delta::Thinking("\n\n".to_owned()) });
+                out.push(Event::Delta {
+                    index,
+                    delta: Delta::Thinking("\n\n".to_owned()),
+                });
             }
             "response.reasoning_summary_text.delta" => {
                 let delta = Delta::Thinking(req_str(event, "delta")?.to_owned());
-                out.push(Event::Delta { index: self.index((output_index, 0))?, delta });
+                out.push(Event::Delta {
+                    index: self.index((output_index, 0))?,
+                    delta,
+                });
             }
             "response.function_call_arguments.delta" => {
                 let delta = Delta::Arguments(req_str(event, "delta")?.to_owned());
-                out.push(Event::Delta { index: self.index((output_index, 0))?, delta });
+                out.push(Event::Delta {
+                    index: self.index((output_index, 0))?,
+                    delta,
+                });
             }
             "response.output_item.done" => {
-                let Some(item) = item else { return Err("item is missing".to_owned()) };
+                let Some(item) = item else {
+                    return Err("item is missing".to_owned());
+                };
                 if item_kind == "reasoning" || item_kind == "function_call" {
                     let index = self.index((output_index, 0))?;
                     if let Some(signature) = opt_str(item, "encrypted_content")?.filter(|_| item_kind == "reasoning") {
-                        out.push(Event::Delta { index, delta: Delta::Signature(signature.to_owned()) });
+                        out.push(Event::Delta {
+                            index,
+                            delta: Delta::Signature(signature.to_owned()),
+                        });
                     }
                     out.push(Event::BlockStop { index });
                 }
@@ -607,8 +712,13 @@ impl StreamDecoder {
                 out.push(Event::End);
             }
             "response.failed" | "error" => {
-                let error = event.get("response").and_then(|r| r.get("error")).or_else(|| event.get("error"));
-                out.push(Event::Error(error.map(Value::to_string).unwrap_or_else(|| data.to_owned())));
+                let error = event
+                    .get("response")
+                    .and_then(|r| r.get("error"))
+                    .or_else(|| event.get("error"));
+                out.push(Event::Error(
+                    error.map(Value::to_string).unwrap_or_else(|| data.to_owned()),
+                ));
             }
             _ => {}
         }
@@ -661,9 +771,18 @@ impl StreamEncoder {
             Event::End => {
                 let response = self.accumulated.response().clone();
                 let usage = encode_usage(&response.usage);
-                let object =
-                    response_object(&response, self.created_at, "completed", std::mem::take(&mut self.items), usage);
-                let kind = if object["status"] == "incomplete" { "response.incomplete" } else { "response.completed" };
+                let object = response_object(
+                    &response,
+                    self.created_at,
+                    "completed",
+                    std::mem::take(&mut self.items),
+                    usage,
+                );
+                let kind = if object["status"] == "incomplete" {
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
                 self.send(out, kind, json!({"response": object}));
             }
             Event::Error(message) => {
@@ -706,7 +825,11 @@ impl StreamEncoder {
             BlockKind::RedactedThinking(_) => return,
         };
         self.next_output += 1;
-        self.send(out, "response.output_item.added", json!({"output_index": output_index, "item": item}));
+        self.send(
+            out,
+            "response.output_item.added",
+            json!({"output_index": output_index, "item": item}),
+        );
         if matches!(block, BlockKind::Text) {
             let data = json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": text_part("")});
             self.send(out, "response.content_part.added", data);
@@ -716,7 +839,9 @@ impl StreamEncoder {
     }
 
     fn delta(&mut self, index: usize, delta: &Delta, out: &mut Vec<u8>) {
-        let Some((open, output_index, id)) = self.open.clone() else { return };
+        let Some((open, output_index, id)) = self.open.clone() else {
+            return;
+        };
         if open != index {
             return;
         }
@@ -744,13 +869,17 @@ impl StreamEncoder {
     }
 
     fn stop(&mut self, index: usize, out: &mut Vec<u8>) {
-        let Some((open, output_index, id)) = self.open.clone() else { return };
+        let Some((open, output_index, id)) = self.open.clone() else {
+            return;
+        };
         if open != index {
             return;
         }
         self.open = None;
         let position = self.accumulated.response().content.len().saturating_sub(1);
-        let Some(block) = self.accumulated.response().content.get(position).cloned() else { return };
+        let Some(block) = self.accumulated.response().content.get(position).cloned() else {
+            return;
+        };
         let item = match &block {
             Block::Text(text) => {
                 let data = json!({"item_id": id, "output_index": output_index, "content_index": 0, "text": text, "logprobs": []});
@@ -777,7 +906,11 @@ impl StreamEncoder {
             }
             Block::Image(_) | Block::RedactedThinking(_) | Block::ToolResult(_) => return,
         };
-        self.send(out, "response.output_item.done", json!({"output_index": output_index, "item": item}));
+        self.send(
+            out,
+            "response.output_item.done",
+            json!({"output_index": output_index, "item": item}),
+        );
         self.items.push(item);
     }
 }
@@ -816,10 +949,16 @@ mod tests {
         assert_eq!(request.system, ["Be brief."]);
         assert_eq!(request.tool_choice, Some(ToolChoice::Tool("get_weather".into())));
         assert_eq!(request.messages.len(), 3);
-        assert_eq!(request.messages[0].content[1], Block::Image(Image::Url("https://example.com/p.jpg".into())));
+        assert_eq!(
+            request.messages[0].content[1],
+            Block::Image(Image::Url("https://example.com/p.jpg".into()))
+        );
         assert_eq!(
             request.messages[1].content[0],
-            Block::Thinking { text: "Need a tool.".into(), signature: Some("gAAAA".into()) }
+            Block::Thinking {
+                text: "Need a tool.".into(),
+                signature: Some("gAAAA".into())
+            }
         );
         assert!(
             matches!(&request.messages[2].content[0], Block::ToolResult(r) if r.id == "call_1" && r.name == "get_weather")
@@ -860,12 +999,25 @@ mod tests {
         let mut acc = Accumulator::default();
         out.iter().for_each(|e| acc.push(e));
         let response = acc.response();
-        assert_eq!((response.id.as_str(), response.stop_reason), ("resp_1", Some(StopReason::ToolUse)));
-        assert_eq!(response.usage, Usage { input_tokens: 20, output_tokens: 30, ..Usage::default() });
+        assert_eq!(
+            (response.id.as_str(), response.stop_reason),
+            ("resp_1", Some(StopReason::ToolUse))
+        );
+        assert_eq!(
+            response.usage,
+            Usage {
+                input_tokens: 20,
+                output_tokens: 30,
+                ..Usage::default()
+            }
+        );
         assert_eq!(
             response.content,
             [
-                Block::Thinking { text: String::new(), signature: Some("gAAA".into()) },
+                Block::Thinking {
+                    text: String::new(),
+                    signature: Some("gAAA".into())
+                },
                 Block::Text("Calling".into()),
                 Block::ToolCall(ToolCall {
                     id: "call_9".into(),
@@ -890,7 +1042,13 @@ mod tests {
         assert_eq!(response.stop_reason, Some(StopReason::MaxTokens));
         assert_eq!(
             response.usage,
-            Usage { input_tokens: 30, output_tokens: 3, cache_read_tokens: 20, cache_write_tokens: 0, cache_write_1h_tokens: 0 }
+            Usage {
+                input_tokens: 30,
+                output_tokens: 3,
+                cache_read_tokens: 20,
+                cache_write_tokens: 0,
+                cache_write_1h_tokens: 0
+            }
         );
         assert_eq!(response.content, [Block::Text("Hel".into())]);
     }

@@ -24,7 +24,11 @@ fn signature() -> impl Strategy<Value = Option<String>> {
 }
 
 fn arguments() -> impl Strategy<Value = String> {
-    let leaf = prop_oneof![any::<i32>().prop_map(Value::from), "[a-z é]{0,5}".prop_map(Value::from), Just(Value::Null)];
+    let leaf = prop_oneof![
+        any::<i32>().prop_map(Value::from),
+        "[a-z é]{0,5}".prop_map(Value::from),
+        Just(Value::Null)
+    ];
     // NOTE: serde_json's map is ordered, so this is the canonical text every codec writes.
     btree_map("[a-z]{1,4}", leaf, 0..4).prop_map(|m| Value::Object(m.into_iter().collect()).to_string())
 }
@@ -32,8 +36,14 @@ fn arguments() -> impl Strategy<Value = String> {
 fn image() -> impl Strategy<Value = Image> {
     prop_oneof![
         "[a-z]{1,6}".prop_map(|p| Image::Url(format!("https://example.com/{p}.png"))),
-        ("iVBOR[A-Za-z0-9+/]{0,8}", prop_oneof![Just("image/png"), Just("image/jpeg")])
-            .prop_map(|(data, media_type)| Image::Base64 { media_type: media_type.to_owned(), data }),
+        (
+            "iVBOR[A-Za-z0-9+/]{0,8}",
+            prop_oneof![Just("image/png"), Just("image/jpeg")]
+        )
+            .prop_map(|(data, media_type)| Image::Base64 {
+                media_type: media_type.to_owned(),
+                data
+            }),
     ]
 }
 
@@ -56,15 +66,21 @@ fn assistant_content() -> impl Strategy<Value = Vec<Block>> {
         let mut content: Vec<Block> = thinking.into_iter().collect();
         content.extend(texts.into_iter().map(Block::Text));
         // Ids unique within the turn, as every API requires.
-        content.extend(
-            calls.into_iter().enumerate().map(|(i, c)| Block::ToolCall(ToolCall { id: format!("{}{i}", c.id), ..c })),
-        );
+        content.extend(calls.into_iter().enumerate().map(|(i, c)| {
+            Block::ToolCall(ToolCall {
+                id: format!("{}{i}", c.id),
+                ..c
+            })
+        }));
         content
     })
 }
 
 fn user_content() -> impl Strategy<Value = Vec<Block>> {
-    vec(prop_oneof![3 => text().prop_map(Block::Text), 1 => image().prop_map(Block::Image)], 1..4)
+    vec(
+        prop_oneof![3 => text().prop_map(Block::Text), 1 => image().prop_map(Block::Image)],
+        1..4,
+    )
 }
 
 /// Turns: a user message, the assistant's answer, and results for each call it made.
@@ -84,10 +100,19 @@ fn messages() -> impl Strategy<Value = Vec<Message>> {
                     _ => None,
                 })
                 .collect();
-            messages.push(Message { role: Role::User, content: user });
-            messages.push(Message { role: Role::Assistant, content: assistant });
+            messages.push(Message {
+                role: Role::User,
+                content: user,
+            });
+            messages.push(Message {
+                role: Role::Assistant,
+                content: assistant,
+            });
             if !results.is_empty() {
-                messages.push(Message { role: Role::User, content: results });
+                messages.push(Message {
+                    role: Role::User,
+                    content: results,
+                });
             }
         }
         messages
@@ -118,7 +143,13 @@ fn sampling() -> impl Strategy<Value = Option<f64>> {
 
 fn request() -> impl Strategy<Value = Request> {
     (
-        ("[a-z0-9.-]{1,10}", vec(text(), 0..3), messages(), vec(tool(), 0..3), tool_choice()),
+        (
+            "[a-z0-9.-]{1,10}",
+            vec(text(), 0..3),
+            messages(),
+            vec(tool(), 0..3),
+            tool_choice(),
+        ),
         (
             proptest::option::of(1u64..100_000),
             sampling(),
@@ -162,21 +193,29 @@ fn stop_reason() -> impl Strategy<Value = StopReason> {
 }
 
 fn response() -> impl Strategy<Value = Response> {
-    ("[a-z0-9_]{1,10}", "[a-z0-9.-]{1,10}", assistant_content(), stop_reason(), [0u64..5000, 0..5000, 0..5000, 0..5000],
-     0u64..5000)
-        .prop_map(|(id, model, content, stop, [input, output, read, write], one_hour)| Response {
-            id,
-            model,
-            content,
-            stop_reason: Some(stop),
-            usage: Usage {
-                input_tokens: input,
-                output_tokens: output,
-                cache_read_tokens: read,
-                cache_write_tokens: write,
-                cache_write_1h_tokens: one_hour.min(write),
+    (
+        "[a-z0-9_]{1,10}",
+        "[a-z0-9.-]{1,10}",
+        assistant_content(),
+        stop_reason(),
+        [0u64..5000, 0..5000, 0..5000, 0..5000],
+        0u64..5000,
+    )
+        .prop_map(
+            |(id, model, content, stop, [input, output, read, write], one_hour)| Response {
+                id,
+                model,
+                content,
+                stop_reason: Some(stop),
+                usage: Usage {
+                    input_tokens: input,
+                    output_tokens: output,
+                    cache_read_tokens: read,
+                    cache_write_tokens: write,
+                    cache_write_1h_tokens: one_hour.min(write),
+                },
             },
-        })
+        )
 }
 
 /// Keeps the blocks `keep` accepts.
@@ -194,7 +233,13 @@ fn gemini_merge(blocks: Vec<Block>) -> Vec<Block> {
             (_, Block::Text(t)) if t.is_empty() => {}
             (_, Block::RedactedThinking(_)) => {}
             (Some(Block::Text(last)), Block::Text(t)) => last.push_str(&t),
-            (Some(Block::Thinking { text: last, signature: slot @ None }), Block::Thinking { text, signature }) => {
+            (
+                Some(Block::Thinking {
+                    text: last,
+                    signature: slot @ None,
+                }),
+                Block::Thinking { text, signature },
+            ) => {
                 last.push_str(&text);
                 *slot = signature;
             }
@@ -270,7 +315,10 @@ fn ollama_content(role: Role, blocks: Vec<Block>) -> Vec<Block> {
             Block::Thinking { text: t, .. } => thinking.push_str(&t),
             Block::Text(t) => text.push_str(&t),
             Block::Image(Image::Base64 { data, .. }) => {
-                images.push(Block::Image(Image::Base64 { media_type: sniff_media_type(&data).to_owned(), data }));
+                images.push(Block::Image(Image::Base64 {
+                    media_type: sniff_media_type(&data).to_owned(),
+                    data,
+                }));
             }
             Block::ToolCall(c) => rest.push(Block::ToolCall(c)),
             Block::ToolResult(r) => rest.push(Block::ToolResult(ToolResult { is_error: false, ..r })),
@@ -279,7 +327,10 @@ fn ollama_content(role: Role, blocks: Vec<Block>) -> Vec<Block> {
     }
     let mut out = Vec::new();
     if !thinking.is_empty() && role == Role::Assistant {
-        out.push(Block::Thinking { text: thinking, signature: None });
+        out.push(Block::Thinking {
+            text: thinking,
+            signature: None,
+        });
     }
     if !text.is_empty() {
         out.push(Block::Text(text));
@@ -319,8 +370,11 @@ fn restrict_response(format: Format, mut r: Response) -> Response {
                     b => Some(b),
                 })
                 .collect();
-            let text: String =
-                r.content.iter().filter_map(|b| if let Block::Text(t) = b { Some(t.as_str()) } else { None }).collect();
+            let text: String = r
+                .content
+                .iter()
+                .filter_map(|b| if let Block::Text(t) = b { Some(t.as_str()) } else { None })
+                .collect();
             if let Some(first) = r.content.iter().position(|b| matches!(b, Block::Text(_))) {
                 r.content.retain(|b| !matches!(b, Block::Text(_)));
                 r.content.insert(first, Block::Text(text));
@@ -355,7 +409,10 @@ fn format() -> impl Strategy<Value = Format> {
 
 /// Cuts `bytes` at the given fractions of its length.
 fn chunks(bytes: &[u8], cuts: &[u16]) -> Vec<Vec<u8>> {
-    let mut at: Vec<usize> = cuts.iter().map(|&c| bytes.len() * usize::from(c) / usize::from(u16::MAX)).collect();
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|&c| bytes.len() * usize::from(c) / usize::from(u16::MAX))
+        .collect();
     at.sort_unstable();
     let mut out = Vec::new();
     let mut start = 0;
@@ -373,7 +430,12 @@ fn stream_as_body(format: Format, bytes: &[u8]) -> Response {
     decoder.feed(bytes, &mut events);
     decoder.finish(&mut events);
     assert_eq!(decoder.malformed(), 0);
-    assert_eq!(events.last(), Some(&stream::Event::End), "{}", String::from_utf8_lossy(bytes));
+    assert_eq!(
+        events.last(),
+        Some(&stream::Event::End),
+        "{}",
+        String::from_utf8_lossy(bytes)
+    );
     let mut acc = Accumulator::default();
     events.iter().for_each(|e| acc.push(e));
     decode_response(format, &encode_response(format, acc.response())).unwrap()
@@ -409,16 +471,28 @@ fn output_format() -> impl Strategy<Value = OutputFormat> {
 /// A one-turn request with the generation options set at random, with a tool or not.
 fn options_request() -> impl Strategy<Value = Request> {
     (
-        (proptest::option::of(0u64..500), proptest::option::of(any::<i32>()), sampling(), sampling()),
+        (
+            proptest::option::of(0u64..500),
+            proptest::option::of(any::<i32>()),
+            sampling(),
+            sampling(),
+        ),
         (proptest::option::of(any::<bool>()), proptest::option::of(reasoning())),
         (proptest::option::of(output_format()), any::<bool>(), 1u64..40_000),
     )
-        .prop_map(|((top_k, seed, presence, frequency), (parallel, reasoning), (output, tool, max_tokens))| {
-            Request {
+        .prop_map(
+            |((top_k, seed, presence, frequency), (parallel, reasoning), (output, tool, max_tokens))| Request {
                 model: "m".into(),
-                messages: vec![Message { role: Role::User, content: vec![Block::Text("hi".into())] }],
+                messages: vec![Message {
+                    role: Role::User,
+                    content: vec![Block::Text("hi".into())],
+                }],
                 tools: if tool {
-                    vec![Tool { name: "f".into(), description: None, parameters: wire::empty_schema() }]
+                    vec![Tool {
+                        name: "f".into(),
+                        description: None,
+                        parameters: wire::empty_schema(),
+                    }]
                 } else {
                     Vec::new()
                 },
@@ -431,8 +505,8 @@ fn options_request() -> impl Strategy<Value = Request> {
                 reasoning,
                 output_format: output,
                 ..Request::default()
-            }
-        })
+            },
+        )
 }
 
 /// What `format` gives back of `r`'s options, written out case by case from the codecs' docs.
@@ -464,16 +538,26 @@ fn expected_options(format: Format, mut r: Request) -> Request {
             Reasoning::Auto => Reasoning::Auto,
             other => Reasoning::Budget(other.budget_tokens().unwrap_or(0).min(24_576)),
         }),
-        Format::Ollama => Some(if reasoning == Reasoning::Off { Reasoning::Off } else { Reasoning::Auto }),
+        Format::Ollama => Some(if reasoning == Reasoning::Off {
+            Reasoning::Off
+        } else {
+            Reasoning::Auto
+        }),
     });
     r.output_format = r.output_format.and_then(|output| match (format, output) {
         (Format::Anthropic, OutputFormat::Json) => None,
         (Format::OpenAiChat | Format::OpenAiResponses, OutputFormat::JsonSchema { name, schema, strict }) => {
-            Some(OutputFormat::JsonSchema { name: wire::schema_name(&name), schema, strict })
+            Some(OutputFormat::JsonSchema {
+                name: wire::schema_name(&name),
+                schema,
+                strict,
+            })
         }
-        (_, OutputFormat::JsonSchema { schema, .. }) => {
-            Some(OutputFormat::JsonSchema { name: String::new(), schema, strict: None })
-        }
+        (_, OutputFormat::JsonSchema { schema, .. }) => Some(OutputFormat::JsonSchema {
+            name: String::new(),
+            schema,
+            strict: None,
+        }),
         (_, output) => Some(output),
     });
     if format == Format::Gemini {

@@ -49,7 +49,11 @@ pub enum BlockKind {
     Text,
     Thinking,
     RedactedThinking(String),
-    ToolCall { id: String, name: String, signature: Option<String> },
+    ToolCall {
+        id: String,
+        name: String,
+        signature: Option<String>,
+    },
 }
 
 /// An increment of the open block.
@@ -85,7 +89,10 @@ impl Accumulator {
                 self.positions.insert(*index, response.content.len());
                 response.content.push(match block {
                     BlockKind::Text => Block::Text(String::new()),
-                    BlockKind::Thinking => Block::Thinking { text: String::new(), signature: None },
+                    BlockKind::Thinking => Block::Thinking {
+                        text: String::new(),
+                        signature: None,
+                    },
                     BlockKind::RedactedThinking(data) => Block::RedactedThinking(data.clone()),
                     BlockKind::ToolCall { id, name, signature } => Block::ToolCall(ToolCall {
                         id: id.clone(),
@@ -127,7 +134,10 @@ impl Accumulator {
 /// caller who asked for a stream.
 #[must_use]
 pub fn events_of(response: &Response) -> Vec<Event> {
-    let mut events = vec![Event::Start { id: response.id.clone(), model: response.model.clone() }];
+    let mut events = vec![Event::Start {
+        id: response.id.clone(),
+        model: response.model.clone(),
+    }];
     let mut index = 0;
     for block in &response.content {
         let (kind, deltas) = match block {
@@ -139,7 +149,11 @@ pub fn events_of(response: &Response) -> Vec<Event> {
             }
             Block::RedactedThinking(data) => (BlockKind::RedactedThinking(data.clone()), Vec::new()),
             Block::ToolCall(call) => (
-                BlockKind::ToolCall { id: call.id.clone(), name: call.name.clone(), signature: call.signature.clone() },
+                BlockKind::ToolCall {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    signature: call.signature.clone(),
+                },
                 vec![Delta::Arguments(call.arguments.clone())],
             ),
             Block::Image(_) | Block::ToolResult(_) => continue,
@@ -288,7 +302,13 @@ impl Decoder {
             Format::Gemini => FormatDecoder::Gemini(gemini::StreamDecoder::default()),
             Format::Ollama => FormatDecoder::Ollama(ollama::StreamDecoder::default()),
         };
-        Self { format, lines: Lines::default(), sse: Sse::default(), malformed: 0, ended: false }
+        Self {
+            format,
+            lines: Lines::default(),
+            sse: Sse::default(),
+            malformed: 0,
+            ended: false,
+        }
     }
 
     /// Decodes `chunk`, appending the events its complete wire events produce to `out`.
@@ -315,7 +335,11 @@ impl Decoder {
             FormatDecoder::Gemini(state) => state.finish(out),
             _ => false,
         };
-        out.push(if clean { Event::End } else { Event::Error("upstream stream ended early".to_owned()) });
+        out.push(if clean {
+            Event::End
+        } else {
+            Event::Error("upstream stream ended early".to_owned())
+        });
     }
 
     /// Wire events that could not be decoded (and were skipped) so far.
@@ -559,7 +583,10 @@ mod tests {
     fn test_upstream_error_event_becomes_the_entry_formats_error() {
         let error = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
         let out = translate(Format::Anthropic, Format::OpenAiChat, &[ANTHROPIC_HEAD, error]);
-        assert!(out.contains("Overloaded") && out.contains("upstream_incomplete") && !out.contains("[DONE]"), "{out}");
+        assert!(
+            out.contains("Overloaded") && out.contains("upstream_incomplete") && !out.contains("[DONE]"),
+            "{out}"
+        );
     }
 
     #[test]

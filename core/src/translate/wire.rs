@@ -32,7 +32,11 @@ impl Drift {
     pub(crate) fn check(&mut self, prefix: &str, map: &Map<String, Value>, known: &[&str]) {
         for key in map.keys() {
             if !known.contains(&key.as_str()) {
-                self.note(if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") });
+                self.note(if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                });
             }
         }
     }
@@ -74,7 +78,10 @@ pub(crate) fn req_str<'a>(map: &'a Map<String, Value>, key: &str) -> Result<&'a 
 pub(crate) fn opt_u64(map: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
     match map.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| format!("{key} is not a non-negative integer")),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| format!("{key} is not a non-negative integer")),
     }
 }
 
@@ -99,7 +106,10 @@ pub(crate) fn opt_i64(map: &Map<String, Value>, key: &str) -> Result<Option<i64>
 pub(crate) fn integer(value: &Value) -> Option<i64> {
     value.as_i64().or_else(|| {
         let f = value.as_f64()?;
-        #[expect(clippy::cast_possible_truncation, reason = "checked: the float is integral and in range")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "checked: the float is integral and in range"
+        )]
         let n = f as i64;
         (f.fract() == 0.0 && f.abs() < 9.0e15).then_some(n)
     })
@@ -124,7 +134,11 @@ pub(crate) fn keep(body: &Map<String, Value>, keys: &[&str], passthrough: &mut P
 
 /// A schema name OpenAI accepts (`^[a-zA-Z0-9_-]{1,64}$`); formats without names give none.
 pub(crate) fn schema_name(name: &str) -> String {
-    let clean: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-').take(64).collect();
+    let clean: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .take(64)
+        .collect();
     if clean.is_empty() {
         "response".to_owned()
     } else {
@@ -152,7 +166,11 @@ pub(crate) fn stop_list(value: Option<&Value>) -> Result<Vec<String>, String> {
         Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| "stop sequences must be strings".to_owned()))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| "stop sequences must be strings".to_owned())
+            })
             .collect(),
         Some(_) => Err("stop is not a string or a list".to_owned()),
     }
@@ -181,7 +199,10 @@ pub(crate) fn args_text(value: Option<&Value>) -> String {
 pub(crate) fn image_from_url(url: &str) -> Image {
     if let Some(rest) = url.strip_prefix("data:") {
         if let Some((media_type, data)) = rest.split_once(";base64,") {
-            return Image::Base64 { media_type: media_type.to_owned(), data: data.to_owned() };
+            return Image::Base64 {
+                media_type: media_type.to_owned(),
+                data: data.to_owned(),
+            };
         }
     }
     Image::Url(url.to_owned())
@@ -228,7 +249,11 @@ pub(crate) fn function_tool(value: &Value, drift: &mut Drift, prefix: &str) -> R
     let tool = object(value, "tool")?;
     drift.check(prefix, tool, &["type", "function"]);
     let function = object(tool.get("function").unwrap_or(&Value::Null), "tool function")?;
-    drift.check(&format!("{prefix}.function"), function, &["name", "description", "parameters", "strict"]);
+    drift.check(
+        &format!("{prefix}.function"),
+        function,
+        &["name", "description", "parameters", "strict"],
+    );
     Ok(Tool {
         name: req_str(function, "name")?.to_owned(),
         description: opt_str(function, "description")?.map(str::to_owned),
@@ -254,7 +279,12 @@ pub(crate) struct Calls {
 
 impl Calls {
     pub(crate) fn new(prefix: &'static str) -> Self {
-        Self { prefix, made: 0, suffix: String::new(), open: Vec::new() }
+        Self {
+            prefix,
+            made: 0,
+            suffix: String::new(),
+            open: Vec::new(),
+        }
     }
 
     /// The id of a call, synthesized when the wire has none.
@@ -283,7 +313,9 @@ impl Calls {
 
 /// Seconds since the epoch, for the `created` fields responses carry.
 pub(crate) fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 const BASE64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -292,7 +324,10 @@ const BASE64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 pub(crate) fn base64url_encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
         for i in 0..=chunk.len() {
             out.push(char::from(BASE64URL[(n >> (18 - 6 * i) & 63) as usize]));
         }
