@@ -355,8 +355,8 @@ def provider_settings(provider: dict) -> dict:
     return {k: provider.get(k) for k in PROVIDER_SETTINGS}
 
 
-def grant_user(st: Stack, model_ids: list[str]) -> None:
-    """One user (its key in `st.user_key`) with access to each model and the bench budget on it."""
+def grant_user(st: Stack, model_ids: list[str], policy: dict | None = None) -> None:
+    """One user (its key in `st.user_key`) with access to each model and the bench budget (or `policy`) on it."""
     admin = {"authorization": f"Bearer {st.admin_token}"}
     user = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
                            {"email": "bench@example.com", "display_name": "Bench"})
@@ -364,7 +364,7 @@ def grant_user(st: Stack, model_ids: list[str]) -> None:
     for model_id in model_ids:
         for method, path, body in (
             ("POST", "/admin/access", {"user_id": user["id"], "model_id": model_id}),
-            ("PUT", f"/admin/users/{user['id']}/policies/{model_id}", BUDGET_POLICY),
+            ("PUT", f"/admin/users/{user['id']}/policies/{model_id}", policy or BUDGET_POLICY),
         ):
             status, _, raw = mb.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
             if status not in (200, 201, 204):
@@ -484,7 +484,10 @@ def write_wrk_script(work_dir: Path, name: str, target: loadgen.Target) -> Path:
     return path
 
 
-def run_wrk_target(args, work_dir: Path, name: str, target: loadgen.Target, st: Stack) -> dict:
+def run_wrk_target(args, work_dir: Path, name: str, target: loadgen.Target, st: Stack,
+                   measure: Callable[[], Callable[[], dict]] | None = None) -> dict:
+    """wrk on `target` (warm-up kept apart); `measure()` is called as the measured run starts and what it
+    returns as it ends, its result kept as `worker_cpu` (floor_bench's CPU time of the serving processes)."""
     path_q = target.request.split(b" ", 2)[1].decode()
     url = f"http://{target.host}:{target.port}{path_q}"
     script = write_wrk_script(work_dir, name, target)
@@ -499,7 +502,10 @@ def run_wrk_target(args, work_dir: Path, name: str, target: loadgen.Target, st: 
         warm.pop("stdout", None)
         run["warmup"] = warm
     meter = CpuMeter(st.groups)
+    stop_measure = measure() if measure is not None else None
     result = mb.run_wrk(argv(args.wrk_duration), args.wrk_duration)
+    if stop_measure is not None:
+        run["worker_cpu"] = stop_measure()
     run["cpu"] = meter.stop()
     run["wrk_command"] = shlex.join(argv(args.wrk_duration))
     run["wrk_script"] = mb.redact([script.read_text()], st.secrets())[0]

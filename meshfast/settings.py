@@ -37,6 +37,9 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_FAULT_INJECT", "tests only: background loops that fail on purpose, e.g. telemetry:2,leader"),
     ("MESHFAST_COOKIE_SECURE", "1 marks the dashboard's session cookies Secure (behind HTTPS; default 0)"),
     ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
+    ("MESHFAST_LOOP", "event loop: auto (default: rloop, else uvloop, else asyncio), asyncio, uvloop, rloop"),
+    ("MESHFAST_TASK_IMPL", "Granian's task implementation: asyncio (default) or rust (Python < 3.12)"),
+    ("MESHFAST_RUNTIME_MODE", "Granian's Rust runtime per worker: auto (default), st or mt"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
 )
 
@@ -62,6 +65,22 @@ def _float_env(name: str, default: float) -> float:
     if value <= 0:
         raise SystemExit(f"meshfast: {name} must be positive")
     return value
+
+
+# Granian's runtime options (granian.constants: Loops, TaskImpl, RuntimeModes); the defaults are Granian's.
+GRANIAN_CHOICES: dict[str, tuple[str, ...]] = {
+    "MESHFAST_LOOP": ("auto", "asyncio", "uvloop", "rloop"),
+    "MESHFAST_TASK_IMPL": ("asyncio", "rust"),
+    "MESHFAST_RUNTIME_MODE": ("auto", "st", "mt"),
+}
+
+
+def _choice_env(name: str) -> str:
+    choices = GRANIAN_CHOICES[name]
+    raw = (os.environ.get(name) or choices[0]).strip().lower()
+    if raw not in choices:
+        raise SystemExit(f"meshfast: {name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +110,9 @@ class Settings:
     max_connections: int
     cookie_secure: bool
     backlog: int
+    granian_loop: str = "auto"
+    granian_task_impl: str = "asyncio"
+    granian_runtime_mode: str = "auto"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -123,6 +145,9 @@ class Settings:
             max_connections=max(1, _int_env("MESHFAST_MAX_CONNECTIONS", 1024)),
             cookie_secure=_int_env("MESHFAST_COOKIE_SECURE", 0) == 1,
             backlog=max(128, _int_env("MESHFAST_BACKLOG", 16384)),
+            granian_loop=_choice_env("MESHFAST_LOOP"),
+            granian_task_impl=_choice_env("MESHFAST_TASK_IMPL"),
+            granian_runtime_mode=_choice_env("MESHFAST_RUNTIME_MODE"),
         )
 
     @property

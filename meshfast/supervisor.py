@@ -200,7 +200,7 @@ async def _final_flush(url: str, segment: Segment, settings: Settings, secrets: 
 
 def _run_workers(options: ServeOptions, settings: Settings, database_url: str, secrets: Secrets) -> int:
     from granian import Granian
-    from granian.constants import Interfaces
+    from granian.constants import Interfaces, Loops, RuntimeModes, TaskImpl
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
@@ -209,6 +209,9 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     telemetry.Spool(settings.spool_dir).adopt_orphans(everyone=True)
     asyncio.run(_seed_counters(database_url, segment))
     reclaimer = Reclaimer(segment)
+    gateway_url = settings.gateway_database_url or database_url
+    # Request rows go from the ring to PostgreSQL here, on no worker's event loop.
+    drainer = telemetry.Drainer(gateway_url, segment, settings.spool_dir)
     os.environ[app_module.ENV_DATABASE_URL] = database_url
     if settings.gateway_database_url:
         os.environ[app_module.ENV_GATEWAY_DATABASE_URL] = settings.gateway_database_url
@@ -217,6 +220,7 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     os.environ[app_module.ENV_WORKER_LIMIT] = str(worker_limit)
     try:
         reclaimer.start()
+        drainer.start()
         server = Granian(
             "meshfast.app:app",
             address=options.host,
@@ -233,6 +237,10 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
             backpressure=2 * worker_limit,
             # NOTE: the kernel caps this at net.core.somaxconn; 10,000 held connections need both.
             backlog=settings.backlog,
+            # MESHFAST_LOOP, MESHFAST_TASK_IMPL, MESHFAST_RUNTIME_MODE; unset: Granian's own defaults.
+            loop=Loops(settings.granian_loop),
+            task_impl=TaskImpl(settings.granian_task_impl),
+            runtime_mode=RuntimeModes(settings.granian_runtime_mode),
         )
         print(
             f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
@@ -241,8 +249,8 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
         server.serve()
     finally:
         reclaimer.stop()
+        drainer.stop()
         try:
-            gateway_url = settings.gateway_database_url or database_url
             asyncio.run(asyncio.wait_for(_final_flush(gateway_url, segment, settings, secrets), _FINAL_FLUSH_S))
         except Exception:
             log.exception("final flush incomplete; the spool keeps what was not written")
