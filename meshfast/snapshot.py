@@ -33,6 +33,10 @@ class Principal(msgspec.Struct):
     display_name: str
     status: str
     expires_at_ms: int | None
+    # The manager's index in ``principals``; the chain upwards never loops (the core checks).
+    manager: int | None = None
+    business_unit: str | None = None
+    tier: str | None = None
 
 
 class Key(msgspec.Struct):
@@ -299,6 +303,9 @@ def _config(seq: int, kill_switch: bool, user_rows: list[asyncpg.Record], key_ro
                 display_name=row["display_name"],
                 status=row["status"],
                 expires_at_ms=_ms(row["expires_at"]),
+                manager=principal_index.get(row["manager_id"]),
+                business_unit=row["business_unit"],
+                tier=row["tier"],
             )
             for row in user_rows
         ],

@@ -37,6 +37,13 @@ struct RawPrincipal {
     display_name: String,
     status: String,
     expires_at_ms: Option<i64>,
+    /// The manager's index in `principals`.
+    #[serde(default)]
+    manager: Option<i64>,
+    #[serde(default)]
+    business_unit: Option<String>,
+    #[serde(default)]
+    tier: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -178,7 +185,7 @@ struct RawGrant {
     always_open: bool,
 }
 
-/// A person or service that holds keys.
+/// A person or service that holds keys, with their place in the organisation.
 #[derive(Clone, Debug)]
 pub struct Principal {
     pub id: String,
@@ -186,6 +193,11 @@ pub struct Principal {
     pub display_name: String,
     pub active: bool,
     pub expires_at_ms: Option<i64>,
+    /// The manager's index in [`Snapshot::principals`]; following it upwards never loops (a
+    /// config whose chain loops is refused), so [`Snapshot::leaders`] ends.
+    pub manager: Option<u32>,
+    pub business_unit: Option<String>,
+    pub tier: Option<String>,
 }
 
 /// An issued key, stored only as its digest.
@@ -439,6 +451,41 @@ fn long_context(
 /// The token classes a long-context tier may price, in [`Prices::all`] order.
 const PRICE_CLASSES: [&str; 5] = ["input", "output", "cache_read", "cache_write", "cache_write_1h"];
 
+/// The manager chains: every loop (a principal managing themselves included) is one error
+/// naming its members. Each principal is walked once, so this is linear in their number.
+fn chains(errors: &mut Vec<String>, principals: &[Principal]) {
+    const UNSEEN: u8 = 0;
+    const ON_WALK: u8 = 1;
+    const DONE: u8 = 2;
+    let mut state = vec![UNSEEN; principals.len()];
+    let mut walk = Vec::new();
+    for start in 0..principals.len() as u32 {
+        let mut at = Some(start);
+        while let Some(i) = at {
+            match state[i as usize] {
+                DONE => break,
+                ON_WALK => {
+                    let from = walk.iter().position(|&w| w == i).unwrap_or(0);
+                    let ids: Vec<&str> = walk[from..]
+                        .iter()
+                        .map(|&w| principals[w as usize].id.as_str())
+                        .collect();
+                    errors.push(format!("principals: the manager chain loops through {ids:?}"));
+                    break;
+                }
+                _ => {
+                    state[i as usize] = ON_WALK;
+                    walk.push(i);
+                    at = principals[i as usize].manager;
+                }
+            }
+        }
+        for w in walk.drain(..) {
+            state[w as usize] = DONE;
+        }
+    }
+}
+
 /// Names and aliases, unique together: every clash is an error.
 fn names(errors: &mut Vec<String>, models: &[Model]) -> HashMap<String, u32> {
     let mut by_name: HashMap<String, u32> = HashMap::with_capacity(models.len());
@@ -544,18 +591,25 @@ impl Snapshot {
         let mut errors = Vec::new();
         let e = &mut errors;
 
+        let count = raw.principals.len();
         let principals: Vec<Principal> = raw
             .principals
             .into_iter()
             .enumerate()
             .map(|(i, p)| Principal {
                 active: parse_status(e, &format!("principals[{i}]"), &p.status, ["active", "revoked"]),
+                manager: p
+                    .manager
+                    .map(|m| index(e, &format!("principals[{i}].manager"), m, count)),
                 id: p.id,
                 email: p.email,
                 display_name: p.display_name,
                 expires_at_ms: p.expires_at_ms,
+                business_unit: p.business_unit,
+                tier: p.tier,
             })
             .collect();
+        chains(e, &principals);
 
         let mut digests = std::collections::HashSet::new();
         let keys: Vec<Key> = raw
@@ -822,6 +876,21 @@ impl Snapshot {
         (key.active && principal.active && live(key.expires_at_ms) && live(principal.expires_at_ms)).then_some(index)
     }
 
+    /// The principal's leader chain: their manager, that manager's manager, and so on up to
+    /// someone without one (the principal not included). Ends: chains never loop.
+    pub fn leaders(&self, principal: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(self.principals[principal as usize].manager, move |&m| {
+            self.principals[m as usize].manager
+        })
+    }
+
+    /// Whether `principal` is `leader` or reports to them, directly or through others (a rule's
+    /// `leaders` population).
+    #[must_use]
+    pub fn in_organisation_of(&self, principal: u32, leader: u32) -> bool {
+        principal == leader || self.leaders(principal).any(|m| m == leader)
+    }
+
     /// The index of the model with id `id`.
     #[must_use]
     pub fn model_index(&self, id: &str) -> Option<u32> {
@@ -1050,6 +1119,65 @@ mod tests {
         };
         assert_eq!(errors.len(), 5, "{errors:?}");
         assert!(Snapshot::from_msgpack(b"\xc1", PEPPER).is_err());
+    }
+
+    fn organisation(managers: &[Option<i64>]) -> serde_json::Value {
+        let mut config = config();
+        config["principals"] = managers
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                serde_json::json!({"id": format!("p{i}"), "email": format!("p{i}@example.com"),
+                    "display_name": "P", "status": "active", "expires_at_ms": null, "manager": m,
+                    "business_unit": if i % 2 == 0 { "payments" } else { "search" }, "tier": "normal"})
+            })
+            .collect();
+        config["keys"] = serde_json::json!([]);
+        config
+    }
+
+    #[test]
+    fn test_the_leader_chain_runs_up_to_the_top_and_the_organisation_includes_the_leader() {
+        // 0 leads 1 and 2; 1 leads 3; 4 stands alone.
+        let config = organisation(&[None, Some(0), Some(0), Some(1), None]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!(s.leaders(3).collect::<Vec<_>>(), [1, 0]);
+        assert_eq!(s.leaders(0).count(), 0);
+        assert!(s.in_organisation_of(3, 0) && s.in_organisation_of(3, 1) && s.in_organisation_of(3, 3));
+        assert!(!s.in_organisation_of(2, 1) && !s.in_organisation_of(4, 0) && !s.in_organisation_of(0, 1));
+        assert_eq!(s.principals[2].business_unit.as_deref(), Some("payments"));
+        assert_eq!(s.principals[3].tier.as_deref(), Some("normal"));
+        assert_eq!(s.principals[1].manager, Some(0));
+    }
+
+    #[test]
+    fn test_a_manager_chain_that_loops_or_points_nowhere_is_refused() {
+        for (managers, loops) in [
+            (vec![Some(0)], 1),                            // self-management
+            (vec![Some(1), Some(0)], 1),                   // two people
+            (vec![None, Some(2), Some(3), Some(1)], 1),    // three, under a healthy root
+            (vec![Some(1), Some(0), Some(3), Some(2)], 2), // two separate loops
+        ] {
+            let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&encode(&organisation(&managers)), PEPPER) else {
+                panic!("{managers:?} should be refused");
+            };
+            assert_eq!(errors.len(), loops, "{managers:?}: {errors:?}");
+            assert!(errors.iter().all(|e| e.contains("loops")), "{errors:?}");
+        }
+        let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&encode(&organisation(&[None, Some(9)])), PEPPER)
+        else {
+            panic!("an out-of-range manager should be refused");
+        };
+        assert!(errors[0].contains("principals[1].manager"), "{errors:?}");
+    }
+
+    #[test]
+    fn test_a_long_chain_is_checked_in_linear_time() {
+        // 20,000 people in one line: each is walked once.
+        let managers: Vec<Option<i64>> = (0..20_000).map(|i| if i == 0 { None } else { Some(i - 1) }).collect();
+        let s = Snapshot::from_msgpack(&encode(&organisation(&managers)), PEPPER).unwrap();
+        assert_eq!(s.leaders(19_999).count(), 19_999);
+        assert!(s.in_organisation_of(19_999, 0));
     }
 
     #[test]

@@ -198,11 +198,17 @@ def _log(r: asyncpg.Record) -> dict[str, Any]:
 
 _MEASURES = ("coalesce(sum(calls), 0) AS calls, coalesce(sum(tokens_in), 0) AS tokens_in, "
              "coalesce(sum(tokens_out), 0) AS tokens_out, coalesce(sum(input_cost + output_cost), 0) AS cost, "
-             "coalesce(sum(latency_ms), 0) AS latency_ms")
+             "coalesce(sum(input_cost), 0) AS input_cost, coalesce(sum(output_cost), 0) AS output_cost, "
+             "coalesce(sum(latency_ms), 0) AS latency_ms, "
+             # Mesh's error_calls: every answer with a status of 400 or more, denials included.
+             "coalesce(sum(calls) FILTER (WHERE status_code >= 400), 0) AS failed")
 
 
 # One scan of the rollup answers every breakdown: the grouping sets, told apart by GROUPING().
-_GROUPS = ("model_id", "provider_id", "outcome", "deny_reason", "bucket")
+_GROUPS = ("model_id", "provider_id", "outcome", "deny_reason", "bucket", "status_code")
+# The latency columns' upper edges (ms; None: slower than the last) and Mesh's labels for them.
+_LATENCY = ((100, "lat_100", "<100ms"), (500, "lat_500", "<500ms"), (1000, "lat_1000", "<1s"),
+            (5000, "lat_5000", "<5s"), (30000, "lat_30000", "<30s"), (None, "lat_slower", ">30s"))
 
 
 async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
@@ -241,24 +247,52 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     def ranked(group: str, label: str, with_name: bool = False) -> list[dict[str, Any]]:
         ordered = sorted(by_set[group], key=lambda r: -int(r["calls"]))[:100]
         return [_measures(r, {label: None if r[group] is None else str(r[group]),
-                              **({"model_name": r["model_name"]} if with_name else {})}) for r in ordered]
+                              # Mesh's by_model: errors (status >= 400) and latency too.
+                              **({"model_name": r["model_name"], "errors": int(r["failed"]),
+                                  "avg_latency_ms": _average(r)} if with_name else {})}) for r in ordered]
 
     calls = int(totals["calls"])
     series = sorted(by_set["bucket"], key=lambda r: r["bucket"])
+    by_user = await _by_user(conn, q, since, until)
+    emails = await _emails(conn, [u["user_id"] for u in by_user])
+    by_deny_reason = [{**r, "reason": r["deny_reason"]} for r in ranked("deny_reason", "deny_reason")
+                      if r["deny_reason"] is not None]
     return {
         "from": since.isoformat(), "to": until.isoformat(), "tz": q.tz_name, "bucket": q.bucket,
+        # mesh-behaviour §3.5's names, beside meshfast's own (`totals`, `series`), which the
+        # dashboard reads.
+        "total_calls": calls, "error_calls": int(totals["failed"]), "denied_calls": int(totals["denials"]),
+        "avg_latency_ms": _average(totals), "total_tokens_in": int(totals["tokens_in"]),
+        "total_tokens_out": int(totals["tokens_out"]), "total_input_cost": _usd(totals["input_cost"]),
+        "total_output_cost": _usd(totals["output_cost"]),
+        "time_series": [{"bucket": r["bucket"].isoformat(), "calls": int(r["calls"]), "errors": int(r["failed"]),
+                         "avg_latency_ms": _average(r)} for r in series],
         "totals": {**_measures(totals, {}), "errors": int(totals["errors"]), "denials": int(totals["denials"]),
                    "avg_latency_ms": round(int(totals["latency_ms"]) / calls, 1) if calls else None},
         "series": [_measures(r, {"bucket": r["bucket"].isoformat()}) for r in series],
         "by_model": ranked("model_id", "model_id", with_name=True),
         "by_provider": ranked("provider_id", "provider_id"),
-        "by_user": await _by_user(conn, q, since, until),
+        "by_user": [{**u, "user_email": emails.get(u["user_id"], "Unknown")} for u in by_user],
         "by_status": ranked("outcome", "status"),
-        "by_deny_reason": [r for r in ranked("deny_reason", "deny_reason") if r["deny_reason"] is not None],
-        "latency_buckets": [{"le_ms": le, "calls": int(totals[col])} for le, col in (
-            (100, "lat_100"), (500, "lat_500"), (1000, "lat_1000"), (5000, "lat_5000"), (30000, "lat_30000"),
-            (None, "lat_slower"))],
+        "by_status_code": [{"status_code": int(r["status_code"]), "calls": int(r["calls"])}
+                           for r in sorted(by_set["status_code"], key=lambda r: int(r["status_code"]))],
+        "by_deny_reason": by_deny_reason,
+        "latency_buckets": [{"le_ms": le, "upper_ms": le or 0, "label": label, "calls": int(totals[col])}
+                            for le, col, label in _LATENCY],
     }
+
+
+def _average(r: asyncpg.Record) -> float | None:
+    calls = int(r["calls"])
+    return round(int(r["latency_ms"]) / calls, 1) if calls else None
+
+
+async def _emails(conn: asyncpg.Connection, user_ids: list[str | None]) -> dict[str | None, str]:
+    ids = [uid for uid in user_ids if uid is not None]
+    if not ids:
+        return {}
+    rows = await conn.fetch("SELECT id::text AS id, email FROM users WHERE id = ANY($1::uuid[])", ids)
+    return {r["id"]: r["email"] for r in rows}
 
 
 async def _by_user(conn: asyncpg.Connection, q: Query, since: dt.datetime, until: dt.datetime,

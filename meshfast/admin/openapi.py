@@ -25,7 +25,9 @@ def _struct(name: str) -> Any:
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/users", "Create a user and its first key (shown once)", "UserCreate", 201),
     ("GET", "/admin/users", "List users", None, 200),
-    ("GET", "/admin/users/{id}", "One user", None, 200),
+    ("GET", "/admin/users/{id}", "One user (manager, business unit, tier, expiry), with its ETag", None, 200),
+    ("PUT", "/admin/users/{id}", "Update a user's name, manager, business unit, tier or expiry (If-Match; null "
+     "clears; 409 manager_cycle when the chain would loop)", "UserUpdate", 200),
     ("DELETE", "/admin/users/{id}", "Delete a user", None, 200),
     ("POST", "/admin/users/{id}/rotate-key", "Issue a new key; the previous one stops working", None, 200),
     ("POST", "/admin/users/{id}/revoke", "Revoke a user's key", None, 200),
@@ -47,7 +49,8 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/kill-switch", "Trip or reset the kill switch (super admin)", "KillSwitchBody", 200),
     ("PUT", "/admin/providers/{id}", "Update a provider (If-Match; an empty api_key keeps the key)", "ProviderCreate",
      200),
-    ("PUT", "/admin/models/{id}", "Update a model (If-Match)", "ModelCreate", 200),
+    ("PUT", "/admin/models/{id}", "Update a model, or only its status (active, blocked, retired) with a body "
+     "{status} (If-Match)", "ModelUpdate", 200),
     ("POST", "/admin/login", "Log in: session and CSRF cookies, the CSRF token in the body", "LoginBody", 200),
     ("POST", "/admin/logout", "End this session", None, 200),
     ("GET", "/admin/me", "Who is asking", None, 200),
@@ -76,7 +79,7 @@ _ERRORS = {
     "403": "forbidden: the operation needs a super admin",
     "404": "not found",
     "405": "method_not_allowed",
-    "409": "conflict (a duplicate name, or a stale If-Match)",
+    "409": "conflict (a duplicate name, a stale If-Match, or manager_cycle)",
     "413": "payload_too_large",
     "422": "model_verification_failed: the live verification call failed",
     "428": "If-Match required",

@@ -76,7 +76,9 @@ class AdminPlane:
         add("PUT", r"/admin/providers/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_provider(a.name, id, svc.decode(_keep_key(b), svc.ProviderCreate), h.get("if-match"))))
         add("PUT", r"/admin/models/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
-            service.update_model(a.name, id, svc.decode(b, svc.ModelCreate), h.get("if-match"))))
+            service.update_model(a.name, id, svc.decode_model_update(b), h.get("if-match"))))
+        add("PUT", r"/admin/users/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            service.update_user(a.name, id, svc.decode(b, svc.UserUpdate), h.get("if-match"))))
 
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False) -> None:
         self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))

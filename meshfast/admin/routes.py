@@ -49,7 +49,7 @@ class AdminRouter:
         add = self._add
         add("POST", r"/admin/users", lambda a, b: self._created(s.create_user(a.name, svc.decode(b, svc.UserCreate))))
         add("GET", r"/admin/users", lambda a, b: self._ok(s.list_users()))
-        add("GET", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.get_user(id)))
+        add("GET", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_user(id)))
         add("DELETE", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_user(a.name, id)))
         add("POST", r"/admin/users/(?P<id>[^/]+)/rotate-key", lambda a, b, id: self._ok(s.rotate_key(a.name, id)))
         add("POST", r"/admin/users/(?P<id>[^/]+)/revoke", lambda a, b, id: self._ok(s.revoke_user(a.name, id)))

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import asyncpg
 import msgspec
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 
 from meshfast import errors, snapshot, validate
 from meshfast.sealing import open_sealed, seal
@@ -49,12 +49,34 @@ MODEL_KINDS = ("chat", "embedding", "image_generation", "video_generation")
 # --- request bodies ------------------------------------------------------------------------
 
 
+# A moment in a body: RFC 3339 with its offset (a time without one would mean a different
+# instant on every host), between validate.EARLIEST and validate.LATEST (checked by _moment).
+Timestamp = Annotated[dt.datetime, Meta(tz=True)]
+
+
 class UserCreate(msgspec.Struct, forbid_unknown_fields=True):
     email: Email
     display_name: DisplayName
+    # An existing user's email; the user stores the manager's id.
     manager_email: Email | None = None
     business_unit: Label | None = None
     tier: Label | None = None
+
+
+class UserUpdate(msgspec.Struct, forbid_unknown_fields=True):
+    """``PUT /admin/users/{id}``: a field left out is kept, ``null`` clears it (``display_name``
+    cannot be cleared). The manager is named by ``manager_id`` or ``manager_email``, not both."""
+
+    display_name: DisplayName | UnsetType = UNSET
+    manager_id: Id | None | UnsetType = UNSET
+    manager_email: Email | None | UnsetType = UNSET
+    business_unit: Label | None | UnsetType = UNSET
+    tier: Label | None | UnsetType = UNSET
+    # After this moment the user's keys are refused (401) on every worker.
+    expires_at: Timestamp | None | UnsetType = UNSET
+
+
+ManagerCycle = type("ManagerCycle", (errors.MeshfastError,), {"status": 409, "code": "manager_cycle"})
 
 
 class GenericSettings(snapshot.GenericTemplates, forbid_unknown_fields=True, omit_defaults=True):
@@ -214,6 +236,40 @@ class ModelCreate(msgspec.Struct, forbid_unknown_fields=True):
     verify: bool | None = None
 
 
+MODEL_STATUSES = ("active", "blocked", "retired")
+
+
+class ModelUpdate(ModelCreate, forbid_unknown_fields=True):
+    """``PUT /admin/models/{id}``: the create fields (``verify`` is ignored) and, optionally, the
+    status; a body that is only ``{"status": ...}`` changes the status alone."""
+
+    # active, blocked or retired; a blocked or retired model answers as an unknown one (404) on
+    # the standard routes and 403 model_blocked on the Mesh-native ones. Left out: kept.
+    status: Word | None = None
+
+
+class ModelStatusBody(msgspec.Struct, forbid_unknown_fields=True):
+    status: Word
+
+
+def decode_model_update(body: bytes) -> ModelUpdate | ModelStatusBody:
+    """A model PUT's body: the status alone, or the whole model (see :class:`ModelUpdate`)."""
+    try:
+        fields = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        fields = None  # the strict decode below answers the 400
+    if isinstance(fields, dict) and set(fields) == {"status"}:
+        return decode(body, ModelStatusBody)
+    return decode(body, ModelUpdate)
+
+
+def _status_columns(status: str) -> tuple[str, bool]:
+    """The API's status as the stored ``(status, blocked)`` pair (Mesh keeps them apart)."""
+    if status not in MODEL_STATUSES:
+        raise errors.InvalidRequest(f"status must be one of {', '.join(MODEL_STATUSES)}")
+    return ("retired" if status == "retired" else "active"), status == "blocked"
+
+
 class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
     user_id: Id
     model_id: Id
@@ -275,10 +331,26 @@ def _nonempty(value: str, field: str) -> str:
     return value
 
 
-def _email(value: str) -> str:
+def _email(value: str, field: str = "email") -> str:
     value = value.strip().lower()
     if "@" not in value or len(value) > 320 or any(c.isspace() for c in value):
-        raise errors.InvalidRequest("email is not a valid address")
+        raise errors.InvalidRequest(f"{field} is not a valid address")
+    return value
+
+
+def _label(value: str | None, field: str) -> str | None:
+    """A business unit or tier as stored: stripped; ``None`` clears it, an empty one is refused."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        raise errors.InvalidRequest(f"{field} may not be empty (null clears it)")
+    return value
+
+
+def _moment(value: dt.datetime | None, field: str) -> dt.datetime | None:
+    if value is not None and not validate.EARLIEST <= value <= validate.LATEST:
+        raise errors.InvalidRequest(f"{field} must be between {validate.EARLIEST.date()} and {validate.LATEST.date()}")
     return value
 
 
@@ -322,6 +394,13 @@ def _hhmm(value: str | None, field: str) -> dt.time | None:
         raise errors.InvalidRequest(f"{field} must be HH:MM") from None
 
 
+async def _manager_by_email(conn: asyncpg.Connection, email: str) -> uuid.UUID:
+    manager_id = await conn.fetchval(sql.USER_ID_BY_EMAIL, email)
+    if manager_id is None:
+        raise errors.InvalidRequest("manager_email names no user")
+    return manager_id
+
+
 # --- JSON shapes ---------------------------------------------------------------------------
 
 
@@ -344,6 +423,15 @@ def row_json(row: asyncpg.Record) -> dict[str, Any]:
     for key in ("settings", "long_context_prices"):
         if isinstance(out.get(key), str):
             out[key] = json.loads(out[key])
+    return out
+
+
+def _model_json(row: asyncpg.Record) -> dict[str, Any]:
+    """A model as the API shows it: ``status`` is active, blocked or retired (``blocked`` stays,
+    as Mesh's flag)."""
+    out = row_json(row)
+    if out.get("blocked") and out.get("status") == "active":
+        out["status"] = "blocked"
     return out
 
 
@@ -484,9 +572,20 @@ class RegistryDeployment(msgspec.Struct, forbid_unknown_fields=True):
     priority: Int32 = 100
 
 
+class RegistryUser(msgspec.Struct, forbid_unknown_fields=True):
+    """A registered user's place in the organisation, by email: a field left out is kept,
+    ``null`` clears it. Users (and their keys) are created through the API, not by a file."""
+
+    email: Email
+    manager_email: Email | None | UnsetType = UNSET
+    business_unit: Label | None | UnsetType = UNSET
+    tier: Label | None | UnsetType = UNSET
+
+
 class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
     providers: list[dict[str, Any]] = []
     models: list[dict[str, Any]] = []
+    users: list[dict[str, Any]] = []
 
 
 @dataclasses.dataclass(slots=True)
@@ -514,6 +613,8 @@ class Registry:
 
     providers: list[_ProviderEntry] = dataclasses.field(default_factory=list)
     models: list[_ModelEntry] = dataclasses.field(default_factory=list)
+    # Emails and labels normalised as stored.
+    users: list[RegistryUser] = dataclasses.field(default_factory=list)
 
 
 # Placeholders that let a registry entry pass the API body's validation before its real value
@@ -526,8 +627,9 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
     """A registry file (``fmt`` ``json`` or ``toml``): ``{"providers": [provider bodies], "models":
     [model bodies]}`` as the admin API takes them, except that a provider's key may come from the
     environment (``api_key_env``) and a model names its provider (``provider``) and lists its
-    ``deployments`` (``{provider, resolved_model, region?, priority?}``). Raises one 400 listing
-    every problem found."""
+    ``deployments`` (``{provider, resolved_model, region?, priority?}``). An optional ``users``
+    list sets registered users' place in the organisation by email (:class:`RegistryUser`).
+    Raises one 400 listing every problem found."""
     try:
         raw = tomllib.loads(data.decode()) if fmt == "toml" else msgspec.json.decode(data)
         registry = msgspec.convert(raw, _RegistryFile)
@@ -562,6 +664,41 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
             problems.append(f"{label}: a model of that name is listed twice")
         names.add(model.name)
         out.models.append(model)
+    names = set()
+    for i, entry in enumerate(registry.users):
+        label = f"users[{i}] ({entry.get('email')!r})"
+        try:
+            user = _user_entry(entry)
+        except errors.MeshfastError as exc:
+            problems.extend(f"{label}: {p}" for p in exc.extra.get("errors", [exc.detail]))
+            continue
+        if user.email in names:
+            problems.append(f"{label}: a user of that email is listed twice")
+        names.add(user.email)
+        out.users.append(user)
+    if problems:
+        raise _invalid(problems)
+    return out
+
+
+def _user_entry(entry: dict[str, Any]) -> RegistryUser:
+    try:
+        user = msgspec.convert(entry, RegistryUser)
+    except msgspec.ValidationError as exc:
+        raise errors.InvalidRequest(str(exc)) from None
+    problems: list[str] = []
+    out = RegistryUser(email=user.email)
+    for field, normalise in (("email", _email), ("manager_email", _email), ("business_unit", _label),
+                             ("tier", _label)):
+        value = getattr(user, field)
+        if value is UNSET:
+            continue
+        try:
+            setattr(out, field, None if value is None else normalise(value, field))
+        except errors.InvalidRequest as exc:
+            problems.append(str(exc.detail))
+    if not problems and out.manager_email == out.email:
+        problems.append("a user cannot be their own manager")
     if problems:
         raise _invalid(problems)
     return out
@@ -626,6 +763,32 @@ def _model_entry(entry: dict[str, Any]) -> _ModelEntry:
     if problems:
         raise _invalid(problems)
     return _ModelEntry(args[0], str(provider).strip(), args, planned)
+
+
+async def _apply_users(conn: asyncpg.Connection, entries: list[RegistryUser], users: dict[str, asyncpg.Record],
+                       summary: dict[str, list[str]]) -> None:
+    """A registry file's organisation changes (every email already checked to be registered),
+    under LOCK_ORGANISATION; a file whose changes together close a manager loop is refused whole."""
+    changed: list[tuple[str, uuid.UUID, uuid.UUID]] = []
+    for u in entries:
+        row = users[u.email]
+        stored = (row["manager_id"], row["business_unit"], row["tier"])
+        manager_id = stored[0] if u.manager_email is UNSET else (
+            None if u.manager_email is None else users[u.manager_email]["id"])
+        wanted = (manager_id, stored[1] if u.business_unit is UNSET else u.business_unit,
+                  stored[2] if u.tier is UNSET else u.tier)
+        if wanted == stored:
+            summary["unchanged"].append(f"user {u.email}")
+            continue
+        await conn.execute(sql.UPDATE_USER_ORGANISATION, row["id"], *wanted)
+        summary["updated"].append(f"user {u.email}")
+        if manager_id is not None and manager_id != stored[0]:
+            changed.append((u.email, row["id"], manager_id))
+    # NOTE: the stored chains had no loop, so any loop now runs through a changed manager.
+    problems = [f"user {email!r}: the manager chain would loop" for email, uid, manager_id in changed
+                if await conn.fetchval(sql.MANAGER_WOULD_LOOP, uid, manager_id)]
+    if problems:
+        raise _invalid(problems)
 
 
 class _Unchanged(Exception):
@@ -732,13 +895,16 @@ class AdminService:
     async def create_user(self, actor: str, body: UserCreate) -> dict[str, Any]:
         email = _email(body.email)
         display_name = _nonempty(body.display_name, "display_name")
+        manager_email = None if body.manager_email is None else _email(body.manager_email, "manager_email")
+        business_unit, tier = _label(body.business_unit, "business_unit"), _label(body.tier, "tier")
         key, prefix = new_mesh_key()
         digest = self._secrets.hash_key(key)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            # NOTE: a new user has no reports, so naming a manager cannot close a loop.
+            manager_id = None if manager_email is None else await _manager_by_email(conn, manager_email)
             try:
-                row = await conn.fetchrow(sql.INSERT_USER, email, display_name, body.manager_email,
-                                          body.business_unit, body.tier)
+                row = await conn.fetchrow(sql.INSERT_USER, email, display_name, manager_id, business_unit, tier)
             except asyncpg.UniqueViolationError:
                 raise errors.EmailExists() from None
             await conn.execute(sql.INSERT_KEY, row["id"], digest, prefix)
@@ -782,6 +948,60 @@ class AdminService:
 
         await self._write(actor, "delete_user", str(uid), {}, work)
         return {"status": "deleted"}
+
+    async def update_user(self, actor: str, user_id: str, body: UserUpdate, if_match: str | None) -> dict[str, Any]:
+        """``PUT /admin/users/{id}``: the given fields, only against the version in ``If-Match``
+        (missing 428, stale 409); 409 ``manager_cycle`` when the new manager is the user or
+        reports to them. A manager change holds LOCK_ORGANISATION to commit, so two concurrent
+        changes cannot each pass the loop check and close a loop together."""
+        uid = parse_uuid(user_id, errors.UserNotFound)
+        if not if_match:
+            raise errors.PreconditionRequired()
+        if body.manager_id is not UNSET and body.manager_email is not UNSET:
+            raise errors.InvalidRequest("give manager_id or manager_email, not both")
+        changes: dict[str, Any] = {}
+        if body.display_name is not UNSET:
+            changes["display_name"] = _nonempty(body.display_name, "display_name")
+        for field in ("business_unit", "tier"):
+            if getattr(body, field) is not UNSET:
+                changes[field] = _label(getattr(body, field), field)
+        if body.expires_at is not UNSET:
+            changes["expires_at"] = _moment(body.expires_at, "expires_at")
+        manager: tuple[str, Any] | None = None
+        if body.manager_id is not UNSET:
+            manager = ("id", None if body.manager_id is None else _body_uuid(body.manager_id, "manager_id"))
+        elif body.manager_email is not UNSET:
+            manager = ("email", None if body.manager_email is None else _email(body.manager_email, "manager_email"))
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if manager is not None:
+                await conn.execute(sql.LOCK_ORGANISATION)
+            row = await conn.fetchrow(sql.USER_FOR_UPDATE, uid)
+            if row is None:
+                raise errors.UserNotFound()
+            if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
+                raise errors.VersionConflict()
+            wanted = {**dict(row), **changes}
+            if manager is not None:
+                kind, value = manager
+                if value is None:
+                    wanted["manager_id"] = None
+                elif kind == "email":
+                    wanted["manager_id"] = await _manager_by_email(conn, value)
+                elif await conn.fetchval(sql.USER_EXISTS, value) is None:
+                    raise errors.InvalidRequest("manager_id names no user")
+                else:
+                    wanted["manager_id"] = value
+                if wanted["manager_id"] is not None and await conn.fetchval(
+                        sql.MANAGER_WOULD_LOOP, uid, wanted["manager_id"]):
+                    raise ManagerCycle("the new manager is the user or reports to them")
+            await conn.execute(sql.UPDATE_USER, uid, wanted["display_name"], wanted["manager_id"],
+                               wanted["business_unit"], wanted["tier"], wanted["expires_at"])
+
+        fields = sorted([*changes, *(["manager_id"] if manager is not None else [])])
+        action = "update_user_expiry" if fields == ["expires_at"] else "update_user"
+        await self._write(actor, action, str(uid), {"fields": fields}, work)
+        return await self.get_user(user_id)
 
     async def list_users(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
@@ -917,30 +1137,44 @@ class AdminService:
         model_id = await self._write(actor, "create_model", body.name, {"kind": body.kind}, work, registry=True)
         return await self.get_model(str(model_id))
 
-    async def update_model(self, actor: str, model_id: str, body: ModelCreate, if_match: str | None) -> dict[str, Any]:
-        """``PUT /admin/models/{id}``: the create fields, only against the version in ``If-Match``
-        (missing 428, stale 409); no live verification (create verifies)."""
+    async def update_model(self, actor: str, model_id: str, body: ModelCreate | ModelStatusBody,
+                           if_match: str | None) -> dict[str, Any]:
+        """``PUT /admin/models/{id}``: the create fields and the status, or the status alone
+        (:func:`decode_model_update`), only against the version in ``If-Match`` (missing 428,
+        stale 409); no live verification (create verifies)."""
         mid = parse_uuid(model_id, errors.ModelNotFound)
         if not if_match:
             raise errors.PreconditionRequired()
-        provider_id = _body_uuid(body.provider_id, "provider_id")
-        args = _model_args(body)
+        status = getattr(body, "status", None)
+        columns = None if status is None else _status_columns(status)
+        if isinstance(body, ModelStatusBody):
+            provider_id, args = None, ()
+        else:
+            provider_id = _body_uuid(body.provider_id, "provider_id")
+            args = _model_args(body)
 
         async def work(conn: asyncpg.Connection) -> None:
-            version = await conn.fetchval("SELECT version FROM models WHERE id = $1 FOR UPDATE", mid)
-            if version is None:
+            row = await conn.fetchrow("SELECT version FROM models WHERE id = $1 FOR UPDATE", mid)
+            if row is None:
                 raise errors.ModelNotFound()
-            if if_match.strip() not in (f'"{version}"', str(version), "*"):
+            if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
                 raise errors.VersionConflict()
-            if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
-                raise errors.InvalidRequest("provider_not_found")
-            try:
-                await conn.execute("UPDATE models SET name = $2 WHERE id = $1", mid, args[0])
-            except asyncpg.UniqueViolationError:
-                raise errors.ModelExists() from None
-            await conn.execute(sql.UPDATE_MODEL, mid, provider_id, *args[1:])
+            if provider_id is not None:
+                if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
+                    raise errors.InvalidRequest("provider_not_found")
+                try:
+                    await conn.execute("UPDATE models SET name = $2 WHERE id = $1", mid, args[0])
+                except asyncpg.UniqueViolationError:
+                    raise errors.ModelExists() from None
+                await conn.execute(sql.UPDATE_MODEL, mid, provider_id, *args[1:])
+            if columns is not None:
+                await conn.execute(sql.SET_MODEL_STATUS, mid, *columns)
 
-        await self._write(actor, "update_model", body.name, {"kind": body.kind}, work, registry=True)
+        detail: dict[str, Any] = {} if isinstance(body, ModelStatusBody) else {"kind": body.kind}
+        if status is not None:
+            detail["status"] = status
+        target = str(mid) if isinstance(body, ModelStatusBody) else body.name
+        await self._write(actor, "update_model", target, detail, work, registry=True)
         return await self.get_model(model_id)
 
     async def list_models(self) -> list[dict[str, Any]]:
@@ -949,7 +1183,7 @@ class AdminService:
             deployments: dict[str, list[dict[str, Any]]] = {}
             for row in await conn.fetch(sql.LIST_ALL_DEPLOYMENTS):
                 deployments.setdefault(str(row["model_id"]), []).append(row_json(row))
-        return [{**row_json(r), "deployments": deployments.get(str(r["id"]), [])} for r in rows]
+        return [{**_model_json(r), "deployments": deployments.get(str(r["id"]), [])} for r in rows]
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         mid = parse_uuid(model_id, errors.ModelNotFound)
@@ -958,7 +1192,7 @@ class AdminService:
             if row is None:
                 raise errors.ModelNotFound()
             deployments = await conn.fetch(sql.LIST_DEPLOYMENTS, mid)
-        return {**row_json(row), "deployments": [row_json(d) for d in deployments]}
+        return {**_model_json(row), "deployments": [row_json(d) for d in deployments]}
 
     async def delete_model(self, actor: str, model_id: str) -> dict[str, Any]:
         mid = parse_uuid(model_id, errors.ModelNotFound)
@@ -1034,6 +1268,14 @@ class AdminService:
                 for name in [m.provider, *(d[0] for d in m.deployments or ())]:
                     if name not in known:
                         problems.append(f"model {m.name!r}: provider {name!r} is neither in the file nor registered")
+            users: dict[str, asyncpg.Record] = {}
+            if registry.users:
+                await conn.execute(sql.LOCK_ORGANISATION)
+                users = {row["email"]: row for row in await conn.fetch(sql.ORGANISATION)}
+                for u in registry.users:
+                    for email in (u.email, u.manager_email):
+                        if isinstance(email, str) and email not in users:
+                            problems.append(f"user {email!r} is not registered (users are created through the API)")
             if problems:
                 raise _invalid(problems)
             ids = {name: row["id"] for name, row in providers.items()}
@@ -1042,6 +1284,8 @@ class AdminService:
                 ids[name] = await self._apply_provider(conn, entry, providers.get(name), summary)
             for m in registry.models:
                 await self._apply_model(conn, m, ids, models.get(m.name), deployments, summary)
+            if registry.users:
+                await _apply_users(conn, registry.users, users, summary)
             if not (summary["created"] or summary["updated"] or summary["deleted"]):
                 raise _Unchanged()
             detail.update({key: len(value) for key, value in summary.items()})

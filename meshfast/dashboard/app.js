@@ -601,6 +601,42 @@
     pendingSecret = { title, value, note };
   }
 
+  let editingUser = null; // {entity, etag}
+
+  // An RFC 3339 time as a datetime-local value in the browser's zone, and back (with its offset).
+  const toLocalInput = (iso) => {
+    if (!iso) return "";
+    const d = new Date(iso);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  };
+  const fromLocalInput = (value) => (value ? new Date(value).toISOString() : null);
+
+  // The organisation and expiry of one user: PUT with the ETag it was read with; empty clears.
+  function userEditForm() {
+    const u = editingUser.entity;
+    const managers = [["", "— none —"], ...state.users.filter((x) => x.id !== u.id).map((x) => [x.id, x.email])];
+    const form = h("form", { class: "grid panel", id: "user-edit", "aria-labelledby": "user-edit-title" },
+      field("Display name", "display_name", { required: true, id: "user-edit-name", value: u.display_name }),
+      field("Manager", "manager_id", { kind: "select", id: "user-edit-manager", value: u.manager_id || "", options: managers }),
+      field("Business unit", "business_unit", { id: "user-edit-bu", value: u.business_unit }),
+      field("Tier", "tier", { id: "user-edit-tier", value: u.tier }),
+      field("Expires at", "expires_at", { kind: "datetime-local", id: "user-edit-expires", value: toLocalInput(u.expires_at),
+        hint: "Your local time; empty: never. After it the user's keys are refused." }),
+      h("div", { class: "actions" },
+        h("button", { type: "submit", id: "user-edit-submit" }, "Save user"),
+        button("Cancel", () => { editingUser = null; rerender(); }, "secondary")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { display_name: d.display_name, manager_id: d.manager_id || null, business_unit: d.business_unit || null,
+        tier: d.tier || null, expires_at: fromLocalInput(d.expires_at) };
+      const out = await act(() => api("PUT", `/admin/users/${u.id}`, body, { "if-match": editingUser.etag }), `${u.email} saved.`);
+      if (out) { editingUser = null; rerender(); }
+    });
+    return form;
+  }
+
   async function renderUsers() {
     await loadRegistry();
     const form = h("form", { class: "grid panel", id: "user-create", "aria-labelledby": "user-create-title" },
@@ -624,6 +660,13 @@
       }
     });
     const userActions = (u) => h("div", { class: "actions" },
+      button("Edit", async () => {
+        const out = await act(() => api("GET", `/admin/users/${u.id}`));
+        if (!out) return;
+        editingUser = { entity: out.data, etag: out.headers.get("etag") };
+        await rerender();
+        document.getElementById("user-edit-name").focus();
+      }, "secondary", { "aria-label": `Edit ${u.email}` }),
       button("Rotate key", async () => {
         if (!confirmed(`Rotate the key of ${u.email}? The current key stops working at once.`)) return;
         const out = await act(() => api("POST", `/admin/users/${u.id}/rotate-key`), `Key of ${u.email} rotated.`);
@@ -639,6 +682,7 @@
       }, "danger", { "aria-label": `Delete ${u.email}` }));
     page("Users & keys",
       secretPanel(),
+      editingUser ? [h("h2", { id: "user-edit-title" }, `Edit ${editingUser.entity.email}`), userEditForm()] : null,
       h("h2", {}, "Create a user"),
       form,
       h("h2", {}, "Users"),
@@ -648,7 +692,10 @@
         { key: "status", label: "Status", render: (u) => h("span", { class: `badge ${u.status === "active" ? "ok" : "bad"}` }, u.status) },
         { key: "key_prefix", label: "Key", render: (u) => (u.key_prefix ? h("code", {}, u.key_prefix) : "—") },
         { key: "key_status", label: "Key status" },
+        { key: "manager_email", label: "Manager", render: (u) => u.manager_email || "—" },
         { key: "business_unit", label: "Business unit" },
+        { key: "tier", label: "Tier" },
+        { key: "expires_at", label: "Expires", render: (u) => (u.expires_at ? when(u.expires_at) : "never") },
         { key: "created_at", label: "Created", render: (u) => when(u.created_at) },
         { key: "actions", label: "Actions", render: userActions },
       ], state.users, { id: "users-table", rowData: (u) => ({ userId: u.id, email: u.email }) }));
@@ -742,6 +789,18 @@
   // --- models ----------------------------------------------------------------------------------
 
   let editingModel = null;
+  const MODEL_STATUSES = ["active", "blocked", "retired"];
+
+  // Block, retire or reactivate a model: its status alone, against the ETag just read.
+  async function setModelStatus(m, status) {
+    const verb = { active: "Reactivate", blocked: "Block", retired: "Retire" }[status];
+    if (status !== "active" && !confirmed(`${verb} model ${m.name}? Callers get the unknown-model answer at once.`)) return;
+    const out = await act(async () => {
+      const current = await api("GET", `/admin/models/${m.id}`);
+      return api("PUT", `/admin/models/${m.id}`, { status }, { "if-match": current.headers.get("etag") });
+    }, `Model ${m.name} is ${status}.`);
+    if (out) rerender();
+  }
   const CAPS = [["supports_image_in", "Image input"], ["supports_document_in", "Document input"], ["supports_audio_in", "Audio input"],
     ["supports_video_in", "Video input"], ["supports_web_search", "Web search"]];
   const PRICES = [["input_price_per_1k_tokens", "Input price per 1k tokens (USD)", true], ["output_price_per_1k_tokens", "Output price per 1k tokens (USD)", true],
@@ -760,6 +819,8 @@
       field("Aliases", "aliases", { value: m ? (m.aliases || []).join(", ") : "", hint: "Comma separated" }),
       field("Tags", "tags", { value: m ? (m.tags || []).join(", ") : "", hint: "Comma separated" }),
       field("Output media type", "output_media_type", { value: m && m.output_media_type, hint: "Generation models, e.g. image/png" }),
+      m ? field("Status", "status", { kind: "select", id: "model-status", value: m.status, options: MODEL_STATUSES.map((x) => [x, x]),
+        hint: "Blocked and retired models answer callers as unknown ones" }) : null,
       h("fieldset", {}, h("legend", {}, "Capabilities"), CAPS.map(([k, label]) => field(label, k, { kind: "checkbox", id: `model-${k}`, value: m && m[k] }))),
       m ? null : field("Verify with a live call", "verify", { kind: "checkbox", id: "model-verify", value: true }),
       h("div", { class: "actions" }, h("button", { type: "submit", id: "model-submit" }, m ? "Save model" : "Create model"),
@@ -774,6 +835,7 @@
       for (const [k] of PRICES) if (d[k] !== "") body[k] = d[k];
       for (const [k] of CAPS) body[k] = d[k];
       if (d.output_media_type) body.output_media_type = d.output_media_type;
+      if (m && d.status) body.status = d.status;
       if (!m) {
         body.verify = d.verify;
         if (await act(() => api("POST", "/admin/models", body), `Model ${d.name} created.`)) rerender();
@@ -820,6 +882,9 @@
         await rerender();
         document.getElementById("model-name").focus();
       }, "secondary", { "aria-label": `Edit model ${m.name}` }),
+      MODEL_STATUSES.filter((x) => x !== (m.status || "active")).map((x) =>
+        button({ active: "Reactivate", blocked: "Block", retired: "Retire" }[x], () => setModelStatus(m, x),
+          x === "active" ? "secondary" : "danger", { "aria-label": `${{ active: "Reactivate", blocked: "Block", retired: "Retire" }[x]} model ${m.name}` })),
       button("Delete", async () => {
         if (!confirmed(`Delete model ${m.name}?`)) return;
         if (await act(() => api("DELETE", `/admin/models/${m.id}`), `Model ${m.name} deleted.`)) rerender();
@@ -832,6 +897,7 @@
       table("Models", [
         { key: "name", label: "Name" }, { key: "provider_name", label: "Provider" }, { key: "resolved_model", label: "Resolved model" },
         { key: "kind", label: "Kind" },
+        { key: "status", label: "Status", render: (m) => h("span", { class: `badge ${m.status === "active" ? "ok" : "bad"}` }, m.status) },
         { key: "input_price_per_1k_tokens", label: "Input / 1k", num: true },
         { key: "output_price_per_1k_tokens", label: "Output / 1k", num: true },
         { key: "caps", label: "Capabilities", render: caps },

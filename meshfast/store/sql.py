@@ -11,7 +11,7 @@ CONFIG_CHANNEL = "meshfast_config"
 SNAPSHOT_SEQ = "SELECT config_seq FROM gateway_state"
 SNAPSHOT_KILL_SWITCH = "SELECT kill_switch FROM gateway_state"
 SNAPSHOT_PRINCIPALS = """
-SELECT id, email, display_name, status, expires_at FROM users ORDER BY id
+SELECT id, email, display_name, status, expires_at, manager_id, business_unit, tier FROM users ORDER BY id
 """
 SNAPSHOT_KEYS = """
 SELECT id, user_id, key_hash, status, expires_at FROM mesh_api_keys WHERE status = 'active'
@@ -70,9 +70,9 @@ INSERT INTO admin_audit_log (actor, action, target, detail) VALUES ($1, $2, $3, 
 # --- users and keys --------------------------------------------------------------------------
 
 INSERT_USER = """
-INSERT INTO users (email, display_name, manager_email, business_unit, tier)
+INSERT INTO users (email, display_name, manager_id, business_unit, tier)
 VALUES ($1, $2, $3, $4, $5)
-RETURNING id, email, display_name, manager_email, business_unit, tier, status, expires_at, created_at
+RETURNING id, email, display_name, manager_id, business_unit, tier, status, expires_at, created_at
 """
 INSERT_KEY = """
 INSERT INTO mesh_api_keys (user_id, key_hash, key_prefix) VALUES ($1, $2, $3)
@@ -85,13 +85,41 @@ WHERE user_id = $1 AND status = 'active'
 ACTIVATE_USER = "UPDATE users SET status = 'active' WHERE id = $1 RETURNING id"
 REVOKE_USER = "UPDATE users SET status = 'revoked' WHERE id = $1 RETURNING id"
 DELETE_USER = "DELETE FROM users WHERE id = $1 RETURNING id"
+# Manager changes run one at a time (an advisory lock held to commit), so the chain each one
+# checks for a loop is the chain it commits: two changes cannot each pass and loop together.
+LOCK_ORGANISATION = "SELECT pg_advisory_xact_lock(7164805235869627512)"
+USER_ID_BY_EMAIL = "SELECT id FROM users WHERE email = $1"
+USER_FOR_UPDATE = """
+SELECT version, display_name, manager_id, business_unit, tier, expires_at FROM users WHERE id = $1 FOR UPDATE
+"""
+# True when `$2` (a would-be manager) is `$1` or reports to `$1`: making `$2` the manager of
+# `$1` would close a loop. UNION (not UNION ALL) ends the walk at a repeat, loop or not.
+MANAGER_WOULD_LOOP = """
+WITH RECURSIVE chain (id) AS (
+    SELECT $2::uuid
+    UNION
+    SELECT u.manager_id FROM chain c JOIN users u ON u.id = c.id WHERE u.manager_id IS NOT NULL
+)
+SELECT EXISTS (SELECT 1 FROM chain WHERE id = $1)
+"""
+ORGANISATION = "SELECT id, email, manager_id, business_unit, tier FROM users"
+UPDATE_USER_ORGANISATION = """
+UPDATE users SET manager_id = $2, business_unit = $3, tier = $4, version = version + 1, updated_at = now()
+WHERE id = $1
+"""
+UPDATE_USER = """
+UPDATE users SET display_name = $2, manager_id = $3, business_unit = $4, tier = $5, expires_at = $6,
+    version = version + 1, updated_at = now()
+WHERE id = $1
+"""
 USER_COLUMNS = """
-u.id, u.email, u.display_name, u.manager_email, u.business_unit, u.tier, u.status, u.expires_at,
-u.created_at, k.key_prefix, k.status AS key_status
+u.id, u.email, u.display_name, u.manager_id, mgr.email AS manager_email, u.business_unit, u.tier, u.status,
+u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status
 """
 LIST_USERS = f"""
 SELECT {USER_COLUMNS}
 FROM users u
+LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
     SELECT key_prefix, status FROM mesh_api_keys
     WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
@@ -101,6 +129,7 @@ ORDER BY u.created_at DESC
 GET_USER = f"""
 SELECT {USER_COLUMNS}
 FROM users u
+LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
     SELECT key_prefix, status FROM mesh_api_keys
     WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
@@ -170,6 +199,9 @@ UPDATE models SET provider_id = $2, resolved_model = $3, kind = $4, input_price_
     supports_web_search = $20, output_media_type = $21, version = version + 1, updated_at = now()
 WHERE id = $1
 RETURNING id
+"""
+SET_MODEL_STATUS = """
+UPDATE models SET status = $2, blocked = $3, version = version + 1, updated_at = now() WHERE id = $1
 """
 PROVIDER_ID_BY_NAME = "SELECT id FROM providers WHERE name = $1"
 UPDATE_PROVIDER = f"""
