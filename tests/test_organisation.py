@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import test_dashboard
 from conftest import Gateway, WorkerConnections
 
 from meshfast import snapshot
@@ -27,6 +28,9 @@ from meshfast._core import Core
 from meshfast.secrets import load_or_create
 
 PROPAGATION_S = 1.0
+
+# The dashboard's browser fixtures (chromium through Playwright; skipped when it is not installed).
+browser, admin, tab = test_dashboard.browser, test_dashboard.admin, test_dashboard.tab
 
 
 def _tag() -> str:
@@ -405,3 +409,52 @@ def test_a_registry_file_sets_registered_users_organisation_by_email(gateway: Ga
                                           {"email": lead["email"], "tier": ""}]}))
     refused = _apply(gateway, path)
     assert refused.returncode == 1 and "own manager" in refused.stderr and "tier may not be empty" in refused.stderr
+
+
+# --- the dashboard ----------------------------------------------------------------------------------
+
+
+def test_the_dashboard_edits_a_users_organisation_and_expiry_and_blocks_a_model(
+        tab: test_dashboard.Tab, gateway: Gateway, admin: dict[str, str]) -> None:
+    """From the UI: a user's manager, business unit, tier and expiry are saved (with the ETag the
+    edit form was read with) and shown in the list; a model is blocked and reactivated."""
+    from playwright.sync_api import expect
+
+    page = tab.page
+    boss, user = _user(gateway), _user(gateway)
+    provider = gateway.create_provider(f"org-ui-{_tag()}")
+    model = gateway.create_model(provider["id"], f"org-ui-{_tag()}")
+    tab.login(admin)
+
+    tab.go("users", "Users & keys")
+    page.get_by_role("button", name=f"Edit {user['email']}").click()
+    form = page.locator("#user-edit")
+    form.get_by_label("Manager").select_option(label=boss["email"])
+    form.get_by_label("Business unit").fill("payments")
+    form.get_by_label("Tier").fill("gold")
+    form.get_by_label("Expires at").fill("2031-02-03T04:05")
+    assert tab.axe() == []
+    form.get_by_role("button", name="Save user").click()
+    row = page.locator(f"#users-table tr[data-email='{user['email']}']")
+    expect(row.locator("td[data-col='manager_email']")).to_have_text(boss["email"])
+    expect(row.locator("td[data-col='tier']")).to_have_text("gold")
+    saved = _get(gateway, user["id"])[0]
+    assert (saved["manager_id"], saved["business_unit"], saved["tier"]) == (boss["id"], "payments", "gold")
+    expected = page.evaluate("() => new Date('2031-02-03T04:05').toISOString()")
+    assert dt.datetime.fromisoformat(saved["expires_at"]) == dt.datetime.fromisoformat(expected)
+
+    # Clearing: empty fields are sent as null.
+    page.get_by_role("button", name=f"Edit {user['email']}").click()
+    form.get_by_label("Manager").select_option(label="— none —")
+    form.get_by_label("Expires at").fill("")
+    form.get_by_role("button", name="Save user").click()
+    expect(row.locator("td[data-col='manager_email']")).to_have_text("—")
+    assert _get(gateway, user["id"])[0]["expires_at"] is None
+
+    tab.go("models", "Models")
+    page.get_by_role("button", name=f"Block model {model['name']}").click()
+    status = page.locator(f"#models-table tr[data-name='{model['name']}'] td[data-col='status']")
+    expect(status).to_have_text("blocked")
+    assert gateway.admin("GET", f"/admin/models/{model['id']}").json()["status"] == "blocked"
+    page.get_by_role("button", name=f"Reactivate model {model['name']}").click()
+    expect(status).to_have_text("active")
