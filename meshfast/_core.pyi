@@ -19,6 +19,8 @@ __all__ = [
     "PROVIDER_RATE",
     "PROVIDER_INFLIGHT",
     "GLOBAL_INFLIGHT",
+    "OUTCOMES",
+    "Outcome",
     "Segment",
     "ResponseParser",
     "EntryStream",
@@ -51,6 +53,36 @@ PROVIDER_INFLIGHT: Final[int]
 """Counter kind: a provider's calls in flight (concurrency-slot leases); ``a`` zero, ``b`` the provider id, period 0."""
 GLOBAL_INFLIGHT: Final[int]
 """Counter kind: the process-wide admission weight in flight; both ids zero, period 0."""
+OUTCOMES: Final[dict[str, Outcome]]
+"""Every data-plane denial and error by its Mesh code (the core's one table, ``core/src/outcome.rs``):
+denials first, then wire-only codes (``model_not_found``, ``method_not_allowed``) and upstream
+failures (``upstream_rate_limited``, ``upstream_unavailable``, ``upstream_incomplete``).
+``meshfast.errors`` builds the data plane's exceptions from it, ``meshfast.metrics`` its deny reasons."""
+
+@final
+class Outcome:
+    """One row of :data:`OUTCOMES`."""
+
+    @property
+    def code(self) -> str:
+        """The Mesh code: the error's ``error`` / ``code`` / ``type`` field and a denied row's ``deny_reason``."""
+    @property
+    def status(self) -> int:
+        """The HTTP status on the Mesh-native routes (the standard routes answer unknown and
+        not-permitted models with 404 ``model_not_found``)."""
+    @property
+    def message(self) -> str:
+        """The sentence the standard routes put in the error's ``message``."""
+    @property
+    def retry_after(self) -> bool:
+        """The answer carries ``Retry-After`` (when the end is known)."""
+    @property
+    def retryable(self) -> bool:
+        """False: the answer carries ``x-should-retry: false`` (retrying cannot clear it)."""
+    @property
+    def denial(self) -> bool:
+        """Written as ``outcome=denied`` with the code as ``deny_reason``; False for wire-only codes
+        and upstream failures (``outcome=upstream_error``)."""
 
 class CoreError(Exception):
     """Base class of every error raised by this module (``ValueError`` aside)."""

@@ -381,8 +381,9 @@ class App:
     def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
         rid = request_id()
         if method != "GET":
-            proto.response_bytes(405, [("content-type", JSON), ("x-request-id", rid)],
-                                 entry_error("ollama", 405, "method_not_allowed"))
+            error = errors.MethodNotAllowed
+            proto.response_bytes(error.status, [("content-type", JSON), ("x-request-id", rid)],
+                                 entry_error("ollama", error.status, error.code))
             return
         h = scope.headers
         status, body = self.core.models_json(  # type: ignore[union-attr]
@@ -392,7 +393,7 @@ class App:
         if status == 200:
             body = ollama_tags(body)
         else:
-            body = entry_error("ollama", status, "invalid_or_revoked_key")
+            body = entry_error("ollama", status, errors.InvalidKey.code)
         proto.response_bytes(status, [("content-type", JSON), ("x-request-id", rid)], body)
 
     def _data_view(self, scope: Any, proto: Any, path: str, method: str) -> None:

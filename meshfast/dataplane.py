@@ -197,13 +197,13 @@ class DataPlane:
                                           attempts=p.attempts, backoff_ms=p.backoff_ms)
 
     def _upstream_failed(self, p: Any, proto: Any, row: Row, exc: UpstreamError, detail: str | None = None) -> None:
-        payload: dict[str, Any] = {"error": "upstream_unavailable"}
+        payload: dict[str, Any] = {"error": errors.UpstreamUnavailable.code}
         if exc.status is not None:
             payload["provider_status"] = exc.status
             payload["provider_message"] = exc.message
         elif detail:
             payload["detail"] = detail
-        self._respond(proto, 502, p.request_id, _json.encode(payload) + b"\n")
+        self._respond(proto, errors.UpstreamUnavailable.status, p.request_id, _json.encode(payload) + b"\n")
         row.outcome = "upstream_error"
         row.status_code = exc.status if exc.status is not None else 502
 
@@ -490,14 +490,13 @@ class DataPlane:
         """The final upstream failure: 429 stays a 429 (with the provider's Retry-After),
         anything else is 502; both in the API's shape."""
         extra: list[tuple[str, str]] = []
+        error: type[errors.MeshfastError] = errors.UpstreamUnavailable
         if exc.status == 429:
-            status, code = 429, "upstream_rate_limited"
+            error = errors.UpstreamRateLimited
             if exc.retry_after_s:
                 extra.append(("retry-after", str(exc.retry_after_s)))
-        else:
-            status, code = 502, "upstream_unavailable"
         detail = f"(provider status {exc.status}: {exc.message})" if exc.status is not None else None
-        self._respond(proto, status, p.request_id, entry_error(fmt, status, code, detail), extra)
+        self._respond(proto, error.status, p.request_id, entry_error(fmt, error.status, error.code, detail), extra)
         row.outcome = "upstream_error"
         row.status_code = exc.status if exc.status is not None else 502
 

@@ -1,4 +1,8 @@
-"""One table from meshfast errors to HTTP status and wire code."""
+"""One table from meshfast errors to HTTP status and wire code.
+
+The data plane's codes and statuses are the core's (``meshfast._core.OUTCOMES``, one Rust table):
+an exception here names its code and takes the status from there, so neither is written twice.
+Codes only the admin plane answers are spelled in this table alone."""
 
 from __future__ import annotations
 
@@ -6,12 +10,14 @@ from typing import Any
 
 import msgspec
 
+from meshfast._core import OUTCOMES
+
 
 class MeshfastError(Exception):
     """An error that is answered to the caller in the route's own shape."""
 
-    status = 500
-    code = "internal_error"
+    status = OUTCOMES["internal_error"].status
+    code = OUTCOMES["internal_error"].code
 
     def __init__(self, detail: str | None = None, *, retry_after_s: int | None = None, **extra: Any) -> None:
         super().__init__(detail or self.code)
@@ -28,33 +34,54 @@ class MeshfastError(Exception):
 
 
 def _error(name: str, status: int, code: str) -> type[MeshfastError]:
+    """An admin-plane error, spelled here only (the core never answers it)."""
+    assert code not in OUTCOMES, f"{code} is the core's: use _outcome"
     return type(name, (MeshfastError,), {"status": status, "code": code})
 
 
-InvalidRequest = _error("InvalidRequest", 400, "invalid_request")
+def _outcome(name: str, code: str) -> type[MeshfastError]:
+    """A data-plane error: its status is the core's (a code the core does not know fails at import)."""
+    return type(name, (MeshfastError,), {"status": OUTCOMES[code].status, "code": code})
+
+
+# The data plane's (and the admin plane's where the code is the same).
+InvalidRequest = _outcome("InvalidRequest", "invalid_request")
+InvalidKey = _outcome("InvalidKey", "invalid_or_revoked_key")
+ModelNotFound = _outcome("ModelNotFound", "model_not_found")
+MethodNotAllowed = _outcome("MethodNotAllowed", "method_not_allowed")
+PayloadTooLarge = _outcome("PayloadTooLarge", "payload_too_large")
+# The body did not arrive within the body timeouts (idle or total).
+RequestTimeout = _outcome("RequestTimeout", "request_timeout")
+# The caller closed its connection before its body was whole (nginx's 499; nobody reads the answer).
+ClientDisconnected = _outcome("ClientDisconnected", "client_disconnected")
+ProviderBusy = _outcome("ProviderBusy", "provider_busy")
+ServerBusy = _outcome("ServerBusy", "server_busy")
+UpstreamRateLimited = _outcome("UpstreamRateLimited", "upstream_rate_limited")
+UpstreamUnavailable = _outcome("UpstreamUnavailable", "upstream_unavailable")
+
+# The admin plane's (and the HTTP layer's).
 Unauthorized = _error("Unauthorized", 401, "unauthorized")
-InvalidKey = _error("InvalidKey", 401, "invalid_or_revoked_key")
 Forbidden = _error("Forbidden", 403, "forbidden")
 NotFound = _error("NotFound", 404, "not_found")
 UserNotFound = _error("UserNotFound", 404, "user_not_found")
 ProviderNotFound = _error("ProviderNotFound", 404, "provider_not_found")
-ModelNotFound = _error("ModelNotFound", 404, "model_not_found")
 DeploymentNotFound = _error("DeploymentNotFound", 404, "deployment_not_found")
-MethodNotAllowed = _error("MethodNotAllowed", 405, "method_not_allowed")
 EmailExists = _error("EmailExists", 409, "email_already_exists")
 ProviderExists = _error("ProviderExists", 409, "provider_already_exists")
 ModelExists = _error("ModelExists", 409, "model_already_exists")
 DeploymentExists = _error("DeploymentExists", 409, "deployment_already_exists")
 VerificationFailed = _error("VerificationFailed", 422, "model_verification_failed")
-PayloadTooLarge = _error("PayloadTooLarge", 413, "payload_too_large")
-# The body did not arrive within the body timeouts (idle or total).
-RequestTimeout = _error("RequestTimeout", 408, "request_timeout")
-# The caller closed its connection before its body was whole (nginx's 499; nobody reads the answer).
-ClientDisconnected = _error("ClientDisconnected", 499, "client_disconnected")
 UnsupportedMediaType = _error("UnsupportedMediaType", 415, "unsupported_media_type")
-ProviderBusy = _error("ProviderBusy", 503, "provider_busy")
 PreconditionRequired = _error("PreconditionRequired", 428, "if_match_required")
 VersionConflict = _error("VersionConflict", 409, "version_conflict")
 IdempotencyConflict = _error("IdempotencyConflict", 422, "idempotency_key_reused")
-ServerBusy = _error("ServerBusy", 503, "server_busy")
 DatabaseUnavailable = _error("DatabaseUnavailable", 503, "database_unavailable")
+# Sign-in and admin accounts (meshfast.admin.auth).
+InvalidCredentials = _error("InvalidCredentials", 401, "invalid_credentials")
+AccountLocked = _error("AccountLocked", 401, "account_locked")
+WeakPassword = _error("WeakPassword", 400, "weak_password")
+TooManyAttempts = _error("TooManyAttempts", 429, "too_many_attempts")
+CsrfFailed = _error("CsrfFailed", 403, "csrf_failed")
+AdminNotFound = _error("AdminNotFound", 404, "admin_not_found")
+TokenNotFound = _error("TokenNotFound", 404, "token_not_found")
+CannotModifyOwn = _error("CannotModifyOwn", 400, "cannot_modify_own_account")

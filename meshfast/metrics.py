@@ -11,20 +11,15 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
+from meshfast import _core
 from meshfast._core import GLOBAL_INFLIGHT, counter_key
 from meshfast.telemetry import metrics as telemetry_metrics
 
 ROUTES = ("proxy", "embeddings", "generate", "openai_chat", "openai_responses", "anthropic", "gemini", "ollama",
           "openai_embeddings")
 OUTCOMES = ("success", "upstream_error", "denied")
-DENY_REASONS = (
-    "invalid_or_revoked_key", "model_not_permitted", "unknown_model", "model_blocked", "outside_allowed_hours",
-    "provider_hourly_limit_reached", "user_model_hourly_limit_reached", "budget_exceeded", "paused_by_admin",
-    "server_busy", "provider_busy", "invalid_request", "content_type_not_supported_by_model",
-    "web_search_not_supported_by_model", "embeddings_not_supported_by_provider",
-    "generation_not_supported_by_provider", "payload_too_large", "request_timeout", "client_disconnected",
-    "internal_error", "other",
-)
+# Every code a denied row can carry (the core's table of data-plane outcomes), then ``other``.
+DENY_REASONS = (*(code for code, spec in _core.OUTCOMES.items() if spec.denial), "other")
 # An upstream attempt ends in a status class or a transport failure.
 ATTEMPT_RESULTS = ("2xx", "4xx", "429", "5xx", "transport")
 # An admitted request's time in three phases on one clock: ``receive``, from the handler's start to

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from meshfast import errors
 from meshfast._core import Core
 from meshfast.dispatch import Dispatcher, UpstreamError
 from meshfast.snapshot import Config, Grant, Key, Model, Principal, Provider, encode
@@ -90,4 +91,4 @@ def wants_verify(kind: str, flag: bool | None) -> bool:
 
 
 def describe(failures: list[Failure]) -> dict[str, Any]:
-    return {"error": "model_verification_failed", "failures": [msgspec.to_builtins(f) for f in failures]}
+    return {"error": errors.VerificationFailed.code, "failures": [msgspec.to_builtins(f) for f in failures]}

@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::error::Error;
 use crate::keyindex::{extract_token, KeyIndex};
+use crate::outcome::{Outcome, Spec};
 use crate::prepare::{self, Route};
 use crate::redact::Credentials;
 use crate::snapshot::Snapshot;
@@ -254,6 +255,50 @@ impl PyPrincipal {
             self.id, self.email, self.key_id
         )
     }
+}
+
+/// A row of the data plane's outcome table ([`Outcome`]), exported as `OUTCOMES` by code.
+#[pyclass(frozen, name = "Outcome", module = "meshfast._core")]
+struct PyOutcome(Spec);
+
+#[pymethods]
+impl PyOutcome {
+    #[getter]
+    fn code(&self) -> &'static str {
+        self.0.code
+    }
+    #[getter]
+    fn status(&self) -> u16 {
+        self.0.status
+    }
+    #[getter]
+    fn message(&self) -> &'static str {
+        self.0.message
+    }
+    #[getter]
+    fn retry_after(&self) -> bool {
+        self.0.retry_after
+    }
+    #[getter]
+    fn retryable(&self) -> bool {
+        self.0.retryable
+    }
+    #[getter]
+    fn denial(&self) -> bool {
+        self.0.denial
+    }
+    fn __repr__(&self) -> String {
+        format!("Outcome(code={:?}, status={})", self.0.code, self.0.status)
+    }
+}
+
+/// `OUTCOMES`: every data-plane outcome by its code, in the table's order.
+fn outcomes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let table = PyDict::new(py);
+    for outcome in Outcome::ALL {
+        table.set_item(outcome.code(), PyOutcome(outcome.spec()))?;
+    }
+    Ok(table)
 }
 
 /// A snapshot with, per key, its `Principal` object built once, so authentication allocates nothing.
@@ -1101,6 +1146,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PROVIDER_RATE", shm::PROVIDER_RATE)?;
     m.add("PROVIDER_INFLIGHT", shm::PROVIDER_INFLIGHT)?;
     m.add("GLOBAL_INFLIGHT", shm::GLOBAL_INFLIGHT)?;
+    m.add("OUTCOMES", outcomes(py)?)?;
     m.add_class::<PySegment>()?;
     m.add_class::<PyLease>()?;
     m.add_class::<PyPrincipal>()?;
@@ -1109,6 +1155,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStream>()?;
     m.add_class::<PyResponseParser>()?;
     m.add_class::<PyEntryStream>()?;
+    m.add_class::<PyOutcome>()?;
     m.add_function(wrap_pyfunction!(entry_error, m)?)?;
     m.add_function(wrap_pyfunction!(entry_stream_content_type, m)?)?;
     m.add_function(wrap_pyfunction!(known_request_fields, m)?)?;

@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 
+use crate::outcome::{Outcome, UNKNOWN_MESSAGE};
 use crate::provider::Family;
 use crate::redact::Credentials;
 use crate::translate::stream::{Accumulator, Decoder, Encoder, Event};
@@ -28,27 +29,10 @@ pub fn upstream_format(family: Family) -> Option<Format> {
     })
 }
 
-/// A sentence for a Mesh code, for the `message` field SDKs show.
+/// A sentence for a Mesh code, for the `message` field SDKs show ([`Outcome`]'s table).
 #[must_use]
 pub fn message_for(code: &str) -> &'static str {
-    match code {
-        "invalid_or_revoked_key" => "The API key is missing, unknown, revoked or expired.",
-        "model_not_found" => "The model does not exist or you do not have access to it.",
-        "model_blocked" => "The model is blocked by an administrator.",
-        "outside_allowed_hours" => "Calls to this model are not allowed at this time.",
-        "provider_hourly_limit_reached" => "The provider's hourly call quota is used up.",
-        "user_model_hourly_limit_reached" => "Your hourly call limit for this model is used up.",
-        "budget_exceeded" => "Your spending cap for this model is reached.",
-        "paused_by_admin" => "The gateway is paused by an administrator.",
-        "server_busy" => "The gateway is at capacity; retry shortly.",
-        "provider_busy" => "The provider is at capacity; retry shortly.",
-        "content_type_not_supported_by_model" => "The model does not accept this kind of content.",
-        "payload_too_large" => "The request body is too large.",
-        "upstream_rate_limited" => "The provider is rate limiting requests.",
-        "upstream_unavailable" => "The provider failed to answer.",
-        "invalid_request" => "The request is not valid.",
-        _ => "The request could not be served.",
-    }
+    Outcome::from_code(code).map_or(UNKNOWN_MESSAGE, |o| o.spec().message)
 }
 
 fn anthropic_type(status: u16) -> &'static str {

@@ -9,6 +9,7 @@ pub mod govern;
 pub mod http1;
 pub mod ids;
 pub mod keyindex;
+pub mod outcome;
 pub mod policy;
 pub mod prepare;
 pub mod pricing;

@@ -4,6 +4,7 @@
 use chrono::{Datelike, Days, NaiveDate, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 
+use crate::outcome::Outcome;
 use crate::snapshot::{Grant, Provider, Window};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -66,23 +67,14 @@ pub enum Denial {
 }
 
 impl Denial {
-    /// The Mesh error code.
+    /// The outcome it answers with (its code and status: [`Outcome`]'s table).
     #[must_use]
-    pub fn code(self) -> &'static str {
+    pub fn outcome(self) -> Outcome {
         match self {
-            Denial::ProviderHourly => "provider_hourly_limit_reached",
-            Denial::UserHourly { .. } => "user_model_hourly_limit_reached",
-            Denial::OutsideHours => "outside_allowed_hours",
-            Denial::Budget { .. } => "budget_exceeded",
-        }
-    }
-
-    /// The HTTP status Mesh answers with.
-    #[must_use]
-    pub fn http_status(self) -> u16 {
-        match self {
-            Denial::OutsideHours => 403,
-            _ => 429,
+            Denial::ProviderHourly => Outcome::ProviderHourlyLimitReached,
+            Denial::UserHourly { .. } => Outcome::UserModelHourlyLimitReached,
+            Denial::OutsideHours => Outcome::OutsideAllowedHours,
+            Denial::Budget { .. } => Outcome::BudgetExceeded,
         }
     }
 }

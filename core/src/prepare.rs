@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::content::{self, Block, BlockType, RawBlock};
 use crate::govern::{Holds, ProviderLimits};
 use crate::keyindex::extract_token;
+use crate::outcome::Outcome;
 use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
 use crate::pricing;
 use crate::provider::Plan;
@@ -145,6 +146,8 @@ pub struct Prepared {
     pub holds: Option<Holds>,
     /// The call on the model's next deployment, for one failover.
     pub fallback: Option<Fallback>,
+    /// The entry API whose error shape a denial takes; `None`: Mesh's `{"error": code, ...}`.
+    error_shape: Option<Format>,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -229,24 +232,36 @@ fn text_token_bound(text: &str) -> i64 {
 }
 
 impl Prepared {
-    fn deny(&mut self, status: u16, code: &'static str, extras: impl FnOnce(&mut Vec<u8>)) {
-        self.status = status;
-        self.deny_reason = Some(code);
+    /// Refuses the call: its status, the row's `deny_reason` and the answer in the route's shape,
+    /// rendered once: Mesh's `{"error": code, "detail"?, ...extras}`, or the entry API's own
+    /// (which carries the detail in its message and no extras).
+    fn deny(&mut self, outcome: Outcome, detail: Option<&str>, extras: impl FnOnce(&mut Vec<u8>)) {
+        let spec = outcome.spec();
+        self.deny_reason = Some(spec.code);
+        if !spec.retryable {
+            self.should_retry = Some(false);
+        }
+        if let Some(format) = self.error_shape {
+            let wire = outcome.on_entry_route();
+            self.status = wire.status();
+            self.body = crate::entry::error_body(format, self.status, wire.code(), detail);
+            return;
+        }
+        self.status = spec.status;
         self.body.clear();
         self.body.extend_from_slice(b"{\"error\":\"");
-        self.body.extend_from_slice(code.as_bytes());
+        self.body.extend_from_slice(spec.code.as_bytes());
         self.body.push(b'"');
+        if let Some(detail) = detail {
+            self.body.extend_from_slice(b",\"detail\":");
+            write_str(&mut self.body, detail);
+        }
         extras(&mut self.body);
         self.body.extend_from_slice(b"}\n");
     }
 
     fn invalid(&mut self, detail: Option<&str>) {
-        self.deny(400, "invalid_request", |out| {
-            if let Some(detail) = detail {
-                out.extend_from_slice(b",\"detail\":");
-                write_str(out, detail);
-            }
-        });
+        self.deny(Outcome::InvalidRequest, detail, |_| {});
     }
 }
 
@@ -392,18 +407,17 @@ pub fn worst_case_nano(model: &Model, provider: &Provider, upstream: &Upstream) 
 impl Prepared {
     fn deny_budget(&mut self, cap_nano: i64, now_ms: i64) {
         let resume_at = next_utc_midnight(now_ms);
-        self.deny(429, "budget_exceeded", |out| {
+        self.deny(Outcome::BudgetExceeded, None, |out| {
             out.extend_from_slice(b",\"cap\":");
             write_usd(out, cap_nano);
             out.extend_from_slice(b",\"resume_at\":");
             write_time(out, resume_at);
         });
         self.retry_after_s = Some(retry_after(resume_at, now_ms));
-        self.should_retry = Some(false);
     }
 
     fn deny_busy(&mut self) {
-        self.deny(503, "server_busy", |_| {});
+        self.deny(Outcome::ServerBusy, None, |_| {});
         self.retry_after_s = Some(1);
         self.holds = None;
     }
@@ -417,34 +431,14 @@ impl Prepared {
 /// (their rows tell them apart) and every denial is in the entry API's own error shape.
 #[must_use]
 pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Request<'_>) -> Prepared {
-    let mut p = prepare_inner(snapshot, segment, req);
-    let shape = match req.route {
-        Route::Entry(format) => Some(format),
-        Route::OpenAiEmbeddings => Some(Format::OpenAiChat),
-        _ => None,
-    };
-    if let (Some(format), true) = (shape, p.status != 0) {
-        let code = if p.status == 404 {
-            "model_not_found"
-        } else {
-            p.deny_reason.unwrap_or("invalid_request")
-        };
-        let detail = mesh_detail(&p.body);
-        p.body = crate::entry::error_body(format, p.status, code, detail.as_deref());
-    }
-    p
-}
-
-/// The `detail` of a Mesh error body, when it has one.
-fn mesh_detail(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    value.get("detail").and_then(|d| d.as_str()).map(str::to_owned)
-}
-
-fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Request<'_>) -> Prepared {
     let mut p = Prepared {
         request_id: crate::ids::request_id(),
         log_requests: true,
+        error_shape: match req.route {
+            Route::Entry(format) => Some(format),
+            Route::OpenAiEmbeddings => Some(Format::OpenAiChat),
+            _ => None,
+        },
         ..Prepared::default()
     };
     if let Some(model) = req.model {
@@ -460,7 +454,7 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
     // 1-2. Authentication, key and principal status.
     let token = extract_token(req.authorization, req.x_api_key, req.x_goog_api_key, req.query_string);
     let Some(key) = token.and_then(|t| snapshot.authenticate(t, req.now_ms)) else {
-        p.deny(401, "invalid_or_revoked_key", |_| {});
+        p.deny(Outcome::InvalidOrRevokedKey, None, |_| {});
         return p;
     };
     let key = &snapshot.keys[key as usize];
@@ -511,9 +505,14 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
     else {
         if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
             let known = snapshot.model_named(&p.requested_model).is_some();
-            p.deny(404, if known { "model_not_permitted" } else { "unknown_model" }, |_| {});
+            let outcome = if known {
+                Outcome::ModelNotPermitted
+            } else {
+                Outcome::UnknownModel
+            };
+            p.deny(outcome, None, |_| {});
         } else {
-            p.deny(403, "model_not_permitted", |_| {});
+            p.deny(Outcome::ModelNotPermitted, None, |_| {});
         }
         return p;
     };
@@ -526,7 +525,7 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
 
     // 4. Blocked or retired.
     if model.blocked || model.retired {
-        p.deny(403, "model_blocked", |_| {});
+        p.deny(Outcome::ModelBlocked, None, |_| {});
         return p;
     }
 
@@ -535,15 +534,15 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
     match req.route {
         Route::Proxy | Route::Entry(_) if plan.chat.is_none() => {
             // A provider without a chat endpoint cannot serve a chat model; Mesh would 500.
-            p.deny(500, "internal_error", |_| {});
+            p.deny(Outcome::InternalError, None, |_| {});
             return p;
         }
         Route::Embeddings | Route::OpenAiEmbeddings if plan.embedding.is_none() => {
-            p.deny(400, "embeddings_not_supported_by_provider", |_| {});
+            p.deny(Outcome::EmbeddingsNotSupportedByProvider, None, |_| {});
             return p;
         }
         Route::Generate if !plan.generation.as_ref().is_some_and(|g| g.is_complete()) => {
-            p.deny(400, "generation_not_supported_by_provider", |_| {});
+            p.deny(Outcome::GenerationNotSupportedByProvider, None, |_| {});
             return p;
         }
         _ => {}
@@ -553,7 +552,7 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
     let mut counters = views::counters(grant, provider, &segment.map(|s| SegmentRef(s)), req.now_ms);
     p.limit = governing(grant, provider, &counters, req.now_ms);
     if let Some((denial, resume_at)) = policy::denial(grant, provider, &counters, req.now_ms) {
-        p.deny(denial.http_status(), denial.code(), |out| {
+        p.deny(denial.outcome(), None, |out| {
             if let Denial::Budget { cap_nano } = denial {
                 out.extend_from_slice(b",\"cap\":");
                 write_usd(out, cap_nano);
@@ -567,17 +566,14 @@ fn prepare_inner(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Requ
                 write_int(out, limit);
             }
         });
-        if denial.http_status() == 429 {
+        if denial.outcome().spec().retry_after {
             p.retry_after_s = resume_at.map(|at| retry_after(at, req.now_ms));
-        }
-        if let Denial::Budget { .. } = denial {
-            p.should_retry = Some(false);
         }
         return p;
     }
     if snapshot.kill_switch {
         let resume_at = req.now_ms + i64::from(KILL_SWITCH_RETRY_S) * 1000;
-        p.deny(503, "paused_by_admin", |out| {
+        p.deny(Outcome::PausedByAdmin, None, |out| {
             out.extend_from_slice(b",\"resume_at\":");
             write_time(out, resume_at);
         });
@@ -776,7 +772,7 @@ fn entry(
         .filter(|b| matches!(b, translate::Block::Image(_)))
         .count();
     if images > 0 && !model.supports_image_in {
-        p.deny(400, "content_type_not_supported_by_model", |out| {
+        p.deny(Outcome::ContentTypeNotSupportedByModel, None, |out| {
             out.extend_from_slice(b",\"content_type\":\"image\"")
         });
         return None;
@@ -889,7 +885,7 @@ fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> O
         BlockType::Video => model.supports_video_in,
     };
     let unsupported = |p: &mut Prepared, kind: BlockType| {
-        p.deny(400, "content_type_not_supported_by_model", |out| {
+        p.deny(Outcome::ContentTypeNotSupportedByModel, None, |out| {
             out.extend_from_slice(b",\"content_type\":\"");
             out.extend_from_slice(kind.as_str().as_bytes());
             out.push(b'"');
@@ -909,7 +905,7 @@ fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> O
         {
             Some(template) => template,
             None => {
-                p.deny(400, "web_search_not_supported_by_model", |_| {});
+                p.deny(Outcome::WebSearchNotSupportedByModel, None, |_| {});
                 return None;
             }
         }

@@ -86,14 +86,15 @@ class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
     is_super: bool = False
 
 
-InvalidCredentials = errors._error("InvalidCredentials", 401, "invalid_credentials")
-AccountLocked = errors._error("AccountLocked", 401, "account_locked")
-WeakPassword = errors._error("WeakPassword", 400, "weak_password")
-TooManyAttempts = errors._error("TooManyAttempts", 429, "too_many_attempts")
-CsrfFailed = errors._error("CsrfFailed", 403, "csrf_failed")
-AdminNotFound = errors._error("AdminNotFound", 404, "admin_not_found")
-TokenNotFound = errors._error("TokenNotFound", 404, "token_not_found")
-CannotModifyOwn = errors._error("CannotModifyOwn", 400, "cannot_modify_own_account")
+# The sign-in errors live in the one table (meshfast.errors); named here as the admin plane uses them.
+AccountLocked = errors.AccountLocked
+AdminNotFound = errors.AdminNotFound
+CannotModifyOwn = errors.CannotModifyOwn
+CsrfFailed = errors.CsrfFailed
+InvalidCredentials = errors.InvalidCredentials
+TokenNotFound = errors.TokenNotFound
+TooManyAttempts = errors.TooManyAttempts
+WeakPassword = errors.WeakPassword
 
 
 # One atomic step per login attempt, before its password is checked: count the attempt and, at the

@@ -805,7 +805,7 @@ impl StreamEncoder {
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
             Event::Error(message) => {
-                let error = json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_incomplete"}});
+                let error = json!({"error": {"message": message, "type": "server_error", "param": null, "code": crate::outcome::Outcome::UpstreamIncomplete.code()}});
                 super::stream::write_sse(out, "", &error);
             }
             Event::BlockStart { .. } | Event::BlockStop { .. } => {}

@@ -786,11 +786,11 @@ impl StreamEncoder {
                 self.send(out, kind, json!({"response": object}));
             }
             Event::Error(message) => {
-                let error = json!({"message": message, "type": "server_error", "code": "upstream_incomplete"});
+                let error = json!({"message": message, "type": "server_error", "code": crate::outcome::Outcome::UpstreamIncomplete.code()});
                 self.send(
                     out,
                     "error",
-                    json!({"code": "upstream_incomplete", "message": message, "param": null, "error": error}),
+                    json!({"code": crate::outcome::Outcome::UpstreamIncomplete.code(), "message": message, "param": null, "error": error}),
                 );
             }
             Event::Usage(_) | Event::Finish(_) => {}
