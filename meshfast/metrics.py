@@ -13,6 +13,7 @@ from typing import Any
 
 from meshfast import _core
 from meshfast._core import GLOBAL_INFLIGHT, counter_key
+from meshfast.looplag import LAG_BUCKETS_US
 from meshfast.telemetry import metrics as telemetry_metrics
 
 ROUTES = ("proxy", "embeddings", "generate", "openai_chat", "openai_responses", "anthropic", "gemini", "ollama",
@@ -53,6 +54,9 @@ _UNCLASSIFIED = _key("unclassified_fields")
 _PHASE_BUCKETS = {ph: tuple(_key(f"phase:{ph}:{i}") for i in range(len(PHASE_BUCKETS_US) + 1)) for ph in PHASES}
 _PHASE_SUM_NS = {ph: _key(f"phase_sum_ns:{ph}") for ph in PHASES}
 _PHASE_BOUNDS_NS = tuple(us * 1000 for us in PHASE_BUCKETS_US)
+# Every worker's loop-lag probe (meshfast.looplag) adds its ticks here: one histogram per instance.
+_LAG_BUCKETS = tuple(_key(f"loop_lag:{i}") for i in range(len(LAG_BUCKETS_US) + 1))
+_LAG_SUM_NS = _key("loop_lag_sum_ns")
 
 
 class Metrics:
@@ -89,6 +93,20 @@ class Metrics:
         self._segment.add(_PHASE_BUCKETS[phase][bisect_left(_PHASE_BOUNDS_NS, ns)], 1)
         self._segment.add(_PHASE_SUM_NS[phase], ns)
 
+    def loop_lag(self, counts: list[int], sum_ns: int) -> None:
+        """A loop-lag probe's ticks since its last flush (non-cumulative bucket counts)."""
+        add = self._segment.add
+        for key, n in zip(_LAG_BUCKETS, counts, strict=True):
+            if n:
+                add(key, n)
+        add(_LAG_SUM_NS, sum_ns)
+
+    def loop_lags(self) -> dict[str, Any]:
+        """The instance's loop-lag ticks: ``buckets`` (non-cumulative, the last one +Inf), ``count``, ``sum_ns``."""
+        get = self._segment.get
+        buckets = [get(k) for k in _LAG_BUCKETS]
+        return {"buckets": buckets, "count": sum(buckets), "sum_ns": get(_LAG_SUM_NS)}
+
     def phases(self) -> dict[str, dict[str, Any]]:
         """Per phase: ``buckets`` (non-cumulative counts, the last one +Inf), ``count``, ``sum_ns``."""
         get = self._segment.get
@@ -107,6 +125,7 @@ class Metrics:
             "retries": get(_RETRIES),
             "unclassified_fields": get(_UNCLASSIFIED),
             "phases": self.phases(),
+            "loop_lag": self.loop_lags(),
             "telemetry": telemetry_metrics(self._segment),
         }
 
@@ -140,6 +159,18 @@ class Metrics:
                 lines.append(f'meshfast_request_phase_seconds_bucket{{phase="{ph}",le="{le}"}} {cumulative}')
             lines.append(f'meshfast_request_phase_seconds_sum{{phase="{ph}"}} {h["sum_ns"] / 1e9:.9f}')
             lines.append(f'meshfast_request_phase_seconds_count{{phase="{ph}"}} {cumulative}')
+        lag = self.loop_lags()
+        lines += ["# HELP meshfast_loop_lag_seconds How late the workers' event loops ran the loop-lag probe's "
+                  "timer (sampled every MESHFAST_LOOP_LAG_PROBE_MS): time in which no request of that worker "
+                  "made progress.",
+                  "# TYPE meshfast_loop_lag_seconds histogram"]
+        cumulative = 0
+        for bound, n in zip((*LAG_BUCKETS_US, None), lag["buckets"], strict=True):
+            cumulative += n
+            le = "+Inf" if bound is None else f"{bound / 1e6:g}"
+            lines.append(f'meshfast_loop_lag_seconds_bucket{{le="{le}"}} {cumulative}')
+        lines += [f"meshfast_loop_lag_seconds_sum {lag['sum_ns'] / 1e9:.9f}",
+                  f"meshfast_loop_lag_seconds_count {cumulative}"]
         for name, value in telemetry_metrics(self._segment).items():
             series = f"meshfast_telemetry_rows_{name}_total"
             lines += [f"# TYPE {series} counter", f"{series} {value}"]

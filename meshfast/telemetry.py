@@ -2,8 +2,15 @@
 
 A row enters the shared-memory ring before the last byte of its response (or, when the ring is
 full, this worker's spool file: a write(2) into the page cache, which a SIGKILL cannot undo).
-Every live worker drains the ring, so the death of the worker that served a request loses no
-completed row. A drain writes what it pops with one COPY, at least every second.
+The death of the worker that served a request therefore loses no completed row.
+
+The ring is drained by :class:`Drainer`, a thread of the supervisor with its own event loop and
+connection pool, every ``DRAIN_POLL_S``: decoding rows, building records and encoding the COPY
+take 30-50 us a row, and done on a worker's loop (as before) they stopped it for 15-25 ms every
+500 rows, the tail of every call behind it. A worker records and returns; it drains on its own
+loop only as a fallback, while the drainer's heartbeat in the segment is stale (the supervisor is
+gone or stuck), while its rows overflow the ring (the drainer is behind: every worker helps), or
+while its own last drain found the database away.
 
 When the database is away or slow, drained rows go to the spool instead: append-only files in
 the data dir, fsynced once per drain (batched), replayed oldest first once the database answers
@@ -30,6 +37,7 @@ import ipaddress
 import logging
 import os
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -42,6 +50,7 @@ import msgspec
 
 from meshfast import background, useragent
 from meshfast._core import GLOBAL_INFLIGHT, counter_key
+from meshfast.store import database
 
 log = logging.getLogger("meshfast.telemetry")
 
@@ -51,6 +60,11 @@ REPLAY_BATCH_ROWS = 2000
 # Pops (each up to half the ring) per drain pass.
 FLUSH_ROUNDS = 16
 FLUSH_INTERVAL_S = 1.0
+# How often the drainer pops the ring (and writes what it found with one COPY).
+DRAIN_POLL_S = 0.1
+# A drainer heartbeat older than this makes the workers drain on their own loops; above the COPY
+# timeout, so one slow COPY does not pull every worker into the drain.
+DRAINER_STALE_S = 15.0
 # While the database is away, it is probed with backoff up to this interval, so a replay starts
 # within seconds of its return (the contract is 30 s).
 MAX_PROBE_INTERVAL_S = 5.0
@@ -191,6 +205,20 @@ def metrics(segment: Any) -> dict[str, int]:
     (denial rows folded into another row's ``count``), ``rejected`` (rows the database refused,
     kept in ``rejected-*.rows`` files), ``outages`` (drains that found the database away)."""
     return {name: segment.get(key) for name, key in _METRIC_KEYS.items()}
+
+
+# The drainer's last sign of life, in Unix ms (one writer: the supervisor's drainer).
+_BEAT_KEY = _metric_key("drainer_beat_ms")
+
+
+def _beat(segment: Any) -> None:
+    now_ms = time.time_ns() // 1_000_000
+    segment.add(_BEAT_KEY, now_ms - segment.get(_BEAT_KEY))
+
+
+def drainer_alive(segment: Any) -> bool:
+    """Whether a drainer wrote its heartbeat within ``DRAINER_STALE_S``."""
+    return time.time_ns() // 1_000_000 - segment.get(_BEAT_KEY) < DRAINER_STALE_S * 1000
 
 
 # --- merging ---------------------------------------------------------------------------------
@@ -399,7 +427,12 @@ def _unavailable(exc: BaseException) -> bool:
 
 
 class Telemetry:
-    """Per-worker side of the row pipeline: record() on the request path, a drain in a task."""
+    """One process's side of the row pipeline: record() on the request path, and a loop in a task.
+
+    In a worker (``start()``) the loop only watches: it drains here while the drainer is gone or
+    behind (see the module's docstring). In the drainer (``start(drain=True)``) it drains the ring
+    every ``DRAIN_POLL_S`` and replays the spool every ``FLUSH_INTERVAL_S``.
+    """
 
     def __init__(self, segment: Any, pool: asyncpg.Pool, spool_dir: Path) -> None:
         self._segment = segment
@@ -420,6 +453,9 @@ class Telemetry:
         self._next_probe = 0.0
         self._overflowed = False
         self._spool_failed = False
+        self._next_replay = 0.0
+        # The drainer's loop writes the heartbeat the workers watch.
+        self._beats = False
 
     def _bump(self, name: str, n: int) -> None:
         if n:
@@ -441,6 +477,7 @@ class Telemetry:
             return
         # The ring is full (or the row does not fit a record): straight to this worker's spool.
         self._overflowed = True
+        self._wake.set()
         try:
             self.spool.append([data])
         except OSError as exc:
@@ -451,33 +488,55 @@ class Telemetry:
             return
         self._bump("spooled", 1)
 
-    def start(self) -> None:
-        self._task = background.start("telemetry", self._drain_loop)
+    def start(self, drain: bool = False) -> None:
+        """Start this process's loop: the drainer's (``drain``) or a worker's."""
+        self._beats = drain
+        self._task = background.start("telemetry", self._drain_loop if drain else self._worker_loop)
 
     async def stop(self) -> None:
-        """Write what is waiting (or spool it), then seal this worker's spool file."""
+        """Write what is waiting (or spool it), then seal this process's spool file.
+
+        A worker beside a live drainer leaves the ring to it and spools only what it kept in memory.
+        """
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        if not self._db_down:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(STOP_FLUSH_S):
-                    await self._flush_ring()
-        self.spool_pending()
+        if self._beats or not drainer_alive(self._segment):
+            if not self._db_down:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(STOP_FLUSH_S):
+                        await self._flush_ring()
+            self.spool_pending()
+        elif self._local:
+            with contextlib.suppress(OSError):
+                self.spool.append(list(self._local))
+                self._bump("spooled", len(self._local))
+                self._local.clear()
         with contextlib.suppress(OSError):
             self.spool.seal()
 
     async def _drain_loop(self) -> None:
         while True:
             background.fault_point("telemetry")
+            _beat(self._segment)
+            await asyncio.sleep(DRAIN_POLL_S)
+            await self.drain_once(replay=time.monotonic() >= self._next_replay)
+
+    async def _worker_loop(self) -> None:
+        while True:
+            background.fault_point("telemetry")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=FLUSH_INTERVAL_S)
             self._wake.clear()
-            await self.drain_once()
+            # NOTE: rows that overflowed the ring (or wait in memory) are this worker's to hand
+            # over; a drain here also seals its spool file for the replay.
+            if self._overflowed or self._local or self._db_down or not drainer_alive(self._segment):
+                await self.drain_once()
 
-    async def drain_once(self) -> None:
-        """One pass: replay the spool and write the ring, or spool the ring while the database is away."""
+    async def drain_once(self, replay: bool = True) -> None:
+        """One pass: replay the spool (``replay``) and write the ring, or spool the ring while the
+        database is away."""
         try:
             if self._db_down:
                 # The ring drains to disk every pass; the database is probed on its backoff.
@@ -491,8 +550,11 @@ class Telemetry:
                 self._db_down = False
                 self._probe_s = FLUSH_INTERVAL_S
                 log.warning("database answers again; replaying the telemetry spool")
+                replay = True
             try:
-                await self._replay_spool()
+                if replay:
+                    self._next_replay = time.monotonic() + FLUSH_INTERVAL_S
+                    await self._replay_spool()
                 await self._flush_ring()
             except Exception as exc:
                 if not _unavailable(exc):
@@ -605,6 +667,8 @@ class Telemetry:
                     raise
                 await asyncio.sleep(0.01 * (attempt + 1))
         self._bump("written", len(records))
+        if self._beats:
+            _beat(self._segment)
 
     def _reject(self, rows: list[bytes], exc: BaseException) -> None:
         """Keep rows the database refuses beside the spool (never replayed, never dropped)."""
@@ -634,6 +698,56 @@ class Telemetry:
             claimed.unlink()
             self._bump("replayed", len(rows))
             log.info("replayed %d request rows from %s (totals %s)", len(rows), claimed.name, self.metrics())
+
+
+class Drainer:
+    """The instance's drain: a thread (in the supervisor) with its own event loop and pool.
+
+    Decoding, record building and COPY encoding hold the GIL, so they run in a process that
+    serves no request; the workers only push rows into the ring. ``stop()`` writes what is
+    waiting (bounded by ``STOP_FLUSH_S``) and seals the spool file, for :func:`final_flush`.
+    """
+
+    def __init__(self, url: str, segment: Any, spool_dir: Path) -> None:
+        self._url = url
+        self._segment = segment
+        self._spool_dir = spool_dir
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._halt: asyncio.Event | None = None
+        self._started = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), name="meshfast-drain", daemon=True)
+        self._thread.start()
+        self._started.wait(10)
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._loop is not None and self._halt is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._halt.set)
+        self._thread.join(STOP_FLUSH_S + 10)
+        if self._thread.is_alive():
+            log.error("the telemetry drainer did not stop; the final flush writes what it left")
+        self._thread = None
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._halt = asyncio.Event()
+        self._started.set()
+        # NOTE: min_size 0: a database that is away at start is the drain's outage to handle
+        # (spool, probe, replay), not a reason to fail here.
+        pool = await database.create_pool(self._url, role=database.GATEWAY_ROLE, min_size=0, max_size=2)
+        try:
+            writer = Telemetry(self._segment, pool, self._spool_dir)
+            writer.start(drain=True)
+            await self._halt.wait()
+            await writer.stop()
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), timeout=5)
 
 
 async def final_flush(segment: Any, pool: asyncpg.Pool, spool_dir: Path) -> dict[str, int]:
