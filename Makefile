@@ -76,6 +76,42 @@ bench: setup ## authenticated GET /v1/models vs a Granian hello-world, with wrk 
 bench-slowbody: setup ## valid callers' latency before, during and after 2,000 stalled request bodies (--quick: QUICK=1)
 	$(BIN)/python bench/slowbody_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
 
+# The compiled forwarder and the alternative event loops are bench tools only: built/installed under
+# target/ (ignored), never in the package or requirements-lock.txt.
+FORWARDER_RS := target/bench-forwarder/release/forwarder-rs
+BENCH_LOOPS := uvloop==0.23.0 rloop==0.5.0
+FLOOR_ARGS = --workers $(WORKERS) $(if $(QUICK),--quick) $(if $(LOOP),--loop $(LOOP)) \
+	$(if $(TASK_IMPL),--task-impl $(TASK_IMPL)) $(if $(RUNTIME_MODE),--runtime-mode $(RUNTIME_MODE))
+
+.PHONY: bench-forwarder
+bench-forwarder: ## build the compiled forwarder (bench/forwarder-rs: hyper, pooled client), the floor of bench-floor
+	cargo build --locked --release --manifest-path bench/forwarder-rs/Cargo.toml --target-dir target/bench-forwarder
+
+.PHONY: bench-loops
+bench-loops: $(BIN)/python ## uvloop and rloop into target/bench-loops for bench-floor --loop (not dependencies)
+	$(BIN)/pip install -q --target target/bench-loops $(BENCH_LOOPS)
+
+.PHONY: bench-floor
+bench-floor: setup bench-forwarder ## side by side on nginx: direct, compiled/Python forwarders, hello, meshfast (QUICK=1 LOOP= TASK_IMPL= RUNTIME_MODE=)
+	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
+	$(if $(filter uvloop rloop,$(LOOP)),$(MAKE) --no-print-directory bench-loops)
+	$(BIN)/python bench/floor_bench.py $(FLOOR_ARGS) --meshfast-cmd $(BIN)/meshfast
+
+# One bench-floor per runtime, shorter phases; the last command prints them side by side.
+RUNTIMES := "" "--loop uvloop" "--loop rloop" "--task-impl rust" "--runtime-mode mt" "--workers 1" "--workers 4"
+
+.PHONY: bench-runtimes
+bench-runtimes: setup bench-forwarder bench-loops ## bench-floor per Granian runtime (loop, task impl, runtime mode, workers per core)
+	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
+	@rm -f bench/results/tmp/runtimes.list; mkdir -p bench/results/tmp
+	@for rt in $(RUNTIMES); do \
+		out=bench/results/floor-$$(date -u +%Y%m%dT%H%M%SZ)-rt.json; echo "$$out" >> bench/results/tmp/runtimes.list; \
+		$(BIN)/python bench/floor_bench.py --workers $(WORKERS) --b2b-rounds 2 --b2b-duration 2 --duration 5 \
+			--wrk-duration 5 --wrk-warmup 1 --meshfast-cmd $(BIN)/meshfast --out $$out $$rt || exit 1; done
+	$(BIN)/python bench/floor_bench.py --compare $$(cat bench/results/tmp/runtimes.list)
+
 .PHONY: build-bench
 build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for published numbers
 	MATURIN_PEP517_ARGS="--profile bench-release" MESHFAST_BUILD_PROFILE=bench-release \

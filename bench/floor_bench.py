@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import secrets
 import shlex
@@ -447,19 +448,7 @@ def goals(rows: dict[str, dict]) -> dict:
 
 
 def problems_of(doc: dict) -> list[str]:
-    problems = []
-    for phase in ("back_to_back", "open_loop"):
-        for name, rep in (doc.get(phase) or {}).get("targets", {}).items():
-            if rep["error_count"]:
-                problems.append(f"{phase} {name}: {rep['error_count']} errors, e.g. {rep['errors'][:3]}")
-            if not rep["requests"]:
-                problems.append(f"{phase} {name}: no completed requests")
-    for name, run in ((doc.get("throughput") or {}).get("runs") or {}).items():
-        errs = {k: v for k, v in run["wrk"]["errors"].items() if v}
-        if errs:
-            problems.append(f"wrk {name}: errors {errs}")
-        if not run["wrk"]["requests"]:
-            problems.append(f"wrk {name}: no requests")
+    problems = pb.problems_of(doc, ("back_to_back", "open_loop"))
     tel = doc.get("telemetry")
     if tel is not None and not tel.get("written"):
         problems.append(f"meshfast wrote no request rows: {tel}")
@@ -506,6 +495,32 @@ def print_tables(doc: dict) -> None:
               + (f"; other processes during wrk: up to {max(others):.0f}%" if others else ""))
 
 
+def runtime_label(doc: dict) -> str:
+    rt, cfg = doc["config"]["runtime"], doc["config"]
+    parts = [rt["loop"].split()[0], rt["task_impl"].split()[0], rt["runtime_mode"].split()[0]]
+    return "/".join(parts) + f" w{cfg['workers']}"
+
+
+def print_compare(paths: list[Path]) -> None:
+    """One line per run (`make bench-runtimes`): meshfast and the baselines under each runtime."""
+    cols = ("py-aiohttp", "py-native", "hello", "meshfast-chat", "meshfast-proxy")
+    print("added p50 / p99 at one connection (us), req/s at wrk -c64, worker CPU per call (us); "
+          "other% = busiest wrk phase's CPU share used outside the bench")
+    print(f"{'runtime':<24}{'other%':>7}  " + "".join(f"{c:>26}" for c in cols) + f"{'compiled':>22}")
+    for path in paths:
+        doc = json.loads(path.read_text())
+        rows = doc.get("summary") or {}
+        others = [r["cpu"]["other_busy_pct"] or 0 for r in (doc.get("throughput") or {}).get("runs", {}).values()]
+        cells = []
+        for c in (*cols, "compiled"):
+            r = rows.get(c, {})
+            cells.append(f"{_f(r.get('b2b_added_p50_us'))}/{_f(r.get('b2b_added_p99_us'))} "
+                         f"{_f(r.get('rps'))} {_f(r.get('worker_cpu_us_per_call'))}")
+        print(f"{runtime_label(doc):<24}{_f(max(others) if others else None):>7}  "
+              + "".join(f"{c:>26}" for c in cells[:-1]) + f"{cells[-1]:>22}" + ("" if doc.get("ok") else "  FAILED"))
+        print(f"{'':<24}{'':>7}  {path.name}")
+
+
 # ------------------------------------------------------------------------------------------- main
 
 
@@ -546,6 +561,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")),
                    help="command that takes `serve ...` (meshfast is imported from the working tree)")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/floor-<timestamp>.json)")
+    p.add_argument("--compare", type=Path, nargs="+", metavar="JSON",
+                   help="run nothing: print these results side by side, one line per runtime")
     args = p.parse_args(argv)
     if args.quick:
         args.b2b_rounds, args.b2b_duration, args.duration, args.wrk_duration, args.wrk_warmup = 1, 1.5, 3.0, 3, 1
@@ -564,6 +581,9 @@ def check_tools(args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compare:
+        print_compare(args.compare)
+        return 0
     missing = check_tools(args)
     if missing:
         print("[floor] " + "\n[floor] ".join(missing), file=sys.stderr)

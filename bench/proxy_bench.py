@@ -774,10 +774,10 @@ def phase_throughput(args, st: Stack, targets: dict[str, loadgen.Target], work_d
 # ------------------------------------------------------------------------------------- verdicts
 
 
-def problems_of(doc: dict) -> list[str]:
-    """Anything but 2xx with a complete stream, or any socket error, fails the run."""
+def problems_of(doc: dict, phases: tuple[str, ...] = ("latency", "ttfb", "endpoints")) -> list[str]:
+    """Anything but 2xx with a complete stream, or any socket error, fails the run (loadgen `phases`, wrk)."""
     problems = []
-    for phase in ("latency", "ttfb", "endpoints"):
+    for phase in phases:
         for name, rep in (doc.get(phase) or {}).get("targets", {}).items():
             if rep["error_count"]:
                 problems.append(f"{phase} {name}: {rep['error_count']} errors, e.g. {rep['errors'][:3]}")
