@@ -118,8 +118,10 @@ build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for 
 		$(BIN)/pip install -q --no-deps --force-reinstall .
 
 .PHONY: lint
-lint: ## ruff, clippy and the stub check
+lint: ## ruff, mypy (the package, strict; pyproject.toml), cargo fmt --check, clippy and the stub check (CI runs it)
 	$(BIN)/ruff check meshfast testserve tests bench paper
+	PYTHONSAFEPATH=1 $(BIN)/python -m mypy
+	cargo fmt --all --check
 	cargo clippy --locked -p meshfast-core --all-targets --features python -- -D warnings
 	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
 

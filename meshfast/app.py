@@ -27,7 +27,15 @@ from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
 from meshfast.body import BodyReader, Saturation, raise_open_file_limit
-from meshfast.dataplane import ENTRY_ROUTES, DataPlane, client_ip, gemini_call, ollama_tags, openai_embeddings_call
+from meshfast.dataplane import (
+    ENTRY_ROUTES,
+    DataPlane,
+    Route,
+    client_ip,
+    gemini_call,
+    ollama_tags,
+    openai_embeddings_call,
+)
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, apply_retention, ensure_log_partitions
 from meshfast.looplag import LoopLagProbe
@@ -59,7 +67,7 @@ _json = msgspec.json.Encoder()
 COUNTER_CHECKPOINT_S = 5.0
 COUNTER_PURGE_S = 600.0
 SATURATION_PUBLISH_S = 1.0
-_MESH_ROUTES = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
+_MESH_ROUTES: dict[str, Route] = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
 
 
 class ConfigFeed:
@@ -381,7 +389,7 @@ class App:
             with contextlib.suppress(Exception):
                 self._error(proto, errors.MeshfastError())
         finally:
-            self._in_flight.discard(task)  # type: ignore[arg-type]
+            self._in_flight.discard(task)
 
     def _busy(self) -> bool:
         """Past the worker's request limit, so the next request gets a quick 503 ``server_busy``

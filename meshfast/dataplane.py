@@ -17,7 +17,7 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -30,6 +30,10 @@ from meshfast.settings import Settings
 from meshfast.telemetry import Row, Telemetry
 
 log = logging.getLogger("meshfast.dataplane")
+
+# A data-plane route as the core's ``Core.prepare`` takes it (mypy holds this list to the stub's).
+Route: TypeAlias = Literal["proxy", "embeddings", "generate", "openai_chat", "openai_responses", "anthropic",
+                           "gemini", "ollama", "openai_embeddings"]
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
@@ -71,7 +75,7 @@ class DataPlane:
 
     # --- entry --------------------------------------------------------------------------
 
-    async def handle(self, scope: Any, proto: Any, route: str, read_body: Any, model: str | None = None,
+    async def handle(self, scope: Any, proto: Any, route: Route, read_body: Any, model: str | None = None,
                      stream: bool | None = None, busy: Any = None) -> None:
         """One data-plane POST: a Mesh route (``proxy``, ``embeddings``, ``generate``) or a standard
         one (its wire format; ``model`` and ``stream`` when the path names them, as Gemini's).
@@ -593,7 +597,7 @@ class DataPlane:
 
 
 # The standard routes whose body names the model, and the wire format each speaks.
-ENTRY_ROUTES = {
+ENTRY_ROUTES: dict[str, Route] = {
     "/v1/chat/completions": "openai_chat",
     "/v1/responses": "openai_responses",
     "/v1/messages": "anthropic",

@@ -174,6 +174,6 @@ class Metrics:
         for name, value in telemetry_metrics(self._segment).items():
             series = f"meshfast_telemetry_rows_{name}_total"
             lines += [f"# TYPE {series} counter", f"{series} {value}"]
-        for name, value in (extra or {}).items():
-            lines += [f"# TYPE meshfast_{name} gauge", f"meshfast_{name} {value:g}"]
+        for name, gauge in (extra or {}).items():
+            lines += [f"# TYPE meshfast_{name} gauge", f"meshfast_{name} {gauge:g}"]
         return ("\n".join(lines) + "\n").encode()

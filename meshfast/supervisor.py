@@ -148,7 +148,7 @@ def serve(options: ServeOptions) -> int:
             # Printed once: only its hash is stored.
             print(f"meshfast: admin token (shown once, store it now): {generated}", flush=True)
 
-        demo = contextlib.nullcontext()
+        demo: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if options.demo:
             from meshfast import demo as demo_module
 

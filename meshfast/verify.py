@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -20,14 +20,20 @@ from meshfast._core import Core
 from meshfast.dispatch import Dispatcher, UpstreamError
 from meshfast.snapshot import Config, Grant, Key, Model, Principal, Provider, encode
 
+if TYPE_CHECKING:
+    from meshfast.dataplane import Route
+
 PARALLEL = 8
 CHAT_TIMEOUT_S = 10.0
 EMBEDDING_TIMEOUT_S = 30.0
 GENERATION_TIMEOUT_S = 90.0
-_ROUTES = {"chat": ("proxy", {"query": "test", "max_tokens": 16}, CHAT_TIMEOUT_S),
-           "embedding": ("embeddings", {"input": "test"}, EMBEDDING_TIMEOUT_S),
-           "image_generation": ("generate", {"prompt": "test"}, GENERATION_TIMEOUT_S),
-           "video_generation": ("generate", {"prompt": "test"}, GENERATION_TIMEOUT_S)}
+# Per model kind: the route, the body and the timeout of its one live call.
+_ROUTES: dict[str, tuple[Route, dict[str, Any], float]] = {
+    "chat": ("proxy", {"query": "test", "max_tokens": 16}, CHAT_TIMEOUT_S),
+    "embedding": ("embeddings", {"input": "test"}, EMBEDDING_TIMEOUT_S),
+    "image_generation": ("generate", {"prompt": "test"}, GENERATION_TIMEOUT_S),
+    "video_generation": ("generate", {"prompt": "test"}, GENERATION_TIMEOUT_S),
+}
 
 
 class Failure(msgspec.Struct):
@@ -62,6 +68,8 @@ async def verify(dispatcher: Dispatcher, provider: Provider, models: list[Model]
                                 time.time_ns() // 1_000_000)
         if prepared.status:
             return Failure(model.name, prepared.body.decode(errors="replace").strip())
+        # NOTE: status 0 is an admitted call, which always carries its upstream request.
+        assert prepared.method is not None and prepared.url is not None
         async with gate:
             try:
                 async with asyncio.timeout(timeout_s):

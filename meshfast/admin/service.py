@@ -1147,8 +1147,9 @@ class AdminService:
             raise errors.PreconditionRequired()
         status = getattr(body, "status", None)
         columns = None if status is None else _status_columns(status)
+        args: tuple[Any, ...] = ()
         if isinstance(body, ModelStatusBody):
-            provider_id, args = None, ()
+            provider_id = None
         else:
             provider_id = _body_uuid(body.provider_id, "provider_id")
             args = _model_args(body)

@@ -14,11 +14,15 @@ import importlib.resources
 import logging
 import re
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
+
+if TYPE_CHECKING:
+    from pgserver import PostgresServer
 
 log = logging.getLogger("meshfast.store")
 
@@ -128,7 +132,7 @@ class EmbeddedPostgres:
 
     def __init__(self, pgdata: Path) -> None:
         self.pgdata = pgdata
-        self._server = None
+        self._server: PostgresServer | None = None
 
     def start(self) -> str:
         self.pgdata.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -138,8 +142,8 @@ class EmbeddedPostgres:
 
             # NOTE: pgserver logs initdb's whole output at INFO.
             logging.getLogger("pgserver").setLevel(logging.WARNING)
-            self._server = pgserver.get_server(self.pgdata, cleanup_mode="stop")
-        return self._server.get_uri()
+            server = self._server = pgserver.get_server(self.pgdata, cleanup_mode="stop")
+        return server.get_uri()
 
     def stop(self) -> None:
         if self._server is not None:
@@ -157,6 +161,9 @@ async def admin_connection(url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
-def run(coro):  # type: ignore[no-untyped-def]
+_T = TypeVar("_T")
+
+
+def run(coro: Coroutine[Any, Any, _T]) -> _T:
     """Run one coroutine to completion from synchronous code (CLI, supervisor)."""
     return asyncio.run(coro)
