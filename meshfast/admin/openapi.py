@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from meshfast import validate
+from meshfast import errors, validate
 from meshfast.admin import auth, logs
 from meshfast.admin import service as svc
 
@@ -74,14 +74,14 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _ERRORS = {
-    "400": "invalid_request: malformed JSON, a wrong type or an unknown field",
-    "401": "unauthorized: no valid admin token",
-    "403": "forbidden: the operation needs a super admin",
+    "400": f"{errors.InvalidRequest.code}: malformed JSON, a wrong type or an unknown field",
+    "401": f"{errors.Unauthorized.code}: no valid admin token",
+    "403": f"{errors.Forbidden.code}: the operation needs a super admin",
     "404": "not found",
-    "405": "method_not_allowed",
+    "405": errors.MethodNotAllowed.code,
     "409": "conflict (a duplicate name, a stale If-Match, or manager_cycle)",
-    "413": "payload_too_large",
-    "422": "model_verification_failed: the live verification call failed",
+    "413": errors.PayloadTooLarge.code,
+    "422": f"{errors.VerificationFailed.code}: the live verification call failed",
     "428": "If-Match required",
     "503": "database unavailable",
 }
