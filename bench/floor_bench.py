@@ -272,6 +272,20 @@ def worker_pids(server: Server) -> list[int]:
     return [c.pid for c in children if c.cmdline() == cmd]
 
 
+def loops_mapped(pids: list[int]) -> dict[str, list[str]]:
+    """Which alternative event loop each serving process has loaded (its extension in /proc/PID/maps):
+    proof that `--loop` took effect, since Granian does not log its loop."""
+    out = {}
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        out[str(pid)] = [name for name, so in (("uvloop", "/uvloop/loop."), ("rloop", "/rloop/_rloop."))
+                         if so in maps]
+    return out
+
+
 def cpu_meter(pids: list[int]) -> Callable[[], Callable[[], dict]]:
     """A start function for run_wrk_target: user+system seconds of `pids` between start and stop."""
 
@@ -518,7 +532,12 @@ def print_compare(paths: list[Path]) -> None:
                          f"{_f(r.get('rps'))} {_f(r.get('worker_cpu_us_per_call'))}")
         print(f"{runtime_label(doc):<24}{_f(max(others) if others else None):>7}  "
               + "".join(f"{c:>26}" for c in cells[:-1]) + f"{cells[-1]:>22}" + ("" if doc.get("ok") else "  FAILED"))
-        print(f"{'':<24}{'':>7}  {path.name}")
+        loop = doc["config"]["runtime"]["loop"]
+        mapped = [m for pids in (doc.get("loops_mapped") or {}).values() for m in pids.values()]
+        check = ("" if loop not in ("uvloop", "rloop") else
+                 f"  {loop} loaded in all {len(mapped)} Python workers" if mapped and all(loop in m for m in mapped)
+                 else f"  {loop} NOT loaded in every Python worker")
+        print(f"{'':<24}{'':>7}  {path.name}{check}")
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -630,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[floor] open loop: {len(TARGETS)} x {args.duration:g} s at {args.rate:g} req/s ...", flush=True)
             doc["open_loop"] = phase_open(args, stack, targets)
             doc["throughput"] = phase_wrk(args, stack, targets, work_dir)
+            doc["loops_mapped"] = {name: loops_mapped(pids) for name, pids in doc["worker_pids"].items()
+                                   if name not in ("upstream", "compiled")}
             doc["telemetry"] = pb.settled_telemetry(stack.meshfast_url, stack.admin_token)
         except BenchError as exc:
             failures.append(str(exc))
