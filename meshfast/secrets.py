@@ -51,15 +51,36 @@ def owner_only(path: Path, mode: int) -> None:
         os.chmod(path, current & mode)
 
 
-def ensure_data_dir(data_dir: Path) -> None:
-    """Create the data dir 0700, and narrow one an earlier run (or an operator) left wider."""
+# The data dir when the embedded database runs as a user of its own (pgserver does, run as
+# root): others may pass through to the database (that user's processes run without its group,
+# so group access is not enough), and may list nothing. What lies inside keeps its own modes
+# (secrets 0600, spool 0700, the database's directory 0700 and its user's).
+DIR_MODE_DATABASE_USER = 0o711
+
+
+def ensure_data_dir(data_dir: Path, pgdata: Path | None = None) -> None:
+    """Create the data dir 0700, and narrow one an earlier run (or an operator) left wider.
+
+    When the embedded database in ``pgdata`` belongs to another user, the data dir is exactly
+    0711 instead: any narrower and the database (and ``pg_ctl``, run as that user) could no
+    longer reach its own directory; a data dir shared by several meshfast processes (a serve, a
+    migrate, a restart) must never be narrowed under a running database."""
     data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    owner_only(data_dir, DIR_MODE)
+    try:
+        database = pgdata.stat() if pgdata is not None else None
+    except FileNotFoundError:
+        database = None
+    if database is None or database.st_uid == os.getuid():
+        owner_only(data_dir, DIR_MODE)
+        return
+    if data_dir.stat().st_mode & 0o777 != DIR_MODE_DATABASE_USER:
+        os.chmod(data_dir, DIR_MODE_DATABASE_USER)
 
 
-def restrict_data_dir(data_dir: Path, spool_dir: Path) -> None:
-    """On start: the data dir and the spool 0700, every file in the spool 0600, created or not."""
-    ensure_data_dir(data_dir)
+def restrict_data_dir(data_dir: Path, spool_dir: Path, pgdata: Path | None = None) -> None:
+    """On start: the data dir as :func:`ensure_data_dir` says, the spool 0700, every file in the
+    spool 0600, created or not."""
+    ensure_data_dir(data_dir, pgdata)
     spool_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     owner_only(spool_dir, DIR_MODE)
     for entry in spool_dir.iterdir():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from meshfast import app as app_module
 from meshfast import telemetry
 from meshfast._core import Segment
-from meshfast.secrets import DIR_MODE, Secrets, load_or_create, new_admin_token, owner_only, restrict_data_dir
+from meshfast.secrets import Secrets, ensure_data_dir, load_or_create, new_admin_token, restrict_data_dir
 from meshfast.settings import Settings
 from meshfast.store import database, sql
 
@@ -63,7 +63,9 @@ class Database:
         else:
             self._embedded = database.EmbeddedPostgres(self._settings.pgdata)
             self.url = self._embedded.start()
-            _narrow_after_pgserver(self._settings)
+            # NOTE: run as root, pgserver opens every directory above the database to everyone
+            # (g+rx,o+rx) so its own user can reach it; the data dir is narrowed back.
+            ensure_data_dir(self._settings.data_dir, self._settings.pgdata)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -120,20 +122,7 @@ def _owner_only_files(settings: Settings) -> None:
     """What this process and its children create is theirs alone (umask 077), and what an
     earlier run left wider is narrowed: the data dir and spool 0700, secrets and spool files 0600."""
     os.umask(0o077)
-    restrict_data_dir(settings.data_dir, settings.spool_dir)
-
-
-def _narrow_after_pgserver(settings: Settings) -> None:
-    """Run as root, pgserver runs PostgreSQL as its own system user and opens every directory
-    above the database to everyone (g+rx,o+rx) so that user can reach it. The data dir is
-    narrowed back: 0700, or 0710 with the database user's group when it must pass through."""
-    data_dir = settings.data_dir
-    owner = settings.pgdata.stat().st_uid
-    if owner == os.getuid():
-        owner_only(data_dir, DIR_MODE)
-        return
-    os.chown(data_dir, -1, settings.pgdata.stat().st_gid)
-    os.chmod(data_dir, 0o710)
+    restrict_data_dir(settings.data_dir, settings.spool_dir, settings.pgdata)
 
 
 def serve(options: ServeOptions) -> int:

@@ -310,13 +310,11 @@ def test_data_dir_spool_secrets_and_segment_are_owner_only(fresh_dir: Path) -> N
         segment = Path("/dev/shm") / f"meshfast-{xxhash.xxh64_hexdigest(str(data.resolve()).encode())}.seg"
         modes = {path: stat.S_IMODE(path.stat().st_mode) for path in (data, spool, leftover, data / "secrets.json",
                                                                         segment)}
-        # NOTE: run as root, pgserver runs PostgreSQL as its own user, who must pass through the
-        # data dir: its group may (0710), nobody else.
+        # NOTE: run as root, pgserver runs PostgreSQL (and pg_ctl) as its own user without that
+        # user's group, so it must pass through the data dir as "other": 0711, nobody may list it.
         pg = (data / "pg").stat()
-        data_mode = 0o700 if pg.st_uid == os.getuid() else 0o710
+        data_mode = 0o700 if pg.st_uid == os.getuid() else 0o711
         assert modes == {data: data_mode, spool: 0o700, leftover: 0o600, data / "secrets.json": 0o600, segment: 0o600}
-        if data_mode == 0o710:
-            assert data.stat().st_gid == pg.st_gid
         wide = []
         for root, dirs, files in os.walk(data):
             for name in dirs + files:
@@ -381,3 +379,28 @@ def test_the_logs_bench_result_carries_git_sha_build_profile_and_machine(tmp_pat
     assert prov["cpu"]["count"] == os.cpu_count() and prov["host"]["machine"]
     assert prov["versions"]["python"] and doc["postgres"]["server_version"]
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_the_data_dir_stays_reachable_by_the_database_across_runs(fresh_dir: Path) -> None:
+    """A second process on a running gateway's data dir (``meshfast migrate``) and a restart leave
+    the data dir as narrow as the database allows (0700, or 0711 when the database runs as its own
+    user) and never cut the running database off its own directory."""
+    data = fresh_dir / "data"
+    gateway = Gateway(data, workers=1, env=SESSION_ENV).start()
+    try:
+        migrate = subprocess.run([sys.executable, "-m", "meshfast.cli", "migrate"], env=gateway.env(),
+                                 capture_output=True, text=True, timeout=120)
+        assert migrate.returncode == 0, migrate.stderr
+        mode = data.stat().st_mode & 0o777
+        assert mode in (0o700, 0o711), oct(mode)
+        assert gateway.client.get("/readyz").status_code == 200
+        assert gateway.admin("GET", "/admin/users").status_code == 200
+    finally:
+        gateway.stop()
+    again = Gateway(data, workers=1, env=SESSION_ENV).start()
+    try:
+        assert again.client.get("/readyz").status_code == 200
+        assert data.stat().st_mode & 0o777 in (0o700, 0o711)
+    finally:
+        again.stop()
+    assert "Permission denied" not in gateway.log() + again.log()
