@@ -212,17 +212,22 @@ def test_saturation_shows_in_readyz_and_metrics(slow_world: dict[str, Any]) -> N
     auth = {"authorization": f"Bearer {slow_world['key']}"}
     socks = [_stalled(gw, "/v1/chat/completions", auth, declared=100, sent=b"{") for _ in range(6)]
     try:
-        # Every worker publishes its load about once a second.
-        deadline = time.monotonic() + 5
-        ready = gw.client.get("/readyz").json()
-        while ready["load"]["body_reads"] < 6 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        # Every worker publishes its load about once a second; the bodies trickle a byte at a
+        # time, so the 1 s idle timeout never cuts them (the 3 s total one would, later).
+        deadline = time.monotonic() + 2.5
+        ready: dict[str, Any] = {}
+        metrics = ""
+        while time.monotonic() < deadline:
+            for sock in socks:
+                sock.sendall(b" ")
             ready = gw.client.get("/readyz").json()
+            metrics = gw.admin("GET", "/admin/metrics").text
+            if ready["load"]["body_reads"] >= 6 and "meshfast_body_reads_in_flight 6" in metrics:
+                break
+            time.sleep(0.3)
         assert ready["status"] == "ok"
         assert ready["load"]["body_reads"] >= 6, ready
-        assert ready["load"]["limit"] >= 2
-        assert ready["load"]["workers"] == 2
-        metrics = gw.admin("GET", "/admin/metrics").text
+        assert ready["load"]["limit"] >= 2 and ready["load"]["workers"] == 2
         reads = [line for line in metrics.splitlines() if line.startswith("meshfast_body_reads_in_flight ")]
         assert reads and float(reads[0].split()[1]) >= 6
         assert "meshfast_request_limit " in metrics and "meshfast_saturated 0" in metrics
