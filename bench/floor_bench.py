@@ -207,30 +207,33 @@ def start_stack(args, work_dir: Path) -> FloorStack:
                                 dict(fw_env, FORWARDER_CLIENT=client), work_dir / f"{name}.log")
     st.extra["hello"] = Server("hello", [*granian, "--port", str(ports["hello"]), "bench.hello_app:app"], env,
                                work_dir / "hello.log")
-    st.meshfast_url = st.urls["meshfast"]
-    st.data_dir = tempfile.mkdtemp(prefix="meshfast-floor-")
-    st.admin_token = secrets.token_urlsafe(32)
-    mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
-    for var, value in (("MESHFAST_LOOP", args.loop), ("MESHFAST_TASK_IMPL", args.task_impl),
-                       ("MESHFAST_RUNTIME_MODE", args.runtime_mode)):
-        if value:
-            mf_env[var] = value
-    mf_env.pop("DATABASE_URL", None)  # the embedded database a fresh install gets
-    st.meshfast = Server("meshfast", shlex.split(args.meshfast_cmd) + [
-        "serve", "--workers", str(args.workers), "--host", "127.0.0.1", "--port", str(ports["meshfast"])],
-        mf_env, work_dir / "meshfast.log")
+    if not args.no_meshfast:
+        st.meshfast_url = st.urls["meshfast"]
+        st.data_dir = tempfile.mkdtemp(prefix="meshfast-floor-")
+        st.admin_token = secrets.token_urlsafe(32)
+        mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
+        for var, value in (("MESHFAST_LOOP", args.loop), ("MESHFAST_TASK_IMPL", args.task_impl),
+                           ("MESHFAST_RUNTIME_MODE", args.runtime_mode)):
+            if value:
+                mf_env[var] = value
+        mf_env.pop("DATABASE_URL", None)  # the embedded database a fresh install gets
+        st.meshfast = Server("meshfast", shlex.split(args.meshfast_cmd) + [
+            "serve", "--workers", str(args.workers), "--host", "127.0.0.1", "--port", str(ports["meshfast"])],
+            mf_env, work_dir / "meshfast.log")
     try:
         for s in st.servers():
             s.start()
             st.groups.sessions[s.name] = s.proc.pid
-        st.groups.data_dirs["meshfast_postgres"] = st.data_dir
+        if st.data_dir:
+            st.groups.data_dirs["meshfast_postgres"] = st.data_dir
         for name, s in st.extra.items():
             url = st.urls[name] + ("/healthz" if name in ("upstream", "compiled") else "/")
             st.setup[f"{name}_ready_s"] = mb.wait_until(lambda u=url: _answers(u), READY_TIMEOUT_S, s, "an answer")
-        st.setup["meshfast_ready_s"] = mb.wait_until(
-            lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
-            pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
-        provision(st)
+        if st.meshfast is not None:
+            st.setup["meshfast_ready_s"] = mb.wait_until(
+                lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
+                pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
+            provision(st)
     except BaseException:
         st.stop()
         raise
@@ -335,6 +338,8 @@ def build_targets(st: FloorStack) -> dict[str, loadgen.Target]:
         "meshfast-proxy": post("meshfast-proxy", f"{st.meshfast_url}/v1/proxy?model={MODEL}", auth,
                                pb.PROXY_BODY, pb.NDJSON_END),
     }
+    if st.meshfast is None:
+        targets = {k: v for k, v in targets.items() if k not in MESHFAST_TARGETS}
     for t in targets.values():
         pb._exchange_once(t)
     return targets
@@ -361,10 +366,11 @@ def _merge(parts: list[loadgen.Series]) -> loadgen.Series:
 
 
 def phase_back_to_back(args, st: FloorStack, targets: dict[str, loadgen.Target]) -> dict:
-    parts: dict[str, list[loadgen.Series]] = {n: [] for n in TARGETS}
+    names = tuple(targets)
+    parts: dict[str, list[loadgen.Series]] = {n: [] for n in names}
     meter = pb.CpuMeter(st.groups)
     for r in range(args.b2b_rounds):
-        order = TARGETS[r % len(TARGETS):] + TARGETS[:r % len(TARGETS)]
+        order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             parts[name].append(loadgen.back_to_back(targets[name], args.b2b_duration))
     cpu = meter.stop()
@@ -377,7 +383,7 @@ def phase_back_to_back(args, st: FloorStack, targets: dict[str, loadgen.Target])
 
 
 def phase_open(args, st: FloorStack, targets: dict[str, loadgen.Target]) -> dict:
-    chosen = [targets[n] for n in TARGETS]
+    chosen = list(targets.values())
     meter = pb.CpuMeter(st.groups)
     series = loadgen.open_loop(chosen, args.rate, args.duration, slice_s=pb.SLICE_S,
                                deadline_s=2 * len(chosen) * args.duration + 60)
@@ -395,7 +401,7 @@ def _server_of(name: str) -> str:
 def phase_wrk(args, st: FloorStack, targets: dict[str, loadgen.Target], work_dir: Path) -> dict:
     servers = {s.name: s for s in st.servers()}
     runs = {}
-    for name in TARGETS:
+    for name in targets:
         print(f"[floor] wrk -c{args.connections}: {name} ...", flush=True)
         server = servers[_server_of(name)]
         run = pb.run_wrk_target(args, work_dir, name, targets[name], st,
@@ -576,6 +582,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wrk-duration", type=int, default=10, help="measured wrk seconds per target")
     p.add_argument("--wrk-warmup", type=int, default=2, help="wrk seconds before each, kept apart")
     p.add_argument("--quick", action="store_true", help="smoke check (~1.5 min): 1 x 1.5 s, 3 s, wrk 1 + 3 s")
+    p.add_argument("--no-meshfast", action="store_true",
+                   help="the baselines only (a runtime meshfast cannot start on, e.g. --loop rloop)")
     p.add_argument("--forwarder-rs", type=Path, default=FORWARDER_RS, help="the compiled forwarder's binary")
     p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")),
                    help="command that takes `serve ...` (meshfast is imported from the working tree)")
@@ -623,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             "rate_rps": args.rate, "duration_s_per_target": args.duration,
             "wrk": {"connections": args.connections, "threads": args.threads, "duration_s": args.wrk_duration,
                     "warmup_s": args.wrk_warmup, "timeout": mb.WRK_TIMEOUT},
-            "quick": args.quick, "policy": POLICY,
+            "quick": args.quick, "no_meshfast": args.no_meshfast, "policy": POLICY,
             "goals": {"added_p50_us": GOAL_ADDED_P50_US, "added_p99_us": GOAL_ADDED_P99_US,
                       "rps_over_py_aiohttp": GOAL_RPS_OVER_PY, "rps_over_compiled": GOAL_RPS_OVER_COMPILED,
                       "worker_cpu_us_per_call": GOAL_CPU_US},
@@ -644,14 +652,15 @@ def main(argv: list[str] | None = None) -> int:
             doc["setup"] = stack.setup
             targets = build_targets(stack)
             print(f"[floor] one connection, back to back: {args.b2b_rounds} x {args.b2b_duration:g} s x "
-                  f"{len(TARGETS)} ...", flush=True)
+                  f"{len(targets)} ...", flush=True)
             doc["back_to_back"] = phase_back_to_back(args, stack, targets)
-            print(f"[floor] open loop: {len(TARGETS)} x {args.duration:g} s at {args.rate:g} req/s ...", flush=True)
+            print(f"[floor] open loop: {len(targets)} x {args.duration:g} s at {args.rate:g} req/s ...", flush=True)
             doc["open_loop"] = phase_open(args, stack, targets)
             doc["throughput"] = phase_wrk(args, stack, targets, work_dir)
             doc["loops_mapped"] = {name: loops_mapped(pids) for name, pids in doc["worker_pids"].items()
                                    if name not in ("upstream", "compiled")}
-            doc["telemetry"] = pb.settled_telemetry(stack.meshfast_url, stack.admin_token)
+            if stack.meshfast is not None:
+                doc["telemetry"] = pb.settled_telemetry(stack.meshfast_url, stack.admin_token)
         except BenchError as exc:
             failures.append(str(exc))
             print(f"[floor] FAILED: {exc}", file=sys.stderr)
