@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,6 +112,18 @@ def run_route(target: loadgen.Target, duration_s: float, stall_ns: int) -> dict:
     }
 
 
+def start_spy(st: pb.Stack, args: argparse.Namespace, label: str) -> subprocess.Popen:
+    """py-spy on the worker that answers (1 worker: the only one), sampling from 2 s into the route."""
+    _, _, raw = mb.http_request("GET", st.meshfast_url + "/healthz", timeout_s=5.0)
+    pid = json.loads(raw)["pid"]
+    out = (args.out or RESULTS_DIR / "tail").with_suffix(f".{label}.spy.txt")
+    seconds = min(args.spy, max(1.0, args.duration - 3))
+    cmd = (f"sleep 2; exec {os.environ.get('PY_SPY', 'py-spy')} record -p {pid} -r 1000 -d {seconds:g} "
+           f"--format raw -o {out}")
+    print(f"py-spy on worker {pid} -> {out}", flush=True)
+    return subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=1)
@@ -121,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for meshfast serve (repeatable)")
     p.add_argument("--meshfast-cmd", default=f"{sys.executable} -m meshfast.cli")
     p.add_argument("--pause", action="store_true", help="print the pids and wait for Enter before the runs")
+    p.add_argument("--spy", type=float, default=0.0,
+                   help="py-spy record (raw stacks, 1 kHz) the answering worker this many seconds into each route "
+                        "($PY_SPY or py-spy on PATH; files beside the JSON)")
     p.add_argument("--keep-logs", action="store_true", help="keep the servers' logs (their directory is printed)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -143,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(args.rounds):
             for name, target in targets.items():
                 before = lag_buckets(st)
+                spy = start_spy(st, args, f"{name}-r{round_no}") if args.spy else None
                 result = run_route(target, args.duration, int(args.stall_ms * 1e6))
+                if spy is not None:
+                    spy.wait(30)
                 result["loop_lag"] = lag_delta(before, lag_buckets(st))
                 result.update(route=name, round=round_no)
                 doc["rounds"].append(result)

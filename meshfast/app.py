@@ -93,6 +93,7 @@ class ConfigFeed:
 
     async def rebuild(self) -> int:
         async with self._lock:
+            started = time.perf_counter()
             async with self._pool.acquire() as conn:
                 config = await load_config(conn, self._master_key)
             try:
@@ -103,6 +104,7 @@ class ConfigFeed:
                 log.error("snapshot rejected, keeping seq %s: %s", self._core.seq, exc)
                 raise
             self.rebuilds += 1
+            log.debug("snapshot seq %d loaded in %.1f ms", seq, (time.perf_counter() - started) * 1000)
             return seq
 
     async def ensure(self, seq: int) -> None:
@@ -263,8 +265,6 @@ class App:
         ])
         self.leader.start()
         self.metrics = Metrics(self.segment)
-        self._lag_probe = LoopLagProbe(self.metrics.loop_lag)
-        self._lag_probe.start()
         self.dispatcher = Dispatcher(Timeouts(
             connect_s=settings.upstream_connect_timeout_s, idle_s=settings.stream_idle_timeout_s,
             total_deadline_s=settings.upstream_deadline_s), client=settings.upstream_client, metrics=self.metrics)
@@ -287,6 +287,8 @@ class App:
         # out of the collector's sight, a full collection walks only what requests left, and no
         # longer stops the loop for tens of milliseconds.
         gc.freeze()
+        self._lag_probe = LoopLagProbe(self.metrics.loop_lag)
+        self._lag_probe.start()
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
 
     def _publish_load(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -98,7 +99,9 @@ class Leader:
                 if now >= due[i]:
                     try:
                         background.fault_point(f"leader_job:{name}")
+                        started = time.perf_counter()
                         await job(conn)
+                        log.debug("leader job %s took %.1f ms", name, (time.perf_counter() - started) * 1000)
                     except _CONNECTION_ERRORS:
                         raise
                     except Exception:
