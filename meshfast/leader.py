@@ -107,6 +107,8 @@ class Leader:
                     except Exception:
                         log.exception("leader job %s failed; next run in %.0f s", name, interval_s)
                     due[i] = now + interval_s
+                    # NOTE: the loop serves requests between jobs: a new term runs every job at once.
+                    await asyncio.sleep(0)
             if conn.is_closed():
                 raise ConnectionError("leader connection closed")
             await asyncio.sleep(max(0.05, min(due) - loop.time()))
