@@ -482,7 +482,7 @@ def test_chaos_rate_one_fails_every_call(ts: httpx.Client, config: Any) -> None:
 
 def test_delta_delay_spaces_deltas_and_stats_count_in_flight(ts: httpx.Client, config: Any) -> None:
     """TESTSERVE_DELTA_DELAY_MS slows streams; /_debug/stats sees the concurrent ones."""
-    config(delta_delay_ms=150)
+    config(delta_delay_ms=300)
     ts.delete("/_debug/requests")
     results: list[int] = []
 
@@ -494,11 +494,15 @@ def test_delta_delay_spaces_deltas_and_stats_count_in_flight(ts: httpx.Client, c
     started = time.monotonic()
     for t in threads:
         t.start()
-    time.sleep(0.15)
+    # NOTE: polled, not sampled once: on a loaded machine the four may take a moment to start;
+    # each stays in flight for at least 0.6 s (three deltas 300 ms apart).
     mid = ts.get("/_debug/stats").json()
+    while mid["in_flight"] < 4 and any(t.is_alive() for t in threads):
+        time.sleep(0.02)
+        mid = ts.get("/_debug/stats").json()
     for t in threads:
         t.join()
-    assert time.monotonic() - started >= 0.3 and results == [3, 3, 3, 3]
+    assert time.monotonic() - started >= 0.6 and results == [3, 3, 3, 3]
     assert mid["in_flight"] == 4
     stats = ts.get("/_debug/stats").json()
     assert stats["total"] == 4 and stats["peak_in_flight"] == 4 and stats["in_flight"] == 0
