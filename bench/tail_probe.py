@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         os.environ[key] = value
     work_dir = Path(tempfile.mkdtemp(prefix="tail-probe-"))
-    doc: dict = {"bench": "tail_probe", "command": mb.command_line(argv), "started": started.isoformat(),
-                 "provenance": mb.provenance(args), "config": vars(args) | {"out": str(args.out)}, "rounds": []}
+    doc: dict = {"bench": "tail_probe", **mb.run_header(argv, started, mb.provenance(args)),
+                 "config": vars(args) | {"out": str(args.out)}, "rounds": []}
     st = pb.start_stack(args, work_dir, forwarder=False)
     try:
         auth = {"authorization": f"Bearer {st.user_key}", "content-type": "application/json"}

@@ -38,6 +38,8 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_COOKIE_SECURE", "1 marks the dashboard's session cookies Secure (behind HTTPS; default 0)"),
     ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
     ("MESHFAST_LOOP", "event loop: auto (default: rloop, else uvloop, else asyncio), asyncio, uvloop, rloop"),
+    ("MESHFAST_LOOP_LAG_PROBE_MS", "ms between event-loop lag probes (meshfast_loop_lag_seconds; default 20, 0 = off)"),
+    ("MESHFAST_LOOP_LAG_LOG_MS", "diagnostics: log every lag-probe tick later than this many ms (default off)"),
     ("MESHFAST_TASK_IMPL", "Granian's task implementation: asyncio (default) or rust (Python < 3.12)"),
     ("MESHFAST_RUNTIME_MODE", "Granian's Rust runtime per worker: auto (default), st or mt"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
