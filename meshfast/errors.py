@@ -85,3 +85,5 @@ CsrfFailed = _error("CsrfFailed", 403, "csrf_failed")
 AdminNotFound = _error("AdminNotFound", 404, "admin_not_found")
 TokenNotFound = _error("TokenNotFound", 404, "token_not_found")
 CannotModifyOwn = _error("CannotModifyOwn", 400, "cannot_modify_own_account")
+# A manager change that would make the reporting chain loop.
+ManagerCycle = _error("ManagerCycle", 409, "manager_cycle")

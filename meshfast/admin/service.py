@@ -76,9 +76,6 @@ class UserUpdate(msgspec.Struct, forbid_unknown_fields=True):
     expires_at: Timestamp | None | UnsetType = UNSET
 
 
-ManagerCycle = type("ManagerCycle", (errors.MeshfastError,), {"status": 409, "code": "manager_cycle"})
-
-
 class GenericSettings(snapshot.GenericTemplates, forbid_unknown_fields=True, omit_defaults=True):
     """Mesh's provider-as-data fields as the admin API takes them: templates with placeholders
     and dot paths (the snapshot's fields), with body templates as JSON values or JSON text.
@@ -994,7 +991,7 @@ class AdminService:
                     wanted["manager_id"] = value
                 if wanted["manager_id"] is not None and await conn.fetchval(
                         sql.MANAGER_WOULD_LOOP, uid, wanted["manager_id"]):
-                    raise ManagerCycle("the new manager is the user or reports to them")
+                    raise errors.ManagerCycle("the new manager is the user or reports to them")
             await conn.execute(sql.UPDATE_USER, uid, wanted["display_name"], wanted["manager_id"],
                                wanted["business_unit"], wanted["tier"], wanted["expires_at"])
 
