@@ -350,7 +350,7 @@ def _added(reports: dict[str, dict], key: str = "total_us") -> None:
         base = reports.get("direct")
         if base is None or name == "direct":
             continue
-        rep["added_us"] = {p: round(rep[key][p] - base[key][p], 1) for p in ("p50", "p90", "p99", "p99.9")
+        rep["added_us"] = {p: round(rep[key][p] - base[key][p], 1) for p in ("p50", "p90", "p99", "p99_9")
                            if p in rep[key] and p in base[key]}
 
 
