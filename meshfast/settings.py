@@ -37,7 +37,7 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_FAULT_INJECT", "tests only: background loops that fail on purpose, e.g. telemetry:2,leader"),
     ("MESHFAST_COOKIE_SECURE", "1 marks the dashboard's session cookies Secure (behind HTTPS; default 0)"),
     ("MESHFAST_LOG_LEVEL", "debug, info, warning or error (default info)"),
-    ("MESHFAST_LOOP", "event loop: auto (default: rloop, else uvloop, else asyncio), asyncio, uvloop, rloop"),
+    ("MESHFAST_LOOP", "event loop: asyncio (default), uvloop, auto (rloop, else uvloop, else asyncio), rloop"),
     ("MESHFAST_LOOP_LAG_PROBE_MS", "ms between event-loop lag probes (meshfast_loop_lag_seconds; default 20, 0 = off)"),
     ("MESHFAST_LOOP_LAG_LOG_MS", "diagnostics: log every lag-probe tick later than this many ms (default off)"),
     ("MESHFAST_TASK_IMPL", "Granian's task implementation: asyncio (default) or rust (Python < 3.12)"),
@@ -71,7 +71,10 @@ def _float_env(name: str, default: float) -> float:
 
 # Granian's runtime options (granian.constants: Loops, TaskImpl, RuntimeModes); the defaults are Granian's.
 GRANIAN_CHOICES: dict[str, tuple[str, ...]] = {
-    "MESHFAST_LOOP": ("auto", "asyncio", "uvloop", "rloop"),
+    # NOTE: asyncio unless told otherwise: Granian's "auto" takes rloop when it is installed, and
+    # rloop cannot run meshfast (no create_unix_connection, which asyncpg needs for the embedded
+    # database's socket).
+    "MESHFAST_LOOP": ("asyncio", "uvloop", "auto", "rloop"),
     "MESHFAST_TASK_IMPL": ("asyncio", "rust"),
     "MESHFAST_RUNTIME_MODE": ("auto", "st", "mt"),
 }
@@ -112,7 +115,7 @@ class Settings:
     max_connections: int
     cookie_secure: bool
     backlog: int
-    granian_loop: str = "auto"
+    granian_loop: str = "asyncio"
     granian_task_impl: str = "asyncio"
     granian_runtime_mode: str = "auto"
 
