@@ -168,9 +168,16 @@ def test_the_login_throttle_is_per_address_across_workers_and_says_when_to_retry
             time.sleep(retry_after_s)
             again = clients[-1].post("/admin/login", json=body)
         assert _answer(again) == (401, "invalid_credentials")
-    # Another address was never throttled by this one.
-    with _pinned(gateway, per_worker=1, source=_address()) as (other, _):
-        assert _answer(other.post("/admin/login", json=body)) == (401, "invalid_credentials")
+    # Another address was never throttled by this one. NOTE: addresses share 4,096 buckets (keyed
+    # by the instance's pepper, so unpredictable), so a fresh address may share a drained one with
+    # odds 1/4096; of two fresh addresses, both colliding is a one-in-sixteen-million event.
+    answers = []
+    for _ in range(2):
+        with _pinned(gateway, per_worker=1, source=_address()) as (other, _):
+            answers.append(_answer(other.post("/admin/login", json=body)))
+        if answers[-1] == (401, "invalid_credentials"):
+            break
+    assert answers[-1] == (401, "invalid_credentials"), answers
 
 
 # --- item 5: stale credentials -----------------------------------------------------------------
