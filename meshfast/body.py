@@ -20,6 +20,10 @@ from meshfast._core import GLOBAL_INFLIGHT, counter_key
 
 # A declared body up to this size is taken in one read (the server holds it to the declared length).
 ONE_READ_BYTES = 256 * 1024
+# A refused request's body is drained only up to this size and for this long; anything else is
+# left unread and the answer closes the connection.
+DRAIN_BYTES = 64 * 1024
+DRAIN_S = 1.0
 
 
 class BodyReader:
@@ -75,6 +79,30 @@ class BodyReader:
             # The connection closed before the declared length arrived.
             raise errors.ClientDisconnected()
         return body
+
+
+    async def drain(self, scope: Any, proto: Any) -> bool:
+        """Reads and discards a body declared at most ``DRAIN_BYTES`` that arrives within
+        ``DRAIN_S`` (a refused request's, so its connection can serve the caller's next,
+        possibly pipelined, request); False when the body was left unread (the answer should then
+        close the connection). Counted as a body read, not against the request limit."""
+        headers = scope.headers
+        declared = headers.get("content-length")
+        if declared is None:
+            return headers.get("transfer-encoding") is None  # no body at all
+        if not declared.isdigit() or int(declared) > DRAIN_BYTES:
+            return False
+        if declared == "0":
+            return True
+        self.reading += 1
+        try:
+            async with asyncio.timeout(DRAIN_S):
+                body: bytes = await proto()
+        except Exception:
+            return False
+        finally:
+            self.reading -= 1
+        return len(body) == int(declared)
 
 
 def raise_open_file_limit() -> int:

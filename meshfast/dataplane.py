@@ -92,7 +92,13 @@ class DataPlane:
         body = b""
         received = started
         principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
-        if principal is not None:
+        close = False
+        if principal is None:
+            # NOTE: a small body is drained (briefly) so the connection stays usable for the
+            # caller's next, possibly pipelined, request; a large, chunked or stalled one is never
+            # read: the 401 then closes the connection.
+            close = not await read_body.drain(scope, proto)
+        else:
             # NOTE: the limit is checked after authentication, so bad keys are always 401 (never
             # throttled into another status) and cost no slot.
             failure: errors.MeshfastError | None = errors.ServerBusy(retry_after_s=1) if busy and busy() else None
@@ -124,6 +130,8 @@ class DataPlane:
                 extra.append(("retry-after", str(p.retry_after_s)))
             if p.should_retry is False:
                 extra.append(("x-should-retry", "false"))
+            if close:
+                extra.append(("connection", "close"))
             self._respond(proto, p.status, p.request_id, p.body, extra)
             row.latency_ms = self._elapsed_ms(started)
             self._record(row, p.log_requests)

@@ -242,3 +242,26 @@ def test_the_worker_raises_its_open_file_limit(slow_world: dict[str, Any]) -> No
     for pid in gw.worker_pids():
         soft, hard = psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE)
         assert soft == hard > 1024 or soft >= 1 << 20, (pid, soft, hard)
+
+
+def test_a_refused_small_body_keeps_a_pipelined_connection_serving(slow_world: dict[str, Any]) -> None:
+    """A bad key's small body is drained, so the requests pipelined after it on the same connection
+    are answered too (a soak pipelines bad keys among valid calls)."""
+    gw: Gateway = slow_world["gw"]
+    body = b'{"model":"dos-chat","messages":[{"role":"user","content":"hi"}]}'
+
+    def request(key: str) -> bytes:
+        return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+
+    with socket.create_connection(_address(gw), timeout=10) as sock:
+        sock.sendall(request(BAD_KEY) + request(slow_world["key"]) + request(BAD_KEY))
+        received = b""
+        deadline = time.monotonic() + 10
+        while received.count(b"HTTP/1.1 ") < 3 and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    statuses = [int(part.split(b" ", 1)[0]) for part in received.split(b"HTTP/1.1 ")[1:]]
+    assert statuses == [401, 200, 401]
