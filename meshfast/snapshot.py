@@ -145,6 +145,7 @@ class Model(msgspec.Struct):
     aliases: list[str] = []
     tags: list[str] = []
     deployments: list[Deployment] = []
+    restrictions: Restrictions | None = None
 
 
 # The admin API's long-context price keys (the model's own price field names) and the classes
@@ -156,6 +157,55 @@ LONG_CONTEXT_CLASSES = {
     "cache_write_price_per_1k_tokens": "cache_write",
     "cache_write_1h_price_per_1k_tokens": "cache_write_1h",
 }
+
+
+class Restrictions(msgspec.Struct, omit_defaults=True):
+    """Who may see a model (API.md "PUT /admin/models"): people by principal index, business units
+    by name. ``None`` for an allow list means no allow list."""
+
+    leader_deny: list[int] = []
+    leader_allow: list[int] | None = None
+    exempt: list[int] = []
+    business_units_closed: list[str] = []
+    business_units_open: list[str] | None = None
+
+
+class RuleAction(msgspec.Struct, omit_defaults=True):
+    """``type``: block, pause (``hours``), warn (``text``) or notify (``channels``, ``template``)."""
+
+    type: str
+    hours: int = 0
+    text: str = ""
+    channels: list[str] = []
+    template: str | None = None
+
+
+class RuleEntry(msgspec.Struct, omit_defaults=True):
+    """One entry of a rule, with people as principal indexes and a model as its index.
+
+    ``window`` is daily, weekly or monthly (in ``Config.calendar_tz``) for ``threshold_nano``;
+    ``calls_per_minute`` and ``tokens_per_minute`` cap a person's calls and tokens in the scope
+    per minute (block only)."""
+
+    window: str
+    actions: list[RuleAction] = []
+    tiers: list[str] = []
+    leaders: list[int] = []
+    business_units: list[str] = []
+    exempt: list[int] = []
+    tag: str | None = None
+    model: int | None = None
+    threshold_nano: int | None = None
+    calls_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
+class Rule(msgspec.Struct):
+    id: str
+    weight: int
+    # enforce, shadow or inherit (follows Config.enforce_rules).
+    mode: str
+    entries: list[RuleEntry]
 
 
 class Grant(msgspec.Struct):
@@ -178,6 +228,11 @@ class Config(msgspec.Struct):
     providers: list[Provider]
     models: list[Model]
     grants: list[Grant]
+    rules: list[Rule] = []
+    # The global switch for rules in mode "inherit".
+    enforce_rules: bool = True
+    # The IANA zone of the rules' daily, weekly and monthly windows (MESHFAST_CALENDAR_TZ).
+    calendar_tz: str = "UTC"
 
 
 _encoder = msgspec.msgpack.Encoder()

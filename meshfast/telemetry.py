@@ -84,6 +84,22 @@ _CROCKFORD_CHARS = frozenset(_CROCKFORD_DIGITS)
 _CROCKFORD_TO_BASE32 = str.maketrans(_CROCKFORD_DIGITS, "0123456789abcdefghijklmnopqrstuv")
 
 
+class RuleEvent(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What a rule did to the caller in a window instance (the ``rule_events`` outbox's natural key
+    and payload): ``action`` notify (``channel`` webhook or email) or pause (``channel`` "")."""
+
+    rule_id: str
+    entry: int
+    action: str
+    channel: str
+    window: str
+    window_start_ms: int
+    threshold_nano: int
+    spend_nano: int
+    # JSON object text: pause {"resume_at_ms"}; notify {"template", "model", "resume_at_ms"?}.
+    detail: str = "{}"
+
+
 class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     """One request row as it travels through the ring (compact: an array, not a map)."""
 
@@ -113,6 +129,13 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     source_ip: str | None = None
     user_agent: str | None = None
     count: int = 1
+    # The caller's organisation at call time (chargeback).
+    business_unit: str | None = None
+    manager_id: str | None = None
+    tier: str | None = None
+    # A shadow rule that would have refused the call (its id).
+    would_deny: str | None = None
+    events: list[RuleEvent] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
