@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -18,6 +19,7 @@ import asyncpg
 import msgspec
 from cryptography.exceptions import InvalidTag
 
+from meshfast import rules
 from meshfast._core import Core, SnapshotError
 from meshfast.sealing import open_sealed
 from meshfast.store import sql
@@ -206,6 +208,8 @@ class Rule(msgspec.Struct):
     # enforce, shadow or inherit (follows Config.enforce_rules).
     mode: str
     entries: list[RuleEntry]
+    # Each entry's position in the rule as authored (rows, events and dry-run name entries by it).
+    entry_numbers: list[int] = []
 
 
 class Grant(msgspec.Struct):
@@ -320,8 +324,55 @@ async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
         model_rows = await conn.fetch(sql.SNAPSHOT_MODELS)
         deployment_rows = await conn.fetch(sql.SNAPSHOT_DEPLOYMENTS)
         grant_rows = await conn.fetch(sql.SNAPSHOT_GRANTS)
-    return _config(int(seq), kill_switch, user_rows, key_rows, provider_rows, model_rows, deployment_rows,
-                   grant_rows, master_key)
+        enforce_rules = bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES))
+        rule_rows = await conn.fetch(sql.SNAPSHOT_RULES)
+    config = _config(int(seq), kill_switch, user_rows, key_rows, provider_rows, model_rows, deployment_rows,
+                     grant_rows, master_key)
+    config.enforce_rules = enforce_rules
+    config.calendar_tz = calendar_tz()
+    principal_index = {p.id: i for i, p in enumerate(config.principals)}
+    model_index = {m.name: i for i, m in enumerate(config.models)}
+    config.rules = [rules.to_config(_json(row["body"]), principal_index, model_index) for row in rule_rows]
+    return config
+
+
+def calendar_tz() -> str:
+    """MESHFAST_CALENDAR_TZ (default UTC): the zone of the rules' calendar windows."""
+    return os.environ.get("MESHFAST_CALENDAR_TZ") or "UTC"
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _restrictions(stored: Any, principal_index: dict[uuid.UUID, int]) -> Restrictions | None:
+    """Stored restrictions (user ids) as the core's (indexes). A gone user leaves a list; an
+    allow list whose people are all gone allows nobody but the exempt (never everyone)."""
+    stored = _json(stored)
+    if not stored:
+        return None
+
+    def people(key: str) -> list[int]:
+        return [principal_index[uuid.UUID(str(i))] for i in stored.get(key) or []
+                if _is_uuid(i) and uuid.UUID(str(i)) in principal_index]
+
+    allow = stored.get("leader_allow")
+    return Restrictions(
+        leader_deny=people("leader_deny"),
+        leader_allow=None if allow is None else people("leader_allow"),
+        exempt=people("exempt"),
+        business_units_closed=list(stored.get("business_units_closed") or []),
+        business_units_open=None if stored.get("business_units_open") is None
+        else list(stored["business_units_open"]),
+    )
+
+
+def _is_uuid(value: Any) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
 
 
 async def load_registry(conn: asyncpg.Connection, master_key: bytes) -> Config:
@@ -404,6 +455,7 @@ def _config(seq: int, kill_switch: bool, user_rows: list[asyncpg.Record], key_ro
                 aliases=list(row["aliases"]),
                 tags=list(row["tags"]),
                 deployments=deployments.get(row["id"], []),
+                restrictions=_restrictions(row.get("restrictions"), principal_index),
             )
             for row in models
         ],

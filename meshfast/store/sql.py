@@ -10,6 +10,8 @@ CONFIG_CHANNEL = "meshfast_config"
 
 SNAPSHOT_SEQ = "SELECT config_seq FROM gateway_state"
 SNAPSHOT_KILL_SWITCH = "SELECT kill_switch FROM gateway_state"
+SNAPSHOT_ENFORCE_RULES = "SELECT enforce_rules FROM gateway_state"
+SNAPSHOT_RULES = "SELECT id, body FROM rules ORDER BY id"
 SNAPSHOT_PRINCIPALS = """
 SELECT id, email, display_name, status, expires_at, manager_id, business_unit, tier FROM users ORDER BY id
 """
@@ -29,7 +31,7 @@ SELECT id, provider_id, name, resolved_model, kind, created_at, blocked, status,
        supports_web_search, output_media_type,
        input_price_per_1k_tokens, output_price_per_1k_tokens, cache_read_price_per_1k_tokens,
        cache_write_price_per_1k_tokens, cache_write_1h_price_per_1k_tokens,
-       long_context_threshold_tokens, long_context_prices, aliases, tags
+       long_context_threshold_tokens, long_context_prices, aliases, tags, restrictions
 FROM models ORDER BY id
 """
 SNAPSHOT_DEPLOYMENTS = """
