@@ -22,6 +22,7 @@ import msgspec
 from meshfast import background, counters, dashboard, errors, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
+from meshfast.admin.notifications import NotificationsAdmin
 from meshfast.admin.plane import AdminPlane
 from meshfast.admin.routes import AdminRouter
 from meshfast.admin.service import AdminService
@@ -40,6 +41,7 @@ from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, apply_retention, ensure_log_partitions
 from meshfast.looplag import LoopLagProbe
 from meshfast.metrics import Metrics
+from meshfast.notify import Notifier
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
 from meshfast.snapshot import Config, encode, load_config
@@ -169,6 +171,7 @@ class App:
         self.feed: ConfigFeed | None = None
         self.admin: AdminRouter | None = None
         self.leader: Leader | None = None
+        self.notifier: Notifier | None = None
         self.dispatcher: Dispatcher | None = None
         self.metrics: Metrics | None = None
         self.plane: AdminPlane | None = None
@@ -257,11 +260,13 @@ class App:
                                self.secrets.master_key)
         await self.feed.rebuild()
         self.feed.start()
+        self.notifier = Notifier(self.gateway_pool, self.secrets.master_key)
         self.leader = Leader(gateway_url, [
             ("log_partitions", 3600.0, ensure_log_partitions),
             ("checkpoint", COUNTER_CHECKPOINT_S, self._checkpoint),
             ("purge", COUNTER_PURGE_S, self._purge),
             ("retention", 3600.0, lambda conn: apply_retention(conn, max(1, settings.log_retention_days))),
+            ("notify", self.notifier.settings.poll_s, self.notifier.tick),
         ])
         self.leader.start()
         self.metrics = Metrics(self.segment)
@@ -277,7 +282,8 @@ class App:
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self.plane = AdminPlane(self.admin_pool, self.admin, self.secrets.hash_admin_token, self._status,
                                 cookie_secure=settings.cookie_secure, segment=self.segment,
-                                max_body_bytes=settings.max_admin_body_bytes)
+                                max_body_bytes=settings.max_admin_body_bytes,
+                                notifier=NotificationsAdmin(self.admin_pool, self.secrets.master_key))
         self._saturation = Saturation(self.segment)
         self._publish_load()
         self._load_task = background.start("saturation", self._publish_load_loop)
@@ -324,7 +330,7 @@ class App:
             self._lag_probe.stop()
         if self._saturation is not None:
             self._saturation.publish(0, 0, 0)
-        for part in (self.leader, self.feed, self.telemetry):
+        for part in (self.leader, self.notifier, self.feed, self.telemetry):
             if part is not None:
                 await part.stop()
         if was_leader and self.gateway_pool is not None:

@@ -43,6 +43,11 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_TASK_IMPL", "Granian's task implementation: asyncio (default) or rust (Python < 3.12)"),
     ("MESHFAST_RUNTIME_MODE", "Granian's Rust runtime per worker: auto (default), st or mt"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
+    ("MESHFAST_NOTIFY_POLL_S", "seconds between the leader's polls of the notification outbox (default 1)"),
+    ("MESHFAST_NOTIFY_BACKOFF_S", "first retry delay of a notification, doubled per attempt up to 1 h (default 10)"),
+    ("MESHFAST_NOTIFY_GIVE_UP_S", "seconds after which an undelivered notification is marked failed (default 86400)"),
+    ("MESHFAST_NOTIFY_TIMEOUT_S", "seconds one webhook or SMTP delivery attempt may take (default 10)"),
+    ("MESHFAST_NOTIFY_DIGEST_S", "seconds between the leader's checks for leadership digests due (default 60)"),
 )
 
 

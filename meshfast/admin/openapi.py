@@ -14,12 +14,12 @@ from typing import Any
 import msgspec
 
 from meshfast import errors, validate
-from meshfast.admin import auth, logs
+from meshfast.admin import auth, logs, notifications
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
-    return getattr(svc, name, None) or getattr(auth, name)
+    return getattr(svc, name, None) or getattr(notifications, name, None) or getattr(auth, name)
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -67,6 +67,13 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/logs", "Request logs: filters, paging, sorting, search", None, 200),
     ("GET", "/admin/logs/summary", "Totals, time series and breakdowns from the rollups", None, 200),
     ("GET", "/admin/audit", "The audit log, filtered", None, 200),
+    ("GET", "/admin/notifications", "The spend rules' notification channels (webhook_secret_set and "
+     "smtp.password_set say whether a secret is stored; secrets are never returned)", None, 200),
+    ("PUT", "/admin/notifications", "Set the notification channels: a field left out is kept, null clears it; "
+     "webhook_url is refused as SSRF unless webhook_local; secrets are sealed", "NotificationsBody", 200),
+    ("GET", "/admin/notifications/deliveries", "Notification deliveries (the outbox), newest first: {deliveries: "
+     "[{delivery_id, rule_id, entry, user_id, action, channel, window, window_start, threshold_usd, spend_usd, "
+     "status, attempts, last_error, next_attempt_at, created_at, delivered_at}], total, page, page_size}", None, 200),
     ("GET", "/admin/status", "This worker's view of the instance", None, 200),
     ("GET", "/admin/metrics", "Prometheus counters of the instance", None, 200),
     ("GET", "/admin/openapi.json", "This document", None, 200),
@@ -114,6 +121,13 @@ _LOG_FILTERS = [
 QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
     "/admin/logs": _LOG_FILTERS,
     "/admin/logs/summary": _LOG_FILTERS,
+    "/admin/notifications/deliveries": [
+        _query("status", {"type": "string", "enum": list(notifications.STATUSES)}, "delivery status"),
+        _query("channel", {"type": "string", "enum": list(notifications.CHANNELS)}, "webhook or email"),
+        _query("action", {"type": "string", "enum": list(notifications.ACTIONS)}, "notify or digest"),
+        _query("rule_id", _TEXT, "one rule's deliveries (digests have rule_id *)"),
+        _query("user_id", _UUID, "one person's deliveries (a digest's person is the leader)"),
+        *_PAGING],
     "/admin/audit": [_query("actor", _TEXT, "who acted (exact)"), _query("action", _TEXT, "what was done (exact)"),
                      _query("from", _TIME, "start (inclusive)"), _query("to", _TIME, "end (exclusive)"),
                      *_PAGING],

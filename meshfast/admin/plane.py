@@ -15,7 +15,7 @@ import asyncpg
 import msgspec
 
 from meshfast import errors
-from meshfast.admin import auth, logs
+from meshfast.admin import auth, logs, notifications
 from meshfast.admin import service as svc
 from meshfast.admin.routes import Actor, AdminRouter, Reply
 
@@ -41,7 +41,8 @@ def _keep_key(body: bytes) -> bytes:
 class AdminPlane:
     def __init__(self, pool: asyncpg.Pool, router: AdminRouter, hash_token: Callable[[str], str],
                  status: Callable[[], Awaitable[dict[str, Any]]], cookie_secure: bool = False,
-                 segment: Any = None, max_body_bytes: int = 1024 * 1024) -> None:
+                 segment: Any = None, max_body_bytes: int = 1024 * 1024,
+                 notifier: notifications.NotificationsAdmin | None = None) -> None:
         self._pool = pool
         self._max_body_bytes = max_body_bytes
         self.router = router
@@ -72,6 +73,12 @@ class AdminPlane:
             lambda a, s, q, b, h: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
         add("GET", r"/admin/audit", lambda a, s, q, b, h: self._query(lambda c: logs.audit(c, q)))
         add("GET", r"/admin/status", lambda a, s, q, b, h: self._ok(self._status()))
+        self._notifications = notifier
+        add("GET", r"/admin/notifications", lambda a, s, q, b, h: self._ok(self._notify().get()))
+        add("PUT", r"/admin/notifications", lambda a, s, q, b, h: self._ok(
+            self._notify().put(a.name, svc.decode(b, notifications.NotificationsBody))))
+        add("GET", r"/admin/notifications/deliveries",
+            lambda a, s, q, b, h: self._ok(self._notify().deliveries(q)))
         service = router.service
         add("PUT", r"/admin/providers/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_provider(a.name, id, svc.decode(_keep_key(b), svc.ProviderCreate), h.get("if-match"))))
@@ -91,6 +98,11 @@ class AdminPlane:
     async def _versioned(work: Awaitable[dict[str, Any]]) -> Reply:
         entity = await work
         return Reply(200, entity, (("etag", f'"{entity["version"]}"'),))
+
+    def _notify(self) -> notifications.NotificationsAdmin:
+        if self._notifications is None:
+            raise errors.NotFound()
+        return self._notifications
 
     async def _query(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Reply:
         async with self._pool.acquire() as conn:

@@ -27,6 +27,9 @@ CREATE TABLE notification_settings (
 -- deduplicates it across leaders' terms and restarts. Its detail lists the people.
 ALTER TABLE rule_events DROP CONSTRAINT rule_events_action_check;
 ALTER TABLE rule_events ADD CONSTRAINT rule_events_action_check CHECK (action IN ('notify', 'pause', 'digest'));
+-- What the delivery loop claims (pauses stay pending in the outbox and are never delivered).
+CREATE INDEX rule_events_deliverable_idx ON rule_events (next_attempt_at)
+    WHERE status = 'pending' AND action IN ('notify', 'digest');
 
 DO $$
 BEGIN
