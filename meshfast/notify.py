@@ -464,7 +464,11 @@ class Notifier:
         due rows and start delivering them (the leader's loop does not wait for receivers)."""
         if time.monotonic() >= self._next_digest:
             self._next_digest = time.monotonic() + self.settings.digest_s
-            await self.make_digests(conn)
+            try:
+                await self.make_digests(conn)
+            except asyncpg.PostgresError:
+                # NOTE: deliveries go on; the digests are tried again at the next interval.
+                log.exception("making leadership digests failed; next try in %.0f s", self.settings.digest_s)
         if self._batch is not None and not self._batch.done():
             return
         rows = await conn.fetch(CLAIM_DUE, BATCH_ROWS, self.settings.lease_s)

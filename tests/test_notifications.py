@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zoneinfo
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +32,10 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 from conftest import SESSION_ENV, Gateway, free_port
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshfast import notify
 
 # Fast loops: the outbox polled five times a second, retries from 0.3 s, digests checked twice a second.
 NOTIFY_ENV = {
@@ -587,3 +592,31 @@ def test_a_delivery_survives_a_receiver_outage_across_a_restart(tmp_path: Path) 
             assert len(receiver.deliveries(str(event["delivery_id"]))) == 1
         finally:
             receiver.close()
+
+
+# --- templates and windows (no gateway) -----------------------------------------------------
+
+
+@given(st.text(max_size=300))
+def test_any_template_renders_without_error(template: str) -> None:
+    """Whatever a template holds (stray braces, unknown names, format specs), rendering fills the
+    known placeholders, keeps the rest as written, and the subject stays one line."""
+    values = {"person": "Ada", "rule": "r"}
+    text = notify.render(template, values)
+    assert text == template.replace("{person}", "Ada").replace("{rule}", "r")
+    subject, _ = notify.subject_and_body(text, "default")
+    assert "\n" not in subject and "\r" not in subject and subject
+
+
+@pytest.mark.parametrize(("window", "start", "zone", "end"), [
+    ("daily", "2030-03-09T00:00:00-08:00", "America/Los_Angeles", "2030-03-10T00:00:00-08:00"),
+    ("daily", "2030-03-10T00:00:00-08:00", "America/Los_Angeles", "2030-03-11T00:00:00-07:00"),
+    ("weekly", "2030-10-21T00:00:00+02:00", "Europe/Berlin", "2030-10-28T00:00:00+01:00"),
+    ("monthly", "2030-12-01T00:00:00+00:00", "UTC", "2031-01-01T00:00:00+00:00"),
+    ("monthly", "2032-02-01T00:00:00+00:00", "UTC", "2032-03-01T00:00:00+00:00"),
+])
+def test_a_window_ends_on_the_calendar_boundary(window: str, start: str, zone: str, end: str) -> None:
+    """The digest's and the template's window end: a day, a week or a month on the calendar's
+    clock, across DST changes and the year's end."""
+    got = notify.window_end(window, dt.datetime.fromisoformat(start), zoneinfo.ZoneInfo(zone))
+    assert got == dt.datetime.fromisoformat(end) and got.utcoffset() == dt.datetime.fromisoformat(end).utcoffset()
