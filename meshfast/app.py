@@ -24,7 +24,7 @@ from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
 from meshfast.admin.notifications import NotificationsAdmin
 from meshfast.admin.plane import AdminPlane
-from meshfast.admin.routes import AdminRouter
+from meshfast.admin.routes import AdminRouter, Stream
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
 from meshfast.body import BodyReader, Saturation, raise_open_file_limit
@@ -473,8 +473,25 @@ class App:
             log.exception("database unavailable for %s %s", method, path)
             self._error(proto, errors.DatabaseUnavailable())
             return
+        if isinstance(reply.body, Stream):
+            await self._admin_stream(proto, reply.status, reply.body, reply.headers)
+            return
         headers = [("content-type", JSON), ("cache-control", "no-store"), *_SECURITY_HEADERS, *reply.headers]
         proto.response_bytes(reply.status, headers, self.admin.encode(reply) + b"\n")
+
+    @staticmethod
+    async def _admin_stream(proto: Any, status: int, stream: Stream, extra: tuple[tuple[str, str], ...]) -> None:
+        """An admin reply sent as it is made (the CSV export): one chunk in memory at a time."""
+        transport = proto.response_stream(status, [("content-type", stream.content_type), ("cache-control", "no-store"),
+                                                   *_SECURITY_HEADERS, *extra])
+        try:
+            async for chunk in stream.chunks:
+                await transport.send_bytes(chunk)
+        except Exception:
+            # The caller left, or the database went away mid-export: the body ends short.
+            log.warning("admin stream cut short", exc_info=True)
+        finally:
+            await stream.chunks.aclose()
 
     def _dashboard(self, scope: Any, proto: Any, path: str, method: str) -> None:
         """The dashboard's page and assets (public; its data comes from ``/admin/*``)."""

@@ -136,6 +136,8 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     # A shadow rule that would have refused the call (its id).
     would_deny: str | None = None
     events: list[RuleEvent] = []
+    # The tags the model had at call time (a grouping by tag counts the row once per tag).
+    tags: list[str] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -147,7 +149,25 @@ COLUMNS = (
     "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "usage_estimated",
     "input_cost", "output_cost", "web_searches", "generated_seconds", "source_ip", "user_agent",
     "browser", "browser_version", "os", "os_version", "device_type", "count",
+    "business_unit", "manager_id", "tier", "would_deny", "tags",
 )
+# What the outbox takes from a row's events (migration 0014), one array per column.
+INSERT_RULE_EVENTS = """
+INSERT INTO rule_events (rule_id, entry, user_id, action, channel, "window", window_start, threshold_nano,
+                         spend_nano, detail)
+SELECT rule_id, entry, user_id, action, channel, "window", window_start, threshold_nano, spend_nano, detail::jsonb
+FROM unnest($1::text[], $2::int4[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::timestamptz[],
+            $8::int8[], $9::int8[], $10::text[])
+     AS e (rule_id, entry, user_id, action, channel, "window", window_start, threshold_nano, spend_nano, detail)
+ON CONFLICT DO NOTHING
+"""
+# The values rule_events' CHECK constraints take; an event outside them is dropped (logged), so it
+# never costs its row.
+EVENT_ACTIONS = frozenset({"notify", "pause"})
+EVENT_CHANNELS = frozenset({"", "webhook", "email"})
+EVENT_WINDOWS = frozenset({"daily", "weekly", "monthly"})
+_INT4_MAX = 2**31 - 1
+_INT8_MAX = 2**63 - 1
 
 
 def row_uuid(request_id: str) -> uuid.UUID:
@@ -220,7 +240,64 @@ def to_record(row: Row) -> tuple[Any, ...]:
         None if row.generated_seconds is None else Decimal(str(round(row.generated_seconds, 2))),
         _ip(row.source_ip), user_agent, safe_text(device.browser), safe_text(device.browser_version),
         safe_text(device.os), safe_text(device.os_version), safe_text(device.device_type), row.count,
+        safe_text(row.business_unit), _uuid(row.manager_id), safe_text(row.tier), safe_text(row.would_deny),
+        _tags(row.tags) if row.tags else None,
     )
+
+
+def _tags(tags: list[str]) -> list[str]:
+    """Each tag once (a grouping by tag counts a row once per tag), as PostgreSQL text holds it."""
+    return list(dict.fromkeys(t for tag in tags if (t := safe_text(tag, MAX_KEY_TEXT))))
+
+
+EventRecord = tuple[str, int, uuid.UUID, str, str, str, dt.datetime, int, int, str]
+
+
+def event_records(row: Row) -> list[EventRecord]:
+    """The outbox rows a request row carries: its ``events``, for the caller (``row.user_id``).
+
+    Events without a caller, or with values the outbox refuses, are dropped (and logged): the
+    request row itself must still land.
+    """
+    if not row.events:
+        return []
+    if row.user_id is None:
+        return []
+    user_id = _uuid_of(row.user_id)
+    out: list[EventRecord] = []
+    for event in row.events:
+        if (event.action not in EVENT_ACTIONS or event.channel not in EVENT_CHANNELS
+                or event.window not in EVENT_WINDOWS or not 0 <= event.entry <= _INT4_MAX
+                or not -_INT8_MAX <= event.threshold_nano <= _INT8_MAX
+                or not -_INT8_MAX <= event.spend_nano <= _INT8_MAX or not event.rule_id
+                or not _json_object(event.detail)):
+            log.error("rule event of request %s dropped: not what the outbox takes (%r)", row.request_id, event)
+            continue
+        try:
+            window_start = dt.datetime.fromtimestamp(event.window_start_ms / 1000, dt.UTC)
+        except (OverflowError, OSError, ValueError):
+            log.error("rule event of request %s dropped: window_start_ms out of range (%r)", row.request_id, event)
+            continue
+        out.append((safe_text(event.rule_id, MAX_KEY_TEXT) or "", event.entry, user_id, event.action, event.channel,
+                    event.window, window_start, event.threshold_nano, event.spend_nano,
+                    event.detail))
+    return out
+
+
+def _event_columns(events: list[EventRecord]) -> list[list[Any]]:
+    """The outbox rows as one array per column (one INSERT ... unnest), each natural key once."""
+    unique = {(e[0], e[1], e[2], e[6], e[7], e[3], e[4]): e for e in reversed(events)}
+    return [list(column) for column in zip(*unique.values(), strict=True)]
+
+
+def _json_object(text: str) -> bool:
+    """Whether ``text`` is a JSON object jsonb takes (it refuses the \\u0000 escape JSON allows)."""
+    if "\\u0000" in text:
+        return False
+    try:
+        return isinstance(msgspec.json.decode(text.encode()), dict)
+    except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
+        return False
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -276,11 +353,13 @@ def merge_denials(rows: list[bytes]) -> tuple[list[bytes], int]:
         except msgspec.DecodeError:
             out.append(data)
             continue
-        if row.outcome != "denied":
+        # NOTE: a row carrying rule events stays whole: folding it would drop its events.
+        if row.outcome != "denied" or row.events:
             out.append(data)
             continue
         key = (row.mesh_key_id, row.deny_reason, row.created_ms // 1000, row.route, row.status_code,
-               row.user_id, row.model_id, row.model_name, row.requested_model, row.provider_id)
+               row.user_id, row.model_id, row.model_name, row.requested_model, row.provider_id,
+               row.business_unit, row.manager_id, row.tier, row.would_deny, tuple(row.tags))
         index = first.get(key)
         if index is None:
             first[key] = len(out)
@@ -679,30 +758,45 @@ class Telemetry:
         await self._flush_ring()
 
     async def _copy(self, rows: list[bytes]) -> None:
-        pairs: list[tuple[bytes, tuple[Any, ...]]] = []
+        items: list[tuple[bytes, tuple[Any, ...], list[EventRecord]]] = []
         for data in rows:
             try:
-                pairs.append((data, to_record(_decoder.decode(data))))
+                row = _decoder.decode(data)
+                items.append((data, to_record(row), event_records(row)))
             except (msgspec.DecodeError, ValueError, KeyError, TypeError) as exc:
                 self._reject([data], exc)
-        if not pairs:
+        if not items:
             return
         try:
-            await self._copy_records([record for _, record in pairs])
+            await self._copy_records([record for _, record, _ in items],
+                                     [event for *_, events in items for event in events])
         except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError):
             # One bad row must not hold back the others: write them one by one.
-            for data, record in pairs:
+            for data, record, events in items:
                 try:
-                    await self._copy_records([record])
+                    await self._copy_records([record], events)
                 except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
                     self._reject([data], exc)
 
-    async def _copy_records(self, records: list[tuple[Any, ...]]) -> None:
+    async def _copy_records(self, records: list[tuple[Any, ...]], events: list[EventRecord] | None = None) -> None:
+        """COPY ``records`` and insert their rule ``events`` in one transaction: a row and its
+        events land together (a replayed row's events, like the row, are skipped as repeats)."""
+        columns = _event_columns(events) if events else None
         for attempt in range(ROLLBACK_RETRIES + 1):
             try:
                 async with asyncio.timeout(COPY_TIMEOUT_S):
                     async with self._pool.acquire() as conn:
-                        await conn.copy_records_to_table("request_logs_ingest", records=records, columns=COLUMNS)
+                        if columns is None:
+                            await conn.copy_records_to_table("request_logs_ingest", records=records,
+                                                             columns=COLUMNS)
+                        else:
+                            async with conn.transaction():
+                                await conn.copy_records_to_table("request_logs_ingest", records=records,
+                                                                 columns=COLUMNS)
+                                # NOTE: after the COPY, under the ingest's advisory lock (migration
+                                # 0011), so concurrent batches carrying one event never wait on
+                                # each other's uncommitted outbox row in opposite orders.
+                                await conn.execute(INSERT_RULE_EVENTS, *columns)
                 break
             except asyncpg.TransactionRollbackError:
                 # A deadlock or serialization victim: the database is there, the batch goes again.

@@ -10,13 +10,17 @@ counts whole hours from a rollup and only the partial hours at the window's edge
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
+from collections.abc import AsyncGenerator
 from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qs
 from zoneinfo import ZoneInfo
 
 import asyncpg
+import msgspec
 
 from meshfast import errors, validate
 
@@ -28,12 +32,15 @@ DEFAULT_WINDOW = dt.timedelta(days=1)
 SUMMARY_WINDOW = dt.timedelta(days=30)
 MAX_SUMMARY_WINDOW = dt.timedelta(days=400)
 HOUR = dt.timedelta(hours=1)
+NANOS = Decimal(1_000_000_000)
 LIST_COLUMNS = (
     "id, request_id, created_at, user_id, mesh_key_id, provider_id, model_id, model_name, requested_model, route, "
     "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
     "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
-    "os, device_type, count"
+    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags"
 )
+# group_by= of the summary: the row's own value at call time, as kept in request_rollup_hourly.
+GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag"}
 
 
 class Query:
@@ -73,6 +80,10 @@ class Query:
         if bucket not in ("hour", "day"):
             raise errors.InvalidRequest("bucket must be hour or day")
         self.bucket = bucket
+        group_by = raw.get("group_by")
+        if group_by is not None and group_by not in GROUP_BY:
+            raise errors.InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}")
+        self.group_by = group_by
 
     def where(self, first_param: int = 1) -> tuple[str, list[Any]]:
         """The shared filter (time window excluded), for request_logs and the rollup alike."""
@@ -83,9 +94,24 @@ class Query:
                 clauses.append(f"{column} = ${first_param + len(args) - 1}")
         return (" AND ".join(clauses) or "true"), args
 
+    def row_filters(self) -> tuple[str, list[Any]]:
+        """The filter over request_logs rows (window, filters, search), with its arguments."""
+        where, args = self.where(3)
+        params: list[Any] = [self.since, self.to, *args]
+        search = ""
+        if self.q:
+            params.append(self.q)
+            n = len(params)
+            search = (f" AND (request_id = ${n} OR model_name ILIKE '%' || ${n} || '%'"
+                      f" OR requested_model ILIKE '%' || ${n} || '%')")
+        if self.request_id:
+            params.append(self.request_id)
+            search += f" AND request_id = ${len(params)}"
+        return f"created_at >= $1 AND created_at < $2 AND {where}{search}", params
+
 
 _KNOWN = frozenset({"user_id", "model_id", "status", "from", "to", "page", "page_size", "sort", "order", "q",
-                    "request_id", "tz", "bucket"})
+                    "request_id", "tz", "bucket", "group_by"})
 _AUDIT_KNOWN = frozenset({"actor", "action", "from", "to", "page", "page_size"})
 
 
@@ -136,17 +162,7 @@ def _usd(value: Decimal | None) -> float:
 
 async def list_logs(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     where, args = q.where(3)
-    base_args: list[Any] = [q.since, q.to, *args]
-    search = ""
-    if q.q:
-        base_args.append(q.q)
-        n = len(base_args)
-        search = (f" AND (request_id = ${n} OR model_name ILIKE '%' || ${n} || '%'"
-                  f" OR requested_model ILIKE '%' || ${n} || '%')")
-    if q.request_id:
-        base_args.append(q.request_id)
-        search += f" AND request_id = ${len(base_args)}"
-    filters = f"created_at >= $1 AND created_at < $2 AND {where}{search}"
+    filters, base_args = q.row_filters()
     offset = (q.page - 1) * q.page_size
     rows = await conn.fetch(
         f"SELECT {LIST_COLUMNS} FROM request_logs WHERE {filters} "
@@ -185,7 +201,7 @@ async def _edge_count(conn: asyncpg.Connection, q: Query, inner_from: dt.datetim
 
 def _log(r: asyncpg.Record) -> dict[str, Any]:
     out = dict(r)
-    for key in ("id", "user_id", "mesh_key_id", "provider_id", "model_id"):
+    for key in ("id", "user_id", "mesh_key_id", "provider_id", "model_id", "manager_id"):
         if out.get(key) is not None:
             out[key] = str(out[key])
     out["created_at"] = out["created_at"].isoformat()
@@ -279,7 +295,55 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
         "by_deny_reason": by_deny_reason,
         "latency_buckets": [{"le_ms": le, "upper_ms": le or 0, "label": label, "calls": int(totals[col])}
                             for le, col, label in _LATENCY],
+        # Exact: the sum of the rows' costs in the window, in nano-USD.
+        "total_cost_nano_usd": _nano(totals["cost"]),
+        **({"group_by": q.group_by, "groups": await _groups(conn, q, since, until)} if q.group_by else {}),
     }
+
+
+_GROUP_MEASURES = (
+    "coalesce(sum(calls), 0) AS calls, coalesce(sum(calls) FILTER (WHERE outcome = 'denied'), 0) AS denied_calls, "
+    "coalesce(sum(calls) FILTER (WHERE status_code >= 400), 0) AS error_calls, "
+    "coalesce(sum(tokens_in), 0) AS tokens_in, coalesce(sum(tokens_out), 0) AS tokens_out, "
+    "coalesce(sum(input_cost), 0) AS input_cost, coalesce(sum(output_cost), 0) AS output_cost")
+NINE_PLACES = Decimal("0.000000001")
+
+
+async def _groups(conn: asyncpg.Connection, q: Query, since: dt.datetime, until: dt.datetime) -> list[dict[str, Any]]:
+    """The summary's window grouped by the value each row kept at call time (``q.group_by``),
+    from the per-user hourly rollup. Rows without the value form the group whose key is null;
+    grouped by tag, a row counts once per tag of its model (and not at all without tags), so the
+    groups' sum is the total only for the other groupings."""
+    assert q.group_by is not None
+    where, args = q.where(3)
+    source = "request_rollup_hourly"
+    if q.group_by == "tag":
+        source += " CROSS JOIN LATERAL unnest(tags) AS t (tag)"
+    rows = await conn.fetch(
+        f"SELECT {GROUP_BY[q.group_by]} AS key, {_GROUP_MEASURES} FROM {source} "
+        f"WHERE hour >= $1 AND hour < $2 AND {where} GROUP BY 1", since, until, *args)
+    emails = await _emails(conn, [r["key"] for r in rows]) if q.group_by == "manager" else {}
+    groups = []
+    for r in rows:
+        cost = r["input_cost"] + r["output_cost"]
+        groups.append({
+            "key": r["key"], **({"manager_email": emails.get(r["key"])} if q.group_by == "manager" else {}),
+            "calls": int(r["calls"]), "denied_calls": int(r["denied_calls"]), "error_calls": int(r["error_calls"]),
+            "tokens_in": int(r["tokens_in"]), "tokens_out": int(r["tokens_out"]),
+            "input_cost_usd": exact_usd(r["input_cost"]), "output_cost_usd": exact_usd(r["output_cost"]),
+            "cost_usd": exact_usd(cost), "cost_nano_usd": _nano(cost),
+        })
+    groups.sort(key=lambda g: (-g["cost_nano_usd"], -g["calls"], g["key"] is None, g["key"] or ""))
+    return groups
+
+
+def exact_usd(value: Decimal) -> msgspec.Raw:
+    """A decimal USD amount as a JSON number with its nine decimals, not rounded through a float."""
+    return msgspec.Raw(format(Decimal(value).quantize(NINE_PLACES), "f").encode())
+
+
+def _nano(value: Decimal | None) -> int:
+    return int(Decimal(value or 0) * NANOS)
 
 
 def _average(r: asyncpg.Record) -> float | None:
@@ -378,3 +442,87 @@ def _detail(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+# --- CSV export ------------------------------------------------------------------------------
+
+# Rows per query: the export holds one page in memory, however many rows the window has.
+EXPORT_PAGE_ROWS = 1000
+EXPORT_HEADER = (
+    "id", "request_id", "created_at", "user_id", "user_email", "business_unit", "manager_id", "tier", "model_id",
+    "model_name", "requested_model", "provider_id", "route", "outcome", "deny_reason", "would_deny", "status_code",
+    "latency_ms", "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "count", "input_cost",
+    "output_cost", "cost", "tags", "source_ip", "user_agent",
+)
+_EXPORT_COLUMNS = ", ".join("(input_cost + output_cost) AS cost" if c == "cost" else c
+                            for c in EXPORT_HEADER if c != "user_email")
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, list):
+        value = ";".join(value)
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def _csv_lines(rows: list[asyncpg.Record], emails: dict[str | None, str]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    for r in rows:
+        user_id = None if r["user_id"] is None else str(r["user_id"])
+        writer.writerow([_csv_cell(emails.get(user_id)) if c == "user_email" else _csv_cell(r[c])
+                         for c in EXPORT_HEADER])
+    return out.getvalue().encode()
+
+
+async def export_csv(pool: asyncpg.Pool, q: Query) -> AsyncGenerator[bytes, None]:
+    """``GET /admin/logs/export.csv``: the rows ``/admin/logs`` would list for the same filters, all
+    of them, as CSV (a header line, then one line per row, newest first unless ``order=asc``).
+
+    Read a page at a time by keyset (``created_at``, ``request_id``), each page on a connection
+    taken for it alone. The first page is read before this returns, so a database that is away is
+    a 503 rather than an empty 200. Costs are exact decimals (nine places); ``user_email`` is the
+    user's email now, the organisation columns are the row's own, from call time.
+    """
+    if q.sort != SORTS["created_at"]:
+        raise errors.InvalidRequest("the export is ordered by created_at")
+    filters, params = q.row_filters()
+    after_op = "<" if q.order == "desc" else ">"
+    n = len(params)
+    order = f"ORDER BY created_at {q.order}, request_id {q.order} LIMIT {EXPORT_PAGE_ROWS}"
+    first_sql = f"SELECT {_EXPORT_COLUMNS} FROM request_logs WHERE {filters} {order}"
+    next_sql = (f"SELECT {_EXPORT_COLUMNS} FROM request_logs WHERE {filters} "
+                f"AND created_at {after_op}= ${n + 1} AND (created_at, request_id) {after_op} (${n + 1}, ${n + 2}) "
+                f"{order}")
+
+    async def page(after: tuple[dt.datetime, str] | None) -> tuple[list[asyncpg.Record], bytes]:
+        async with pool.acquire() as conn:
+            rows = await (conn.fetch(first_sql, *params) if after is None else conn.fetch(next_sql, *params, *after))
+            emails = await _emails(conn, [None if r["user_id"] is None else str(r["user_id"]) for r in rows])
+        return rows, _csv_lines(rows, emails)
+
+    rows, first = await page(None)
+
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        nonlocal rows
+        header = io.StringIO()
+        csv.writer(header, lineterminator="\r\n").writerow(EXPORT_HEADER)
+        yield header.getvalue().encode() + first
+        while len(rows) == EXPORT_PAGE_ROWS:
+            rows, lines = await page((rows[-1]["created_at"], rows[-1]["request_id"]))
+            if lines:
+                yield lines
+
+    return chunks()

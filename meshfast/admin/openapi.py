@@ -65,7 +65,15 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/tokens", "Create an admin API token (shown once)", "TokenCreate", 201),
     ("DELETE", "/admin/tokens/{id}", "Revoke an admin API token", None, 200),
     ("GET", "/admin/logs", "Request logs: filters, paging, sorting, search", None, 200),
-    ("GET", "/admin/logs/summary", "Totals, time series and breakdowns from the rollups", None, 200),
+    ("GET", "/admin/logs/summary", "Totals, time series and breakdowns from the rollups (mesh-behaviour §3.5's "
+     "names beside meshfast's own); with group_by (business_unit, manager, tier or tag) also groups: [{key, "
+     "calls, denied_calls, error_calls, tokens_in, tokens_out, input_cost_usd, output_cost_usd, cost_usd, "
+     "cost_nano_usd}] from the values each row kept at call time (null key: rows without one; by tag a row "
+     "counts once per tag its model had). Costs are exact: cost_usd a JSON number with nine decimals, "
+     "cost_nano_usd an integer; total_cost_nano_usd is the exact total", None, 200),
+    ("GET", "/admin/logs/export.csv", "Every row /admin/logs lists for the same filters (no paging), as CSV: a "
+     "header line, then one line per row, newest first (order=asc: oldest); costs as exact decimals; cells "
+     "starting with = + - @ are prefixed with '", None, 200),
     ("GET", "/admin/audit", "The audit log, filtered", None, 200),
     ("GET", "/admin/notifications", "The spend rules' notification channels (webhook_secret_set and "
      "smtp.password_set say whether a secret is stored; secrets are never returned)", None, 200),
@@ -118,9 +126,15 @@ _LOG_FILTERS = [
     _query("tz", {"type": "string", "maxLength": 64}, "IANA time zone of the summary's buckets"),
     _query("bucket", {"type": "string", "enum": ["hour", "day"]}, "time-series bucket"),
 ]
+_GROUP_BY = _query("group_by", {"type": "string", "enum": list(logs.GROUP_BY)},
+                   "summary only: group by the row's business unit, manager, tier or model tag at call time")
 QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
     "/admin/logs": _LOG_FILTERS,
-    "/admin/logs/summary": _LOG_FILTERS,
+    "/admin/logs/summary": [*_LOG_FILTERS, _GROUP_BY],
+    "/admin/logs/export.csv": [
+        _query("sort", {"type": "string", "enum": ["created_at"]}, "the export's order is by time")
+        if p["name"] == "sort" else p
+        for p in _LOG_FILTERS if p["name"] not in ("page", "page_size", "tz", "bucket")],
     "/admin/notifications/deliveries": [
         _query("status", {"type": "string", "enum": list(notifications.STATUSES)}, "delivery status"),
         _query("channel", {"type": "string", "enum": list(notifications.CHANNELS)}, "webhook or email"),
@@ -178,6 +192,10 @@ def document() -> dict[str, Any]:
         if path == "/admin/metrics":
             operation["responses"][str(status)] = {"description": "Prometheus text",
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}}
+        if path == "/admin/logs/export.csv":
+            operation["responses"][str(status)] = {
+                "description": "CSV (RFC 4180), columns: " + ", ".join(logs.EXPORT_HEADER),
+                "content": {"text/csv": {"schema": {"type": "string"}}}}
         if path not in ("/admin/openapi.json", "/admin/login"):
             operation["security"] = [{"bearer": []}]
         if method == "GET":

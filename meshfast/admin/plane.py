@@ -17,7 +17,7 @@ import msgspec
 from meshfast import errors
 from meshfast.admin import auth, logs, notifications
 from meshfast.admin import service as svc
-from meshfast.admin.routes import Actor, AdminRouter, Reply
+from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream
 
 Handler = Callable[..., Awaitable[Reply]]
 # Shown once, never stored: a replayed create answers without them.
@@ -71,6 +71,7 @@ class AdminPlane:
         add("GET", r"/admin/logs", lambda a, s, q, b, h: self._query(lambda c: logs.list_logs(c, logs.Query(q))))
         add("GET", r"/admin/logs/summary",
             lambda a, s, q, b, h: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
+        add("GET", r"/admin/logs/export.csv", lambda a, s, q, b, h: self._export(q))
         add("GET", r"/admin/audit", lambda a, s, q, b, h: self._query(lambda c: logs.audit(c, q)))
         add("GET", r"/admin/status", lambda a, s, q, b, h: self._ok(self._status()))
         self._notifications = notifier
@@ -107,6 +108,11 @@ class AdminPlane:
     async def _query(self, work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Reply:
         async with self._pool.acquire() as conn:
             return Reply(200, await work(conn))
+
+    async def _export(self, query: str | None) -> Reply:
+        chunks = await logs.export_csv(self._pool, logs.Query(query))
+        return Reply(200, Stream("text/csv; charset=utf-8", chunks),
+                     (("content-disposition", 'attachment; filename="meshfast-logs.csv"'),))
 
     # --- who is asking ----------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,14 @@ class Reply:
     status: int
     body: Any
     headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class Stream:
+    """A reply body sent in chunks as they are made (a CSV export), not encoded as JSON."""
+
+    content_type: str
+    chunks: AsyncGenerator[bytes, None]
 
 
 Handler = Callable[..., Awaitable[Reply]]
