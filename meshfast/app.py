@@ -25,6 +25,7 @@ from meshfast.admin import openapi
 from meshfast.admin.notifications import NotificationsAdmin
 from meshfast.admin.plane import AdminPlane
 from meshfast.admin.routes import AdminRouter, Stream
+from meshfast.admin.rules import dry_run_hook
 from meshfast.admin.service import AdminService
 from meshfast.admission import Admission
 from meshfast.body import BodyReader, Saturation, raise_open_file_limit
@@ -278,7 +279,9 @@ class App:
         self.telemetry.start()
         admission = Admission(settings.admission_capacity, settings.inflight_ceiling, settings.memory_ceiling_bytes)
         self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics)
-        service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify)
+        feed = self.feed
+        service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify,
+                               dry_run=dry_run_hook(self.core, lambda: feed.config))
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self.plane = AdminPlane(self.admin_pool, self.admin, self.secrets.hash_admin_token, self._status,
                                 cookie_secure=settings.cookie_secure, segment=self.segment,

@@ -87,3 +87,9 @@ TokenNotFound = _error("TokenNotFound", 404, "token_not_found")
 CannotModifyOwn = _error("CannotModifyOwn", 400, "cannot_modify_own_account")
 # A manager change that would make the reporting chain loop.
 ManagerCycle = _error("ManagerCycle", 409, "manager_cycle")
+# Spend rules (meshfast.rules): a rule body with problems (``errors`` lists every one), an
+# unknown rule, an id already taken, and a dry-run this build's core cannot answer.
+InvalidRule = _error("InvalidRule", 400, "invalid_rule")
+RuleNotFound = _error("RuleNotFound", 404, "rule_not_found")
+RuleExists = _error("RuleExists", 409, "rule_already_exists")
+DryRunUnavailable = _error("DryRunUnavailable", 501, "dry_run_unavailable")

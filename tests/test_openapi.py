@@ -94,10 +94,11 @@ def test_schemathesis_finds_no_server_error(gateway: Gateway, schema: schemathes
     headers = {"authorization": f"Bearer {gateway.admin_token}"}
     for result in schema.get_all_operations():
         operation = result.ok()
-        if operation.path in ("/admin/kill-switch", "/admin/login", "/admin/change-password") or \
+        if operation.path in ("/admin/kill-switch", "/admin/enforcement", "/admin/login", "/admin/change-password") or \
                 operation.path.startswith(("/admin/admins/", "/admin/tokens/")):
-            # The kill switch would pause every other test's gateway; logins would trip the per-IP
-            # throttle; random ids cannot reach an admin or token anyway.
+            # The kill switch would pause every other test's gateway, the enforcement switch turn
+            # every other test's rules to shadow; logins would trip the per-IP throttle; random
+            # ids cannot reach an admin or token anyway.
             continue
         # Valid requests, and requests that break the schema (over-long strings, numbers out of
         # range, wrong types): both must be answered, never with a 5xx.

@@ -13,13 +13,14 @@ from typing import Any
 
 import msgspec
 
-from meshfast import errors, validate
+from meshfast import errors, rules, validate
 from meshfast.admin import auth, logs, notifications
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
-    return getattr(svc, name, None) or getattr(notifications, name, None) or getattr(auth, name)
+    return (getattr(svc, name, None) or getattr(notifications, name, None) or getattr(rules, name, None)
+            or getattr(auth, name))
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -49,8 +50,23 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/kill-switch", "Trip or reset the kill switch (super admin)", "KillSwitchBody", 200),
     ("PUT", "/admin/providers/{id}", "Update a provider (If-Match; an empty api_key keeps the key)", "ProviderCreate",
      200),
-    ("PUT", "/admin/models/{id}", "Update a model, or only its status (active, blocked, retired) with a body "
-     "{status} (If-Match)", "ModelUpdate", 200),
+    ("PUT", "/admin/models/{id}", "Update a model, or only its status (active, blocked, retired) and/or its "
+     "restrictions with a body {status?, restrictions?} (If-Match); restrictions name existing users by id, null "
+     "clears them, left out keeps them", "ModelUpdate", 200),
+    ("GET", "/admin/rules", "List spend rules (each as authored, thresholds as decimal strings, with version, "
+     "created_at and updated_at)", None, 200),
+    ("POST", "/admin/rules", "Create a spend rule: 201 with its ETag; 400 invalid_rule with errors listing every "
+     "problem (unordered caps against the stored rules included); 409 rule_already_exists", "RuleBody", 201),
+    ("GET", "/admin/rules/{id}", "One spend rule, with its ETag", None, 200),
+    ("PUT", "/admin/rules/{id}", "Replace a spend rule (If-Match: missing 428, stale 409; the body's id, if any, "
+     "is the path's; version and timestamps in the body are ignored)", "RuleBody", 200),
+    ("DELETE", "/admin/rules/{id}", "Delete a spend rule", None, 200),
+    ("POST", "/admin/rules/dry-run", "A draft rule (validated, not stored) against the current counters: "
+     "{affected: [{user_id, entry, action, spend_usd, threshold_usd, utilization}]}; nothing is written",
+     "RuleBody", 200),
+    ("GET", "/admin/enforcement", "The global switch of rules in mode inherit: {enforce}", None, 200),
+    ("PUT", "/admin/enforcement", "Set the global switch (rules only; per-user policies always enforce)",
+     "EnforcementBody", 200),
     ("POST", "/admin/login", "Log in: session and CSRF cookies, the CSRF token in the body", "LoginBody", 200),
     ("POST", "/admin/logout", "End this session", None, 200),
     ("GET", "/admin/me", "Who is asking", None, 200),

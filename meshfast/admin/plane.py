@@ -87,6 +87,8 @@ class AdminPlane:
             service.update_model(a.name, id, svc.decode_model_update(b), h.get("if-match"))))
         add("PUT", r"/admin/users/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_user(a.name, id, svc.decode(b, svc.UserUpdate), h.get("if-match"))))
+        add("PUT", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            router.rules.update(a.name, id, b, h.get("if-match"))))
 
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False) -> None:
         self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))

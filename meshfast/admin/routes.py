@@ -10,8 +10,9 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import errors
+from meshfast import errors, rules
 from meshfast.admin import service as svc
+from meshfast.admin.rules import RuleService
 from meshfast.secrets import Secrets
 
 _json = msgspec.json.Encoder()
@@ -82,6 +83,15 @@ class AdminRouter:
         add("POST", r"/admin/access", lambda a, b: self._ok(s.grant(a.name, svc.decode(b, svc.AccessBody))))
         add("DELETE", r"/admin/access", lambda a, b: self._ok(s.revoke_grant(a.name, svc.decode(b, svc.AccessBody))))
         add("POST", r"/admin/kill-switch", self._kill_switch)
+        self.rules = r = RuleService(service)
+        add("POST", r"/admin/rules/dry-run", lambda a, b: self._ok(r.dry_run(b)))
+        add("POST", r"/admin/rules", lambda a, b: self._versioned(r.create(a.name, b), status=201))
+        add("GET", r"/admin/rules", lambda a, b: self._ok(r.list()))
+        add("GET", r"/admin/rules/(?P<id>[^/]+)", lambda a, b, id: self._versioned(r.get(id)))
+        add("DELETE", r"/admin/rules/(?P<id>[^/]+)", lambda a, b, id: self._ok(r.delete(a.name, id)))
+        add("GET", r"/admin/enforcement", lambda a, b: self._ok(r.enforcement()))
+        add("PUT", r"/admin/enforcement",
+            lambda a, b: self._ok(r.set_enforcement(a.name, svc.decode(b, rules.EnforcementBody))))
 
     def _add(self, method: str, pattern: str, handler: Handler) -> None:
         self._routes.append((method, re.compile(pattern + r"/?\Z"), handler))
@@ -95,9 +105,9 @@ class AdminRouter:
         return Reply(201, await work)
 
     @staticmethod
-    async def _versioned(work: Awaitable[dict[str, Any]]) -> Reply:
+    async def _versioned(work: Awaitable[dict[str, Any]], status: int = 200) -> Reply:
         entity = await work
-        return Reply(200, entity, (("etag", f'"{entity["version"]}"'),))
+        return Reply(status, entity, (("etag", f'"{entity["version"]}"'),))
 
     async def _kill_switch(self, actor: Actor, body: bytes) -> Reply:
         if not actor.is_super:

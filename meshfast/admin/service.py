@@ -17,7 +17,8 @@ import asyncpg
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from meshfast import errors, snapshot, validate
+from meshfast import errors, rules, snapshot, validate
+from meshfast.admin import rules as rule_admin
 from meshfast.sealing import open_sealed, seal
 from meshfast.secrets import Secrets, new_mesh_key
 from meshfast.store import sql
@@ -243,19 +244,26 @@ class ModelUpdate(ModelCreate, forbid_unknown_fields=True):
     # active, blocked or retired; a blocked or retired model answers as an unknown one (404) on
     # the standard routes and 403 model_blocked on the Mesh-native ones. Left out: kept.
     status: Word | None = None
+    # Who may see the model (leaders denied or allowed, exemptions, business units closed or
+    # open); a refused caller gets the unknown model's 404. Left out: kept; null: cleared.
+    restrictions: rules.RestrictionsBody | None | UnsetType = UNSET
 
 
 class ModelStatusBody(msgspec.Struct, forbid_unknown_fields=True):
-    status: Word
+    """A model PUT that changes only the status or the restrictions (or both)."""
+
+    status: Word | None = None
+    restrictions: rules.RestrictionsBody | None | UnsetType = UNSET
 
 
 def decode_model_update(body: bytes) -> ModelUpdate | ModelStatusBody:
-    """A model PUT's body: the status alone, or the whole model (see :class:`ModelUpdate`)."""
+    """A model PUT's body: the status or the restrictions alone, or the whole model (see
+    :class:`ModelUpdate`)."""
     try:
         fields = msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError):
         fields = None  # the strict decode below answers the 400
-    if isinstance(fields, dict) and set(fields) == {"status"}:
+    if isinstance(fields, dict) and fields and set(fields) <= {"status", "restrictions"}:
         return decode(body, ModelStatusBody)
     return decode(body, ModelUpdate)
 
@@ -417,7 +425,7 @@ def _jsonable(value: Any) -> Any:
 
 def row_json(row: asyncpg.Record) -> dict[str, Any]:
     out = {key: _jsonable(value) for key, value in row.items()}
-    for key in ("settings", "long_context_prices"):
+    for key in ("settings", "long_context_prices", "restrictions"):
         if isinstance(out.get(key), str):
             out[key] = json.loads(out[key])
     return out
@@ -583,6 +591,9 @@ class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
     providers: list[dict[str, Any]] = []
     models: list[dict[str, Any]] = []
     users: list[dict[str, Any]] = []
+    # Spend rules as the API takes them (meshfast.rules), and the global enforcement switch.
+    rules: list[Any] = []
+    enforce_rules: bool | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -601,6 +612,8 @@ class _ModelEntry:
     args: tuple[Any, ...]
     # (provider name, resolved_model, region, priority); None: the file leaves deployments alone.
     deployments: list[tuple[str, str, str | None, int]] | None
+    # As the API takes them, people by id or email; UNSET: the file leaves them alone.
+    restrictions: Any = UNSET
 
 
 @dataclasses.dataclass(slots=True)
@@ -612,6 +625,10 @@ class Registry:
     models: list[_ModelEntry] = dataclasses.field(default_factory=list)
     # Emails and labels normalised as stored.
     users: list[RegistryUser] = dataclasses.field(default_factory=list)
+    # Spend rules as authored (checked against people and models when applied); None: the
+    # switch is left alone.
+    rules: list[Any] = dataclasses.field(default_factory=list)
+    enforce_rules: bool | None = None
 
 
 # Placeholders that let a registry entry pass the API body's validation before its real value
@@ -673,6 +690,8 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
             problems.append(f"{label}: a user of that email is listed twice")
         names.add(user.email)
         out.users.append(user)
+    problems.extend(rule_admin.parse_file_rules(registry.rules))
+    out.rules, out.enforce_rules = registry.rules, registry.enforce_rules
     if problems:
         raise _invalid(problems)
     return out
@@ -729,14 +748,15 @@ def _model_entry(entry: dict[str, Any]) -> _ModelEntry:
             raise errors.InvalidRequest(f"{refused} is not taken in a registry file ({why})")
     provider = entry.pop("provider", None)
     deployments = entry.pop("deployments", None)
-    problems: list[str] = []
+    restrictions = entry.pop("restrictions", UNSET)
+    problems: list[str] = [] if restrictions is UNSET else rule_admin.parse_file_restrictions(restrictions)
     if not isinstance(provider, str) or not provider.strip():
         problems.append("provider (a provider's name) is required")
     try:
         body = msgspec.convert({**entry, "provider_id": _NO_PROVIDER}, ModelCreate)
         args = _model_args(body)
     except msgspec.ValidationError as exc:
-        raise errors.InvalidRequest(str(exc)) from None
+        raise _invalid([*problems, str(exc)]) from None
     except errors.MeshfastError as exc:
         problems.extend(exc.extra.get("errors", [exc.detail]))
         args = ()
@@ -759,7 +779,7 @@ def _model_entry(entry: dict[str, Any]) -> _ModelEntry:
             planned.append((d.provider.strip(), resolved, region, priority))
     if problems:
         raise _invalid(problems)
-    return _ModelEntry(args[0], str(provider).strip(), args, planned)
+    return _ModelEntry(args[0], str(provider).strip(), args, planned, restrictions)
 
 
 async def _apply_users(conn: asyncpg.Connection, entries: list[RegistryUser], users: dict[str, asyncpg.Record],
@@ -843,11 +863,13 @@ def _snapshot_model(body: ModelCreate) -> snapshot.Model:
 
 class AdminService:
     def __init__(self, pool: asyncpg.Pool, secrets: Secrets, after_write: Rebuild,
-                 verifier: Verifier | None = None) -> None:
+                 verifier: Verifier | None = None, dry_run: rule_admin.DryRun | None = None) -> None:
         self._pool = pool
         self._secrets = secrets
         self._after_write = after_write
         self._verifier = verifier
+        # A draft rule against the serving worker's core (POST /admin/rules/dry-run).
+        self.dry_run = dry_run
 
     async def _verify(self, provider: snapshot.Provider, models: list[ModelCreate]) -> None:
         """One live call per model that wants it; 422 with every failure, nothing written."""
@@ -1144,6 +1166,7 @@ class AdminService:
             raise errors.PreconditionRequired()
         status = getattr(body, "status", None)
         columns = None if status is None else _status_columns(status)
+        restrictions = getattr(body, "restrictions", UNSET)
         args: tuple[Any, ...] = ()
         if isinstance(body, ModelStatusBody):
             provider_id = None
@@ -1167,10 +1190,14 @@ class AdminService:
                 await conn.execute(sql.UPDATE_MODEL, mid, provider_id, *args[1:])
             if columns is not None:
                 await conn.execute(sql.SET_MODEL_STATUS, mid, *columns)
+            if restrictions is not UNSET:
+                await rule_admin.set_restrictions(conn, mid, restrictions)
 
         detail: dict[str, Any] = {} if isinstance(body, ModelStatusBody) else {"kind": body.kind}
         if status is not None:
             detail["status"] = status
+        if restrictions is not UNSET:
+            detail["restrictions"] = restrictions is not None
         target = str(mid) if isinstance(body, ModelStatusBody) else body.name
         await self._write(actor, "update_model", target, detail, work, registry=True)
         return await self.get_model(model_id)
@@ -1274,6 +1301,12 @@ class AdminService:
                     for email in (u.email, u.manager_email):
                         if isinstance(email, str) and email not in users:
                             problems.append(f"user {email!r} is not registered (users are created through the API)")
+            plan = None
+            restrictions = {m.name: m.restrictions for m in registry.models if m.restrictions is not UNSET}
+            if registry.rules or restrictions:
+                file_models = {alias: m.name for m in registry.models for alias in (m.name, *m.args[12])}
+                plan, found = await rule_admin.plan_registry(conn, registry.rules, restrictions, file_models)
+                problems.extend(found)
             if problems:
                 raise _invalid(problems)
             ids = {name: row["id"] for name, row in providers.items()}
@@ -1284,6 +1317,8 @@ class AdminService:
                 await self._apply_model(conn, m, ids, models.get(m.name), deployments, summary)
             if registry.users:
                 await _apply_users(conn, registry.users, users, summary)
+            if plan is not None or registry.enforce_rules is not None:
+                await rule_admin.apply_plan(conn, plan or rule_admin.RegistryPlan(), registry.enforce_rules, summary)
             if not (summary["created"] or summary["updated"] or summary["deleted"]):
                 raise _Unchanged()
             detail.update({key: len(value) for key, value in summary.items()})

@@ -173,7 +173,8 @@ m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_pe
 m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
 m.long_context_threshold_tokens, m.long_context_prices, m.price_per_second, m.max_output_tokens,
 m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio_in,
-m.supports_video_in, m.supports_web_search, m.output_media_type, m.version, m.created_at, m.updated_at
+m.supports_video_in, m.supports_web_search, m.output_media_type, m.restrictions, m.version, m.created_at,
+m.updated_at
 """
 INSERT_MODEL = """
 INSERT INTO models (provider_id, name, resolved_model, kind, input_price_per_1k_tokens,

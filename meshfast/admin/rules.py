@@ -1,0 +1,380 @@
+"""The admin side of spend rules: ``/admin/rules`` (CRUD with ETag and If-Match), the global
+enforcement switch, the dry-run, and a registry file's ``rules``. Every write is one
+:meth:`AdminService._write` transaction (config bump, NOTIFY, audit), so every worker has it
+within a second; rule writes hold the registry lock, so two of them (or a rule and a model
+rename) cannot each pass the checks and together leave unordered caps or a dangling name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import msgspec
+
+from meshfast import errors, rules, snapshot
+from meshfast.store import sql
+
+if TYPE_CHECKING:  # the admin service imports this module
+    from meshfast.admin.service import AdminService
+
+LIST_RULES = "SELECT id, body, version, created_at, updated_at FROM rules ORDER BY id"
+GET_RULE = "SELECT id, body, version, created_at, updated_at FROM rules WHERE id = $1"
+STORED_RULES = "SELECT id, body FROM rules"
+RULE_FOR_UPDATE = "SELECT version FROM rules WHERE id = $1 FOR UPDATE"
+INSERT_RULE = """
+INSERT INTO rules (id, body) VALUES ($1, $2::jsonb) ON CONFLICT (id) DO NOTHING
+RETURNING id, body, version, created_at, updated_at
+"""
+UPDATE_RULE = """
+UPDATE rules SET body = $2::jsonb, version = version + 1, updated_at = now() WHERE id = $1
+RETURNING id, body, version, created_at, updated_at
+"""
+DELETE_RULE = "DELETE FROM rules WHERE id = $1 RETURNING id"
+KNOWN_USERS = "SELECT id::text FROM users WHERE id = ANY($1::uuid[])"
+MODEL_NAMES = "SELECT name, aliases, tags FROM models"
+GET_ENFORCEMENT = "SELECT enforce_rules FROM gateway_state"
+SET_ENFORCEMENT = "UPDATE gateway_state SET enforce_rules = $1, updated_at = now() RETURNING enforce_rules"
+SET_RESTRICTIONS = """
+UPDATE models SET restrictions = $2::jsonb, version = version + 1, updated_at = now() WHERE id = $1
+"""
+
+# A draft rule (stored form) -> the core's dry-run answer, from the worker serving the request.
+DryRun = Callable[[dict[str, Any]], bytes]
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _moment(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def rule_json(row: asyncpg.Record) -> dict[str, Any]:
+    """A stored rule as the API answers it: the authored shape plus version and timestamps."""
+    return {**_json(row["body"]), "version": row["version"], "created_at": _moment(row["created_at"]),
+            "updated_at": _moment(row["updated_at"])}
+
+
+def decode_body(body: bytes) -> Any:
+    """A rule body as JSON (any shape: :func:`rules.check` names what is wrong with it)."""
+    if not body.strip():
+        raise errors.InvalidRequest("request body is empty")
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise errors.InvalidRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise errors.InvalidRequest("the body nests too deeply") from None
+
+
+def _without_read_only(body: Any) -> Any:
+    """A rule as GET answered it may come back: version and timestamps are not the author's."""
+    if isinstance(body, dict):
+        return {k: v for k, v in body.items() if k not in rules.READ_ONLY}
+    return body
+
+
+def invalid(problems: list[str]) -> errors.MeshfastError:
+    return errors.InvalidRule("; ".join(problems), errors=problems)
+
+
+async def known_models(conn: asyncpg.Connection) -> dict[str, str]:
+    """Every model name and alias -> the model's name (rules name models by name)."""
+    out: dict[str, str] = {}
+    for row in await conn.fetch(MODEL_NAMES):
+        out[row["name"]] = row["name"]
+        for alias in row["aliases"] or ():
+            out.setdefault(alias, row["name"])
+    return out
+
+
+async def known_users(conn: asyncpg.Connection, body: Any) -> set[str]:
+    """Those of the user ids ``body`` names that exist."""
+    wanted = rules.referenced_users(body)
+    return {row[0] for row in await conn.fetch(KNOWN_USERS, wanted)} if wanted else set()
+
+
+async def stored_rules(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
+    return {row["id"]: _json(row["body"]) for row in await conn.fetch(STORED_RULES)}
+
+
+async def checked(conn: asyncpg.Connection, body: Any, others: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rule as stored, or 400 invalid_rule listing every problem."""
+    rule, problems = rules.check(body, await known_users(conn, body), await known_models(conn), others)
+    if rule is None:
+        raise invalid(problems)
+    return rule
+
+
+def _rule_id(rule_id: str) -> str:
+    """A path's rule id; anything that is not a slug names no rule (and never reaches SQL)."""
+    if not rules.SLUG.match(rule_id):
+        raise errors.RuleNotFound()
+    return rule_id
+
+
+class RuleService:
+    """``/admin/rules``, ``/admin/enforcement`` and ``/admin/rules/dry-run`` over the admin service."""
+
+    def __init__(self, service: AdminService) -> None:
+        self._service = service
+        self._pool = service._pool
+
+    async def _write(self, actor: str, action: str, target: str, detail: dict[str, Any],
+                     work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
+        async def locked(conn: asyncpg.Connection) -> Any:
+            await conn.execute(sql.LOCK_REGISTRY)
+            return await work(conn)
+
+        return await self._service._write(actor, action, target, detail, locked)
+
+    async def list(self) -> list[dict[str, Any]]:
+        async with self._pool.acquire() as conn:
+            return [rule_json(row) for row in await conn.fetch(LIST_RULES)]
+
+    async def get(self, rule_id: str) -> dict[str, Any]:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(GET_RULE, _rule_id(rule_id))
+        if row is None:
+            raise errors.RuleNotFound()
+        return rule_json(row)
+
+    async def create(self, actor: str, body: bytes) -> dict[str, Any]:
+        draft = decode_body(body)
+
+        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            stored = await stored_rules(conn)
+            rule_id = draft.get("id") if isinstance(draft, dict) else None
+            rule = await checked(conn, draft, [r for i, r in stored.items() if i != rule_id])
+            row = await conn.fetchrow(INSERT_RULE, rule["id"], json.dumps(rule))
+            if row is None:
+                raise errors.RuleExists()
+            return row
+
+        row = await self._write(actor, "create_rule", str(draft.get("id")) if isinstance(draft, dict) else "",
+                                {}, work)
+        return rule_json(row)
+
+    async def update(self, actor: str, rule_id: str, body: bytes, if_match: str | None) -> dict[str, Any]:
+        """A whole rule, only against the version in ``If-Match`` (missing 428, stale 409); the
+        body's ``id``, if any, must be the path's."""
+        rule_id = _rule_id(rule_id)
+        if not if_match:
+            raise errors.PreconditionRequired()
+        draft = _without_read_only(decode_body(body))
+        if isinstance(draft, dict):
+            if draft.get("id", rule_id) != rule_id:
+                raise invalid([f"id: the body names {rules.shown(draft.get('id'))}, the path {rule_id!r} "
+                               "(a rule's id does not change)"])
+            draft = {**draft, "id": rule_id}
+
+        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            row = await conn.fetchrow(RULE_FOR_UPDATE, rule_id)
+            if row is None:
+                raise errors.RuleNotFound()
+            if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
+                raise errors.VersionConflict()
+            stored = await stored_rules(conn)
+            rule = await checked(conn, draft, [r for i, r in stored.items() if i != rule_id])
+            return await conn.fetchrow(UPDATE_RULE, rule_id, json.dumps(rule))
+
+        return rule_json(await self._write(actor, "update_rule", rule_id, {}, work))
+
+    async def delete(self, actor: str, rule_id: str) -> dict[str, Any]:
+        rule_id = _rule_id(rule_id)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(DELETE_RULE, rule_id) is None:
+                raise errors.RuleNotFound()
+
+        await self._write(actor, "delete_rule", rule_id, {}, work)
+        return {"status": "deleted"}
+
+    async def enforcement(self) -> dict[str, Any]:
+        async with self._pool.acquire() as conn:
+            return {"enforce": bool(await conn.fetchval(GET_ENFORCEMENT))}
+
+    async def set_enforcement(self, actor: str, body: rules.EnforcementBody) -> dict[str, Any]:
+        async def work(conn: asyncpg.Connection) -> bool:
+            return bool(await conn.fetchval(SET_ENFORCEMENT, body.enforce))
+
+        state = await self._service._write(actor, "update_enforcement", "rules", {"enforce": body.enforce}, work)
+        return {"enforce": state}
+
+    async def dry_run(self, body: bytes) -> msgspec.Raw:
+        """What a draft rule would do now (validated as a write would be), answered by this
+        worker's core from its snapshot and counters; nothing is written."""
+        draft = decode_body(body)
+        async with self._pool.acquire() as conn:
+            stored = await stored_rules(conn)
+            rule_id = draft.get("id") if isinstance(draft, dict) else None
+            rule = await checked(conn, draft, [r for i, r in stored.items() if i != rule_id])
+        hook = self._service.dry_run
+        if hook is None:
+            raise errors.DryRunUnavailable("no core to ask in this process")
+        return msgspec.Raw(hook(rule))
+
+
+def dry_run_hook(core: Any, config: Callable[[], snapshot.Config | None]) -> DryRun:
+    """The dry-run of a worker: its core, with the indexes of the snapshot that core has loaded."""
+
+    def run(rule: dict[str, Any]) -> bytes:
+        loaded = config()
+        if loaded is None:
+            raise errors.DryRunUnavailable("no snapshot loaded yet")
+        return rules.dry_run(core, loaded, rule, int(time.time() * 1000))
+
+    return run
+
+
+# --- model restrictions -------------------------------------------------------------------------
+
+
+async def checked_restrictions(conn: asyncpg.Connection, value: rules.RestrictionsBody | None) -> str | None:
+    """A model PUT's restrictions as the stored JSON (None clears them), or 400 listing every problem."""
+    if value is None:
+        return None
+    raw = msgspec.to_builtins(value)
+    known = await known_users(conn, {"restrictions": raw})
+    stored, problems = rules.check_restrictions(raw, known)
+    if stored is None:
+        raise errors.InvalidRequest("; ".join(problems), errors=problems)
+    return json.dumps(stored)
+
+
+async def set_restrictions(conn: asyncpg.Connection, model_id: uuid.UUID,
+                           value: rules.RestrictionsBody | None) -> None:
+    await conn.execute(SET_RESTRICTIONS, model_id, await checked_restrictions(conn, value))
+
+
+# --- registry files ------------------------------------------------------------------------------
+
+USER_EMAILS = "SELECT email, id::text FROM users"
+RESTRICTIONS_BY_NAME = "SELECT id, name, restrictions FROM models WHERE name = ANY($1::text[])"
+
+
+def parse_file_rules(entries: list[Any]) -> list[str]:
+    """A registry file's ``rules`` checked on their own (before the database: people and models
+    are checked when the file is applied); every problem, each labelled with its rule."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        entry = _without_read_only(entry)
+        label = f"rules[{i}]" + (f" ({entry.get('id')!r})" if isinstance(entry, dict) and
+                                 isinstance(entry.get("id"), str) and rules.SLUG.match(entry["id"]) else "")
+        problems.extend(f"{label}: {p}" for p in rules.validate(entry, None, None, set(), []))
+        rule_id = entry.get("id") if isinstance(entry, dict) else None
+        if isinstance(rule_id, str) and rule_id in seen:
+            problems.append(f"{label}: a rule of that id is listed twice")
+        if isinstance(rule_id, str):
+            seen.add(rule_id)
+    return problems
+
+
+def parse_file_restrictions(value: Any) -> list[str]:
+    """A registry model's ``restrictions`` checked for shape (people may be ids or emails)."""
+    if value is None:
+        return []
+    _, problems = rules.check_restrictions(value, None, _AnyEmail())
+    return problems
+
+
+class _AnyEmail(Mapping[str, str]):
+    """Every email, as some user id: a file's emails are looked up when it is applied."""
+
+    def __getitem__(self, key: str) -> str:
+        return str(uuid.UUID(int=0))
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+@dataclasses.dataclass(slots=True)
+class RegistryPlan:
+    """What a registry file does to rules and model restrictions, checked against the database."""
+
+    rules: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # model name -> restrictions as stored (None clears them)
+    restrictions: dict[str, dict[str, Any] | None] = dataclasses.field(default_factory=dict)
+
+
+async def plan_registry(conn: asyncpg.Connection, file_rules: list[Any], restrictions: Mapping[str, Any],
+                        file_models: Mapping[str, str]) -> tuple[RegistryPlan, list[str]]:
+    """The file's rules and restrictions in stored form, and every problem: people and models
+    that do not exist (the file's own models count), unordered caps among the file's rules and
+    against the stored rules it leaves alone."""
+    plan = RegistryPlan()
+    problems: list[str] = []
+    models = {**await known_models(conn), **file_models}
+    drafts = [_without_read_only(r) for r in file_rules]
+    users = await known_users(conn, {"rules": drafts, "restrictions": list(restrictions.values())})
+    for draft in drafts:
+        rule, found = rules.check(draft, users, models, [])
+        problems.extend(f"rule {draft.get('id')!r}: {p}" for p in found)
+        if rule is not None:
+            plan.rules.append(rule)
+    if not problems:
+        stored = await stored_rules(conn)
+        named = {r["id"] for r in plan.rules}
+        kept = [r for i, r in stored.items() if i not in named]
+        for i, rule in enumerate(plan.rules):
+            problems.extend(f"rule {rule['id']!r}: {p}" for p in rules.conflicts(rule, kept + plan.rules[i + 1:]))
+    emails: dict[str, str] = {}
+    if any(value is not None for value in restrictions.values()):
+        emails = {row["email"]: row["id"] for row in await conn.fetch(USER_EMAILS)}
+        users |= set(emails.values())
+    for name, value in restrictions.items():
+        if value is None:
+            plan.restrictions[name] = None
+            continue
+        stored_form, found = rules.check_restrictions(value, users, emails)
+        problems.extend(f"model {name!r}: {p}" for p in found)
+        plan.restrictions[name] = stored_form
+    return plan, problems
+
+
+async def apply_plan(conn: asyncpg.Connection, plan: RegistryPlan, enforce_rules: bool | None,
+                     summary: dict[str, list[str]]) -> None:
+    """Write a checked plan (after the file's models, in the same transaction)."""
+    stored = await stored_rules(conn)
+    for rule in plan.rules:
+        label = f"rule {rule['id']}"
+        if rule["id"] not in stored:
+            await conn.execute(INSERT_RULE, rule["id"], json.dumps(rule))
+            summary["created"].append(label)
+        elif stored[rule["id"]] == rule:
+            summary["unchanged"].append(label)
+        else:
+            await conn.execute(UPDATE_RULE, rule["id"], json.dumps(rule))
+            summary["updated"].append(label)
+    if plan.restrictions:
+        for row in await conn.fetch(RESTRICTIONS_BY_NAME, list(plan.restrictions)):
+            wanted = plan.restrictions[row["name"]]
+            if _json(row["restrictions"]) == wanted:
+                continue
+            await conn.execute(SET_RESTRICTIONS, row["id"], None if wanted is None else json.dumps(wanted))
+            label = f"model {row['name']}"
+            if label in summary["unchanged"]:
+                summary["unchanged"].remove(label)
+            if label not in summary["created"] and label not in summary["updated"]:
+                summary["updated"].append(label)
+    if enforce_rules is not None:
+        if bool(await conn.fetchval(GET_ENFORCEMENT)) == enforce_rules:
+            summary["unchanged"].append("enforcement")
+        else:
+            await conn.execute(SET_ENFORCEMENT, enforce_rules)
+            summary["updated"].append("enforcement")
