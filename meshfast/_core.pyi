@@ -14,6 +14,12 @@ __all__ = [
     "ShmError",
     "UpstreamBodyError",
     "SPEND_DAY",
+    "WINDOW_DAY",
+    "WINDOW_WEEK",
+    "WINDOW_MONTH",
+    "RULE_POOL",
+    "RULE_PAUSE",
+    "RULE_NOTIFIED",
     "CALLS_HOUR",
     "PROVIDER_CALLS_HOUR",
     "PROVIDER_RATE",
@@ -40,6 +46,15 @@ __all__ = [
 ]
 
 SPEND_DAY: Final[int]
+# The spend rules' counters: committed spend per principal and model in a calendar day, week and
+# month (MESHFAST_CALENDAR_TZ); a rule entry's in-flight pool, pause start and notified flag per
+# principal (``b`` = "<rule id>#<entry>") and window instance.
+WINDOW_DAY: Final[int]
+WINDOW_WEEK: Final[int]
+WINDOW_MONTH: Final[int]
+RULE_POOL: Final[int]
+RULE_PAUSE: Final[int]
+RULE_NOTIFIED: Final[int]
 """Counter kind: nano-USD spent by a principal on a model in one UTC day (period = unix_ms // 86_400_000)."""
 CALLS_HOUR: Final[int]
 """Counter kind: calls by a principal to a model in one UTC hour (period = unix_ms // 3_600_000)."""
@@ -157,6 +172,10 @@ class Segment:
 
         Raises :class:`ShmError` when the slot table is full.
         """
+
+    def set_if_zero(self, key: bytes, value: int) -> int:
+        """Set the counter at ``key`` to ``value`` if it is 0 (one CAS); the value before (0:
+        this call set it)."""
 
     def get(self, key: bytes) -> int:
         """The counter at ``key``, 0 when absent."""
@@ -400,7 +419,15 @@ class Core:
         now_ms: int,
     ) -> tuple[int, bytes]:
         """``(200, body)`` for ``GET /v1/usage`` (spend, cap, remaining and limit utilisation per
-        model, same models and order as :meth:`models_json`) or the same 401 as there."""
+        model, same models and order as :meth:`models_json`; ``rules``: every rule entry with a
+        threshold whose population holds the caller, with spend, utilization and status) or the
+        same 401 as there."""
+
+    def dry_run(self, rule: bytes, now_ms: int) -> bytes:
+        """``POST /admin/rules/dry-run``'s JSON body for a draft rule (msgpack of
+        ``meshfast.snapshot.Rule``): ``{"affected": [{user_id, entry, action, spend_usd,
+        threshold_usd, utilization}]}``, everyone at or over an entry's threshold now, from the
+        counters only. :class:`SnapshotError` listing the problems when the rule does not build."""
 
 @final
 class Prepared:
@@ -488,9 +515,10 @@ class Prepared:
     @property
     def limit_id(self) -> str | None:
         """The governing limit for ``X-Meshfast-Limit``: of ``policy.daily_usd`` (spend incl. open
-        reservations / cap), ``policy.hourly_calls`` and ``provider.hourly_calls``, those that apply,
-        the one with the highest utilization (ties: that order). None when none applies or the
-        decision ended before policy (401, 403, 400 capability)."""
+        reservations / cap), ``policy.hourly_calls``, ``provider.hourly_calls`` and the rule
+        entries covering the call (``rule:<id>``), those that apply, the one with the highest
+        utilization (ties: that order). None when none applies or the decision ended before
+        policy (401, 403, 400 capability)."""
     @property
     def utilization(self) -> float | None:
         """The governing limit's utilization in percent, rounded to 2 decimals, counting this
@@ -501,12 +529,33 @@ class Prepared:
     @property
     def reserved_nano(self) -> int:
         """The budget reservation held (nano-USD); 0 when none or once settled."""
-    def settle(self, actual_nano: int) -> bool:
+    def settle(self, actual_nano: int, tokens: int = 0) -> bool:
         """Turn the reservation into the actual cost (negative counts as 0), or add it to today's
         spend counter when nothing was reserved (no cap), and release the provider slot and the
-        admission weight. True the first time, False afterwards (idempotent). :class:`CoreError`
-        on a denial; :class:`ShmError` when an unreserved charge finds the table full (the call
-        stays unsettled)."""
+        admission weight. The cost also reaches the rules' calendar counters (before their pool
+        reservations are given back), ``tokens`` the rules' per-minute token counters, and rule
+        notifications due fire (see :meth:`events`). True the first time, False afterwards
+        (idempotent). :class:`CoreError` on a denial; :class:`ShmError` when an unreserved charge
+        finds the table full (the call stays unsettled)."""
+    @property
+    def warning(self) -> str | None:
+        """The first enforcing rule warning whose threshold is reached (``X-Meshfast-Warning``)."""
+    @property
+    def would_deny(self) -> str | None:
+        """The id of a shadow rule that would have refused the call (the row's ``would_deny``)."""
+    @property
+    def business_unit(self) -> str | None:
+        """The caller's business unit at call time."""
+    @property
+    def manager_id(self) -> str | None:
+        """The caller's manager's id at call time."""
+    @property
+    def tier(self) -> str | None:
+        """The caller's tier at call time."""
+    def events(self) -> list[tuple[str, int, str, str, str, int, int, int, str]]:
+        """What the rules did to the caller, as ``meshfast.telemetry.RuleEvent`` fields: the
+        decision's (a pause that began, a block's notification), then those that fired when the
+        call settled (taken once)."""
     def admit_provider(self, now_ns: int, max_wait_ns: int = 0, capacity: int = 0) -> tuple[bool, int]:
         """Provider admission, shared by all workers: a concurrency slot (``max_concurrent_upstream``)
         then a token (GCRA, rate = burst = ``max_outbound_rps``).

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import zoneinfo
 from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
 
-from meshfast._core import CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY, counter_key
-from meshfast.snapshot import Config
+from meshfast._core import (
+    CALLS_HOUR,
+    PROVIDER_CALLS_HOUR,
+    RULE_PAUSE,
+    SPEND_DAY,
+    WINDOW_DAY,
+    WINDOW_MONTH,
+    WINDOW_WEEK,
+    counter_key,
+)
+from meshfast.snapshot import Config, calendar_tz
 
 log = logging.getLogger("meshfast.counters")
 
@@ -50,6 +60,47 @@ SEED_USER_HOURLY = """
 SELECT user_id, model_id, hour_start, call_count FROM user_model_hourly_usage WHERE hour_start >= $1
 """
 SEED_PROVIDER_HOURLY = "SELECT provider_id, hour_start, call_count FROM provider_hourly_usage WHERE hour_start >= $1"
+UPSERT_CALENDAR_SPEND = """
+INSERT INTO calendar_spend (user_id, model_id, day, spend_nano_usd) VALUES ($1, $2, $3, $4)
+ON CONFLICT (user_id, model_id, day)
+DO UPDATE SET spend_nano_usd = calendar_spend.spend_nano_usd + EXCLUDED.spend_nano_usd
+RETURNING spend_nano_usd
+"""
+SEED_CALENDAR_DAYS = "SELECT user_id, model_id, day, spend_nano_usd FROM calendar_spend WHERE day >= $1"
+SEED_CALENDAR_SUM = """
+SELECT user_id, model_id, sum(spend_nano_usd)::bigint AS spend FROM calendar_spend
+WHERE day >= $1 AND day <= $2 GROUP BY user_id, model_id
+"""
+SEED_PAUSES = """
+SELECT rule_id, entry, user_id, "window", window_start, (detail->>'started_at_ms')::bigint AS started_at_ms
+FROM rule_events WHERE action = 'pause' AND window_start >= $1
+"""
+
+EPOCH = dt.date(1970, 1, 1)
+
+
+# The rules' calendar (the same arithmetic as the core's rules::CalendarWindow).
+def local_date(now_ms: int, tz: str | None = None) -> dt.date:
+    zone = zoneinfo.ZoneInfo(tz or calendar_tz())
+    return dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).astimezone(zone).date()
+
+
+def day_period(date: dt.date) -> int:
+    return (date - EPOCH).days
+
+
+def week_period(date: dt.date) -> int:
+    """Weeks run Monday to Sunday; 1970-01-01 was a Thursday."""
+    return (day_period(date) + 3) // 7
+
+
+def month_period(date: dt.date) -> int:
+    return (date.year - 1970) * 12 + date.month - 1
+
+
+def _window_keys(a: str, b: str, date: dt.date) -> tuple[int, int, int]:
+    return (counter_key(WINDOW_DAY, a, b, day_period(date)), counter_key(WINDOW_WEEK, a, b, week_period(date)),
+            counter_key(WINDOW_MONTH, a, b, month_period(date)))
 
 
 def _day(period: int) -> dt.date:
@@ -73,6 +124,10 @@ def _keys(config: Config, now_ms: int) -> Iterable[tuple[int, str, str, int]]:
     for period in _periods(now_ms, DAY_MS):
         for principal_id, model_id in pairs:
             yield SPEND_DAY, principal_id, model_id, period
+    today = day_period(local_date(now_ms, config.calendar_tz))
+    for period in (today - 1, today):
+        for principal_id, model_id in pairs:
+            yield WINDOW_DAY, principal_id, model_id, period
     for period in _periods(now_ms, HOUR_MS):
         for principal_id, model_id in pairs:
             yield CALLS_HOUR, principal_id, model_id, period
@@ -94,6 +149,8 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
             continue
         if kind == SPEND_DAY:
             total = await conn.fetchval(UPSERT_DAILY_SPEND, a, b, _day(period), delta)
+        elif kind == WINDOW_DAY:
+            total = await conn.fetchval(UPSERT_CALENDAR_SPEND, a, b, _day(period), delta)
         elif kind == CALLS_HOUR:
             total = await conn.fetchval(UPSERT_USER_HOURLY, a, b, _hour(period), delta)
         else:
@@ -104,6 +161,11 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
         if absorbed:
             segment.add(key, absorbed)
             segment.add(shadow, absorbed)
+            if kind == WINDOW_DAY:
+                # Another host's spend that day counts in that day's week and month too.
+                _, week, month = _window_keys(a, b, _day(period))
+                segment.add(week, absorbed)
+                segment.add(month, absorbed)
         moved += 1
     return moved
 
@@ -129,6 +191,38 @@ async def seed(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
     for row in await conn.fetch(SEED_PROVIDER_HOURLY, _hour(first_hour)):
         put(PROVIDER_CALLS_HOUR, ZERO_ID, str(row["provider_id"]), int(row["hour_start"].timestamp()) // 3600,
             row["call_count"])
+    loaded += await seed_calendar(segment, conn, now_ms)
+    return loaded
+
+
+async def seed_calendar(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
+    """The rules' committed spend: yesterday's and today's calendar days (with their shadows, for
+    the checkpoint), this week's and this month's sums, and the pauses running in this window."""
+    today = local_date(now_ms)
+    loaded = 0
+    for row in await conn.fetch(SEED_CALENDAR_DAYS, today - dt.timedelta(days=1)):
+        a, b, period = str(row["user_id"]), str(row["model_id"]), day_period(row["day"])
+        segment.add(counter_key(WINDOW_DAY, a, b, period), row["spend_nano_usd"])
+        segment.add(counter_key(WINDOW_DAY, a, b, period | SHADOW_BIT), row["spend_nano_usd"])
+        loaded += 1
+    week_start = today - dt.timedelta(days=today.weekday())
+    month_start = today.replace(day=1)
+    for kind, start, period in ((WINDOW_WEEK, week_start, week_period(today)),
+                                (WINDOW_MONTH, month_start, month_period(today))):
+        for row in await conn.fetch(SEED_CALENDAR_SUM, start, today):
+            segment.add(counter_key(kind, str(row["user_id"]), str(row["model_id"]), period), row["spend"])
+            loaded += 1
+    # A pause begins once per rule, person and window: one that began before a restart still runs.
+    zone = zoneinfo.ZoneInfo(calendar_tz())
+    since = dt.datetime.combine(min(month_start, week_start), dt.time(), zone)
+    periods = {"daily": day_period, "weekly": week_period, "monthly": month_period}
+    for row in await conn.fetch(SEED_PAUSES, since):
+        if row["started_at_ms"] is None:
+            continue
+        period = periods[row["window"]](row["window_start"].astimezone(zone).date())
+        key = counter_key(RULE_PAUSE, str(row["user_id"]), f"{row['rule_id']}#{row['entry']}", period)
+        segment.set_if_zero(key, int(row["started_at_ms"]))
+        loaded += 1
     return loaded
 
 
@@ -159,6 +253,14 @@ def purge(segment: Any, config: Config, now_ms: int) -> int:
     for period in range(today - PURGE_DAYS, today - KEEP_DAYS + 1):
         for a, b in pairs:
             drop(SPEND_DAY, a, b, period)
+    local = local_date(now_ms, config.calendar_tz)
+    for period in range(day_period(local) - PURGE_DAYS, day_period(local) - KEEP_DAYS + 1):
+        for a, b in pairs:
+            drop(WINDOW_DAY, a, b, period)
+    for kind, current in ((WINDOW_WEEK, week_period(local)), (WINDOW_MONTH, month_period(local))):
+        for period in (current - 2, current - 1):
+            for a, b in pairs:
+                drop(kind, a, b, period)
     for period in range(hour - PURGE_HOURS, hour - KEEP_HOURS + 1):
         for a, b in pairs:
             drop(CALLS_HOUR, a, b, period)

@@ -27,7 +27,7 @@ from meshfast.admission import Admission
 from meshfast.dispatch import Dispatcher, UpstreamError, UpstreamResponse
 from meshfast.metrics import Metrics
 from meshfast.settings import Settings
-from meshfast.telemetry import Row, Telemetry
+from meshfast.telemetry import Row, RuleEvent, Telemetry
 
 log = logging.getLogger("meshfast.dataplane")
 
@@ -121,7 +121,8 @@ class DataPlane:
             request_id=p.request_id, created_ms=now_ms, route=route, outcome="denied", status_code=p.status,
             mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
             model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
-            source_ip=source_ip, user_agent=user_agent,
+            source_ip=source_ip, user_agent=user_agent, business_unit=p.business_unit, manager_id=p.manager_id,
+            tier=p.tier, would_deny=p.would_deny,
         )
         governed = _status_headers(p)
         if p.status:
@@ -134,6 +135,7 @@ class DataPlane:
                 extra.append(("connection", "close"))
             self._respond(proto, p.status, p.request_id, p.body, extra)
             row.latency_ms = self._elapsed_ms(started)
+            self._events(p, row)
             self._record(row, p.log_requests)
             return
         if not mesh:
@@ -146,6 +148,7 @@ class DataPlane:
             row.status_code, row.deny_reason = exc.status, exc.code
             row.latency_ms = self._elapsed_ms(started)
             p.settle(0)
+            self._events(p, row)
             self._record(row, p.log_requests)
             return
         row.deny_reason = None
@@ -170,8 +173,9 @@ class DataPlane:
                 metrics.phase("upstream", int((time.perf_counter() - admitted) * 1e9))
             self.admission.release(p)
             # Turns the budget reservation into the actual cost (0 when the call failed).
-            p.settle(row.input_cost_nano + row.output_cost_nano)
+            p.settle(row.input_cost_nano + row.output_cost_nano, row.tokens_in + row.tokens_out)
             row.latency_ms = self._elapsed_ms(started)
+            self._events(p, row)
             self._record(row, p.log_requests)
 
     @staticmethod
@@ -482,6 +486,13 @@ class DataPlane:
             user_id=principal.id, source_ip=client_ip(scope), user_agent=_header(scope.headers, "user-agent"),
             requested_model=_model_param(scope.query_string) if route in _MESH else model))
 
+    @staticmethod
+    def _events(p: Any, row: Row) -> None:
+        """What the rules did (a pause begun, a notification due) rides on the row to the outbox."""
+        events = p.events()
+        if events:
+            row.events = [RuleEvent(*event) for event in events]
+
     def _record(self, row: Row, log_requests: bool = True) -> None:
         """Counts the request in the metrics and, unless its provider opted out, writes its row."""
         if self.metrics is not None:
@@ -654,13 +665,22 @@ def ollama_tags(models_json: bytes) -> bytes:
 
 
 def _status_headers(p: Any) -> list[tuple[str, str]]:
-    """X-Meshfast-Limit/Utilization/Reset: the governing limit of this call, when one applies."""
-    if p.limit_id is None:
-        return []
-    headers = [("x-meshfast-limit", p.limit_id), ("x-meshfast-utilization", f"{p.utilization:g}")]
-    if p.reset_at:
-        headers.append(("x-meshfast-reset", p.reset_at))
+    """X-Meshfast-Limit/Utilization/Reset: the governing limit of this call, when one applies;
+    X-Meshfast-Warning: a rule's warning."""
+    headers = []
+    if p.limit_id is not None:
+        headers += [("x-meshfast-limit", p.limit_id), ("x-meshfast-utilization", f"{p.utilization:g}")]
+        if p.reset_at:
+            headers.append(("x-meshfast-reset", p.reset_at))
+    warning = p.warning
+    if warning is not None:
+        headers.append(("x-meshfast-warning", _header_text(warning)))
     return headers
+
+
+def _header_text(text: str) -> str:
+    """A header value: printable ASCII only (other characters as \\uXXXX), one line."""
+    return "".join(c if " " <= c <= "~" else f"\\u{ord(c):04x}" for c in text)
 
 
 def _classify(item: str) -> tuple[str, str]:

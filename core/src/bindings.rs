@@ -74,7 +74,7 @@ fn key_from_bytes(key: &[u8]) -> PyResult<u128> {
 /// `xxh3_128(kind ‖ id(a) ‖ id(b) ‖ period)` as 16 big-endian bytes.
 #[pyfunction]
 fn counter_key<'py>(py: Python<'py>, kind: u8, a: &str, b: &str, period: u32) -> PyResult<Bound<'py, PyBytes>> {
-    if !(shm::SPEND_DAY..=shm::GLOBAL_INFLIGHT).contains(&kind) {
+    if !(shm::SPEND_DAY..=shm::RULE_TOKENS_MINUTE).contains(&kind) {
         return Err(PyValueError::new_err(format!("unknown counter kind {kind}")));
     }
     let key = shm::counter_key(kind, &shm::id_bytes(a), &shm::id_bytes(b), period);
@@ -126,6 +126,10 @@ impl PySegment {
 
     fn add(&self, key: &[u8], delta: i64) -> PyResult<i64> {
         self.inner.add(key_from_bytes(key)?, delta).map_err(to_py_err)
+    }
+
+    fn set_if_zero(&self, key: &[u8], value: i64) -> PyResult<i64> {
+        self.inner.set_if_zero(key_from_bytes(key)?, value).map_err(to_py_err)
     }
 
     fn get(&self, key: &[u8]) -> PyResult<i64> {
@@ -537,6 +541,20 @@ impl PyCore {
         )
     }
 
+    /// `POST /admin/rules/dry-run`'s body for a draft rule (msgpack, the config form), from the
+    /// current counters; `SnapshotError` listing the problems when the rule does not build.
+    fn dry_run<'py>(&self, py: Python<'py>, rule: &[u8], now_ms: i64) -> PyResult<Bound<'py, PyBytes>> {
+        let loaded = self
+            .current
+            .load_full()
+            .ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let body = released(py, || {
+            crate::rules::dry_run(&loaded.snapshot, &self.segment, rule, now_ms)
+        })
+        .map_err(to_py_err)?;
+        Ok(PyBytes::new(py, &body))
+    }
+
     #[pyo3(signature = (authorization, x_api_key, x_goog_api_key, query, now_ms))]
     fn usage_json<'py>(
         &self,
@@ -706,24 +724,89 @@ impl PyPrepared {
         self.inner.should_retry
     }
     #[getter]
-    fn limit_id(&self) -> Option<&'static str> {
-        self.inner.limit.map(|l| l.id)
+    fn limit_id(&self) -> Option<&str> {
+        self.inner.limit.as_ref().map(|l| l.id.as_ref())
     }
     #[getter]
     fn utilization(&self) -> Option<f64> {
-        self.inner.limit.map(|l| l.utilization)
+        self.inner.limit.as_ref().map(|l| l.utilization)
     }
     #[getter]
     fn reset_at(&self) -> Option<String> {
-        self.inner.limit.map(|l| views::rfc3339(l.reset_at_ms))
+        self.inner.limit.as_ref().map(|l| views::rfc3339(l.reset_at_ms))
+    }
+    #[getter]
+    fn warning(&self) -> Option<&str> {
+        self.inner.warning.as_deref()
+    }
+    #[getter]
+    fn would_deny(&self) -> Option<&str> {
+        self.inner.would_deny.as_deref()
+    }
+    #[getter]
+    fn business_unit(&self) -> Option<&str> {
+        self.inner.business_unit.as_deref()
+    }
+    #[getter]
+    fn manager_id(&self) -> Option<&str> {
+        self.inner.manager_id.as_deref()
+    }
+    #[getter]
+    fn tier(&self) -> Option<&str> {
+        self.inner.tier.as_deref()
+    }
+
+    /// What the rules did to the caller: the decision's events, then those fired when the call
+    /// settled (taken once), as `(rule_id, entry, action, channel, window, window_start_ms,
+    /// threshold_nano, spend_nano, detail)`.
+    #[expect(clippy::type_complexity, reason = "a row's event tuple, as telemetry.RuleEvent")]
+    fn events(
+        &self,
+    ) -> Vec<(
+        String,
+        u32,
+        &'static str,
+        &'static str,
+        &'static str,
+        i64,
+        i64,
+        i64,
+        String,
+    )> {
+        let fired = self
+            .inner
+            .holds
+            .as_ref()
+            .map(crate::govern::Holds::take_fired)
+            .unwrap_or_default();
+        self.inner
+            .events
+            .iter()
+            .cloned()
+            .chain(fired)
+            .map(|e| {
+                (
+                    e.rule_id,
+                    e.entry,
+                    e.action,
+                    e.channel,
+                    e.window,
+                    e.window_start_ms,
+                    e.threshold_nano,
+                    e.spend_nano,
+                    e.detail,
+                )
+            })
+            .collect()
     }
     #[getter]
     fn reserved_nano(&self) -> i64 {
         self.inner.holds.as_ref().map_or(0, crate::govern::Holds::reserved_nano)
     }
 
-    fn settle(&self, actual_nano: i64) -> PyResult<bool> {
-        self.holds()?.settle(actual_nano).map_err(to_py_err)
+    #[pyo3(signature = (actual_nano, tokens = 0))]
+    fn settle(&self, actual_nano: i64, tokens: i64) -> PyResult<bool> {
+        self.holds()?.settle_with_tokens(actual_nano, tokens).map_err(to_py_err)
     }
 
     #[pyo3(signature = (now_ns, max_wait_ns = 0, capacity = 0))]
@@ -1146,6 +1229,12 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PROVIDER_RATE", shm::PROVIDER_RATE)?;
     m.add("PROVIDER_INFLIGHT", shm::PROVIDER_INFLIGHT)?;
     m.add("GLOBAL_INFLIGHT", shm::GLOBAL_INFLIGHT)?;
+    m.add("WINDOW_DAY", shm::WINDOW_DAY)?;
+    m.add("WINDOW_WEEK", shm::WINDOW_WEEK)?;
+    m.add("WINDOW_MONTH", shm::WINDOW_MONTH)?;
+    m.add("RULE_POOL", shm::RULE_POOL)?;
+    m.add("RULE_PAUSE", shm::RULE_PAUSE)?;
+    m.add("RULE_NOTIFIED", shm::RULE_NOTIFIED)?;
     m.add("OUTCOMES", outcomes(py)?)?;
     m.add_class::<PySegment>()?;
     m.add_class::<PyLease>()?;

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::Result;
+use crate::rules::{Event, Watch};
 use crate::shm::{self, Lease, Segment};
 
 /// How long a call refused a concurrency slot waits before trying again (no release time is
@@ -59,6 +60,15 @@ struct State {
     provider_admitted: bool,
     global: Option<Lease>,
     settled: bool,
+    /// Spend-rule pool reservations, given back after the cost is committed.
+    rule_leases: Vec<Lease>,
+    /// Committed-spend counters (the rules' calendar windows) the cost goes to.
+    charges: Vec<u128>,
+    /// Rules' per-minute token buckets the call's tokens go to: `(key, ns per token)`.
+    token_keys: Vec<(u128, i64)>,
+    watches: Vec<Watch>,
+    /// Notifications that fired when the call settled.
+    fired: Vec<Event>,
 }
 
 /// The holds of one call; every method is idempotent and safe from any thread.
@@ -94,6 +104,27 @@ impl Holds {
     /// Keeps `lease` as the call's budget reservation.
     pub fn hold_budget(&self, lease: Lease) {
         self.state().budget = Some(lease);
+    }
+
+    /// Keeps the spend rules' part of the call: pool reservations, the counters its cost and
+    /// tokens go to, and the notifications to check once it settled.
+    pub fn hold_rules(
+        &self,
+        leases: Vec<Lease>,
+        charges: Vec<u128>,
+        token_keys: Vec<(u128, i64)>,
+        watches: Vec<Watch>,
+    ) {
+        let mut state = self.state();
+        state.rule_leases = leases;
+        state.charges = charges;
+        state.token_keys = token_keys;
+        state.watches = watches;
+    }
+
+    /// Notifications that fired when the call settled (taken once).
+    pub fn take_fired(&self) -> Vec<Event> {
+        std::mem::take(&mut self.state().fired)
     }
 
     /// The budget reservation's amount, 0 when none.
@@ -234,12 +265,39 @@ impl Holds {
     /// time; later calls do nothing and return false. Table full (unreserved call): error, and
     /// the call stays unsettled.
     pub fn settle(&self, actual_nano: i64) -> Result<bool> {
+        self.settle_with_tokens(actual_nano, 0)
+    }
+
+    /// [`Holds::settle`], also counting `tokens` against the rules' per-minute token caps. The
+    /// cost reaches the rules' committed counters before their pool reservations are given back
+    /// (the order [`crate::rules`] relies on for no overshoot).
+    pub fn settle_with_tokens(&self, actual_nano: i64, tokens: i64) -> Result<bool> {
         let mut state = self.state();
         if state.settled {
             return Ok(false);
         }
         let segment = self.segment.as_deref();
         if let Some(segment) = segment {
+            // NOTE: an add to a full counter table is dropped; the table being full already
+            // refuses new calls (fail closed), so no call runs on the missing amount.
+            if actual_nano > 0 {
+                for &key in &state.charges {
+                    let _ = segment.add(key, actual_nano);
+                }
+            }
+            if tokens > 0 {
+                let now_ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+                for &(key, per_token) in &state.token_keys {
+                    let _ = segment.advance(key, now_ns, tokens.saturating_mul(per_token));
+                }
+            }
+            for lease in std::mem::take(&mut state.rule_leases) {
+                segment.release(&lease);
+            }
+            let fired: Vec<Event> = state.watches.iter().flat_map(|w| w.check(segment)).collect();
+            state.fired = fired;
             match state.budget.take() {
                 Some(lease) => segment.settle(&lease, actual_nano.max(0)),
                 None if actual_nano > 0 => {
@@ -256,8 +314,15 @@ impl Holds {
     /// Releases every hold without charging (a denial after the reservation, or a drop).
     pub fn release_all(&self) {
         let mut state = self.state();
-        if let (Some(segment), Some(lease)) = (self.segment.as_deref(), state.budget.take()) {
-            segment.release(&lease);
+        if let Some(segment) = self.segment.as_deref() {
+            for lease in state
+                .budget
+                .take()
+                .into_iter()
+                .chain(std::mem::take(&mut state.rule_leases))
+            {
+                segment.release(&lease);
+            }
         }
         Self::release_provider_locked(self.segment.as_deref(), &mut state);
     }

@@ -15,6 +15,7 @@ pub mod prepare;
 pub mod pricing;
 pub mod provider;
 pub mod redact;
+pub mod rules;
 pub mod shm;
 pub mod snapshot;
 pub mod stream;

@@ -22,6 +22,15 @@ pub enum Outcome {
     UserModelHourlyLimitReached,
     BudgetExceeded,
     PausedByAdmin,
+    /// A model's restrictions refuse the caller's (or their leaders') organisation; answered as an
+    /// unknown or not-permitted model ([`Outcome::answers_as`]), the row keeps which layer.
+    RestrictedByLeader,
+    /// A model is closed to the caller's business unit (answered like [`Outcome::RestrictedByLeader`]).
+    RestrictedByBusinessUnit,
+    /// A spend rule's `pause` holds the caller until `resume_at`.
+    Paused,
+    /// A spend rule's per-minute cap of calls or tokens.
+    RateLimited,
     /// Process-wide pressure only.
     ServerBusy,
     /// A wait for the provider's rate, concurrency or admission share ran out.
@@ -105,7 +114,7 @@ pub const UNKNOWN_MESSAGE: &str = "The request could not be served.";
 
 impl Outcome {
     /// Every outcome, denials first in the order the metrics list them.
-    pub const ALL: [Outcome; 25] = [
+    pub const ALL: [Outcome; 29] = [
         Outcome::InvalidOrRevokedKey,
         Outcome::ModelNotPermitted,
         Outcome::UnknownModel,
@@ -115,6 +124,10 @@ impl Outcome {
         Outcome::UserModelHourlyLimitReached,
         Outcome::BudgetExceeded,
         Outcome::PausedByAdmin,
+        Outcome::RestrictedByLeader,
+        Outcome::RestrictedByBusinessUnit,
+        Outcome::Paused,
+        Outcome::RateLimited,
         Outcome::ServerBusy,
         Outcome::ProviderBusy,
         Outcome::InvalidRequest,
@@ -169,6 +182,21 @@ impl Outcome {
             O::PausedByAdmin => {
                 Spec::denial("paused_by_admin", 503, "The gateway is paused by an administrator.").retry_after()
             }
+            O::RestrictedByLeader => {
+                Spec::denial("model_restricted_by_leader", 403, "The model is not granted to you.")
+            }
+            O::RestrictedByBusinessUnit => Spec::denial(
+                "model_restricted_by_business_unit",
+                403,
+                "The model is not granted to you.",
+            ),
+            O::Paused => Spec::denial("paused", 429, "A spending rule pauses your calls for a while.").retry_after(),
+            O::RateLimited => Spec::denial(
+                "rate_limited",
+                429,
+                "A rule's per-minute limit is reached; retry shortly.",
+            )
+            .retry_after(),
             O::ServerBusy => {
                 Spec::denial("server_busy", 503, "The gateway is at capacity; retry shortly.").retry_after()
             }
@@ -236,7 +264,21 @@ impl Outcome {
     #[must_use]
     pub const fn on_entry_route(self) -> Outcome {
         match self {
-            Outcome::ModelNotPermitted | Outcome::UnknownModel | Outcome::ModelBlocked => Outcome::ModelNotFound,
+            Outcome::ModelNotPermitted
+            | Outcome::UnknownModel
+            | Outcome::ModelBlocked
+            | Outcome::RestrictedByLeader
+            | Outcome::RestrictedByBusinessUnit => Outcome::ModelNotFound,
+            other => other,
+        }
+    }
+
+    /// What the Mesh-native routes answer for it: a restricted model is refused exactly like one
+    /// not granted (the row keeps the reason); every other outcome is itself.
+    #[must_use]
+    pub const fn answers_as(self) -> Outcome {
+        match self {
+            Outcome::RestrictedByLeader | Outcome::RestrictedByBusinessUnit => Outcome::ModelNotPermitted,
             other => other,
         }
     }

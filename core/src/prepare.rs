@@ -16,6 +16,7 @@ use crate::outcome::Outcome;
 use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
 use crate::pricing;
 use crate::provider::Plan;
+use crate::rules::{self, Restricted};
 use crate::shm::{id_bytes, utc_day, utc_hour, Segment};
 use crate::snapshot::{Deployment, Grant, Model, ModelKind, Provider, Secret, Snapshot};
 use crate::template::Vars;
@@ -148,6 +149,16 @@ pub struct Prepared {
     pub fallback: Option<Fallback>,
     /// The entry API whose error shape a denial takes; `None`: Mesh's `{"error": code, ...}`.
     error_shape: Option<Format>,
+    /// The first enforcing rule's warning whose threshold is reached (`X-Meshfast-Warning`).
+    pub warning: Option<String>,
+    /// A shadow rule that would have refused the call (its id).
+    pub would_deny: Option<String>,
+    /// What rules did at the decision (a pause that began, a block's notification).
+    pub events: Vec<crate::rules::Event>,
+    /// The caller's organisation at call time (the row keeps it).
+    pub business_unit: Option<String>,
+    pub manager_id: Option<String>,
+    pub tier: Option<String>,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -192,10 +203,10 @@ impl Fallback {
 }
 
 /// The limit that governs a call, for `X-Meshfast-Limit` / `-Utilization` / `-Reset`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Governing {
-    /// `policy.daily_usd`, `policy.hourly_calls` or `provider.hourly_calls`.
-    pub id: &'static str,
+    /// `policy.daily_usd`, `policy.hourly_calls`, `provider.hourly_calls` or `rule:<id>`.
+    pub id: Cow<'static, str>,
     /// Percent of the limit used, counting this call (and, for spend, open reservations).
     pub utilization: f64,
     /// When the limit's window resets (unix ms).
@@ -236,8 +247,8 @@ impl Prepared {
     /// rendered once: Mesh's `{"error": code, "detail"?, ...extras}`, or the entry API's own
     /// (which carries the detail in its message and no extras).
     fn deny(&mut self, outcome: Outcome, detail: Option<&str>, extras: impl FnOnce(&mut Vec<u8>)) {
-        let spec = outcome.spec();
-        self.deny_reason = Some(spec.code);
+        self.deny_reason = Some(outcome.spec().code);
+        let spec = outcome.answers_as().spec();
         if !spec.retryable {
             self.should_retry = Some(false);
         }
@@ -380,7 +391,7 @@ fn governing(grant: &Grant, provider: &Provider, c: &Counters, now_ms: i64) -> O
         |best: Option<Governing>, (id, utilization, reset_at_ms)| match best {
             Some(best) if best.utilization >= utilization => Some(best),
             _ => Some(Governing {
-                id,
+                id: Cow::Borrowed(id),
                 utilization,
                 reset_at_ms,
             }),
@@ -414,6 +425,27 @@ impl Prepared {
             write_time(out, resume_at);
         });
         self.retry_after_s = Some(retry_after(resume_at, now_ms));
+    }
+
+    fn deny_rule(&mut self, refusal: &rules::Refusal, now_ms: i64) {
+        let (outcome, rule, at) = match refusal {
+            rules::Refusal::Block { rule, reset_at_ms, .. } => (Outcome::BudgetExceeded, rule, *reset_at_ms),
+            rules::Refusal::Pause { rule, resume_at_ms } => (Outcome::Paused, rule, *resume_at_ms),
+            rules::Refusal::Rate { rule, retry_at_ms } => (Outcome::RateLimited, rule, *retry_at_ms),
+        };
+        self.deny(outcome, None, |out| {
+            out.extend_from_slice(b",\"rule\":");
+            write_str(out, rule);
+            if let rules::Refusal::Block { threshold_nano, .. } = refusal {
+                out.extend_from_slice(b",\"cap\":");
+                write_usd(out, *threshold_nano);
+            }
+            out.extend_from_slice(b",\"resume_at\":");
+            write_time(out, at);
+        });
+        self.retry_after_s = Some(retry_after(at, now_ms));
+        // The holds (the policy's reservation, provider counts) go with the denial.
+        self.holds = None;
     }
 
     fn deny_busy(&mut self) {
@@ -458,8 +490,12 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         return p;
     };
     let key = &snapshot.keys[key as usize];
+    let person = &snapshot.principals[key.principal as usize];
     p.key_id = Some(key.id.clone());
-    p.principal_id = Some(snapshot.principals[key.principal as usize].id.clone());
+    p.principal_id = Some(person.id.clone());
+    p.business_unit.clone_from(&person.business_unit);
+    p.tier.clone_from(&person.tier);
+    p.manager_id = person.manager.map(|m| snapshot.principals[m as usize].id.clone());
 
     // An entry route's body names the model (except Gemini's, named in the path).
     let mut decoded = None;
@@ -498,10 +534,11 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     }
 
     // 3. The grant for this route's kind; unknown names are the same 403 (404 on entry routes).
-    let grant = snapshot.grant_by_name(key.principal, &p.requested_model);
-    let Some((grant, model)) = grant
-        .map(|g| (g, &snapshot.models[g.model as usize]))
-        .filter(|(_, m)| req.route.admits(m.kind))
+    let grant_index = snapshot.grant_index_by_name(key.principal, &p.requested_model);
+    let Some((grant_index, grant, model)) = grant_index
+        .map(|i| (i, &snapshot.grants[i as usize]))
+        .map(|(i, g)| (i, g, &snapshot.models[g.model as usize]))
+        .filter(|(_, _, m)| req.route.admits(m.kind))
     else {
         if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
             let known = snapshot.model_named(&p.requested_model).is_some();
@@ -523,9 +560,24 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     p.log_requests = provider.log_requests;
     p.local = provider.local;
 
-    // 4. Blocked or retired.
+    // 4. Blocked or retired; then the model's restrictions (answered like a model not granted).
     if model.blocked || model.retired {
         p.deny(Outcome::ModelBlocked, None, |_| {});
+        return p;
+    }
+    if let Some(refused) = model
+        .restrictions
+        .as_ref()
+        .and_then(|r| r.refuses(snapshot, key.principal))
+    {
+        p.deny(
+            match refused {
+                Restricted::Leader => Outcome::RestrictedByLeader,
+                Restricted::BusinessUnit => Outcome::RestrictedByBusinessUnit,
+            },
+            None,
+            |_| {},
+        );
         return p;
     }
 
@@ -609,8 +661,8 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         provider.admission_share_pct,
     );
     let holds = Holds::new(segment.cloned(), spend_key, limits, upstream.weight);
+    let worst = worst_case_nano(model, provider, &upstream);
     if let Some(segment) = segment.filter(|_| grant.daily_cap_nano_usd > 0) {
-        let worst = worst_case_nano(model, provider, &upstream);
         match segment.reserve(spend_key, worst, grant.daily_cap_nano_usd) {
             Ok(Some(lease)) => {
                 holds.hold_budget(lease);
@@ -627,6 +679,32 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                 return p;
             }
         }
+    }
+    // Spend rules, after the per-user policy (the first block wins).
+    let mut rule_limit = None;
+    if let Some(segment) = segment {
+        let decision = rules::decide(snapshot, segment, key.principal, grant_index, worst, req.now_ms);
+        if decision.unavailable {
+            // NOTE: a counter that cannot be read or written denies (fail closed).
+            p.deny_busy();
+            return p;
+        }
+        p.would_deny = decision.would_deny;
+        p.warning = decision.warning;
+        p.events = decision.events;
+        if let Some(refusal) = decision.refusal {
+            if let Some(limit) = decision.limit {
+                p.limit = Some(Governing {
+                    id: Cow::Owned(format!("rule:{}", limit.rule)),
+                    utilization: limit.utilization,
+                    reset_at_ms: limit.reset_at_ms,
+                });
+            }
+            p.deny_rule(&refusal, req.now_ms);
+            return p;
+        }
+        rule_limit = decision.limit;
+        holds.hold_rules(decision.leases, decision.charges, decision.token_keys, decision.watches);
     }
     p.holds = Some(holds);
 
@@ -649,6 +727,16 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             }
         }
         p.limit = governing(grant, provider, &counters, req.now_ms);
+
+        if let Some(limit) = rule_limit {
+            if p.limit.as_ref().is_none_or(|l| limit.utilization > l.utilization) {
+                p.limit = Some(Governing {
+                    id: Cow::Owned(format!("rule:{}", limit.rule)),
+                    utilization: limit.utilization,
+                    reset_at_ms: limit.reset_at_ms,
+                });
+            }
+        }
     }
     p.upstream = Some(upstream);
     p.fallback = fallback;
@@ -1420,7 +1508,7 @@ mod tests {
         );
         let limit = p.limit.unwrap();
         assert_eq!(
-            (limit.id, limit.reset_at_ms),
+            (limit.id.as_ref(), limit.reset_at_ms),
             ("policy.daily_usd", next_utc_midnight(NOON_WED))
         );
         assert!(limit.utilization > 99.99 && limit.utilization <= 100.0, "{limit:?}");
@@ -1527,6 +1615,135 @@ mod tests {
         assert!(seg.get(key) <= 200_000);
         assert_eq!(seg.stats().leases_held, 0);
         std::fs::remove_file(path).unwrap();
+    }
+
+    /// Two models under one tag, a monthly block rule on the tag: forked processes calling both
+    /// at once never commit more than the threshold, and the window counters are exactly the
+    /// settled costs (the pool's reserve-then-read order, rules module docs).
+    #[test]
+    fn test_a_rule_over_a_tag_never_overshoots_across_models_and_processes() {
+        let mut config = config();
+        config["grants"][0]["daily_cap_nano_usd"] = json!(0);
+        config["grants"][0]["max_calls_per_hour"] = json!(null);
+        let mut twin = config["models"][0].clone();
+        twin["id"] = json!("77777777-7777-7777-7777-777777777777");
+        twin["name"] = json!("gpt-c");
+        config["models"].as_array_mut().unwrap().push(twin);
+        config["models"][0]["tags"] = json!(["fam"]);
+        config["models"][3]["tags"] = json!(["fam"]);
+        let mut grant = config["grants"][0].clone();
+        grant["model"] = json!(3);
+        config["grants"].as_array_mut().unwrap().push(grant);
+        config["rules"] = json!([{"id": "fam-cap", "weight": 5, "mode": "enforce", "entries": [
+            {"window": "monthly", "tag": "fam", "threshold_nano": 200_000, "actions": [{"type": "block"}]}]}]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let (path, seg) = segment("rulefork");
+        let month = crate::rules::CalendarWindow::Monthly.period(chrono_tz::UTC, NOON_WED);
+        let committed = |seg: &Segment| -> i64 {
+            [0, 3]
+                .iter()
+                .map(|&g| seg.get(s.grants[g].window_keys[2].at(month)))
+                .sum()
+        };
+        let tally = crate::shm::counter_key(crate::shm::CALLS_HOUR, &[7; 16], &[7; 16], 0);
+        let mut pids = Vec::new();
+        for child in 0..4u64 {
+            // SAFETY: the child only touches the mapping and exits without unwinding.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mine = Arc::new(Segment::open(&path).unwrap());
+                    let mut open = Vec::new();
+                    for i in 0..300u64 {
+                        let query = if (i + child) % 2 == 0 {
+                            "model=gpt-b"
+                        } else {
+                            "model=gpt-c"
+                        };
+                        let p = prepare(&s, Some(&mine), &req(Route::Proxy, query, br#"{"query":"a"}"#));
+                        assert!(committed(&mine) <= 200_000);
+                        if p.status == 0 {
+                            open.push(p);
+                        } else {
+                            assert_eq!(p.deny_reason, Some("budget_exceeded"));
+                            assert!(p.body.starts_with(br#"{"error":"budget_exceeded","rule":"fam-cap""#));
+                        }
+                        if open.len() > 3 || (i + child) % 5 == 0 {
+                            if let Some(p) = (!open.is_empty()).then(|| open.remove(0)) {
+                                let actual = ((i * 37 + child) % 9000) as i64;
+                                if i % 7 != 0 && p.holds.as_ref().unwrap().settle(actual).unwrap() {
+                                    mine.add(tally, actual).unwrap();
+                                }
+                            }
+                        }
+                    }
+                }))
+                .is_ok();
+                // SAFETY: _exit skips the harness's atexit handlers in the child.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            pids.push(pid);
+        }
+        for pid in pids {
+            let mut status = 0;
+            // SAFETY: waiting on our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "child failed"
+            );
+        }
+        assert_eq!(
+            committed(&seg),
+            seg.get(tally),
+            "the window counters are exactly the settled costs"
+        );
+        assert!(committed(&seg) <= 200_000);
+        assert!(
+            committed(&seg) > 150_000,
+            "the cap was reached, not refused early: {}",
+            committed(&seg)
+        );
+        assert_eq!(seg.stats().leases_held, 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_restrictions_refuse_like_an_unknown_model_and_the_row_says_which_layer() {
+        let mut config = config();
+        config["principals"][1]["status"] = json!("active");
+        config["principals"][0]["manager"] = json!(1);
+        config["principals"][0]["business_unit"] = json!("payments");
+        config["models"][0]["restrictions"] = json!({"leader_deny": [1]});
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        assert_eq!((p.status, p.deny_reason), (403, Some("model_restricted_by_leader")));
+        assert_eq!(p.body, b"{\"error\":\"model_not_permitted\"}\n");
+        let body = br#"{"model":"gpt-b","messages":[{"role":"user","content":"a"}]}"#;
+        let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", body));
+        assert_eq!((p.status, p.deny_reason), (404, Some("model_restricted_by_leader")));
+
+        config["models"][0]["restrictions"] = json!({"leader_deny": [1], "exempt": [0]});
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!(
+            prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#)).status,
+            0
+        );
+
+        config["models"][0]["restrictions"] = json!({"business_units_open": ["search"]});
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        assert_eq!(p.deny_reason, Some("model_restricted_by_business_unit"));
+        config["models"][0]["restrictions"] = json!({"business_units_closed": ["payments"]});
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let p = prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        assert_eq!(p.deny_reason, Some("model_restricted_by_business_unit"));
+        config["models"][0]["restrictions"] = json!({"leader_allow": [1]});
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!(
+            prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#)).status,
+            0
+        );
     }
 
     #[test]

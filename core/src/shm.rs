@@ -110,6 +110,23 @@ pub const PROVIDER_INFLIGHT: u8 = 5;
 /// Counter kind: the process-wide admission weight in flight; both ids zero, period 0.
 pub const GLOBAL_INFLIGHT: u8 = 6;
 
+/// Counter kinds of the spend rules ([`crate::rules`]). Committed nano-USD a principal spent on a
+/// model in one calendar day, week (Monday first) and month of the rules' zone: settled calls add
+/// their cost; reservations live in [`RULE_POOL`], never here.
+pub const WINDOW_DAY: u8 = 7;
+pub const WINDOW_WEEK: u8 = 8;
+pub const WINDOW_MONTH: u8 = 9;
+/// Nano-USD reserved in flight under one rule entry by one principal in one window instance
+/// (`b` is the entry's id bytes); every amount is a lease.
+pub const RULE_POOL: u8 = 10;
+/// When a principal's pause under a rule entry began in a window instance (unix ms; 0 = never).
+pub const RULE_PAUSE: u8 = 11;
+/// Set once a rule entry's notification fired for a principal in a window instance.
+pub const RULE_NOTIFIED: u8 = 12;
+/// Calls and tokens by a principal under a rule entry in one UTC minute.
+pub const RULE_CALLS_MINUTE: u8 = 13;
+pub const RULE_TOKENS_MINUTE: u8 = 14;
+
 /// The key of [`GLOBAL_INFLIGHT`].
 #[must_use]
 pub fn global_inflight_key() -> u128 {
@@ -713,6 +730,31 @@ impl Segment {
     pub fn add(&self, key: u128, delta: i64) -> Result<i64> {
         let slot = self.find_or_claim(key)?;
         Ok(self.slot_value(slot).fetch_add(delta, AcqRel).wrapping_add(delta))
+    }
+
+    /// Sets the counter at `key` to `value` if it is 0 (one CAS); returns the value before, so
+    /// 0 means this caller set it.
+    pub fn set_if_zero(&self, key: u128, value: i64) -> Result<i64> {
+        let slot = self.find_or_claim(key)?;
+        Ok(
+            match self.slot_value(slot).compare_exchange(0, value, AcqRel, Acquire) {
+                Ok(before) | Err(before) => before,
+            },
+        )
+    }
+
+    /// Moves the time stored at `key` (ns) to `max(value, now_ns) + by_ns` (one CAS loop): a
+    /// token bucket charged after the fact. Returns the new value.
+    pub fn advance(&self, key: u128, now_ns: i64, by_ns: i64) -> Result<i64> {
+        let value = self.slot_value(self.find_or_claim(key)?);
+        let mut current = value.load(Acquire);
+        loop {
+            let next = current.max(now_ns).saturating_add(by_ns);
+            match value.compare_exchange_weak(current, next, AcqRel, Acquire) {
+                Ok(_) => return Ok(next),
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// The counter at `key`, 0 when absent.

@@ -11,7 +11,9 @@ use crate::error::{Error, Result};
 use crate::keyindex::{Digest, KeyIndex};
 use crate::pricing::{LongContext, Prices};
 use crate::provider::{Family, GenericTemplates, Plan};
-use crate::shm::{id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY};
+use crate::shm::{
+    id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY, WINDOW_DAY, WINDOW_MONTH, WINDOW_WEEK,
+};
 
 #[derive(Deserialize)]
 struct RawConfig {
@@ -28,6 +30,12 @@ struct RawConfig {
     models: Vec<RawModel>,
     #[serde(default)]
     grants: Vec<RawGrant>,
+    #[serde(default)]
+    rules: Vec<crate::rules::RawRule>,
+    #[serde(default = "yes")]
+    enforce_rules: bool,
+    #[serde(default)]
+    calendar_tz: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -156,6 +164,8 @@ struct RawModel {
     tags: Vec<String>,
     #[serde(default)]
     deployments: Vec<RawDeployment>,
+    #[serde(default)]
+    restrictions: Option<crate::rules::RawRestrictions>,
 }
 
 #[derive(Deserialize)]
@@ -317,6 +327,8 @@ pub struct Model {
     /// Deployments beyond the model's own (`provider`, `resolved_model`), by priority: a call
     /// fails over to the first once.
     pub deployments: Vec<Deployment>,
+    /// Who may use the model beyond their grant.
+    pub restrictions: Option<crate::rules::Restrictions>,
 }
 
 /// Another place a model is served: a provider and that provider's name for the model.
@@ -356,6 +368,9 @@ pub struct Grant {
     pub spend_key: KeyTemplate,
     /// [`CALLS_HOUR`] key, period left open.
     pub calls_key: KeyTemplate,
+    /// [`WINDOW_DAY`], [`WINDOW_WEEK`] and [`WINDOW_MONTH`] keys (committed spend in the rules'
+    /// calendar), periods left open.
+    pub window_keys: [KeyTemplate; 3],
 }
 
 /// One validated config with its indexes.
@@ -367,6 +382,8 @@ pub struct Snapshot {
     pub providers: Vec<Provider>,
     pub models: Vec<Model>,
     pub grants: Vec<Grant>,
+    /// Spend rules, in precedence order.
+    pub rules: crate::rules::Rules,
     /// Per principal, its grant indexes sorted by model name.
     grants_by_principal: Vec<Vec<u32>>,
     key_index: KeyIndex,
@@ -691,6 +708,9 @@ impl Snapshot {
             .enumerate()
             .map(|(i, m)| {
                 let what = format!("models[{i}] ({:?})", m.name);
+                let restrictions = m
+                    .restrictions
+                    .map(|r| crate::rules::Restrictions::build(e, &format!("{what}.restrictions"), r, count));
                 let kind = ModelKind::parse(&m.kind).unwrap_or_else(|| {
                     e.push(format!(
                         "{what}: kind {:?} is not chat, embedding, image_generation or video_generation",
@@ -769,6 +789,7 @@ impl Snapshot {
                     aliases: m.aliases,
                     tags: m.tags,
                     deployments,
+                    restrictions,
                     id: m.id,
                     name: m.name,
                 }
@@ -817,9 +838,20 @@ impl Snapshot {
                     always_open: g.always_open,
                     spend_key: KeyTemplate::new(SPEND_DAY, &principal_id, &model_id),
                     calls_key: KeyTemplate::new(CALLS_HOUR, &principal_id, &model_id),
+                    window_keys: [WINDOW_DAY, WINDOW_WEEK, WINDOW_MONTH]
+                        .map(|kind| KeyTemplate::new(kind, &principal_id, &model_id)),
                 }
             })
             .collect();
+
+        let rules = crate::rules::Rules::build(
+            e,
+            raw.rules,
+            raw.enforce_rules,
+            raw.calendar_tz.as_deref().unwrap_or("UTC"),
+            principals.len(),
+            &models,
+        );
 
         if raw.seq < 0 {
             errors.push(format!("seq {} is negative", raw.seq));
@@ -854,6 +886,7 @@ impl Snapshot {
             providers,
             models,
             grants,
+            rules,
             grants_by_principal,
             key_index,
         })
@@ -891,6 +924,30 @@ impl Snapshot {
         principal == leader || self.leaders(principal).any(|m| m == leader)
     }
 
+    /// The principal's grants.
+    pub fn grants_of(&self, principal: u32) -> impl Iterator<Item = &Grant> + '_ {
+        self.grants_by_principal
+            .get(principal as usize)
+            .into_iter()
+            .flatten()
+            .map(move |&g| &self.grants[g as usize])
+    }
+
+    /// The index of the principal's grant of the model named or aliased `name`.
+    #[must_use]
+    pub fn grant_index_by_name(&self, principal: u32, name: &str) -> Option<u32> {
+        let list = &self.grants_by_principal[principal as usize];
+        let name_of = |g: u32| self.models[self.grants[g as usize].model as usize].name.as_str();
+        let at = match list.binary_search_by(|&g| name_of(g).cmp(name)) {
+            Ok(at) => at,
+            Err(_) => {
+                let canonical = &self.models[self.model_named(name)? as usize].name;
+                list.binary_search_by(|&g| name_of(g).cmp(canonical)).ok()?
+            }
+        };
+        Some(list[at])
+    }
+
     /// The index of the model with id `id`.
     #[must_use]
     pub fn model_index(&self, id: &str) -> Option<u32> {
@@ -907,17 +964,8 @@ impl Snapshot {
     /// retired included). Grants are on the model, so an alias reaches what its model's grant allows.
     #[must_use]
     pub fn grant_by_name(&self, principal: u32, name: &str) -> Option<&Grant> {
-        let list = &self.grants_by_principal[principal as usize];
-        let name_of = |g: u32| self.models[self.grants[g as usize].model as usize].name.as_str();
-        let at = match list.binary_search_by(|&g| name_of(g).cmp(name)) {
-            Ok(at) => at,
-            Err(_) => {
-                // Not a granted model's name: perhaps an alias (names and aliases never clash).
-                let canonical = &self.models[self.model_named(name)? as usize].name;
-                list.binary_search_by(|&g| name_of(g).cmp(canonical)).ok()?
-            }
-        };
-        Some(&self.grants[list[at] as usize])
+        self.grant_index_by_name(principal, name)
+            .map(|g| &self.grants[g as usize])
     }
 
     /// The grants a principal can see listed, sorted by model name: blocked and retired models
@@ -955,6 +1003,7 @@ pub(crate) mod test_support {
             always_open: false,
             spend_key: KeyTemplate::new(SPEND_DAY, &[1; 16], &[2; 16]),
             calls_key: KeyTemplate::new(CALLS_HOUR, &[1; 16], &[2; 16]),
+            window_keys: [WINDOW_DAY, WINDOW_WEEK, WINDOW_MONTH].map(|k| KeyTemplate::new(k, &[1; 16], &[2; 16])),
         }
     }
 

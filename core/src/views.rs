@@ -312,7 +312,9 @@ pub fn usage_json(snapshot: &Snapshot, principal: u32, segment: &impl CounterRea
         }
         out.extend_from_slice(b"]}");
     }
-    out.extend_from_slice(b"]}");
+    out.extend_from_slice(b"],");
+    crate::rules::usage_rules_json(&mut out, snapshot, principal, segment, now_ms);
+    out.push(b'}');
     out
 }
 

@@ -1,0 +1,1198 @@
+//! Spend rules and model restrictions (API.md "Organisation and spend rules").
+//!
+//! A rule's entries select people (tiers, leaders, business units, minus the exempt) and a scope
+//! (a tag or one model); a call is governed by every entry whose scope covers the requested model
+//! and whose population holds the caller, in precedence order (weight, then id).
+//!
+//! **Spend in scope** is the sum, over the models of the scope the person holds grants to, of the
+//! person's committed spend in the window instance ([`shm::WINDOW_DAY`], `_WEEK`, `_MONTH`
+//! counters, which every settled call feeds whether or not a rule exists: rules are retroactive).
+//!
+//! **No overshoot.** Every enforcing `block` entry covering a call reserves the call's worst case
+//! in the entry's pool ([`shm::RULE_POOL`], a lease) *before* reading the committed counters, and
+//! refuses when `committed + pool > threshold`. A settling call adds its cost to the committed
+//! counters *before* giving its pool reservation back. So at the instant of any reader's pool
+//! add, every other call is counted at least once: in the pool (still reserved) or in the
+//! committed counters read after (settled) — never in neither. The last call admitted thus saw
+//! every call admitted before it, and recorded spend cannot pass the threshold as long as a call
+//! costs at most its worst case (the same bound the per-user daily cap relies on).
+
+use chrono::{Datelike, Days, LocalResult, Months, NaiveDate, TimeZone};
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+use crate::shm::{self, id_bytes, CounterRead, KeyTemplate, Lease, Segment};
+use crate::snapshot::{Model, Snapshot};
+use crate::views::{rfc3339, write_str, write_usd};
+
+#[derive(Deserialize)]
+pub(crate) struct RawRule {
+    id: String,
+    weight: i64,
+    mode: String,
+    #[serde(default)]
+    entries: Vec<RawEntry>,
+    #[serde(default)]
+    entry_numbers: Vec<i64>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RawEntry {
+    window: String,
+    #[serde(default)]
+    actions: Vec<RawAction>,
+    #[serde(default)]
+    tiers: Vec<String>,
+    #[serde(default)]
+    leaders: Vec<i64>,
+    #[serde(default)]
+    business_units: Vec<String>,
+    #[serde(default)]
+    exempt: Vec<i64>,
+    #[serde(default)]
+    tag: Option<String>,
+    #[serde(default)]
+    model: Option<i64>,
+    #[serde(default)]
+    threshold_nano: Option<i64>,
+    #[serde(default)]
+    calls_per_minute: Option<i64>,
+    #[serde(default)]
+    tokens_per_minute: Option<i64>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RawAction {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    hours: i64,
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    channels: Vec<String>,
+    #[serde(default)]
+    template: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct RawRestrictions {
+    #[serde(default)]
+    leader_deny: Vec<i64>,
+    #[serde(default)]
+    leader_allow: Option<Vec<i64>>,
+    #[serde(default)]
+    exempt: Vec<i64>,
+    #[serde(default)]
+    business_units_closed: Vec<String>,
+    #[serde(default)]
+    business_units_open: Option<Vec<String>>,
+}
+
+/// Who may use a model beyond their grant (API.md `PUT /admin/models/{id}` `restrictions`).
+#[derive(Clone, Debug, Default)]
+pub struct Restrictions {
+    pub leader_deny: Vec<u32>,
+    pub leader_allow: Option<Vec<u32>>,
+    pub exempt: Vec<u32>,
+    pub business_units_closed: Vec<String>,
+    pub business_units_open: Option<Vec<String>>,
+}
+
+/// Which layer of a model's restrictions refused a caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restricted {
+    Leader,
+    BusinessUnit,
+}
+
+fn people(errors: &mut Vec<String>, what: &str, list: &[i64], count: usize) -> Vec<u32> {
+    list.iter()
+        .filter_map(|&i| {
+            if i < 0 || i as usize >= count {
+                errors.push(format!("{what}: index {i} out of range (0..{count})"));
+                None
+            } else {
+                Some(i as u32)
+            }
+        })
+        .collect()
+}
+
+impl Restrictions {
+    pub(crate) fn build(errors: &mut Vec<String>, what: &str, raw: RawRestrictions, principals: usize) -> Self {
+        Self {
+            leader_deny: people(errors, &format!("{what}.leader_deny"), &raw.leader_deny, principals),
+            leader_allow: raw
+                .leader_allow
+                .map(|l| people(errors, &format!("{what}.leader_allow"), &l, principals)),
+            exempt: people(errors, &format!("{what}.exempt"), &raw.exempt, principals),
+            business_units_closed: raw.business_units_closed,
+            business_units_open: raw.business_units_open,
+        }
+    }
+
+    /// Why `principal` may not use the model, or None. The exempt always may; then a closed
+    /// business unit, one outside the open list, a denied leader's organisation, or being outside
+    /// every allowed leader's organisation refuses.
+    #[must_use]
+    pub fn refuses(&self, snapshot: &Snapshot, principal: u32) -> Option<Restricted> {
+        if self.exempt.contains(&principal) {
+            return None;
+        }
+        let unit = snapshot.principals[principal as usize].business_unit.as_deref();
+        if unit.is_some_and(|u| self.business_units_closed.iter().any(|c| c == u)) {
+            return Some(Restricted::BusinessUnit);
+        }
+        if let Some(open) = &self.business_units_open {
+            if !unit.is_some_and(|u| open.iter().any(|o| o == u)) {
+                return Some(Restricted::BusinessUnit);
+            }
+        }
+        if self
+            .leader_deny
+            .iter()
+            .any(|&l| snapshot.in_organisation_of(principal, l))
+        {
+            return Some(Restricted::Leader);
+        }
+        if let Some(allow) = &self.leader_allow {
+            if !allow.iter().any(|&l| snapshot.in_organisation_of(principal, l)) {
+                return Some(Restricted::Leader);
+            }
+        }
+        None
+    }
+}
+
+/// A rule window, in the rules' calendar zone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CalendarWindow {
+    Daily,
+    Weekly,
+    Monthly,
+}
+
+const EPOCH: NaiveDate = NaiveDate::from_ymd_opt(1970, 1, 1).expect("a valid date");
+
+impl CalendarWindow {
+    fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "daily" => Self::Daily,
+            "weekly" => Self::Weekly,
+            "monthly" => Self::Monthly,
+            _ => return None,
+        })
+    }
+
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Daily => "daily",
+            Self::Weekly => "weekly",
+            Self::Monthly => "monthly",
+        }
+    }
+
+    /// The counter kind of the committed spend in this window.
+    #[must_use]
+    pub fn kind(self) -> u8 {
+        match self {
+            Self::Daily => shm::WINDOW_DAY,
+            Self::Weekly => shm::WINDOW_WEEK,
+            Self::Monthly => shm::WINDOW_MONTH,
+        }
+    }
+
+    /// The window instance holding local date `date`: days since 1970-01-01; weeks (Monday to
+    /// Sunday) since the week of 1969-12-29; months since January 1970.
+    #[must_use]
+    pub fn period_of(self, date: NaiveDate) -> u32 {
+        let day = (date - EPOCH).num_days();
+        let period = match self {
+            Self::Daily => day,
+            // 1970-01-01 was a Thursday: day + 3 counts from Monday 1969-12-29.
+            Self::Weekly => (day + 3).div_euclid(7),
+            Self::Monthly => i64::from(date.year() - 1970) * 12 + i64::from(date.month0()),
+        };
+        period.clamp(0, i64::from(u32::MAX)) as u32
+    }
+
+    /// The instance holding the instant `unix_ms` in `tz`.
+    #[must_use]
+    pub fn period(self, tz: Tz, unix_ms: i64) -> u32 {
+        self.period_of(local_date(tz, unix_ms))
+    }
+
+    /// The first local date of instance `period`.
+    #[must_use]
+    pub fn first_date(self, period: u32) -> NaiveDate {
+        let period = i64::from(period);
+        match self {
+            Self::Daily => EPOCH + chrono::Duration::days(period),
+            Self::Weekly => EPOCH + chrono::Duration::days(period * 7 - 3),
+            Self::Monthly => EPOCH.checked_add_months(Months::new(period as u32)).unwrap_or(EPOCH),
+        }
+    }
+
+    /// `[start, end)` of instance `period` as unix ms: local midnights in `tz` (the first instant
+    /// of the day where DST skips midnight).
+    #[must_use]
+    pub fn bounds(self, tz: Tz, period: u32) -> (i64, i64) {
+        let start = self.first_date(period);
+        let end = match self {
+            Self::Daily => start.checked_add_days(Days::new(1)),
+            Self::Weekly => start.checked_add_days(Days::new(7)),
+            Self::Monthly => start.checked_add_months(Months::new(1)),
+        }
+        .unwrap_or(start);
+        (local_midnight(tz, start), local_midnight(tz, end))
+    }
+}
+
+/// The local date of `unix_ms` in `tz`.
+#[must_use]
+pub fn local_date(tz: Tz, unix_ms: i64) -> NaiveDate {
+    tz.timestamp_millis_opt(unix_ms)
+        .single()
+        .map_or(EPOCH, |t| t.date_naive())
+}
+
+/// The first instant of local date `date` in `tz` (unix ms).
+#[must_use]
+pub fn local_midnight(tz: Tz, date: NaiveDate) -> i64 {
+    let mut wall = date.and_hms_opt(0, 0, 0).expect("midnight exists");
+    // A DST gap can swallow midnight (e.g. America/Santiago): the day starts at the gap's end.
+    for _ in 0..4 * 24 {
+        match tz.from_local_datetime(&wall) {
+            LocalResult::Single(t) => return t.timestamp_millis(),
+            LocalResult::Ambiguous(earliest, _) => return earliest.timestamp_millis(),
+            LocalResult::None => wall += chrono::Duration::minutes(15),
+        }
+    }
+    (date - EPOCH).num_days() * 86_400_000
+}
+
+/// What a rule entry governs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Tag(String),
+    Model(u32),
+}
+
+/// A notification channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    Webhook,
+    Email,
+}
+
+impl Channel {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Webhook => "webhook",
+            Self::Email => "email",
+        }
+    }
+}
+
+/// How a rule applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Shadow,
+    /// Follows the global switch ([`Rules::enforce`]).
+    Inherit,
+}
+
+/// One entry of a rule.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Its position in the rule as authored.
+    pub number: u32,
+    pub tiers: Vec<String>,
+    pub leaders: Vec<u32>,
+    pub business_units: Vec<String>,
+    pub exempt: Vec<u32>,
+    pub scope: Scope,
+    /// Bit `m` set when the scope covers model `m`.
+    covers: Vec<u64>,
+    pub window: CalendarWindow,
+    pub threshold_nano: Option<i64>,
+    pub calls_per_minute: Option<i64>,
+    pub tokens_per_minute: Option<i64>,
+    pub block: bool,
+    pub pause_hours: Option<i64>,
+    pub warn: Option<String>,
+    pub notify: Vec<Channel>,
+    pub template: Option<String>,
+    /// The entry's id in counter keys: xxh3 of `rule id ‖ '#' ‖ number`.
+    pub key_id: [u8; 16],
+}
+
+impl Entry {
+    /// Whether the scope covers model `model`.
+    #[must_use]
+    pub fn covers(&self, model: u32) -> bool {
+        self.covers
+            .get(model as usize / 64)
+            .is_some_and(|word| word >> (model % 64) & 1 == 1)
+    }
+
+    /// Whether the population holds `principal`: AND across kinds, OR within a list, an empty
+    /// list means everyone; the exempt never match; `leaders` holds each leader's organisation.
+    #[must_use]
+    pub fn matches(&self, snapshot: &Snapshot, principal: u32) -> bool {
+        if self.exempt.contains(&principal) {
+            return false;
+        }
+        let person = &snapshot.principals[principal as usize];
+        let listed = |list: &[String], value: &Option<String>| {
+            list.is_empty() || value.as_ref().is_some_and(|v| list.iter().any(|x| x == v))
+        };
+        listed(&self.tiers, &person.tier)
+            && listed(&self.business_units, &person.business_unit)
+            && (self.leaders.is_empty() || self.leaders.iter().any(|&l| snapshot.in_organisation_of(principal, l)))
+    }
+
+    /// The strongest action the entry takes at or over its threshold (`block` > `pause` > `warn`
+    /// > `notify`).
+    #[must_use]
+    pub fn strongest_action(&self) -> Option<&'static str> {
+        if self.block {
+            Some("block")
+        } else if self.pause_hours.is_some() {
+            Some("pause")
+        } else if self.warn.is_some() {
+            Some("warn")
+        } else if !self.notify.is_empty() {
+            Some("notify")
+        } else {
+            None
+        }
+    }
+
+    fn scope_json(&self, out: &mut Vec<u8>, models: &[Model]) {
+        match &self.scope {
+            Scope::Tag(tag) => {
+                out.extend_from_slice(b"{\"tag\":");
+                write_str(out, tag);
+            }
+            Scope::Model(m) => {
+                out.extend_from_slice(b"{\"model\":");
+                write_str(out, models.get(*m as usize).map_or("", |m| m.name.as_str()));
+            }
+        }
+        out.push(b'}');
+    }
+}
+
+/// A rule.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub id: String,
+    pub weight: i64,
+    pub mode: Mode,
+    pub entries: Vec<Entry>,
+}
+
+/// Every rule of a snapshot, in precedence order, with the calendar and the global switch.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    pub rules: Vec<Rule>,
+    pub tz: Tz,
+    /// The global switch: `inherit` rules enforce when true.
+    pub enforce: bool,
+    /// Per model, the `(rule, entry)` indexes whose scope covers it, in precedence order.
+    by_model: Vec<Vec<(u32, u32)>>,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Self {
+            rules: Vec::new(),
+            tz: Tz::UTC,
+            enforce: true,
+            by_model: Vec::new(),
+        }
+    }
+}
+
+fn build_entry(
+    errors: &mut Vec<String>,
+    what: &str,
+    rule_id: &str,
+    number: u32,
+    raw: RawEntry,
+    principals: usize,
+    models: &[Model],
+) -> Entry {
+    let window = CalendarWindow::parse(&raw.window).unwrap_or_else(|| {
+        errors.push(format!(
+            "{what}: window {:?} is not daily, weekly or monthly",
+            raw.window
+        ));
+        CalendarWindow::Daily
+    });
+    let scope = match (raw.tag, raw.model) {
+        (Some(tag), None) if !tag.is_empty() => Scope::Tag(tag),
+        (None, Some(m)) if m >= 0 && (m as usize) < models.len() => Scope::Model(m as u32),
+        _ => {
+            errors.push(format!("{what}: the scope is one tag or one model (index in range)"));
+            Scope::Tag(String::new())
+        }
+    };
+    let mut covers = vec![0u64; models.len().div_ceil(64)];
+    for (i, model) in models.iter().enumerate() {
+        let covered = match &scope {
+            Scope::Tag(tag) => model.tags.iter().any(|t| t == tag),
+            Scope::Model(m) => *m as usize == i,
+        };
+        if covered {
+            covers[i / 64] |= 1 << (i % 64);
+        }
+    }
+    let positive = |errors: &mut Vec<String>, name: &str, value: Option<i64>| {
+        if value.is_some_and(|v| v <= 0) {
+            errors.push(format!("{what}: {name} must be positive"));
+        }
+        value.filter(|&v| v > 0)
+    };
+    let threshold_nano = positive(errors, "threshold_nano", raw.threshold_nano);
+    let calls_per_minute = positive(errors, "calls_per_minute", raw.calls_per_minute);
+    let tokens_per_minute = positive(errors, "tokens_per_minute", raw.tokens_per_minute);
+    if threshold_nano.is_none() && calls_per_minute.is_none() && tokens_per_minute.is_none() {
+        errors.push(format!("{what}: needs a threshold or a per-minute cap"));
+    }
+    let mut entry = Entry {
+        number,
+        tiers: raw.tiers,
+        leaders: people(errors, &format!("{what}.leaders"), &raw.leaders, principals),
+        business_units: raw.business_units,
+        exempt: people(errors, &format!("{what}.exempt"), &raw.exempt, principals),
+        scope,
+        covers,
+        window,
+        threshold_nano,
+        calls_per_minute,
+        tokens_per_minute,
+        block: false,
+        pause_hours: None,
+        warn: None,
+        notify: Vec::new(),
+        template: None,
+        key_id: xxhash_rust::xxh3::xxh3_128(format!("{rule_id}#{number}").as_bytes()).to_be_bytes(),
+    };
+    for action in raw.actions {
+        match action.kind.as_str() {
+            "block" => entry.block = true,
+            "pause" if (1..=8760).contains(&action.hours) => entry.pause_hours = Some(action.hours),
+            "warn" if !action.text.is_empty() => entry.warn = Some(action.text),
+            "notify" => {
+                for channel in &action.channels {
+                    match channel.as_str() {
+                        "webhook" => entry.notify.push(Channel::Webhook),
+                        "email" => entry.notify.push(Channel::Email),
+                        other => errors.push(format!("{what}: channel {other:?} is not webhook or email")),
+                    }
+                }
+                entry.template = action.template;
+            }
+            other => errors.push(format!("{what}: action {other:?} is not valid")),
+        }
+    }
+    if entry.threshold_nano.is_none()
+        && (entry.pause_hours.is_some() || entry.warn.is_some() || !entry.notify.is_empty())
+    {
+        errors.push(format!("{what}: pause, warn and notify need a threshold"));
+    }
+    entry
+}
+
+impl Rules {
+    pub(crate) fn build(
+        errors: &mut Vec<String>,
+        raw: Vec<RawRule>,
+        enforce: bool,
+        calendar_tz: &str,
+        principals: usize,
+        models: &[Model],
+    ) -> Self {
+        let tz = calendar_tz.parse().unwrap_or_else(|_| {
+            errors.push(format!("calendar_tz {calendar_tz:?} is not an IANA zone"));
+            Tz::UTC
+        });
+        let mut seen = std::collections::HashSet::new();
+        let mut rules: Vec<Rule> = raw
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let what = format!("rules[{i}] ({:?})", r.id);
+                if !seen.insert(r.id.clone()) {
+                    errors.push(format!("{what}: duplicate id"));
+                }
+                let mode = match r.mode.as_str() {
+                    "enforce" => Mode::Enforce,
+                    "shadow" => Mode::Shadow,
+                    "inherit" => Mode::Inherit,
+                    other => {
+                        errors.push(format!("{what}: mode {other:?} is not enforce, shadow or inherit"));
+                        Mode::Shadow
+                    }
+                };
+                let entries = r
+                    .entries
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, e)| {
+                        let number = r.entry_numbers.get(j).copied().unwrap_or(j as i64).max(0) as u32;
+                        build_entry(
+                            errors,
+                            &format!("{what}.entries[{j}]"),
+                            &r.id,
+                            number,
+                            e,
+                            principals,
+                            models,
+                        )
+                    })
+                    .collect();
+                Rule {
+                    id: r.id,
+                    weight: r.weight,
+                    mode,
+                    entries,
+                }
+            })
+            .collect();
+        rules.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.id.cmp(&b.id)));
+        let mut by_model = vec![Vec::new(); models.len()];
+        for (r, rule) in rules.iter().enumerate() {
+            for (e, entry) in rule.entries.iter().enumerate() {
+                for (m, list) in by_model.iter_mut().enumerate() {
+                    if entry.covers(m as u32) {
+                        list.push((r as u32, e as u32));
+                    }
+                }
+            }
+        }
+        Self {
+            rules,
+            tz,
+            enforce,
+            by_model,
+        }
+    }
+
+    /// Whether `rule` refuses calls (rather than only recording what it would do).
+    #[must_use]
+    pub fn enforcing(&self, rule: &Rule) -> bool {
+        match rule.mode {
+            Mode::Enforce => true,
+            Mode::Shadow => false,
+            Mode::Inherit => self.enforce,
+        }
+    }
+
+    /// The entries covering `model`, in precedence order.
+    pub fn covering(&self, model: u32) -> impl Iterator<Item = (&Rule, &Entry)> + '_ {
+        self.by_model.get(model as usize).into_iter().flatten().map(|&(r, e)| {
+            let rule = &self.rules[r as usize];
+            (rule, &rule.entries[e as usize])
+        })
+    }
+}
+
+/// Counter keys of a principal's committed spend in a window, one per model of the scope they
+/// hold a grant to.
+fn scope_keys(snapshot: &Snapshot, principal: u32, entry: &Entry, period: u32) -> Vec<u128> {
+    snapshot
+        .grants_of(principal)
+        .filter(|g| entry.covers(g.model))
+        .map(|g| g.window_keys[window_index(entry.window)].at(period))
+        .collect()
+}
+
+fn window_index(window: CalendarWindow) -> usize {
+    match window {
+        CalendarWindow::Daily => 0,
+        CalendarWindow::Weekly => 1,
+        CalendarWindow::Monthly => 2,
+    }
+}
+
+fn sum(counters: &impl CounterRead, keys: &[u128]) -> i64 {
+    keys.iter().map(|&k| counters.counter(k)).sum()
+}
+
+/// What a rule did to a person (a row's event; the `rule_events` outbox's natural key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub rule_id: String,
+    pub entry: u32,
+    /// `notify` or `pause`.
+    pub action: &'static str,
+    /// `webhook` or `email` for `notify`; empty for `pause`.
+    pub channel: &'static str,
+    pub window: &'static str,
+    pub window_start_ms: i64,
+    pub threshold_nano: i64,
+    pub spend_nano: i64,
+    /// JSON object text.
+    pub detail: String,
+}
+
+/// A notify entry to check once the call settled: fires when the spend in scope is at or over
+/// the threshold and nobody fired it in this window instance yet.
+#[derive(Clone, Debug)]
+pub struct Watch {
+    keys: Vec<u128>,
+    flag: u128,
+    threshold: i64,
+    /// The events to emit, spend filled in when fired.
+    events: Vec<Event>,
+}
+
+impl Watch {
+    /// The events, once, when the spend in scope reached the threshold.
+    #[must_use]
+    pub fn check(&self, segment: &Segment) -> Vec<Event> {
+        let spend = sum(segment, &self.keys);
+        self.fire(segment, spend)
+    }
+
+    fn fire(&self, segment: &Segment, spend: i64) -> Vec<Event> {
+        if spend < self.threshold || !matches!(segment.set_if_zero(self.flag, 1), Ok(0)) {
+            return Vec::new();
+        }
+        self.events
+            .iter()
+            .map(|e| Event {
+                spend_nano: spend,
+                ..e.clone()
+            })
+            .collect()
+    }
+}
+
+/// Why the rules refuse a call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// A `block` entry: spend at or over the threshold, or the worst case would cross it.
+    Block {
+        rule: String,
+        threshold_nano: i64,
+        reset_at_ms: i64,
+    },
+    /// A `pause`, lifting at `resume_at_ms`.
+    Pause { rule: String, resume_at_ms: i64 },
+    /// A per-minute cap of calls or tokens.
+    Rate { rule: String, retry_at_ms: i64 },
+}
+
+/// The governing rule entry of a call, for the status headers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleLimit {
+    pub rule: String,
+    /// Percent of the threshold, counting open reservations (this call's included).
+    pub utilization: f64,
+    pub reset_at_ms: i64,
+}
+
+/// The rules' decision on one call (see [`decide`]).
+#[derive(Debug, Default)]
+pub struct Decision {
+    pub refusal: Option<Refusal>,
+    /// The first shadow entry that would have refused the call (its rule id).
+    pub would_deny: Option<String>,
+    /// The first enforcing `warn` whose threshold is reached.
+    pub warning: Option<String>,
+    pub limit: Option<RuleLimit>,
+    /// Pool reservations, given back when the call settles (after its cost is committed).
+    pub leases: Vec<Lease>,
+    /// The committed-spend counters (day, week, month) the call's cost goes to.
+    pub charges: Vec<u128>,
+    /// Per-minute token buckets the call's tokens go to: `(key, ns per token)`.
+    pub token_keys: Vec<(u128, i64)>,
+    pub watches: Vec<Watch>,
+    /// Events already emitted (a pause that began, a block's notification).
+    pub events: Vec<Event>,
+    /// The shared memory could not be read or written: fail closed.
+    pub unavailable: bool,
+}
+
+fn notify_events(
+    rule: &Rule,
+    entry: &Entry,
+    model: &Model,
+    window_start_ms: i64,
+    resume_at_ms: Option<i64>,
+) -> Vec<Event> {
+    let mut detail = Vec::with_capacity(96);
+    detail.extend_from_slice(b"{\"model\":");
+    write_str(&mut detail, &model.name);
+    if let Some(template) = &entry.template {
+        detail.extend_from_slice(b",\"template\":");
+        write_str(&mut detail, template);
+    }
+    if let Some(at) = resume_at_ms {
+        detail.extend_from_slice(b",\"resume_at_ms\":");
+        detail.extend_from_slice(itoa::Buffer::new().format(at).as_bytes());
+    }
+    detail.push(b'}');
+    let detail = String::from_utf8(detail).unwrap_or_default();
+    entry
+        .notify
+        .iter()
+        .map(|channel| Event {
+            rule_id: rule.id.clone(),
+            entry: entry.number,
+            action: "notify",
+            channel: channel.as_str(),
+            window: entry.window.as_str(),
+            window_start_ms,
+            threshold_nano: entry.threshold_nano.unwrap_or(0),
+            spend_nano: 0,
+            detail: detail.clone(),
+        })
+        .collect()
+}
+
+/// The rules' decision for `principal` calling `model` with worst-case cost `worst_nano` at
+/// `now_ms`: reserves in every enforcing block entry's pool (held in the decision's leases until
+/// settle), starts pauses, counts per-minute calls. On a refusal nothing stays reserved.
+#[must_use]
+pub fn decide(
+    snapshot: &Snapshot,
+    segment: &Segment,
+    principal: u32,
+    grant_index: u32,
+    worst_nano: i64,
+    now_ms: i64,
+) -> Decision {
+    let rules = &snapshot.rules;
+    let grant = &snapshot.grants[grant_index as usize];
+    let model_index = grant.model;
+    let model = &snapshot.models[model_index as usize];
+    let tz = rules.tz;
+    let date = local_date(tz, now_ms);
+    let mut d = Decision {
+        charges: [CalendarWindow::Daily, CalendarWindow::Weekly, CalendarWindow::Monthly]
+            .iter()
+            .enumerate()
+            .map(|(i, w)| grant.window_keys[i].at(w.period_of(date)))
+            .collect(),
+        ..Decision::default()
+    };
+    let principal_bytes = id_bytes(&snapshot.principals[principal as usize].id);
+    let now_ns = now_ms.saturating_mul(1_000_000);
+    let mut best: Option<RuleLimit> = None;
+    for (rule, entry) in rules.covering(model_index) {
+        if !entry.matches(snapshot, principal) {
+            continue;
+        }
+        let enforcing = rules.enforcing(rule);
+        let key = |kind: u8, period: u32| KeyTemplate::new(kind, &principal_bytes, &entry.key_id).at(period);
+        let refuse = |d: &mut Decision, refusal: Refusal| {
+            if enforcing {
+                d.refusal = Some(refusal);
+                true
+            } else {
+                d.would_deny.get_or_insert_with(|| rule.id.clone());
+                false
+            }
+        };
+        // Per-minute caps are token buckets (GCRA) of a minute's worth: `cap` back to back, then
+        // one per `60 s / cap`; one slot per person and entry, whatever the minute.
+        if let Some(cap) = entry.calls_per_minute {
+            let calls_key = key(shm::RULE_CALLS_MINUTE, 0);
+            let interval = MINUTE_NS / cap;
+            let wait = if enforcing {
+                match segment.rate_acquire(calls_key, interval.max(1), cap, now_ns) {
+                    Ok(wait) => wait,
+                    Err(_) => {
+                        d.unavailable = true;
+                        break;
+                    }
+                }
+            } else {
+                shm::gcra_step(segment.get(calls_key), now_ns, interval.max(1), cap)
+                    .err()
+                    .unwrap_or(0)
+            };
+            if wait > 0 {
+                let rate = Refusal::Rate {
+                    rule: rule.id.clone(),
+                    retry_at_ms: now_ms + (wait + 999_999) / 1_000_000,
+                };
+                if refuse(&mut d, rate) {
+                    break;
+                }
+            }
+        }
+        if let Some(cap) = entry.tokens_per_minute {
+            let tokens_key = key(shm::RULE_TOKENS_MINUTE, 0);
+            // The bucket's theoretical arrival time: more than a minute ahead = over the cap.
+            let ahead = segment.get(tokens_key).saturating_sub(now_ns);
+            if ahead > MINUTE_NS {
+                let rate = Refusal::Rate {
+                    rule: rule.id.clone(),
+                    retry_at_ms: now_ms + (ahead - MINUTE_NS + 999_999) / 1_000_000,
+                };
+                if refuse(&mut d, rate) {
+                    break;
+                }
+            }
+            if enforcing {
+                d.token_keys.push((tokens_key, (MINUTE_NS / cap).max(1)));
+            }
+        }
+        let Some(threshold) = entry.threshold_nano else {
+            continue;
+        };
+        let period = entry.window.period_of(date);
+        let (window_start, window_end) = entry.window.bounds(tz, period);
+        let keys = scope_keys(snapshot, principal, entry, period);
+        let pool_key = key(shm::RULE_POOL, period);
+        let mut committed = sum(segment, &keys);
+
+        if let (true, Some(hours)) = (enforcing, entry.pause_hours) {
+            let pause_key = key(shm::RULE_PAUSE, period);
+            let length = hours * 3_600_000;
+            let mut start = segment.get(pause_key);
+            if start == 0 && committed >= threshold {
+                match segment.set_if_zero(pause_key, now_ms) {
+                    Ok(0) => {
+                        start = now_ms;
+                        d.events.push(Event {
+                            rule_id: rule.id.clone(),
+                            entry: entry.number,
+                            action: "pause",
+                            channel: "",
+                            window: entry.window.as_str(),
+                            window_start_ms: window_start,
+                            threshold_nano: threshold,
+                            spend_nano: committed,
+                            detail: format!("{{\"resume_at_ms\":{},\"started_at_ms\":{now_ms}}}", now_ms + length),
+                        });
+                    }
+                    Ok(before) => start = before,
+                    Err(_) => {
+                        d.unavailable = true;
+                        break;
+                    }
+                }
+            }
+            if start > 0 && now_ms < start + length {
+                d.refusal = Some(Refusal::Pause {
+                    rule: rule.id.clone(),
+                    resume_at_ms: start + length,
+                });
+                break;
+            }
+        }
+
+        let mut pool = segment.get(pool_key);
+        if entry.block && enforcing {
+            let lease = match segment.reserve(pool_key, worst_nano.max(0), i64::MAX) {
+                Ok(Some(lease)) => lease,
+                _ => {
+                    d.unavailable = true;
+                    break;
+                }
+            };
+            // NOTE: the committed counters are read after the pool add (see the module docs).
+            pool = segment.get(pool_key);
+            committed = sum(segment, &keys);
+            if committed.saturating_add(pool) > threshold {
+                segment.release(&lease);
+                let mut watch_events = Vec::new();
+                if !entry.notify.is_empty() {
+                    let watch = Watch {
+                        keys: keys.clone(),
+                        flag: key(shm::RULE_NOTIFIED, period),
+                        threshold,
+                        events: notify_events(rule, entry, model, window_start, None),
+                    };
+                    // A block is a crossing even when spend itself stays below the threshold.
+                    watch_events = watch.fire(segment, committed.max(threshold));
+                    for e in &mut watch_events {
+                        e.spend_nano = committed;
+                    }
+                }
+                d.events.extend(watch_events);
+                d.limit = Some(RuleLimit {
+                    rule: rule.id.clone(),
+                    utilization: utilization_pct(committed.saturating_add(pool) - worst_nano.max(0), threshold),
+                    reset_at_ms: window_end,
+                });
+                d.refusal = Some(Refusal::Block {
+                    rule: rule.id.clone(),
+                    threshold_nano: threshold,
+                    reset_at_ms: window_end,
+                });
+                break;
+            }
+            d.leases.push(lease);
+        } else if entry.block && committed.saturating_add(pool).saturating_add(worst_nano) > threshold {
+            d.would_deny.get_or_insert_with(|| rule.id.clone());
+        }
+        let in_use = if entry.block && enforcing {
+            committed.saturating_add(pool)
+        } else {
+            committed.saturating_add(pool).saturating_add(worst_nano.max(0))
+        };
+        let utilization = utilization_pct(in_use, threshold);
+        if best.as_ref().is_none_or(|b| utilization > b.utilization) {
+            best = Some(RuleLimit {
+                rule: rule.id.clone(),
+                utilization,
+                reset_at_ms: window_end,
+            });
+        }
+        if enforcing {
+            if let Some(text) = &entry.warn {
+                if committed >= threshold && d.warning.is_none() {
+                    d.warning = Some(text.clone());
+                }
+            }
+            if !entry.notify.is_empty() {
+                d.watches.push(Watch {
+                    keys,
+                    flag: key(shm::RULE_NOTIFIED, period),
+                    threshold,
+                    events: notify_events(rule, entry, model, window_start, None),
+                });
+            }
+        }
+    }
+    if d.refusal.is_some() || d.unavailable {
+        for lease in d.leases.drain(..) {
+            segment.release(&lease);
+        }
+        d.watches.clear();
+    }
+    if d.limit.is_none() {
+        d.limit = best;
+    }
+    d
+}
+
+const MINUTE_NS: i64 = 60_000_000_000;
+
+/// Percent of `threshold` that `spend` is, to two decimals.
+fn utilization_pct(spend: i64, threshold: i64) -> f64 {
+    if threshold <= 0 {
+        return 0.0;
+    }
+    (spend.max(0) as f64 * 10_000.0 / threshold as f64).round() / 100.0
+}
+
+fn write_fraction(out: &mut Vec<u8>, spend: i64, threshold: i64) {
+    let value = if threshold > 0 {
+        spend.max(0) as f64 / threshold as f64
+    } else {
+        0.0
+    };
+    let rounded = (value * 1e6).round() / 1e6;
+    out.extend_from_slice(format!("{rounded}").as_bytes());
+}
+
+/// `GET /v1/usage`'s `rules`: every entry with a threshold whose population holds the caller.
+pub fn usage_rules_json(
+    out: &mut Vec<u8>,
+    snapshot: &Snapshot,
+    principal: u32,
+    segment: &impl CounterRead,
+    now_ms: i64,
+) {
+    let rules = &snapshot.rules;
+    let date = local_date(rules.tz, now_ms);
+    let principal_bytes = id_bytes(&snapshot.principals[principal as usize].id);
+    out.extend_from_slice(b"\"rules\":[");
+    let mut first = true;
+    for rule in &rules.rules {
+        for entry in &rule.entries {
+            let Some(threshold) = entry.threshold_nano else {
+                continue;
+            };
+            if !entry.matches(snapshot, principal) {
+                continue;
+            }
+            let period = entry.window.period_of(date);
+            let (_, reset) = entry.window.bounds(rules.tz, period);
+            let key = |kind: u8| KeyTemplate::new(kind, &principal_bytes, &entry.key_id).at(period);
+            let spend = sum(segment, &scope_keys(snapshot, principal, entry, period));
+            let paused_at = segment.counter(key(shm::RULE_PAUSE));
+            let enforcing = rules.enforcing(rule);
+            let paused_until = entry
+                .pause_hours
+                .map(|h| paused_at + h * 3_600_000)
+                .filter(|&until| paused_at > 0 && now_ms < until);
+            let status = match () {
+                _ if !enforcing && spend >= threshold && entry.block => "would_block",
+                _ if !enforcing => "shadow",
+                _ if paused_until.is_some() => "paused",
+                _ if entry.block && spend >= threshold => "blocked",
+                _ if spend >= threshold && (entry.warn.is_some() || !entry.notify.is_empty()) => "warning",
+                _ if spend >= threshold => "over",
+                _ => "ok",
+            };
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            out.extend_from_slice(b"{\"id\":");
+            write_str(out, &rule.id);
+            out.extend_from_slice(b",\"entry\":");
+            out.extend_from_slice(itoa::Buffer::new().format(entry.number).as_bytes());
+            out.extend_from_slice(b",\"scope\":");
+            entry.scope_json(out, &snapshot.models);
+            out.extend_from_slice(b",\"window\":\"");
+            out.extend_from_slice(entry.window.as_str().as_bytes());
+            out.extend_from_slice(b"\",\"mode\":\"");
+            out.extend_from_slice(if enforcing { b"enforce" as &[u8] } else { b"shadow" });
+            out.extend_from_slice(b"\",\"spend_usd\":");
+            write_usd(out, spend);
+            out.extend_from_slice(b",\"threshold_usd\":");
+            write_usd(out, threshold);
+            out.extend_from_slice(b",\"utilization\":");
+            write_fraction(out, spend, threshold);
+            out.extend_from_slice(b",\"status\":\"");
+            out.extend_from_slice(status.as_bytes());
+            out.extend_from_slice(b"\",\"reset_at\":");
+            write_str(out, &rfc3339(reset));
+            if let Some(until) = paused_until {
+                out.extend_from_slice(b",\"resume_at\":");
+                write_str(out, &rfc3339(until));
+            }
+            out.push(b'}');
+        }
+    }
+    out.push(b']');
+}
+
+/// `POST /admin/rules/dry-run`: for a draft rule (msgpack, the config form), every person whose
+/// spend in an entry's scope is at or over its threshold now, with the strongest action the
+/// entry would take. Reads counters only.
+pub fn dry_run(snapshot: &Snapshot, segment: &impl CounterRead, rule: &[u8], now_ms: i64) -> crate::Result<Vec<u8>> {
+    let raw: RawRule =
+        rmp_serde::from_slice(rule).map_err(|e| crate::Error::Snapshot(vec![format!("rule does not decode: {e}")]))?;
+    let mut errors = Vec::new();
+    let tz = snapshot.rules.tz;
+    let built = Rules::build(
+        &mut errors,
+        vec![raw],
+        true,
+        tz.name(),
+        snapshot.principals.len(),
+        &snapshot.models,
+    );
+    if !errors.is_empty() {
+        return Err(crate::Error::Snapshot(errors));
+    }
+    let date = local_date(tz, now_ms);
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"affected\":[");
+    let mut first = true;
+    for rule in &built.rules {
+        for entry in &rule.entries {
+            let (Some(threshold), Some(action)) = (entry.threshold_nano, entry.strongest_action()) else {
+                continue;
+            };
+            let period = entry.window.period_of(date);
+            for (p, person) in snapshot.principals.iter().enumerate() {
+                let p = p as u32;
+                if !person.active || !entry.matches(snapshot, p) {
+                    continue;
+                }
+                let spend = sum(segment, &scope_keys(snapshot, p, entry, period));
+                if spend < threshold {
+                    continue;
+                }
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                out.extend_from_slice(b"{\"user_id\":");
+                write_str(&mut out, &person.id);
+                out.extend_from_slice(b",\"entry\":");
+                out.extend_from_slice(itoa::Buffer::new().format(entry.number).as_bytes());
+                out.extend_from_slice(b",\"action\":\"");
+                out.extend_from_slice(action.as_bytes());
+                out.extend_from_slice(b"\",\"spend_usd\":");
+                write_usd(&mut out, spend);
+                out.extend_from_slice(b",\"threshold_usd\":");
+                write_usd(&mut out, threshold);
+                out.extend_from_slice(b",\"utilization\":");
+                write_fraction(&mut out, spend, threshold);
+                out.push(b'}');
+            }
+        }
+    }
+    out.extend_from_slice(b"]}\n");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(tz: Tz, y: i32, m: u32, d: u32, h: u32) -> i64 {
+        tz.with_ymd_and_hms(y, m, d, h, 0, 0)
+            .earliest()
+            .unwrap()
+            .timestamp_millis()
+    }
+
+    #[test]
+    fn windows_follow_the_calendar_zone() {
+        let paris: Tz = "Europe/Paris".parse().unwrap();
+        // 23:30 UTC on Sunday 2026-03-29 is already Monday in Paris (DST began that night).
+        let t = ms(Tz::UTC, 2026, 3, 29, 23) + 30 * 60_000;
+        assert_eq!(local_date(paris, t), NaiveDate::from_ymd_opt(2026, 3, 30).unwrap());
+        let week = CalendarWindow::Weekly.period(paris, t);
+        let (start, end) = CalendarWindow::Weekly.bounds(paris, week);
+        assert_eq!(start, ms(paris, 2026, 3, 30, 0));
+        assert_eq!(end, ms(paris, 2026, 4, 6, 0));
+        let (start, end) = CalendarWindow::Daily.bounds(paris, CalendarWindow::Daily.period(paris, t));
+        assert_eq!(end - start, 24 * 3_600_000);
+        // The DST day itself is 23 hours long.
+        let dst_day = CalendarWindow::Daily.period_of(NaiveDate::from_ymd_opt(2026, 3, 29).unwrap());
+        let (start, end) = CalendarWindow::Daily.bounds(paris, dst_day);
+        assert_eq!(end - start, 23 * 3_600_000);
+        // Leap February.
+        let feb = CalendarWindow::Monthly.period_of(NaiveDate::from_ymd_opt(2028, 2, 10).unwrap());
+        let (start, end) = CalendarWindow::Monthly.bounds(Tz::UTC, feb);
+        assert_eq!(end - start, 29 * 86_400_000);
+        assert_eq!(CalendarWindow::Monthly.period_of(EPOCH), 0);
+    }
+
+    #[test]
+    fn weeks_start_on_monday() {
+        for day in 0..800 {
+            let date = EPOCH + chrono::Duration::days(day);
+            let period = CalendarWindow::Weekly.period_of(date);
+            let first = CalendarWindow::Weekly.first_date(period);
+            assert_eq!(first.weekday(), chrono::Weekday::Mon, "{date}");
+            assert!(first <= date && (date - first).num_days() < 7, "{date}");
+            let month = CalendarWindow::Monthly.period_of(date);
+            let first = CalendarWindow::Monthly.first_date(month);
+            assert_eq!(
+                (first.year(), first.month(), first.day()),
+                (date.year(), date.month(), 1)
+            );
+        }
+    }
+
+    #[test]
+    fn a_skipped_midnight_starts_the_day_at_the_gap_end() {
+        // Santiago moved clocks from 00:00 to 01:00 on 2022-09-11.
+        let santiago: Tz = "America/Santiago".parse().unwrap();
+        let date = NaiveDate::from_ymd_opt(2022, 9, 11).unwrap();
+        let start = local_midnight(santiago, date);
+        assert_eq!(local_date(santiago, start), date);
+        assert_eq!(local_date(santiago, start - 1), date.pred_opt().unwrap());
+    }
+}
