@@ -552,6 +552,9 @@ class Prepared:
     @property
     def tier(self) -> str | None:
         """The caller's tier at call time."""
+    @property
+    def model_tags(self) -> list[str]:
+        """The model's tags at call time."""
     def events(self) -> list[tuple[str, int, str, str, str, int, int, int, str]]:
         """What the rules did to the caller, as ``meshfast.telemetry.RuleEvent`` fields: the
         decision's (a pause that began, a block's notification), then those that fired when the

@@ -98,7 +98,7 @@ def month_period(date: dt.date) -> int:
     return (date.year - 1970) * 12 + date.month - 1
 
 
-def _window_keys(a: str, b: str, date: dt.date) -> tuple[int, int, int]:
+def _window_keys(a: str, b: str, date: dt.date) -> tuple[bytes, bytes, bytes]:
     return (counter_key(WINDOW_DAY, a, b, day_period(date)), counter_key(WINDOW_WEEK, a, b, week_period(date)),
             counter_key(WINDOW_MONTH, a, b, month_period(date)))
 

@@ -122,7 +122,7 @@ class DataPlane:
             mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
             model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
             source_ip=source_ip, user_agent=user_agent, business_unit=p.business_unit, manager_id=p.manager_id,
-            tier=p.tier, would_deny=p.would_deny,
+            tier=p.tier, would_deny=p.would_deny, tags=p.model_tags,
         )
         governed = _status_headers(p)
         if p.status:

@@ -390,7 +390,6 @@ def test_calls_keep_the_callers_organisation_after_a_reorg(gateway: Gateway, tes
     assert {g["key"]: g["calls"] for g in summary["groups"]} == {"payments": 1, "search": 1}
 
 
-@pytest.mark.xfail(reason="until the data plane fills Row.tags (the model's tags at call time)", strict=False)
 def test_calls_count_once_per_tag_their_model_had(gateway: Gateway, testserve: EmulatedProviders) -> None:
     """A call on a model tagged opus and frontier counts once in each tag's group; a tag added later does
     not reach the rows already written."""

@@ -755,6 +755,10 @@ impl PyPrepared {
     fn tier(&self) -> Option<&str> {
         self.inner.tier.as_deref()
     }
+    #[getter]
+    fn model_tags(&self) -> Vec<String> {
+        self.inner.model_tags.clone()
+    }
 
     /// What the rules did to the caller: the decision's events, then those fired when the call
     /// settled (taken once), as `(rule_id, entry, action, channel, window, window_start_ms,

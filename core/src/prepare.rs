@@ -159,6 +159,8 @@ pub struct Prepared {
     pub business_unit: Option<String>,
     pub manager_id: Option<String>,
     pub tier: Option<String>,
+    /// The model's tags at call time (the row keeps them).
+    pub model_tags: Vec<String>,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -556,6 +558,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     let provider = &snapshot.providers[model.provider as usize];
     p.model_id = Some(model.id.clone());
     p.model_name = Some(model.name.clone());
+    p.model_tags.clone_from(&model.tags);
     p.provider_id = Some(provider.id.clone());
     p.log_requests = provider.log_requests;
     p.local = provider.local;
