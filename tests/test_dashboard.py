@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("MESHFAST_TEST_ARTIFACTS") or ROOT / "artifacts") / "dashboard"
 AXE_JS = ROOT / "node" / "node_modules" / "axe-core" / "axe.min.js"
 PASSWORD = "dashboard-pass-" + secrets.token_hex(4)
-PAGES = ["overview", "logs", "users", "providers", "models", "access", "gateway", "audit", "admins"]
+PAGES = ["overview", "logs", "users", "providers", "models", "access", "rules", "notifications", "gateway", "audit",
+         "admins"]
 TIMEOUT_MS = 15_000
 
 
@@ -397,7 +398,8 @@ def test_every_page_has_no_serious_or_critical_axe_findings(tab: Tab, admin: dic
     findings = {"login": tab.axe()}
     tab.login(admin)
     headings = {"overview": "Overview", "logs": "Logs", "users": "Users & keys", "providers": "Providers",
-                "models": "Models", "access": "Access & policies", "gateway": "Gateway", "audit": "Audit log",
+                "models": "Models", "access": "Access & policies", "rules": "Spend rules",
+                "notifications": "Notifications", "gateway": "Gateway", "audit": "Audit log",
                 "admins": "Admins & tokens"}
     for route in PAGES:
         tab.go(route, headings[route])

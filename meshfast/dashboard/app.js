@@ -74,7 +74,7 @@
       control = h("select", { id, name, required: opts.required, "aria-describedby": opts.hint ? `${id}-hint` : null },
         (opts.options || []).map(([v, l]) => h("option", { value: v, selected: String(v) === String(opts.value ?? "") }, l)));
     } else if (opts.kind === "textarea") {
-      control = h("textarea", { id, name, rows: opts.rows || 3, required: opts.required }, opts.value ?? "");
+      control = h("textarea", { id, name, rows: opts.rows || 3, required: opts.required, "aria-describedby": opts.hint ? `${id}-hint` : null }, opts.value ?? "");
     } else if (opts.kind === "checkbox") {
       control = h("input", { id, name, type: "checkbox", checked: !!opts.value });
       return h("div", { class: "check" }, control, h("label", { for: id }, label));
@@ -82,7 +82,7 @@
       control = h("input", {
         id, name, type: opts.kind || "text", value: opts.value ?? "", required: opts.required,
         autocomplete: opts.autocomplete || "off", placeholder: opts.placeholder, step: opts.step, min: opts.min,
-        inputmode: opts.inputmode, "aria-describedby": opts.hint ? `${id}-hint` : null,
+        inputmode: opts.inputmode, list: opts.list, "aria-describedby": opts.hint ? `${id}-hint` : null,
       });
     }
     return h("div", { class: "field" }, h("label", { for: id }, label), control,
@@ -233,7 +233,8 @@
 
   const ROUTES = {
     overview: renderOverview, logs: renderLogs, users: renderUsers, providers: renderProviders, models: renderModels,
-    access: renderAccess, gateway: renderGateway, audit: renderAudit, admins: renderAdmins,
+    access: renderAccess, rules: renderRules, notifications: renderNotifications, gateway: renderGateway,
+    audit: renderAudit, admins: renderAdmins,
   };
 
   let routing = 0;
@@ -882,6 +883,13 @@
         await rerender();
         document.getElementById("model-name").focus();
       }, "secondary", { "aria-label": `Edit model ${m.name}` }),
+      button("Restrictions", async () => {
+        const out = await act(() => api("GET", `/admin/models/${m.id}`));
+        if (!out) return;
+        editingRestrictions = { entity: out.data, etag: out.headers.get("etag") };
+        await rerender();
+        document.getElementById("restrictions-title").focus();
+      }, "secondary", { "aria-label": `Edit restrictions of model ${m.name}` }),
       MODEL_STATUSES.filter((x) => x !== (m.status || "active")).map((x) =>
         button({ active: "Reactivate", blocked: "Block", retired: "Retire" }[x], () => setModelStatus(m, x),
           x === "active" ? "secondary" : "danger", { "aria-label": `${{ active: "Reactivate", blocked: "Block", retired: "Retire" }[x]} model ${m.name}` })),
@@ -891,6 +899,9 @@
       }, "danger", { "aria-label": `Delete model ${m.name}` }));
     page("Models",
       state.providers.length === 0 ? h("p", {}, "Add a provider first: ", h("a", { href: "#/providers" }, "Providers"), ".") : null,
+      editingRestrictions ? [h("h2", { id: "restrictions-title", tabindex: "-1" }, `Restrictions of model ${editingRestrictions.entity.name}`),
+        h("p", { class: "muted" }, "A refused caller gets the same 404 as for an unknown model; the log row says which restriction refused."),
+        restrictionsForm()] : null,
       h("h2", { id: "model-form-title" }, editingModel ? `Edit model ${editingModel.entity.name}` : "Add a model"),
       state.providers.length ? modelForm() : null,
       h("h2", {}, "Models"),
@@ -901,10 +912,70 @@
         { key: "input_price_per_1k_tokens", label: "Input / 1k", num: true },
         { key: "output_price_per_1k_tokens", label: "Output / 1k", num: true },
         { key: "caps", label: "Capabilities", render: caps },
+        { key: "restrictions", label: "Restrictions", render: (m) => restrictionsText(m.restrictions) },
         { key: "deployments", label: "Extra deployments", render: deployments },
         { key: "actions", label: "Actions", render: rowActions },
       ], state.models, { id: "models-table", rowData: (m) => ({ modelId: m.id, name: m.name }) }),
       state.models.length ? [h("h2", { id: "deployment-title" }, "Add a deployment (failover)"), deploymentForm()] : null);
+  }
+
+  // --- model restrictions (who may see a model) -----------------------------------------------
+
+  let editingRestrictions = null; // {entity, etag}
+
+  function restrictionsText(r) {
+    if (!r) return "None";
+    const parts = [];
+    if ((r.leader_deny || []).length) parts.push(`denied to the organisations of ${r.leader_deny.map(userLabel).join(", ")}`);
+    if (r.leader_allow) parts.push(`only the organisations of ${r.leader_allow.map(userLabel).join(", ") || "no one"}`);
+    if ((r.business_units_closed || []).length) parts.push(`closed to ${r.business_units_closed.join(", ")}`);
+    if (r.business_units_open) parts.push(`open only to ${r.business_units_open.join(", ") || "no unit"}`);
+    if ((r.exempt || []).length) parts.push(`exempt: ${r.exempt.map(userLabel).join(", ")}`);
+    return parts.join("; ") || "None";
+  }
+
+  function restrictionsForm() {
+    const m = editingRestrictions.entity;
+    const r = m.restrictions || {};
+    const people = "People by email, one a line";
+    const problemsBox = h("div", { id: "restrictions-problems", role: "alert", tabindex: "-1", hidden: true });
+    const form = h("form", { class: "grid panel", id: "restrictions-form", "aria-labelledby": "restrictions-title", novalidate: true },
+      field("Leaders denied (with their organisations)", "leader_deny", { kind: "textarea", id: "restrict-deny", rows: 2, value: peopleText(r.leader_deny), hint: people }),
+      h("fieldset", {}, h("legend", {}, "Leader allow list"),
+        field("Only the organisations of these leaders", "allow_on", { kind: "checkbox", id: "restrict-allow-on", value: r.leader_allow !== null && r.leader_allow !== undefined }),
+        field("Leaders allowed", "leader_allow", { kind: "textarea", id: "restrict-allow", rows: 2, value: peopleText(r.leader_allow), hint: people })),
+      field("Exempt people (always allowed)", "exempt", { kind: "textarea", id: "restrict-exempt", rows: 2, value: peopleText(r.exempt), hint: people }),
+      field("Business units closed", "business_units_closed", { id: "restrict-bu-closed", value: (r.business_units_closed || []).join(", "), hint: "Comma separated" }),
+      h("fieldset", {}, h("legend", {}, "Business unit allow list"),
+        field("Only these business units", "open_on", { kind: "checkbox", id: "restrict-open-on", value: r.business_units_open !== null && r.business_units_open !== undefined }),
+        field("Business units open", "business_units_open", { id: "restrict-bu-open", value: (r.business_units_open || []).join(", "), hint: "Comma separated" })),
+      h("div", { class: "actions" },
+        h("button", { type: "submit", id: "restrictions-submit" }, "Save restrictions"),
+        button("Remove all restrictions", () => put(null), "danger", { id: "restrictions-clear" }),
+        button("Cancel", () => { editingRestrictions = null; rerender(); }, "secondary")));
+    async function put(restrictions) {
+      try {
+        await api("PUT", `/admin/models/${m.id}`, { restrictions }, { "if-match": editingRestrictions.etag });
+      } catch (err) {
+        if (err.status === 401) return;
+        problemList(problemsBox, problemsOf(err), `The restrictions were refused (${err.code}):`);
+        problemsBox.focus();
+        return;
+      }
+      toast(restrictions ? `Restrictions of ${m.name} saved.` : `Restrictions of ${m.name} removed.`);
+      editingRestrictions = null;
+      rerender();
+    }
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      put({
+        leader_deny: peopleIds(d.leader_deny), leader_allow: d.allow_on ? peopleIds(d.leader_allow) : null,
+        exempt: peopleIds(d.exempt), business_units_closed: labelList(d.business_units_closed),
+        business_units_open: d.open_on ? labelList(d.business_units_open) : null,
+      });
+    });
+    return [form, problemsBox];
   }
 
   // --- access and policies -------------------------------------------------------------------
@@ -1112,6 +1183,478 @@
       ], tokens, { id: "tokens-table", rowData: (t) => ({ name: t.name }) }),
       h("h3", {}, "Create a token"), tokenForm,
       h("h2", {}, "Your password"), pwForm);
+  }
+
+  // --- people lists: emails shown, user ids sent ---------------------------------------------
+
+  // Emails (or user ids) as typed, one a line or comma separated -> user ids. Anything that names
+  // no known user is sent as typed, so the API refuses it by name rather than the list silently
+  // losing someone (an empty leaders list would mean everyone).
+  function peopleIds(text) {
+    const out = [];
+    for (const item of String(text || "").split(/[\s,;]+/).map((x) => x.trim()).filter(Boolean)) {
+      const u = state.users.find((x) => x.email.toLowerCase() === item.toLowerCase() || x.id === item.toLowerCase());
+      const id = u ? u.id : item;
+      if (!out.includes(id)) out.push(id);
+    }
+    return out;
+  }
+  const peopleText = (ids) => (ids || []).map((id) => userLabel(id)).join("\n");
+  const labelList = (text) => [...new Set(String(text || "").split(",").map((x) => x.trim()).filter(Boolean))];
+  const pct = (f) => (f === null || f === undefined ? "—" : `${(Number(f) * 100).toFixed(1)}%`);
+
+  // An API error's list of problems (400 invalid_rule / invalid_request carry `errors`), else its message.
+  const problemsOf = (err) => (err && err.body && Array.isArray(err.body.errors) && err.body.errors.length
+    ? err.body.errors.map(String) : [err.code === "version_conflict"
+      ? "version_conflict: someone changed this since you opened it; reload it and apply your change again"
+      : err.message]);
+
+  function problemList(box, problems, title) {
+    box.textContent = "";
+    if (!problems || problems.length === 0) { box.hidden = true; return; }
+    box.hidden = false;
+    append(box, [h("p", { class: "error-text" }, title), h("ul", {}, problems.map((p) => h("li", {}, p)))]);
+  }
+
+  // --- spend rules ---------------------------------------------------------------------------
+
+  const WINDOWS = ["daily", "weekly", "monthly"];
+  const RULE_MODES = ["enforce", "shadow", "inherit"];
+  const RULE_READ_ONLY = ["version", "created_at", "updated_at"];
+  const ruleEditor = { text: null, editing: null, notes: "" }; // editing: {id, etag}
+  let ruleDryRun = null; // {title, affected}
+  let ruleProblems = null; // {title, problems}
+  // One dry-run per rule on each render: beyond this many rules, only when asked for.
+  const AUTO_UTILIZATION_RULES = 25;
+  let utilizationWanted = false;
+
+  const authored = (rule) => Object.fromEntries(Object.entries(rule).filter(([k]) => !RULE_READ_ONLY.includes(k)));
+  const scopeText = (scope) => (!scope ? "—" : scope.model !== undefined && scope.model !== null ? `model ${scope.model}` : `tag ${scope.tag}`);
+
+  function populationText(p = {}) {
+    const parts = [];
+    if ((p.tiers || []).length) parts.push(`tier ${p.tiers.join(" or ")}`);
+    if ((p.leaders || []).length) parts.push(`the organisation of ${p.leaders.map(userLabel).join(" or ")}`);
+    if ((p.business_units || []).length) parts.push(`business unit ${p.business_units.join(" or ")}`);
+    let text = parts.length ? parts.join(" and ") : "everyone";
+    if ((p.exempt_users || []).length) text += `, except ${p.exempt_users.map(userLabel).join(", ")}`;
+    return text;
+  }
+
+  function actionText(a) {
+    if (a.type === "pause") return `pause ${a.hours} h`;
+    if (a.type === "warn") return `warn “${a.text}”`;
+    if (a.type === "notify") return `notify by ${(a.channels || []).join(" and ")}`;
+    return a.type;
+  }
+
+  function entryText(e) {
+    const limits = [];
+    if (e.threshold_usd !== null && e.threshold_usd !== undefined) limits.push(`$${e.threshold_usd} ${e.window}`);
+    if (e.calls_per_minute) limits.push(`${e.calls_per_minute} calls/min`);
+    if (e.tokens_per_minute) limits.push(`${e.tokens_per_minute} tokens/min`);
+    const acts = (e.actions || []).map(actionText).join(", ") || "no action";
+    return `${limits.join(", ") || "no limit"} on ${scopeText(e.scope)} for ${populationText(e.population)}: ${acts}`;
+  }
+
+  // The structured form covers one entry (the common case); the JSON editor holds the whole rule.
+  function ruleForm() {
+    const modeHint = "Shadow records would-deny without blocking; inherit follows the global switch";
+    const scopeNames = [...new Set(state.models.flatMap((m) => [m.name, ...(m.tags || [])]))].sort();
+    const form = h("form", { class: "grid", id: "rule-form", "aria-labelledby": "rule-form-title", novalidate: true },
+      field("Rule id", "id", { id: "rule-id", required: true, hint: "a-z, 0-9 and -; it does not change later" }),
+      field("Weight", "weight", { kind: "number", id: "rule-weight", value: 0, hint: "Higher is evaluated first" }),
+      field("Mode", "mode", { kind: "select", id: "rule-mode", value: "shadow", options: RULE_MODES.map((m) => [m, m]), hint: modeHint }),
+      h("fieldset", {}, h("legend", {}, "Who"),
+        field("Tiers", "tiers", { id: "rule-tiers", hint: "Comma separated; empty: every tier" }),
+        field("Business units", "business_units", { id: "rule-bus", hint: "Comma separated; empty: every unit" }),
+        field("Leaders (their whole organisation)", "leaders", { kind: "textarea", id: "rule-leaders", rows: 2 }),
+        field("Exempt people", "exempt_users", { kind: "textarea", id: "rule-exempt", rows: 2 }),
+        h("p", { class: "muted" }, "People by email, one a line. Lists combine with AND; within a list any one matches.")),
+      h("fieldset", {}, h("legend", {}, "What and when"),
+        field("Scope", "scope_kind", { kind: "select", id: "rule-scope-kind", value: "tag", options: [["tag", "Registry tag"], ["model", "One model"]] }),
+        field("Tag or model name", "scope_value", { id: "rule-scope", list: "rule-scope-names" }),
+        h("datalist", { id: "rule-scope-names" }, scopeNames.map((n) => h("option", { value: n }))),
+        field("Window", "window", { kind: "select", id: "rule-window", value: "monthly", options: WINDOWS.map((w) => [w, w]), hint: "In the calendar time zone" }),
+        field("Threshold (USD)", "threshold_usd", { id: "rule-threshold", inputmode: "decimal" }),
+        field("Calls per minute", "calls_per_minute", { kind: "number", min: 1, id: "rule-cpm", hint: "Empty: no cap" }),
+        field("Tokens per minute", "tokens_per_minute", { kind: "number", min: 1, id: "rule-tpm", hint: "Empty: no cap" })),
+      h("fieldset", {}, h("legend", {}, "Actions at the threshold"),
+        field("Block", "act_block", { kind: "checkbox", id: "rule-act-block", value: true }),
+        field("Pause", "act_pause", { kind: "checkbox", id: "rule-act-pause" }),
+        field("Pause hours", "pause_hours", { kind: "number", min: 1, id: "rule-pause-hours", value: 24 }),
+        field("Warn", "act_warn", { kind: "checkbox", id: "rule-act-warn" }),
+        field("Warning text", "warn_text", { id: "rule-warn-text", hint: "Sent in X-Meshfast-Warning" }),
+        field("Notify", "act_notify", { kind: "checkbox", id: "rule-act-notify" }),
+        field("By webhook", "notify_webhook", { kind: "checkbox", id: "rule-notify-webhook", value: true }),
+        field("By email", "notify_email", { kind: "checkbox", id: "rule-notify-email" }),
+        field("Notification template", "notify_template", { kind: "textarea", id: "rule-template", rows: 2 })));
+    return form;
+  }
+
+  // The rule the JSON editor holds, or a problem.
+  function parseRuleJson(text) {
+    try {
+      const rule = JSON.parse(text);
+      if (!rule || typeof rule !== "object" || Array.isArray(rule)) return { problem: "JSON: the rule must be an object" };
+      return { rule };
+    } catch (err) {
+      return { problem: `JSON: ${err.message}` };
+    }
+  }
+
+  function entryFromForm(d) {
+    const entry = {
+      population: { tiers: labelList(d.tiers), leaders: peopleIds(d.leaders), business_units: labelList(d.business_units), exempt_users: peopleIds(d.exempt_users) },
+      scope: { [d.scope_kind === "model" ? "model" : "tag"]: d.scope_value },
+      window: d.window,
+      threshold_usd: d.threshold_usd === "" ? null : d.threshold_usd,
+      calls_per_minute: d.calls_per_minute === "" ? null : Number(d.calls_per_minute),
+      tokens_per_minute: d.tokens_per_minute === "" ? null : Number(d.tokens_per_minute),
+      actions: [],
+    };
+    if (d.act_block) entry.actions.push({ type: "block" });
+    if (d.act_pause) entry.actions.push({ type: "pause", hours: Number(d.pause_hours) });
+    if (d.act_warn) entry.actions.push({ type: "warn", text: d.warn_text });
+    if (d.act_notify) {
+      const action = { type: "notify", channels: [d.notify_webhook ? "webhook" : null, d.notify_email ? "email" : null].filter(Boolean) };
+      if (d.notify_template) action.template = d.notify_template;
+      entry.actions.push(action);
+    }
+    return entry;
+  }
+
+  // Form -> JSON: the rule's fields and its first entry; other entries in the JSON are kept.
+  function formToJson(form, textarea) {
+    const d = formData(form);
+    const current = parseRuleJson(textarea.value).rule || {};
+    const rest = Array.isArray(current.entries) ? current.entries.slice(1) : [];
+    const weight = d.weight === "" ? 0 : Number(d.weight);
+    const rule = { ...current, id: d.id, weight: Number.isFinite(weight) ? weight : d.weight, mode: d.mode, entries: [entryFromForm(d), ...rest] };
+    textarea.value = JSON.stringify(authored(rule), null, 2);
+    ruleEditor.text = textarea.value;
+  }
+
+  // JSON -> form: fills the structured fields from the rule and its first entry.
+  function jsonToForm(form, textarea, note) {
+    const { rule, problem } = parseRuleJson(textarea.value);
+    if (problem) return [problem];
+    const el = form.elements;
+    const set = (name, v) => { el[name].value = v === null || v === undefined ? "" : String(v); };
+    set("id", rule.id);
+    set("weight", rule.weight ?? 0);
+    set("mode", RULE_MODES.includes(rule.mode) ? rule.mode : "inherit");
+    const entries = Array.isArray(rule.entries) ? rule.entries : [];
+    const e = entries[0] || {};
+    const p = e.population || {};
+    set("tiers", (p.tiers || []).join(", "));
+    set("business_units", (p.business_units || []).join(", "));
+    set("leaders", peopleText(p.leaders));
+    set("exempt_users", peopleText(p.exempt_users));
+    const scope = e.scope || {};
+    const byModel = scope.model !== undefined && scope.model !== null;
+    set("scope_kind", byModel ? "model" : "tag");
+    set("scope_value", byModel ? scope.model : scope.tag);
+    set("window", WINDOWS.includes(e.window) ? e.window : "monthly");
+    set("threshold_usd", e.threshold_usd);
+    set("calls_per_minute", e.calls_per_minute);
+    set("tokens_per_minute", e.tokens_per_minute);
+    const action = (type) => (e.actions || []).find((a) => a && a.type === type);
+    el.act_block.checked = !!action("block");
+    el.act_pause.checked = !!action("pause");
+    set("pause_hours", action("pause") ? action("pause").hours : 24);
+    el.act_warn.checked = !!action("warn");
+    set("warn_text", action("warn") ? action("warn").text : "");
+    const notify = action("notify");
+    el.act_notify.checked = !!notify;
+    el.notify_webhook.checked = notify ? (notify.channels || []).includes("webhook") : true;
+    el.notify_email.checked = notify ? (notify.channels || []).includes("email") : false;
+    set("notify_template", notify ? notify.template : "");
+    el.id.readOnly = !!ruleEditor.editing;
+    note.textContent = entries.length > 1
+      ? `This rule has ${entries.length} entries: the form shows the first; edit the others in the JSON.` : "";
+    return [];
+  }
+
+  function dryRunPanel() {
+    if (!ruleDryRun) return null;
+    const { title, affected } = ruleDryRun;
+    return h("section", { class: "panel", id: "dry-run", "aria-labelledby": "dry-run-title" },
+      h("h2", { id: "dry-run-title", tabindex: "-1" }, title),
+      h("p", { id: "dry-run-count", dataset: { count: String(affected.length) } },
+        affected.length ? `${affected.length} at or over a threshold now.` : "No one is at or over a threshold now."),
+      button("Hide the dry-run", () => { ruleDryRun = null; rerender(); }, "secondary", { id: "dry-run-hide" }),
+      table("People the rule acts on now", [
+        { key: "user_id", label: "Person", render: (a) => userLabel(a.user_id) },
+        { key: "entry", label: "Entry", num: true, render: (a) => String(a.entry + 1) },
+        { key: "action", label: "Action", render: (a) => h("span", { class: `badge ${a.action === "block" || a.action === "pause" ? "bad" : "warn"}` }, a.action) },
+        { key: "spend_usd", label: "Spend", num: true, render: (a) => usd(a.spend_usd) },
+        { key: "threshold_usd", label: "Threshold", num: true, render: (a) => usd(a.threshold_usd) },
+        { key: "utilization", label: "Utilization", num: true, render: (a) => pct(a.utilization) },
+      ], affected, { id: "dry-run-table", empty: "No one.", rowData: (a) => ({ userId: a.user_id, action: a.action, utilization: String(a.utilization), entry: String(a.entry) }) }));
+  }
+
+  async function showDryRun(title, rule) {
+    try {
+      const out = await api("POST", "/admin/rules/dry-run", authored(rule));
+      ruleDryRun = { title, affected: out.data.affected || [] };
+      ruleProblems = null;
+    } catch (err) {
+      if (err.status === 401) return;
+      ruleDryRun = null;
+      ruleProblems = { title: `The dry-run was refused (${err.code}):`, problems: problemsOf(err) };
+    }
+    await rerender();
+    const target = document.getElementById(ruleDryRun ? "dry-run-title" : "rule-problems-title");
+    if (target) target.focus();
+  }
+
+  // Per-rule utilization: the dry-run of each stored rule (people at or over a threshold now).
+  async function ruleUtilization(list) {
+    const out = new Map();
+    let next = 0;
+    const worker = async () => {
+      while (next < list.length) {
+        const rule = list[next++];
+        if (!(rule.entries || []).some((e) => e.threshold_usd !== null && e.threshold_usd !== undefined)) { out.set(rule.id, { none: true }); continue; }
+        try {
+          out.set(rule.id, { affected: (await api("POST", "/admin/rules/dry-run", authored(rule), {}, true)).data.affected || [] });
+        } catch (err) {
+          out.set(rule.id, { error: err.code });
+        }
+      }
+    };
+    await Promise.all([worker(), worker(), worker(), worker()]);
+    return out;
+  }
+
+  function utilizationCell(u) {
+    if (!u) return "—";
+    if (u.none) return h("span", { class: "muted" }, "No USD threshold");
+    if (u.error) return h("span", { class: "muted" }, `Unavailable (${u.error})`);
+    const people = new Set(u.affected.map((a) => a.user_id));
+    const max = Math.max(0, ...u.affected.map((a) => Number(a.utilization)));
+    return h("span", { dataset: { affected: String(people.size), maxUtilization: String(max) } },
+      people.size ? `${people.size} ${people.size === 1 ? "person" : "people"} at or over (highest ${pct(max)})` : "No one at a threshold");
+  }
+
+  async function setRuleMode(rule, mode) {
+    const out = await act(async () => {
+      const current = await api("GET", `/admin/rules/${encodeURIComponent(rule.id)}`);
+      return api("PUT", `/admin/rules/${encodeURIComponent(rule.id)}`, { ...authored(current.data), mode }, { "if-match": current.headers.get("etag") });
+    }, `Rule ${rule.id} is now in mode ${mode}.`);
+    if (out) rerender();
+  }
+
+  async function renderRules() {
+    await loadRegistry();
+    const [list, enforcement] = await Promise.all([get("/admin/rules"), get("/admin/enforcement")]);
+    const rulesList = (list || []).slice().sort((a, b) => b.weight - a.weight || a.id.localeCompare(b.id));
+    const measured = rulesList.length <= AUTO_UTILIZATION_RULES || utilizationWanted;
+    const utilization = measured ? await ruleUtilization(rulesList) : new Map();
+    const enforce = !!enforcement.enforce;
+    const effective = (r) => (r.mode === "inherit" ? (enforce ? "enforce" : "shadow") : r.mode);
+
+    const form = ruleForm();
+    const note = h("p", { id: "rule-entries-note", class: "muted", "aria-live": "polite" });
+    const textarea = h("textarea", { id: "rule-json", name: "rule_json", rows: 16, spellcheck: "false", class: "mono", "aria-describedby": "rule-json-hint" });
+    const problemsBox = h("div", { id: "rule-problems", role: "alert", tabindex: "-1", hidden: true });
+    if (ruleProblems) {
+      problemList(problemsBox, ruleProblems.problems, ruleProblems.title);
+      problemsBox.firstChild.id = "rule-problems-title";
+      problemsBox.firstChild.setAttribute("tabindex", "-1");
+    }
+    if (ruleEditor.text === null) formToJson(form, textarea);
+    else { textarea.value = ruleEditor.text; jsonToForm(form, textarea, note); }
+    form.elements.id.readOnly = !!ruleEditor.editing;
+    for (const ev of ["input", "change"]) form.addEventListener(ev, () => formToJson(form, textarea));
+    form.addEventListener("submit", (ev) => ev.preventDefault());
+    textarea.addEventListener("input", () => { ruleEditor.text = textarea.value; });
+
+    const editorRule = () => {
+      const { rule, problem } = parseRuleJson(textarea.value);
+      if (problem) {
+        ruleProblems = { title: "The JSON does not parse:", problems: [problem] };
+        problemList(problemsBox, ruleProblems.problems, ruleProblems.title);
+        problemsBox.focus();
+        return null;
+      }
+      return rule;
+    };
+    const save = async () => {
+      const rule = editorRule();
+      if (!rule) return;
+      const editing = ruleEditor.editing;
+      try {
+        if (editing) await api("PUT", `/admin/rules/${encodeURIComponent(editing.id)}`, authored(rule), { "if-match": editing.etag });
+        else await api("POST", "/admin/rules", authored(rule));
+      } catch (err) {
+        if (err.status === 401) return;
+        ruleProblems = { title: `The rule was refused (${err.code}):`, problems: problemsOf(err) };
+        problemList(problemsBox, ruleProblems.problems, ruleProblems.title);
+        problemsBox.focus();
+        return;
+      }
+      toast(`Rule ${rule.id} ${editing ? "saved" : "created"}.`);
+      Object.assign(ruleEditor, { text: null, editing: null });
+      ruleProblems = null;
+      rerender();
+    };
+
+    const editor = h("section", { class: "panel", "aria-labelledby": "rule-form-title", id: "rule-editor" },
+      h("h2", { id: "rule-form-title" }, ruleEditor.editing ? `Edit rule ${ruleEditor.editing.id}` : "Author a rule"),
+      form, note,
+      h("div", { class: "field" }, h("label", { for: "rule-json" }, "Rule as JSON"), textarea,
+        h("span", { id: "rule-json-hint", class: "muted" }, "The form writes the first entry here; edit the JSON for several entries, then load it back into the form if you like.")),
+      h("div", { class: "actions" },
+        button("Load the JSON into the form", () => {
+          const problems = jsonToForm(form, textarea, note);
+          ruleProblems = problems.length ? { title: "The JSON does not parse:", problems } : null;
+          problemList(problemsBox, problems, "The JSON does not parse:");
+        }, "secondary", { id: "rule-json-to-form" }),
+        button("Dry-run", () => { const rule = editorRule(); if (rule) showDryRun(`Dry-run of ${rule.id || "the draft"}`, rule); }, "secondary", { id: "rule-dry-run" }),
+        button(ruleEditor.editing ? "Save rule" : "Create rule", save, "", { id: "rule-submit" }),
+        button(ruleEditor.editing ? "Cancel" : "Clear", () => { Object.assign(ruleEditor, { text: null, editing: null }); ruleProblems = null; rerender(); }, "secondary", { id: "rule-clear" })),
+      problemsBox);
+
+    const modeLabel = { enforce: "Enforce", shadow: "Shadow", inherit: "Inherit" };
+    const rowActions = (r) => h("div", { class: "actions" },
+      button("Edit", async () => {
+        const out = await act(() => api("GET", `/admin/rules/${encodeURIComponent(r.id)}`));
+        if (!out) return;
+        Object.assign(ruleEditor, { text: JSON.stringify(authored(out.data), null, 2), editing: { id: r.id, etag: out.headers.get("etag") } });
+        ruleProblems = null;
+        await rerender();
+        document.getElementById("rule-weight").focus();
+      }, "secondary", { "aria-label": `Edit rule ${r.id}` }),
+      button("Dry-run", () => showDryRun(`Dry-run of rule ${r.id}`, r), "secondary", { "aria-label": `Dry-run rule ${r.id}` }),
+      RULE_MODES.filter((m) => m !== r.mode).map((m) =>
+        button(modeLabel[m], () => setRuleMode(r, m), "secondary", { "aria-label": `Set rule ${r.id} to ${m}` })),
+      button("Delete", async () => {
+        if (!confirmed(`Delete rule ${r.id}?`)) return;
+        if (await act(() => api("DELETE", `/admin/rules/${encodeURIComponent(r.id)}`), `Rule ${r.id} deleted.`)) {
+          if (ruleEditor.editing && ruleEditor.editing.id === r.id) Object.assign(ruleEditor, { text: null, editing: null });
+          rerender();
+        }
+      }, "danger", { "aria-label": `Delete rule ${r.id}` }));
+
+    page("Spend rules",
+      h("section", { class: "panel", "aria-labelledby": "enforcement-title" },
+        h("h2", { id: "enforcement-title" }, "Enforcement (global)"),
+        h("p", { id: "enforcement-state", dataset: { enforce: String(enforce) } }, enforce
+          ? "Rules in mode inherit enforce: they block, pause, warn and notify."
+          : "Rules in mode inherit run in shadow: their would-deny is recorded, nothing is blocked."),
+        h("p", { class: "muted" }, "The switch governs rules only; per-user policies always enforce. Rules in mode enforce or shadow keep their own mode."),
+        button(enforce ? "Switch rules to shadow mode" : "Enforce rules", async () => {
+          if (enforce && !confirmed("Switch every rule in mode inherit to shadow? Nothing they cover will be blocked.")) return;
+          if (await act(() => api("PUT", "/admin/enforcement", { enforce: !enforce }), enforce ? "Rules are in shadow mode." : "Rules enforce.")) rerender();
+        }, enforce ? "danger" : "", { id: "enforcement-toggle" })),
+      h("h2", {}, "Rules"),
+      h("p", { class: "muted" }, "Utilization: the people at or over a threshold of the rule now, from a dry-run of the stored rule against the current counters."),
+      measured ? null : button(`Compute the utilization of all ${rulesList.length} rules`, () => { utilizationWanted = true; rerender(); }, "secondary", { id: "rules-utilization" }),
+      table("Spend rules, highest weight first", [
+        { key: "id", label: "Rule", render: (r) => h("code", {}, r.id) },
+        { key: "mode", label: "Mode", render: (r) => h("span", {}, h("span", { class: `badge ${effective(r) === "enforce" ? "ok" : "warn"}` }, r.mode),
+          r.mode === "inherit" ? ` (${effective(r)})` : "") },
+        { key: "weight", label: "Weight", num: true },
+        { key: "entries", label: "Entries", render: (r) => h("ol", {}, (r.entries || []).map((e) => h("li", {}, entryText(e)))) },
+        { key: "utilization", label: "Utilization", render: (r) => utilizationCell(utilization.get(r.id)) },
+        { key: "version", label: "Version", num: true },
+        { key: "updated_at", label: "Updated", render: (r) => when(r.updated_at) },
+        { key: "actions", label: "Actions", render: rowActions },
+      ], rulesList, { id: "rules-table", empty: "No rules yet.", rowData: (r) => ({ ruleId: r.id, mode: r.mode, effectiveMode: effective(r), version: String(r.version) }) }),
+      dryRunPanel(),
+      editor);
+  }
+
+  // --- notifications ---------------------------------------------------------------------------
+
+  const deliveriesQuery = { status: "", channel: "", action: "", rule_id: "", page: 1, page_size: 25 };
+
+  async function renderNotifications() {
+    await loadRegistry();
+    const params = new URLSearchParams({ page: deliveriesQuery.page, page_size: deliveriesQuery.page_size });
+    for (const k of ["status", "channel", "action", "rule_id"]) if (deliveriesQuery[k]) params.set(k, deliveriesQuery[k]);
+    const [settings, out] = await Promise.all([get("/admin/notifications"), get(`/admin/notifications/deliveries?${params}`)]);
+    const smtp = settings.smtp || {};
+    const problemsBox = h("div", { id: "notifications-problems", role: "alert", tabindex: "-1", hidden: true });
+    const form = h("form", { class: "grid panel", id: "notifications-form", "aria-labelledby": "channels-title", novalidate: true },
+      h("fieldset", {}, h("legend", {}, "Webhook"),
+        field("Webhook URL", "webhook_url", { kind: "url", id: "webhook-url", value: settings.webhook_url, hint: "Empty: no webhook" }),
+        field("Webhook secret", "webhook_secret", { kind: "password", id: "webhook-secret", autocomplete: "new-password",
+          hint: settings.webhook_secret_set ? "A secret is set; leave empty to keep it" : "Signs each delivery (X-Meshfast-Signature); required with a URL" }),
+        field("Local (allow loopback and private addresses)", "webhook_local", { kind: "checkbox", id: "webhook-local", value: settings.webhook_local })),
+      h("fieldset", {}, h("legend", {}, "Email (SMTP)"),
+        field("SMTP host", "smtp_host", { id: "smtp-host", value: smtp.host, hint: "Empty: no email" }),
+        field("SMTP port", "smtp_port", { kind: "number", min: 1, id: "smtp-port", value: smtp.port ?? 587 }),
+        field("From address", "smtp_from", { kind: "email", id: "smtp-from", value: smtp.from }),
+        field("SMTP username", "smtp_username", { id: "smtp-username", value: smtp.username }),
+        field("SMTP password", "smtp_password", { kind: "password", id: "smtp-password", autocomplete: "new-password",
+          hint: smtp.password_set ? "A password is set; leave empty to keep it" : "Empty: none" }),
+        field("STARTTLS", "smtp_starttls", { kind: "checkbox", id: "smtp-starttls", value: smtp.starttls })),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "notifications-submit" }, "Save channels")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { webhook_local: d.webhook_local };
+      if (d.webhook_url) {
+        body.webhook_url = d.webhook_url;
+        if (d.webhook_secret) body.webhook_secret = d.webhook_secret;
+      } else {
+        Object.assign(body, { webhook_url: null, webhook_secret: null });
+      }
+      if (d.smtp_host) {
+        body.smtp = { host: d.smtp_host, port: Number(d.smtp_port), from: d.smtp_from, username: d.smtp_username || null, starttls: d.smtp_starttls };
+        if (d.smtp_password) body.smtp.password = d.smtp_password;
+      } else if (settings.smtp) {
+        body.smtp = null;
+      }
+      try {
+        await api("PUT", "/admin/notifications", body);
+      } catch (err) {
+        if (err.status === 401) return;
+        problemList(problemsBox, problemsOf(err), `The channels were refused (${err.code}):`);
+        problemsBox.focus();
+        return;
+      }
+      toast("Notification channels saved.");
+      rerender();
+    });
+
+    const filters = h("form", { class: "grid panel", id: "deliveries-filters", "aria-label": "Delivery filters" },
+      field("Status", "status", { kind: "select", value: deliveriesQuery.status, options: [["", "Any"], ["pending", "Pending"], ["delivered", "Delivered"], ["failed", "Failed"], ["skipped", "Skipped"]] }),
+      field("Channel", "channel", { kind: "select", value: deliveriesQuery.channel, options: [["", "Any"], ["webhook", "Webhook"], ["email", "Email"]] }),
+      field("Kind", "action", { kind: "select", value: deliveriesQuery.action, options: [["", "Any"], ["notify", "Notification"], ["digest", "Leadership digest"]] }),
+      field("Rule id", "rule_id", { id: "deliveries-rule", value: deliveriesQuery.rule_id }),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "deliveries-apply" }, "Apply filters")));
+    filters.addEventListener("submit", (ev) => { ev.preventDefault(); Object.assign(deliveriesQuery, formData(filters), { page: 1 }); rerender(); });
+    const pages = Math.max(1, Math.ceil(out.total / out.page_size));
+    const statusBadge = (r) => h("span", { class: `badge ${r.status === "delivered" ? "ok" : r.status === "failed" ? "bad" : "warn"}` }, r.status);
+    page("Notifications",
+      h("h2", { id: "channels-title" }, "Channels"),
+      h("p", { class: "muted" }, "Where a rule's notify action and the leadership digests go. Secrets are stored sealed and never shown again."),
+      form, problemsBox,
+      h("h2", {}, "Deliveries"),
+      filters,
+      h("p", { id: "deliveries-total", dataset: { total: String(out.total) } }, `${num(out.total)} deliveries.`),
+      table("Deliveries, newest first", [
+        { key: "created_at", label: "Time", render: (r) => when(r.created_at) },
+        { key: "rule_id", label: "Rule", render: (r) => h("code", {}, r.rule_id) },
+        { key: "user_id", label: "Person", render: (r) => userLabel(r.user_id) },
+        { key: "action", label: "Kind" },
+        { key: "channel", label: "Channel" },
+        { key: "window", label: "Window", render: (r) => `${r.window} from ${when(r.window_start)}` },
+        { key: "threshold_usd", label: "Threshold", num: true, render: (r) => usd(r.threshold_usd) },
+        { key: "spend_usd", label: "Spend", num: true, render: (r) => usd(r.spend_usd) },
+        { key: "status", label: "Status", render: statusBadge },
+        { key: "attempts", label: "Attempts", num: true },
+        { key: "last_error", label: "Last error" },
+        { key: "delivered_at", label: "Delivered", render: (r) => when(r.delivered_at) },
+      ], out.deliveries, { id: "deliveries-table", empty: "No deliveries match.", rowData: (r) => ({ deliveryId: r.delivery_id, ruleId: r.rule_id, status: r.status }) }),
+      h("nav", { class: "pager", "aria-label": "Delivery pages" },
+        button("Previous page", () => { deliveriesQuery.page -= 1; rerender(); }, "secondary", { disabled: out.page <= 1 }),
+        h("span", {}, `Page ${out.page} of ${pages}`),
+        button("Next page", () => { deliveriesQuery.page += 1; rerender(); }, "secondary", { disabled: out.page >= pages })));
   }
 
   // --- start -------------------------------------------------------------------------------------
