@@ -1645,7 +1645,7 @@ mod tests {
         let committed = |seg: &Segment| -> i64 {
             [0, 3]
                 .iter()
-                .map(|&g| seg.get(s.grants[g].window_keys[2].at(month)))
+                .map(|&g| seg.get(s.pair_key(&s.grants[g], crate::shm::WINDOW_MONTH, month)))
                 .sum()
         };
         let tally = crate::shm::counter_key(crate::shm::CALLS_HOUR, &[7; 16], &[7; 16], 0);

@@ -610,16 +610,8 @@ fn scope_keys(snapshot: &Snapshot, principal: u32, entry: &Entry, period: u32) -
     snapshot
         .grants_of(principal)
         .filter(|g| entry.covers(g.model))
-        .map(|g| g.window_keys[window_index(entry.window)].at(period))
+        .map(|g| snapshot.pair_key(g, entry.window.kind(), period))
         .collect()
-}
-
-fn window_index(window: CalendarWindow) -> usize {
-    match window {
-        CalendarWindow::Daily => 0,
-        CalendarWindow::Weekly => 1,
-        CalendarWindow::Monthly => 2,
-    }
 }
 
 fn sum(counters: &impl CounterRead, keys: &[u128]) -> i64 {
@@ -780,8 +772,7 @@ pub fn decide(
     let mut d = Decision {
         charges: [CalendarWindow::Daily, CalendarWindow::Weekly, CalendarWindow::Monthly]
             .iter()
-            .enumerate()
-            .map(|(i, w)| grant.window_keys[i].at(w.period_of(date)))
+            .map(|w| snapshot.pair_key(grant, w.kind(), w.period_of(date)))
             .collect(),
         ..Decision::default()
     };
@@ -1144,6 +1135,212 @@ mod tests {
             .earliest()
             .unwrap()
             .timestamp_millis()
+    }
+
+    use crate::snapshot::test_support::{config, encode, PEPPER};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const NOW: i64 = 1_764_000_000_000;
+
+    #[derive(Debug, Clone)]
+    struct Case {
+        managers: Vec<Option<usize>>,
+        tiers: Vec<u8>,
+        units: Vec<u8>,
+        model_tags: Vec<Vec<u8>>,
+        /// (weight, shadow, entries: (tiers, leaders, units, exempt, scope: Ok(tag) / Err(model), threshold))
+        rules: Vec<(
+            i64,
+            bool,
+            Vec<(Vec<u8>, Vec<usize>, Vec<u8>, Vec<usize>, Result<u8, usize>, i64)>,
+        )>,
+        spend: Vec<Vec<i64>>,
+        caller: usize,
+        model: usize,
+        worst: i64,
+    }
+
+    const PEOPLE: usize = 5;
+    const MODELS: usize = 3;
+
+    fn case() -> impl Strategy<Value = Case> {
+        let managers = (0..PEOPLE)
+            .map(|i| {
+                if i == 0 {
+                    Just(None).boxed()
+                } else {
+                    proptest::option::of(0..i).boxed()
+                }
+            })
+            .collect::<Vec<_>>();
+        let entry = (
+            proptest::collection::vec(0u8..2, 0..2),
+            proptest::collection::vec(0..PEOPLE, 0..2),
+            proptest::collection::vec(0u8..2, 0..2),
+            proptest::collection::vec(0..PEOPLE, 0..2),
+            prop_oneof![(0u8..2).prop_map(Ok), (0..MODELS).prop_map(Err)],
+            1i64..120,
+        );
+        let rule = (0i64..3, any::<bool>(), proptest::collection::vec(entry, 1..3));
+        (
+            managers,
+            proptest::collection::vec(0u8..2, PEOPLE),
+            proptest::collection::vec(0u8..2, PEOPLE),
+            proptest::collection::vec(proptest::collection::vec(0u8..2, 0..3), MODELS),
+            proptest::collection::vec(rule, 1..5),
+            proptest::collection::vec(proptest::collection::vec(0i64..60, MODELS), PEOPLE),
+            0..PEOPLE,
+            0..MODELS,
+            0i64..40,
+        )
+            .prop_map(
+                |(managers, tiers, units, model_tags, rules, spend, caller, model, worst)| Case {
+                    managers,
+                    tiers,
+                    units,
+                    model_tags,
+                    rules,
+                    spend,
+                    caller,
+                    model,
+                    worst,
+                },
+            )
+    }
+
+    fn tag(t: u8) -> String {
+        format!("t{t}")
+    }
+
+    fn build(c: &Case) -> Snapshot {
+        let mut cfg = config();
+        cfg["principals"] = json!((0..PEOPLE)
+            .map(
+                |i| json!({"id": format!("{i:08}-0000-0000-0000-000000000000"), "email": format!("p{i}@x"),
+                "display_name": "p", "status": "active", "expires_at_ms": null, "manager": c.managers[i],
+                "tier": format!("tier{}", c.tiers[i]), "business_unit": format!("bu{}", c.units[i])})
+            )
+            .collect::<Vec<_>>());
+        cfg["keys"] = json!([]);
+        let base = cfg["models"][0].clone();
+        cfg["models"] = json!((0..MODELS)
+            .map(|m| {
+                let mut model = base.clone();
+                model["id"] = json!(format!("{m:08}-1111-0000-0000-000000000000"));
+                model["name"] = json!(format!("m{m}"));
+                model["tags"] = json!(c.model_tags[m].iter().map(|&t| tag(t)).collect::<Vec<_>>());
+                model
+            })
+            .collect::<Vec<_>>());
+        cfg["grants"] = json!((0..PEOPLE)
+            .flat_map(
+                |p| (0..MODELS).map(move |m| json!({"principal": p, "model": m, "daily_cap_nano_usd": 0,
+                "max_calls_per_hour": null, "allowed_from_min": null, "allowed_to_min": null, "timezone": "UTC",
+                "active_days": [], "always_open": true}))
+            )
+            .collect::<Vec<_>>());
+        cfg["rules"] = json!(c
+            .rules
+            .iter()
+            .enumerate()
+            .map(
+                |(r, (weight, shadow, entries))| json!({"id": format!("r{r}"), "weight": weight,
+                "mode": if *shadow { "shadow" } else { "enforce" },
+                "entries": entries.iter().map(|(tiers, leaders, units, exempt, scope, threshold)| {
+                    let mut e = json!({"window": "monthly", "threshold_nano": threshold, "actions": [{"type": "block"}],
+                        "tiers": tiers.iter().map(|t| format!("tier{t}")).collect::<Vec<_>>(),
+                        "leaders": leaders, "exempt": exempt,
+                        "business_units": units.iter().map(|u| format!("bu{u}")).collect::<Vec<_>>()});
+                    match scope {
+                        Ok(t) => e["tag"] = json!(tag(*t)),
+                        Err(m) => e["model"] = json!(m),
+                    }
+                    e
+                }).collect::<Vec<_>>()})
+            )
+            .collect::<Vec<_>>());
+        Snapshot::from_msgpack(&encode(&cfg), PEPPER).unwrap()
+    }
+
+    /// The slow, obvious reading of API.md: rules by weight (then id), entries in order; the first
+    /// enforcing entry covering the model, holding the caller and whose spend plus the worst case
+    /// passes the threshold refuses; shadow entries before it only record.
+    fn reference(c: &Case) -> (Option<String>, Option<String>) {
+        let in_org = |mut p: usize, leader: usize| loop {
+            if p == leader {
+                return true;
+            }
+            match c.managers[p] {
+                Some(m) => p = m,
+                None => return false,
+            }
+        };
+        let covers = |scope: &Result<u8, usize>, m: usize| match scope {
+            Ok(t) => c.model_tags[m].contains(t),
+            Err(model) => *model == m,
+        };
+        let mut order: Vec<usize> = (0..c.rules.len()).collect();
+        order.sort_by(|&a, &b| {
+            c.rules[b]
+                .0
+                .cmp(&c.rules[a].0)
+                .then(format!("r{a}").cmp(&format!("r{b}")))
+        });
+        let mut would = None;
+        for r in order {
+            let (_, shadow, entries) = &c.rules[r];
+            for (tiers, leaders, units, exempt, scope, threshold) in entries {
+                let p = c.caller;
+                let holds = !exempt.contains(&p)
+                    && (tiers.is_empty() || tiers.contains(&c.tiers[p]))
+                    && (units.is_empty() || units.contains(&c.units[p]))
+                    && (leaders.is_empty() || leaders.iter().any(|&l| in_org(p, l)));
+                if !holds || !covers(scope, c.model) {
+                    continue;
+                }
+                let spend: i64 = (0..MODELS).filter(|&m| covers(scope, m)).map(|m| c.spend[p][m]).sum();
+                if spend + c.worst > *threshold {
+                    if !shadow {
+                        return (Some(format!("r{r}")), would);
+                    }
+                    would.get_or_insert(format!("r{r}"));
+                }
+            }
+        }
+        (None, would)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn decide_matches_the_reference_evaluator(c in case()) {
+            let snapshot = build(&c);
+            let path = std::env::temp_dir().join(format!("meshfast-rules-prop-{}.seg", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let segment = Segment::create(&path, 4096, 256, 8).unwrap();
+            let month = CalendarWindow::Monthly.period(Tz::UTC, NOW);
+            for g in &snapshot.grants {
+                let spend = c.spend[g.principal as usize][g.model as usize];
+                segment.add(snapshot.pair_key(g, shm::WINDOW_MONTH, month), spend).unwrap();
+            }
+            let grant = snapshot
+                .grants
+                .iter()
+                .position(|g| g.principal as usize == c.caller && g.model as usize == c.model)
+                .unwrap() as u32;
+            let d = decide(&snapshot, &segment, c.caller as u32, grant, c.worst, NOW);
+            let refused = match &d.refusal {
+                Some(Refusal::Block { rule, .. }) => Some(rule.clone()),
+                None => None,
+                other => panic!("{other:?}"),
+            };
+            for lease in &d.leases {
+                segment.release(lease);
+            }
+            let _ = std::fs::remove_file(&path);
+            prop_assert_eq!((refused, d.would_deny), reference(&c));
+        }
     }
 
     #[test]

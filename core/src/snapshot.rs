@@ -11,9 +11,7 @@ use crate::error::{Error, Result};
 use crate::keyindex::{Digest, KeyIndex};
 use crate::pricing::{LongContext, Prices};
 use crate::provider::{Family, GenericTemplates, Plan};
-use crate::shm::{
-    id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY, WINDOW_DAY, WINDOW_MONTH, WINDOW_WEEK,
-};
+use crate::shm::{id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY};
 
 #[derive(Deserialize)]
 struct RawConfig {
@@ -208,6 +206,8 @@ pub struct Principal {
     pub manager: Option<u32>,
     pub business_unit: Option<String>,
     pub tier: Option<String>,
+    /// The id as counter keys use it ([`id_bytes`]).
+    pub key_bytes: [u8; 16],
 }
 
 /// An issued key, stored only as its digest.
@@ -329,6 +329,8 @@ pub struct Model {
     pub deployments: Vec<Deployment>,
     /// Who may use the model beyond their grant.
     pub restrictions: Option<crate::rules::Restrictions>,
+    /// The id as counter keys use it ([`id_bytes`]).
+    pub key_bytes: [u8; 16],
 }
 
 /// Another place a model is served: a provider and that provider's name for the model.
@@ -368,9 +370,6 @@ pub struct Grant {
     pub spend_key: KeyTemplate,
     /// [`CALLS_HOUR`] key, period left open.
     pub calls_key: KeyTemplate,
-    /// [`WINDOW_DAY`], [`WINDOW_WEEK`] and [`WINDOW_MONTH`] keys (committed spend in the rules'
-    /// calendar), periods left open.
-    pub window_keys: [KeyTemplate; 3],
 }
 
 /// One validated config with its indexes.
@@ -618,6 +617,7 @@ impl Snapshot {
                 manager: p
                     .manager
                     .map(|m| index(e, &format!("principals[{i}].manager"), m, count)),
+                key_bytes: id_bytes(&p.id),
                 id: p.id,
                 email: p.email,
                 display_name: p.display_name,
@@ -790,6 +790,7 @@ impl Snapshot {
                     tags: m.tags,
                     deployments,
                     restrictions,
+                    key_bytes: id_bytes(&m.id),
                     id: m.id,
                     name: m.name,
                 }
@@ -838,8 +839,6 @@ impl Snapshot {
                     always_open: g.always_open,
                     spend_key: KeyTemplate::new(SPEND_DAY, &principal_id, &model_id),
                     calls_key: KeyTemplate::new(CALLS_HOUR, &principal_id, &model_id),
-                    window_keys: [WINDOW_DAY, WINDOW_WEEK, WINDOW_MONTH]
-                        .map(|kind| KeyTemplate::new(kind, &principal_id, &model_id)),
                 }
             })
             .collect();
@@ -924,6 +923,15 @@ impl Snapshot {
         principal == leader || self.leaders(principal).any(|m| m == leader)
     }
 
+    /// The counter key of `grant`'s principal × model for `kind` and `period` (kinds whose keys
+    /// the snapshot does not precompute, e.g. the rules' calendar windows).
+    #[must_use]
+    pub fn pair_key(&self, grant: &Grant, kind: u8, period: u32) -> u128 {
+        let principal = &self.principals[grant.principal as usize];
+        let model = &self.models[grant.model as usize];
+        KeyTemplate::new(kind, &principal.key_bytes, &model.key_bytes).at(period)
+    }
+
     /// The principal's grants.
     pub fn grants_of(&self, principal: u32) -> impl Iterator<Item = &Grant> + '_ {
         self.grants_by_principal
@@ -1003,7 +1011,6 @@ pub(crate) mod test_support {
             always_open: false,
             spend_key: KeyTemplate::new(SPEND_DAY, &[1; 16], &[2; 16]),
             calls_key: KeyTemplate::new(CALLS_HOUR, &[1; 16], &[2; 16]),
-            window_keys: [WINDOW_DAY, WINDOW_WEEK, WINDOW_MONTH].map(|k| KeyTemplate::new(k, &[1; 16], &[2; 16])),
         }
     }
 
