@@ -297,14 +297,17 @@ async def _burst(gw: Gateway, calls: list[tuple[Json, Json]], concurrency: int) 
 
 
 def test_a_call_costs_its_worst_case_so_thresholds_count_calls(gw: Gateway, testserve: EmulatedProviders) -> None:
-    """The module's premise: on both routes a call's recorded cost is exactly CALL_USD, the
-    worst case the gateway reserves for it."""
+    """The module's premise: on both routes, streamed or not, a call's recorded cost is exactly
+    CALL_USD, the worst case the gateway reserves for it."""
     model = _model(gw, testserve)
     person = _user(gw)
     _grant(gw, [person], [model])
     proxied, chatted = _proxy(gw, person, model), _chat(gw, person, model)
-    assert proxied.status_code == chatted.status_code == 200, (proxied.text, chatted.text)
-    for response in (proxied, chatted):
+    streamed = gw.client.post("/v1/chat/completions", headers=_auth(person), json={
+        "model": model["name"], "max_tokens": MAX_TOKENS, "stream": True,
+        "messages": [{"role": "user", "content": PROMPT}]})
+    assert proxied.status_code == chatted.status_code == streamed.status_code == 200, (proxied.text, chatted.text)
+    for response in (proxied, chatted, streamed):
         row = gw.fetch_row(response.headers["x-request-id"])
         assert (row["tokens_out"], _cost(row)) == (MAX_TOKENS, CALL_USD), row
 
@@ -461,7 +464,8 @@ def test_four_times_oversubscription_never_overshoots_across_models_and_workers(
     """A block entry whose threshold fits 10 calls' worst cases; 40 concurrent calls over two
     workers, split between two models of the scope: recorded spend in scope stays at or under the
     threshold and the rest are refused naming the rule; topping up one call at a time then fills
-    the cap to within one call and never past it. The rows, /v1/usage and the refusals agree."""
+    the cap to within one call and never past it. The rows, /v1/usage and the refusals agree, and
+    the entry's notify fires once however many calls were refused."""
     tag = f"over-{_tag()}"
     first, second = _model(gw, testserve, [tag]), _model(gw, testserve, [tag])
     person = _user(gw)
@@ -471,7 +475,15 @@ def test_four_times_oversubscription_never_overshoots_across_models_and_workers(
                                window="daily"), prefix="over")
     _rule_loaded(gw, person, rule_id)
 
-    responses = asyncio.run(_burst(gw, [(person, first if i % 2 else second) for i in range(40)], concurrency=40))
+    # Each answer streams for ~60 ms, so the admitted calls overlap and hold their reservations together.
+    testserve.client.delete("/_debug/requests")
+    testserve.client.post("/_debug/config", json={"delta_delay_ms": 20})
+    try:
+        responses = asyncio.run(_burst(gw, [(person, first if i % 2 else second) for i in range(40)],
+                                       concurrency=40))
+    finally:
+        testserve.client.post("/_debug/config", json={"delta_delay_ms": 0})
+    assert testserve.client.get("/_debug/stats").json()["peak_in_flight"] >= 2, "the calls ran concurrently"
     ok = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code != 200]
     assert 1 <= len(ok) <= 10 and len(ok) + len(refused) == 40, [r.status_code for r in responses]
@@ -550,12 +562,13 @@ def test_a_shadow_rule_denies_nothing_yet_reports_utilization_and_marks_rows(
         gw: Gateway, testserve: EmulatedProviders) -> None:
     """SHADOW_CALLS calls (10,000 with RULES_SHADOW_CALLS=10000) against a shadow block capped at
     ten calls' worth: every call answers 200; /v1/usage shows the rule as shadow, would_block, with
-    utilization far over 1; every row from the eleventh on names the rule in would_deny (seen
-    through /admin/logs too); the status headers name the rule as the governing limit."""
+    utilization far over 1; every row past the cap names the rule in would_deny (seen through
+    /admin/logs too); the status headers name the rule as the governing limit."""
     tag = f"shadow-{_tag()}"
     model = _model(gw, testserve, [tag])
     person = _user(gw)
     _grant(gw, [person], [model])
+    _policy(gw, person, model, "1000")  # the grant's default $20 a day would stop 10,000 calls at 6,666
     rule_id = _rule(gw, _entry({"tag": tag}, 10 * CALL_USD, [{"type": "block"}], window="daily"),
                     mode="shadow", prefix="shadow")
     _rule_loaded(gw, person, rule_id)
@@ -564,7 +577,8 @@ def test_a_shadow_rule_denies_nothing_yet_reports_utilization_and_marks_rows(
     responses = asyncio.run(_burst(gw, [(person, model)] * SHADOW_CALLS, concurrency=32))
     took = time.monotonic() - started
     statuses = [r.status_code for r in responses]
-    assert statuses.count(200) == SHADOW_CALLS, {s: statuses.count(s) for s in set(statuses)}
+    assert statuses.count(200) == SHADOW_CALLS, ({s: statuses.count(s) for s in set(statuses)},
+                                                 [r.text for r in responses if r.status_code != 200][:3])
     print(f"{SHADOW_CALLS} shadow calls in {took:.1f} s")
 
     shown = _usage_rules(gw, person)[rule_id]
