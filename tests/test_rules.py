@@ -893,9 +893,16 @@ def test_restrictions_refuse_like_an_ungranted_model_on_both_route_shapes_and_ro
             row = gw.fetch_row(response.headers["x-request-id"])
             assert (row["outcome"], row["deny_reason"], row["status_code"]) == (
                 "denied", reason, response.status_code), row
+        # Listed like a model never granted: not at all.
+        listed = gw.client.get("/v1/models", headers=_auth(person)).json()
+        assert model["name"] not in [m["id"] for m in listed["data"]], listed
+        usage = gw.client.get("/v1/usage", headers=_auth(person)).json()
+        assert model["name"] not in [u["model"] for u in usage["usage"]], usage
     for person in (exempt, outsider):
         assert _proxy(gw, person, model).status_code == 200
         assert _chat(gw, person, model).status_code == 200
+        listed = gw.client.get("/v1/models", headers=_auth(person)).json()
+        assert model["name"] in [m["id"] for m in listed["data"]], listed
 
     cleared = _put_with_etag(gw, f"/admin/models/{model['id']}", {"restrictions": None})
     assert cleared.status_code == 200, cleared.text

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use meshfast_core::http1::ResponseParser;
 use meshfast_core::keyindex::KeyIndex;
 use meshfast_core::provider::{Family, Plan};
+use meshfast_core::rules;
+use meshfast_core::shm::Segment;
+use meshfast_core::snapshot::Snapshot;
 use meshfast_core::stream::Stream;
 use meshfast_core::translate::stream::Translator;
 use meshfast_core::translate::{self, Format};
@@ -42,6 +45,70 @@ fn chunked(body: &[u8]) -> Vec<u8> {
     }
     wire.extend_from_slice(b"0\r\n\r\n");
     wire
+}
+
+const TIERS: [&str; 3] = ["normal", "senior", "exec"];
+const WINDOWS: [&str; 3] = ["daily", "weekly", "monthly"];
+
+/// The `rule_decision` workload's snapshot (see there).
+fn rule_snapshot() -> Snapshot {
+    use serde_json::json;
+    let people = 2_000usize;
+    let principals: Vec<_> = (0..people)
+        .map(|i| {
+            json!({"id": format!("{i:08x}-0000-4000-8000-000000000000"), "email": format!("u{i}@x"),
+                   "display_name": "u", "status": "active", "expires_at_ms": null,
+                   "manager": if i < 10 { None } else { Some((i * 31) % i) },
+                   "business_unit": format!("bu{}", i % 50), "tier": TIERS[i % 3]})
+        })
+        .collect();
+    let models: Vec<_> = (0..200)
+        .map(|m| {
+            json!({"id": format!("{m:08x}-1111-4000-8000-000000000000"), "name": format!("m{m}"), "provider": 0,
+                   "kind": "chat", "created_ms": 0, "status": "active", "output_media_type": null,
+                   "input_price_nano_per_1k": 1_000_000, "output_price_nano_per_1k": 2_000_000,
+                   "tags": [format!("fam{}", m % 20), "all"]})
+        })
+        .collect();
+    let grants: Vec<_> = (0..people)
+        .flat_map(|p| {
+            (0..10).map(move |k| {
+                json!({"principal": p, "model": (p * 13 + k * 17) % 200, "daily_cap_nano_usd": 0,
+                       "max_calls_per_hour": null, "allowed_from_min": null, "allowed_to_min": null,
+                       "timezone": "UTC", "active_days": [], "always_open": true})
+            })
+        })
+        .collect();
+    let rules: Vec<_> = (0..100)
+        .map(|r| {
+            let entries: Vec<_> = (0..2)
+                .map(|e| {
+                    let mut entry = json!({"window": WINDOWS[(r + e) % 3],
+                        "actions": [{"type": "block"}, {"type": "warn", "text": "near"}],
+                        "threshold_nano": (r as i64 + 1) * 1_000_000_000,
+                        "tag": if r % 10 == 0 { "all".to_string() } else { format!("fam{}", r % 20) }});
+                    if r % 2 == 1 {
+                        entry["tiers"] = json!([TIERS[r % 3]]);
+                    }
+                    if r % 4 == 0 {
+                        entry["leaders"] = json!([(r * 7) % 1000]);
+                    }
+                    if r % 5 == 0 {
+                        entry["business_units"] = json!([format!("bu{}", r % 50)]);
+                    }
+                    entry
+                })
+                .collect();
+            json!({"id": format!("rule-{r}"), "weight": r, "mode": if r % 7 == 0 { "shadow" } else { "enforce" },
+                   "entries": entries})
+        })
+        .collect();
+    let config = json!({"seq": 1, "principals": principals, "keys": [], "models": models, "grants": grants,
+        "providers": [{"id": "33333333-3333-4333-8333-333333333333", "name": "p", "family": "openai",
+                       "max_calls_per_hour": null, "base_url": "http://127.0.0.1:9", "api_key": "k"}],
+        "rules": rules});
+    let bytes = rmp_serde::to_vec_named(&config).expect("encodes");
+    Snapshot::from_msgpack(&bytes, b"pepper").expect("a valid config")
 }
 
 fn main() {
@@ -110,8 +177,26 @@ fn main() {
                 }
             }
         }
+        "rule_decision" => {
+            // 100 rules of 2 entries over 200 models (20 tags), 2,000 people in a reporting tree
+            // with 10 grants each; 10,000 decisions (each reserving in every covering block
+            // entry's pool, then giving it back).
+            let snapshot = rule_snapshot();
+            let path = std::env::temp_dir().join(format!("meshfast-instructions-{}.seg", std::process::id()));
+            let segment = Segment::create(&path, 1 << 16, 4096, 8).expect("segment");
+            for i in 0..10_000u32 {
+                let grant = (i * 7919) % snapshot.grants.len() as u32;
+                let principal = snapshot.grants[grant as usize].principal;
+                let d = rules::decide(&snapshot, &segment, principal, grant, 50_000, 1_764_000_000_000);
+                sink += d.leases.len() + usize::from(d.refusal.is_some());
+                for lease in &d.leases {
+                    segment.release(lease);
+                }
+            }
+            let _ = std::fs::remove_file(path);
+        }
         other => {
-            eprintln!("unknown workload {other:?}: http1_parse, sse_to_ndjson, translate_request, translate_stream, key_lookup");
+            eprintln!("unknown workload {other:?}: http1_parse, sse_to_ndjson, translate_request, translate_stream, key_lookup, rule_decision");
             std::process::exit(2);
         }
     }

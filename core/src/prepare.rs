@@ -1725,6 +1725,11 @@ mod tests {
         let body = br#"{"model":"gpt-b","messages":[{"role":"user","content":"a"}]}"#;
         let p = prepare(&s, None, &req(Route::Entry(Format::OpenAiChat), "", body));
         assert_eq!((p.status, p.deny_reason), (404, Some("model_restricted_by_leader")));
+        let listed: Vec<&str> = s.visible_grants(0).map(|(_, m, _)| m.name.as_str()).collect();
+        assert!(
+            !listed.contains(&"gpt-b"),
+            "a refused caller does not see the model listed: {listed:?}"
+        );
 
         config["models"][0]["restrictions"] = json!({"leader_deny": [1], "exempt": [0]});
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();

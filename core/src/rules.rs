@@ -21,7 +21,7 @@ use chrono::{Datelike, Days, LocalResult, Months, NaiveDate, TimeZone};
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use crate::shm::{self, id_bytes, CounterRead, KeyTemplate, Lease, Segment};
+use crate::shm::{self, CounterRead, KeyTemplate, Lease, Segment};
 use crate::snapshot::{Model, Snapshot};
 use crate::views::{rfc3339, write_str, write_usd};
 
@@ -776,7 +776,9 @@ pub fn decide(
             .collect(),
         ..Decision::default()
     };
-    let principal_bytes = id_bytes(&snapshot.principals[principal as usize].id);
+    let principal_bytes = snapshot.principals[principal as usize].key_bytes;
+    // Each window's instance and bounds, computed once per call when first needed.
+    let mut windows: [Option<(u32, i64, i64)>; 3] = [None; 3];
     let now_ns = now_ms.saturating_mul(1_000_000);
     let mut best: Option<RuleLimit> = None;
     for (rule, entry) in rules.covering(model_index) {
@@ -842,8 +844,11 @@ pub fn decide(
         let Some(threshold) = entry.threshold_nano else {
             continue;
         };
-        let period = entry.window.period_of(date);
-        let (window_start, window_end) = entry.window.bounds(tz, period);
+        let (period, window_start, window_end) = *windows[entry.window as usize].get_or_insert_with(|| {
+            let period = entry.window.period_of(date);
+            let (start, end) = entry.window.bounds(tz, period);
+            (period, start, end)
+        });
         let keys = scope_keys(snapshot, principal, entry, period);
         let pool_key = key(shm::RULE_POOL, period);
         let mut committed = sum(segment, &keys);
@@ -1000,7 +1005,7 @@ pub fn usage_rules_json(
 ) {
     let rules = &snapshot.rules;
     let date = local_date(rules.tz, now_ms);
-    let principal_bytes = id_bytes(&snapshot.principals[principal as usize].id);
+    let principal_bytes = snapshot.principals[principal as usize].key_bytes;
     out.extend_from_slice(b"\"rules\":[");
     let mut first = true;
     for rule in &rules.rules {

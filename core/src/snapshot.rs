@@ -801,32 +801,39 @@ impl Snapshot {
             serviceable(e, &format!("models[{i}] ({:?})", model.name), model, &providers);
         }
 
-        let mut granted = std::collections::HashSet::new();
         let grants: Vec<Grant> = raw
             .grants
             .into_iter()
             .enumerate()
             .map(|(i, g)| {
-                let what = format!("grants[{i}]");
-                let principal = index(e, &format!("{what}.principal"), g.principal, principals.len());
-                let model = index(e, &format!("{what}.model"), g.model, models.len());
-                if !granted.insert((principal, model)) && !principals.is_empty() && !models.is_empty() {
-                    e.push(format!(
-                        "{what}: duplicate grant of model {model} to principal {principal}"
-                    ));
-                }
-                let from = minute(e, &format!("{what}.allowed_from_min"), g.allowed_from_min);
-                let to = minute(e, &format!("{what}.allowed_to_min"), g.allowed_to_min);
+                // NOTE: a million grants: error texts are only formatted for a grant that has one.
+                let in_range = |v: i64, len: usize| v >= 0 && (v as usize) < len;
+                let principal = if in_range(g.principal, principals.len()) {
+                    g.principal as u32
+                } else {
+                    index(e, &format!("grants[{i}].principal"), g.principal, principals.len())
+                };
+                let model = if in_range(g.model, models.len()) {
+                    g.model as u32
+                } else {
+                    index(e, &format!("grants[{i}].model"), g.model, models.len())
+                };
+                let minutes = |v: Option<i64>, name: &str, e: &mut Vec<String>| match v {
+                    Some(m) if (0..=1440).contains(&m) => Some(m as u16),
+                    other => minute(e, &format!("grants[{i}].{name}"), other),
+                };
+                let from = minutes(g.allowed_from_min, "allowed_from_min", e);
+                let to = minutes(g.allowed_to_min, "allowed_to_min", e);
                 let mut active_days = 0u8;
                 for &day in &g.active_days {
                     match u8::try_from(day) {
                         Ok(day @ 0..=6) => active_days |= 1 << day,
-                        _ => e.push(format!("{what}.active_days: {day} is not 0 (Sunday) ..= 6")),
+                        _ => e.push(format!("grants[{i}].active_days: {day} is not 0 (Sunday) ..= 6")),
                     }
                 }
                 let (principal_id, model_id) = (
-                    principals.get(principal as usize).map_or([0; 16], |p| id_bytes(&p.id)),
-                    models.get(model as usize).map_or([0; 16], |m| id_bytes(&m.id)),
+                    principals.get(principal as usize).map_or([0; 16], |p| p.key_bytes),
+                    models.get(model as usize).map_or([0; 16], |m| m.key_bytes),
                 );
                 Grant {
                     principal,
@@ -834,7 +841,11 @@ impl Snapshot {
                     daily_cap_nano_usd: g.daily_cap_nano_usd,
                     max_calls_per_hour: g.max_calls_per_hour,
                     window: from.zip(to).map(|(from_min, to_min)| Window { from_min, to_min }),
-                    timezone: g.timezone.parse().unwrap_or(Tz::UTC),
+                    timezone: if g.timezone == "UTC" {
+                        Tz::UTC
+                    } else {
+                        g.timezone.parse().unwrap_or(Tz::UTC)
+                    },
                     active_days: if g.active_days.is_empty() { 0x7F } else { active_days },
                     always_open: g.always_open,
                     spend_key: KeyTemplate::new(SPEND_DAY, &principal_id, &model_id),
@@ -868,6 +879,20 @@ impl Snapshot {
                 let name = |g: u32| &models[grants[g as usize].model as usize].name;
                 name(a).cmp(name(b))
             });
+        }
+        for list in &grants_by_principal {
+            for pair in list.windows(2) {
+                let (a, b) = (&grants[pair[0] as usize], &grants[pair[1] as usize]);
+                if a.model == b.model {
+                    errors.push(format!(
+                        "grants[{}]: duplicate grant of model {} to principal {}",
+                        pair[1], b.model, b.principal
+                    ));
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Error::Snapshot(errors));
         }
         let key_index = KeyIndex::new(pepper, keys.iter().map(|k| k.digest));
         let model_by_id = models
@@ -976,15 +1001,20 @@ impl Snapshot {
             .map(|g| &self.grants[g as usize])
     }
 
-    /// The grants a principal can see listed, sorted by model name: blocked and retired models
-    /// are left out.
+    /// The grants a principal can see listed, sorted by model name: blocked and retired models,
+    /// and those whose restrictions refuse the principal, are left out.
     pub fn visible_grants(&self, principal: u32) -> impl Iterator<Item = (&Grant, &Model, &Provider)> {
         self.grants_by_principal[principal as usize]
             .iter()
             .filter_map(move |&g| {
                 let grant = &self.grants[g as usize];
                 let model = &self.models[grant.model as usize];
-                (!model.blocked && !model.retired).then(|| (grant, model, &self.providers[model.provider as usize]))
+                let restricted = model
+                    .restrictions
+                    .as_ref()
+                    .is_some_and(|r| r.refuses(self, principal).is_some());
+                (!model.blocked && !model.retired && !restricted)
+                    .then(|| (grant, model, &self.providers[model.provider as usize]))
             })
     }
 }
