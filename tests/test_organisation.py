@@ -262,6 +262,45 @@ def test_a_users_expiry_refuses_their_key_on_every_worker_within_a_second(gatewa
         workers.close()
 
 
+def test_the_expiry_routes_set_a_users_and_its_keys_expiry_on_every_worker_within_a_second(
+        gateway: Gateway) -> None:
+    """Mesh's PUT /admin/users/{id}/expiry, and PUT /admin/users/{id}/key/expiry for the active key
+    alone: a past moment is 401 on every worker within 1 s (audited); null lets the key in again; a
+    rotated key starts without the old key's expiry; bad bodies are 400."""
+    provider = gateway.create_provider(f"org-kexp-{_tag()}")
+    model = gateway.create_model(provider["id"], f"org-kexp-{_tag()}")
+    user = _user(gateway)
+    gateway.grant(user["id"], model["id"])
+    auth = {"Authorization": f"Bearer {user['key']}"}
+    past = _rfc3339(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+    workers = WorkerConnections(gateway)
+    try:
+        _until_every_worker(workers, "/v1/models", auth, lambda s, b: _models_visible(s, b, model["name"]))
+        for path in ("expiry", "key/expiry"):
+            put = gateway.admin("PUT", f"/admin/users/{user['id']}/{path}", {"expires_at": past})
+            assert put.status_code == 200 and put.json()["status"] == "ok", put.text
+            _until_every_worker(workers, "/v1/models", auth, lambda s, b: s == 401)
+            assert gateway.admin("PUT", f"/admin/users/{user['id']}/{path}", {"expires_at": None}).status_code == 200
+            _until_every_worker(workers, "/v1/models", auth, lambda s, b: s == 200)
+        shown, _ = _get(gateway, user["id"])
+        assert shown["expires_at"] is None and shown["key_expires_at"] is None
+        assert gateway.admin("PUT", f"/admin/users/{user['id']}/key/expiry", {"expires_at": past}).status_code == 200
+        _until_every_worker(workers, "/v1/models", auth, lambda s, b: s == 401)
+        rotated = gateway.admin("POST", f"/admin/users/{user['id']}/rotate-key").json()
+        fresh = {"Authorization": f"Bearer {rotated['key']}"}
+        _until_every_worker(workers, "/v1/models", fresh, lambda s, b: s == 200)
+    finally:
+        workers.close()
+    actions = [e["action"] for e in gateway.admin("GET", "/admin/audit?page_size=200").json()["entries"]
+               if e["target"] == user["id"]]
+    assert actions.count("update_user_expiry") == 2 and actions.count("update_key_expiry") == 3, actions
+    for body in ({}, {"expires_at": "2026-01-01T00:00:00"}, {"expires_at": 5}, {"expires_at": None, "x": 1}):
+        refused = gateway.admin("PUT", f"/admin/users/{user['id']}/key/expiry", body)
+        assert refused.status_code == 400, (body, refused.text)
+    assert gateway.admin("PUT", f"/admin/users/{'0' * 8}-0000-4000-8000-{'0' * 12}/expiry",
+                         {"expires_at": None}).status_code == 404
+
+
 def _model_status(gateway: Gateway, model_id: str, status: str) -> httpx.Response:
     etag = gateway.admin("GET", f"/admin/models/{model_id}").headers["etag"]
     return gateway.client.put(f"/admin/models/{model_id}", json={"status": status},

@@ -62,6 +62,10 @@ class AdminRouter:
         add("DELETE", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_user(a.name, id)))
         add("POST", r"/admin/users/(?P<id>[^/]+)/rotate-key", lambda a, b, id: self._ok(s.rotate_key(a.name, id)))
         add("POST", r"/admin/users/(?P<id>[^/]+)/revoke", lambda a, b, id: self._ok(s.revoke_user(a.name, id)))
+        add("PUT", r"/admin/users/(?P<id>[^/]+)/expiry",
+            lambda a, b, id: self._ok(s.set_user_expiry(a.name, id, svc.decode(b, svc.ExpiryBody))))
+        add("PUT", r"/admin/users/(?P<id>[^/]+)/key/expiry",
+            lambda a, b, id: self._ok(s.set_key_expiry(a.name, id, svc.decode(b, svc.ExpiryBody))))
         add("GET", r"/admin/users/(?P<id>[^/]+)/policies", lambda a, b, id: self._ok(s.list_policies(id)))
         add("PUT", r"/admin/users/(?P<id>[^/]+)/policies/(?P<model>[^/]+)",
             lambda a, b, id, model: self._ok(s.put_policy(a.name, id, model, svc.decode(b, svc.PolicyBody))))

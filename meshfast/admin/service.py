@@ -77,6 +77,13 @@ class UserUpdate(msgspec.Struct, forbid_unknown_fields=True):
     expires_at: Timestamp | None | UnsetType = UNSET
 
 
+class ExpiryBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``PUT /admin/users/{id}/expiry`` (Mesh's) and ``PUT /admin/users/{id}/key/expiry``: an
+    RFC 3339 moment with its offset, or ``null`` for none."""
+
+    expires_at: Timestamp | None
+
+
 class GenericSettings(snapshot.GenericTemplates, forbid_unknown_fields=True, omit_defaults=True):
     """Mesh's provider-as-data fields as the admin API takes them: templates with placeholders
     and dot paths (the snapshot's fields), with body templates as JSON values or JSON text.
@@ -1021,6 +1028,36 @@ class AdminService:
         action = "update_user_expiry" if fields == ["expires_at"] else "update_user"
         await self._write(actor, action, str(uid), {"fields": fields}, work)
         return await self.get_user(user_id)
+
+    async def set_user_expiry(self, actor: str, user_id: str, body: ExpiryBody) -> dict[str, Any]:
+        """Mesh's route: after ``expires_at`` every key of the user is refused, on every worker
+        within a second of the write."""
+        uid = parse_uuid(user_id, errors.UserNotFound)
+        moment = _moment(body.expires_at, "expires_at")
+
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.SET_USER_EXPIRY, uid, moment) is None:
+                raise errors.UserNotFound()
+
+        await self._write(actor, "update_user_expiry", str(uid), {"expires_at": _jsonable(moment)}, work)
+        return {"status": "ok"}
+
+    async def set_key_expiry(self, actor: str, user_id: str, body: ExpiryBody) -> dict[str, Any]:
+        """The user's active key stops working after ``expires_at`` (the user stays active, and a
+        rotated key starts without an expiry)."""
+        uid = parse_uuid(user_id, errors.UserNotFound)
+        moment = _moment(body.expires_at, "expires_at")
+
+        async def work(conn: asyncpg.Connection) -> str:
+            if await conn.fetchval(sql.USER_EXISTS, uid) is None:
+                raise errors.UserNotFound()
+            key_id = await conn.fetchval(sql.SET_KEY_EXPIRY, uid, moment)
+            if key_id is None:
+                raise errors.InvalidRequest("the user has no active key")
+            return str(key_id)
+
+        key_id = await self._write(actor, "update_key_expiry", str(uid), {"expires_at": _jsonable(moment)}, work)
+        return {"status": "ok", "key_id": key_id, "expires_at": _jsonable(moment)}
 
     async def list_users(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:

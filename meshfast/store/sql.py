@@ -116,14 +116,21 @@ WHERE id = $1
 """
 USER_COLUMNS = """
 u.id, u.email, u.display_name, u.manager_id, mgr.email AS manager_email, u.business_unit, u.tier, u.status,
-u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status
+u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status,
+k.expires_at AS key_expires_at
+"""
+SET_USER_EXPIRY = """
+UPDATE users SET expires_at = $2, version = version + 1, updated_at = now() WHERE id = $1 RETURNING id
+"""
+SET_KEY_EXPIRY = """
+UPDATE mesh_api_keys SET expires_at = $2 WHERE user_id = $1 AND status = 'active' RETURNING id
 """
 LIST_USERS = f"""
 SELECT {USER_COLUMNS}
 FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
-    SELECT key_prefix, status FROM mesh_api_keys
+    SELECT key_prefix, status, expires_at FROM mesh_api_keys
     WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
 ) k ON true
 ORDER BY u.created_at DESC
@@ -133,7 +140,7 @@ SELECT {USER_COLUMNS}
 FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
-    SELECT key_prefix, status FROM mesh_api_keys
+    SELECT key_prefix, status, expires_at FROM mesh_api_keys
     WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
 ) k ON true
 WHERE u.id = $1
