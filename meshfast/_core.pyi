@@ -423,6 +423,27 @@ class Core:
         threshold whose population holds the caller, with spend, utilization and status) or the
         same 401 as there."""
 
+    def counter_deltas(self, pair_periods: list[tuple[int, int]], provider_periods: list[tuple[int, int]],
+                       shadow_bit: int) -> list[tuple[int, str, str, int, int]]:
+        """Every counter that moved since the last checkpoint, in one pass over the snapshot's
+        grants (``pair_periods``: ``(kind, period)`` of principal × model counters) and providers
+        (``provider_periods``, principal part the zero id): ``(kind, a id, b id, period, delta)``
+        with ``delta`` = value − open reservations − the shadow's (at ``period | shadow_bit``).
+        Runs without the GIL."""
+
+    def remove_counters(self, pair_periods: list[tuple[int, int]], provider_periods: list[tuple[int, int]],
+                        shadow_bit: int) -> int:
+        """Remove those counters and their shadows; how many counters existed. Without the GIL."""
+
+    def patch_principal(self, seq: int, index: int, principal: bytes) -> int:
+        """Replace principal ``index`` (msgpack of ``meshfast.snapshot.Principal``, the same id)
+        in the current snapshot and publish it as ``seq``, everything else shared (no rebuild).
+        :class:`SnapshotError` when it does not fit (index, status, a looping manager chain)."""
+
+    def patch_rules(self, seq: int, rules: bytes) -> int:
+        """Replace the rules, the global switch and the calendar (msgpack ``{rules,
+        enforce_rules, calendar_tz}``) in the current snapshot and publish it as ``seq``."""
+
     def dry_run(self, rule: bytes, now_ms: int) -> bytes:
         """``POST /admin/rules/dry-run``'s JSON body for a draft rule (msgpack of
         ``meshfast.snapshot.Rule``): ``{"affected": [{user_id, entry, action, spend_usd,

@@ -14,12 +14,13 @@ import logging
 import os
 import signal
 import time
+import uuid
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from meshfast import background, counters, dashboard, errors, verify
+from meshfast import background, counters, dashboard, errors, rules, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
 from meshfast.admin.notifications import NotificationsAdmin
@@ -45,7 +46,16 @@ from meshfast.metrics import Metrics
 from meshfast.notify import Notifier
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
-from meshfast.snapshot import Config, encode, load_config
+from meshfast.snapshot import (
+    Config,
+    RulesPart,
+    build_config,
+    encode,
+    encode_part,
+    fetch_config,
+    json_value,
+    principal_from_row,
+)
 from meshfast.store import database, sql
 from meshfast.telemetry import Telemetry
 
@@ -79,6 +89,13 @@ class ConfigFeed:
     Every admin write bumps a sequence and sends NOTIFY; each notification marks the snapshot
     dirty and one rebuild covers every notification that arrived before it started. An
     unconditional rebuild every ``reconcile_s`` bounds staleness if a notification is lost.
+
+    Small changes skip the rebuild: a notification ``<seq>:user:<id>`` (one user's organisation,
+    status or expiry) or ``<seq>:rules`` (the rules or the switch) whose seq is the next one this
+    worker expects is applied by reading just that from the database and patching the core's
+    snapshot (everything else shared), so a manager change or a rule reaches every worker in
+    milliseconds even with a million grants loaded. Anything else, a gap in the sequence or a
+    patch that does not fit, falls back to the full rebuild.
     """
 
     def __init__(self, core: Core, pool: asyncpg.Pool, listen_url: str, reconcile_s: int,
@@ -92,16 +109,33 @@ class ConfigFeed:
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.rebuilds = 0
+        self.patches = 0
         self.config: Config | None = None
+        # Changes announced but not applied yet, by seq; the highest seq announced.
+        self._changes: dict[int, str] = {}
+        self._announced = 0
+        self._principal_index: dict[str, int] | None = None
+        # Set when notifications may have been missed (the listener reconnected): rebuild.
+        self._force = False
 
     async def rebuild(self) -> int:
         async with self._lock:
             started = time.perf_counter()
             async with self._pool.acquire() as conn:
-                config = await load_config(conn, self._master_key)
+                rows = await fetch_config(conn)
+
+            def build() -> tuple[Config, bytes]:
+                config = build_config(rows, self._master_key)
+                return config, encode(config)
+
+            # NOTE: off the serving loop: with a million grants, building and loading take seconds
+            # (the core's load releases the GIL; building the structs shares it in slices).
+            config, data = await asyncio.to_thread(build)
             try:
-                seq = self._core.load(encode(config))
+                seq = await asyncio.to_thread(self._core.load, data)
                 self.config = config
+                self._principal_index = None
+                self._changes = {k: v for k, v in self._changes.items() if k > seq}
             except SnapshotError as exc:
                 # NOTE: the last good snapshot stays in force.
                 log.error("snapshot rejected, keeping seq %s: %s", self._core.seq, exc)
@@ -110,10 +144,79 @@ class ConfigFeed:
             log.debug("snapshot seq %d loaded in %.1f ms", seq, (time.perf_counter() - started) * 1000)
             return seq
 
-    async def ensure(self, seq: int) -> None:
-        """Return once this worker's snapshot covers config sequence ``seq``."""
-        if self._core.seq < seq:
+    async def ensure(self, seq: int, change: str = "") -> None:
+        """Return once this worker's snapshot covers config sequence ``seq`` (the worker that
+        made a write, which knows what it changed)."""
+        self.announce(seq, change)
+        await self.catch_up()
+
+    def announce(self, seq: int, change: str = "") -> None:
+        """Note a write (from its NOTIFY or from this worker) and wake the rebuild loop."""
+        self._announced = max(self._announced, seq)
+        if change:
+            self._changes[seq] = change
+        self._dirty.set()
+
+    def _notified(self, payload: str) -> None:
+        seq_text, _, change = payload.partition(":")
+        try:
+            seq = int(seq_text)
+        except ValueError:
+            self._dirty.set()
+            return
+        self.announce(seq, change)
+
+    async def catch_up(self) -> None:
+        """Apply the announced changes in sequence by patching; rebuild when that cannot cover
+        everything announced."""
+        async with self._lock:
+            while self._core.seq < self._announced:
+                change = self._changes.pop(self._core.seq + 1, None)
+                if change is None or self.config is None:
+                    break
+                try:
+                    await self._patch(self._core.seq + 1, change)
+                except Exception as exc:  # noqa: BLE001 - any failure falls back to the rebuild
+                    log.info("config change %s (seq %d) not patched (%s); rebuilding", change,
+                             self._core.seq + 1, exc)
+                    break
+            covered = self._core.seq >= self._announced
+        if not covered:
             await self.rebuild()
+
+    async def _patch(self, seq: int, change: str) -> None:
+        """One change without a rebuild (see the class docs); raises when it cannot be."""
+        config = self.config
+        assert config is not None
+        kind, _, target = change.partition(":")
+        started = time.perf_counter()
+        if kind == "user":
+            if self._principal_index is None:
+                self._principal_index = {p.id: i for i, p in enumerate(config.principals)}
+            index = self._principal_index[str(uuid.UUID(target))]
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(sql.SNAPSHOT_PRINCIPAL, uuid.UUID(target))
+            if row is None:
+                raise LookupError("the user is gone")
+            manager = None if row["manager_id"] is None else self._principal_index[str(row["manager_id"])]
+            principal = principal_from_row(row, manager)
+            self._core.patch_principal(seq, index, encode_part(principal))
+            config.principals[index] = principal
+        elif kind == "rules":
+            async with self._pool.acquire() as conn:
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    enforce = bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES))
+                    rule_rows = await conn.fetch(sql.SNAPSHOT_RULES)
+            principal_index = {p.id: i for i, p in enumerate(config.principals)}
+            model_index = {m.name: i for i, m in enumerate(config.models)}
+            loaded = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rule_rows]
+            part = RulesPart(rules=loaded, enforce_rules=enforce, calendar_tz=config.calendar_tz)
+            self._core.patch_rules(seq, encode_part(part))
+            config.rules, config.enforce_rules = loaded, enforce
+        else:
+            raise ValueError(f"unknown change {kind!r}")
+        self.patches += 1
+        log.info("config seq %d patched (%s) in %.1f ms", seq, kind, (time.perf_counter() - started) * 1000)
 
     def start(self) -> None:
         self._tasks = [background.start("config_rebuild", self._rebuild_loop),
@@ -131,9 +234,11 @@ class ConfigFeed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout=self._reconcile_s)
             background.fault_point("config_rebuild")
+            reconcile = self._force or not self._dirty.is_set()
+            self._force = False
             self._dirty.clear()
             try:
-                await self.rebuild()
+                await (self.rebuild() if reconcile else self.catch_up())
             except Exception:
                 log.exception("snapshot rebuild failed; retrying")
                 await asyncio.sleep(1.0)
@@ -146,8 +251,9 @@ class ConfigFeed:
             try:
                 conn = await database.connect(self._listen_url, role=database.GATEWAY_ROLE)
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                await conn.add_listener(sql.CONFIG_CHANNEL, lambda *_args: self._dirty.set())
+                await conn.add_listener(sql.CONFIG_CHANNEL, lambda *args: self._notified(str(args[-1])))
                 # Anything written while we were not listening is picked up now.
+                self._force = True
                 self._dirty.set()
                 try:
                     await lost.wait()
@@ -315,13 +421,14 @@ class App:
 
     async def _checkpoint(self, conn: asyncpg.Connection) -> None:
         if self.feed is not None and self.feed.config is not None:
-            await counters.checkpoint(self.segment, conn, self.feed.config, time.time_ns() // 1_000_000)
+            await counters.checkpoint(self.segment, conn, self.feed.config, time.time_ns() // 1_000_000, self.core)
 
     async def _purge(self, conn: asyncpg.Connection) -> None:
         # NOTE: after a checkpoint, so a period's last increments reach the database first.
         await self._checkpoint(conn)
-        if self.feed is not None and self.feed.config is not None:
-            removed = counters.purge(self.segment, self.feed.config, time.time_ns() // 1_000_000)
+        if self.feed is not None and self.feed.config is not None and self.core is not None:
+            removed = await counters.purge_with_core(self.core, self.segment, self.feed.config,
+                                                     time.time_ns() // 1_000_000)
             if removed:
                 log.info("purged %d counters of past periods", removed)
 

@@ -134,7 +134,7 @@ async def _admin_service() -> AsyncIterator[AdminService]:
         await database.migrate(db.url)
         pool = await database.create_pool(db.url, role=database.ADMIN_ROLE, min_size=1, max_size=1)
 
-        async def no_rebuild(_seq: int) -> None:
+        async def no_rebuild(_seq: int, _change: str) -> None:
             return None
 
         try:

@@ -59,7 +59,7 @@ async def seed(url: str, secrets: Secrets, data_dir: Path, testserve_port: int) 
     """Create what is missing of the demo; returns the demo user's key."""
     from testserve.seed import demo_providers
 
-    async def no_rebuild(_seq: int) -> None:
+    async def no_rebuild(_seq: int, _change: str) -> None:
         return None
 
     pool = await database.create_pool(url, role=database.ADMIN_ROLE, min_size=1, max_size=2)

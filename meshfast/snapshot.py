@@ -239,7 +239,35 @@ class Config(msgspec.Struct):
     calendar_tz: str = "UTC"
 
 
+class RulesPart(msgspec.Struct):
+    """What ``Core.patch_rules`` takes: the rules, the switch and the calendar."""
+
+    rules: list[Rule]
+    enforce_rules: bool
+    calendar_tz: str
+
+
 _encoder = msgspec.msgpack.Encoder()
+
+
+def encode_part(part: Principal | RulesPart) -> bytes:
+    """A patch's bytes (``Core.patch_principal``, ``Core.patch_rules``)."""
+    return _encoder.encode(part)
+
+
+def principal_from_row(row: Any, manager: int | None) -> Principal:
+    """A ``users`` row (SNAPSHOT_PRINCIPALS' columns) as the core's principal, its manager given
+    as an index."""
+    return Principal(
+        id=str(row["id"]),
+        email=row["email"],
+        display_name=row["display_name"],
+        status=row["status"],
+        expires_at_ms=_ms(row["expires_at"]),
+        manager=manager,
+        business_unit=row["business_unit"],
+        tier=row["tier"],
+    )
 
 
 def usd_to_nanos(value: Decimal | int | float | str) -> int:
@@ -315,24 +343,35 @@ def provider_from_row(row: asyncpg.Record, master_key: bytes) -> Provider | None
 
 
 async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
+    return build_config(await fetch_config(conn), master_key)
+
+
+async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
+    """Every row the snapshot is built from, read in one REPEATABLE READ transaction."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        seq = await conn.fetchval(sql.SNAPSHOT_SEQ)
-        kill_switch = bool(await conn.fetchval(sql.SNAPSHOT_KILL_SWITCH))
-        user_rows = await conn.fetch(sql.SNAPSHOT_PRINCIPALS)
-        key_rows = await conn.fetch(sql.SNAPSHOT_KEYS)
-        provider_rows = await conn.fetch(sql.SNAPSHOT_PROVIDERS)
-        model_rows = await conn.fetch(sql.SNAPSHOT_MODELS)
-        deployment_rows = await conn.fetch(sql.SNAPSHOT_DEPLOYMENTS)
-        grant_rows = await conn.fetch(sql.SNAPSHOT_GRANTS)
-        enforce_rules = bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES))
-        rule_rows = await conn.fetch(sql.SNAPSHOT_RULES)
-    config = _config(int(seq), kill_switch, user_rows, key_rows, provider_rows, model_rows, deployment_rows,
-                     grant_rows, master_key)
-    config.enforce_rules = enforce_rules
+        return {
+            "seq": await conn.fetchval(sql.SNAPSHOT_SEQ),
+            "kill_switch": bool(await conn.fetchval(sql.SNAPSHOT_KILL_SWITCH)),
+            "users": await conn.fetch(sql.SNAPSHOT_PRINCIPALS),
+            "keys": await conn.fetch(sql.SNAPSHOT_KEYS),
+            "providers": await conn.fetch(sql.SNAPSHOT_PROVIDERS),
+            "models": await conn.fetch(sql.SNAPSHOT_MODELS),
+            "deployments": await conn.fetch(sql.SNAPSHOT_DEPLOYMENTS),
+            "grants": await conn.fetch(sql.SNAPSHOT_GRANTS),
+            "enforce_rules": bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES)),
+            "rules": await conn.fetch(sql.SNAPSHOT_RULES),
+        }
+
+
+def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
+    """The config from ``fetch_config``'s rows (CPU only: a worker runs it off its event loop)."""
+    config = _config(int(rows["seq"]), rows["kill_switch"], rows["users"], rows["keys"], rows["providers"],
+                     rows["models"], rows["deployments"], rows["grants"], master_key)
+    config.enforce_rules = rows["enforce_rules"]
     config.calendar_tz = calendar_tz()
     principal_index = {p.id: i for i, p in enumerate(config.principals)}
     model_index = {m.name: i for i, m in enumerate(config.models)}
-    config.rules = [rules.to_config(_json(row["body"]), principal_index, model_index) for row in rule_rows]
+    config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rows["rules"]]
     return config
 
 
@@ -341,14 +380,15 @@ def calendar_tz() -> str:
     return os.environ.get("MESHFAST_CALENDAR_TZ") or "UTC"
 
 
-def _json(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A jsonb column's value (asyncpg gives text unless a codec is set)."""
     return json.loads(value) if isinstance(value, str) else value
 
 
 def _restrictions(stored: Any, principal_index: dict[uuid.UUID, int]) -> Restrictions | None:
     """Stored restrictions (user ids) as the core's (indexes). A gone user leaves a list; an
     allow list whose people are all gone allows nobody but the exempt (never everyone)."""
-    stored = _json(stored)
+    stored = json_value(stored)
     if not stored:
         return None
 
@@ -402,19 +442,7 @@ def _config(seq: int, kill_switch: bool, user_rows: list[asyncpg.Record], key_ro
     return Config(
         seq=seq,
         kill_switch=kill_switch,
-        principals=[
-            Principal(
-                id=str(row["id"]),
-                email=row["email"],
-                display_name=row["display_name"],
-                status=row["status"],
-                expires_at_ms=_ms(row["expires_at"]),
-                manager=principal_index.get(row["manager_id"]),
-                business_unit=row["business_unit"],
-                tier=row["tier"],
-            )
-            for row in user_rows
-        ],
+        principals=[principal_from_row(row, principal_index.get(row["manager_id"])) for row in user_rows],
         keys=[
             Key(
                 id=str(row["id"]),

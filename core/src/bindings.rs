@@ -393,6 +393,60 @@ impl PyCore {
         Ok(seq)
     }
 
+    /// Replaces principal `index` (msgpack of the config's principal) in the current snapshot
+    /// and publishes it as `seq`, sharing everything else; returns `seq`.
+    fn patch_principal(&self, py: Python<'_>, seq: i64, index: u32, principal: &[u8]) -> PyResult<i64> {
+        let loaded = self
+            .current
+            .load_full()
+            .ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let snapshot = released(py, || loaded.snapshot.with_principal(seq, index, principal)).map_err(to_py_err)?;
+        let person = &snapshot.principals[index as usize];
+        let mut principal_by_key = loaded
+            .principal_by_key
+            .iter()
+            .map(|p| p.clone_ref(py))
+            .collect::<Vec<_>>();
+        for (k, key) in snapshot.keys.iter().enumerate() {
+            if key.principal == index {
+                principal_by_key[k] = Py::new(
+                    py,
+                    PyPrincipal {
+                        id: person.id.clone(),
+                        email: person.email.clone(),
+                        display_name: person.display_name.clone(),
+                        key_id: key.id.clone(),
+                    },
+                )?;
+            }
+        }
+        self.current.store(Some(Arc::new(Loaded {
+            snapshot,
+            principal_by_key,
+        })));
+        Ok(seq)
+    }
+
+    /// Replaces the rules, the global switch and the calendar (msgpack `{rules, enforce_rules,
+    /// calendar_tz}`) in the current snapshot and publishes it as `seq`; returns `seq`.
+    fn patch_rules(&self, py: Python<'_>, seq: i64, rules: &[u8]) -> PyResult<i64> {
+        let loaded = self
+            .current
+            .load_full()
+            .ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let snapshot = released(py, || loaded.snapshot.with_rules(seq, rules)).map_err(to_py_err)?;
+        let principal_by_key = loaded
+            .principal_by_key
+            .iter()
+            .map(|p| p.clone_ref(py))
+            .collect::<Vec<_>>();
+        self.current.store(Some(Arc::new(Loaded {
+            snapshot,
+            principal_by_key,
+        })));
+        Ok(seq)
+    }
+
     #[getter]
     fn seq(&self) -> i64 {
         self.current.load().as_ref().map_or(-1, |loaded| loaded.snapshot.seq)
@@ -497,6 +551,68 @@ impl PyCore {
             cache_write_1h: cache_write_1h_tokens,
         };
         Ok(pricing::price_tokens(model, provider, &tokens, seconds, web_searches))
+    }
+
+    /// The counters that moved since the last checkpoint (see the stub).
+    #[expect(clippy::type_complexity, reason = "rows of (kind, a, b, period, delta)")]
+    fn counter_deltas(
+        &self,
+        py: Python<'_>,
+        pair_periods: Vec<(u8, u32)>,
+        provider_periods: Vec<(u8, u32)>,
+        shadow_bit: u32,
+    ) -> PyResult<Vec<(u8, String, String, u32, i64)>> {
+        let segment = self
+            .segment
+            .as_ref()
+            .ok_or_else(|| ShmError::new_err("this Core has no segment"))?;
+        let Some(loaded) = self.current.load_full() else {
+            return Ok(Vec::new());
+        };
+        let snapshot = &loaded.snapshot;
+        let rows = released(py, || {
+            snapshot.counter_deltas(segment, &pair_periods, &provider_periods, shadow_bit)
+        });
+        Ok(rows
+            .into_iter()
+            .map(|(kind, a, b, period, delta)| {
+                if a == u32::MAX {
+                    let provider = &snapshot.providers[b as usize];
+                    (
+                        kind,
+                        "00000000-0000-0000-0000-000000000000".to_owned(),
+                        provider.id.clone(),
+                        period,
+                        delta,
+                    )
+                } else {
+                    let (p, m) = (&snapshot.principals[a as usize], &snapshot.models[b as usize]);
+                    (kind, p.id.clone(), m.id.clone(), period, delta)
+                }
+            })
+            .collect())
+    }
+
+    /// Removes the pairs' and providers' counters of the periods given (see the stub).
+    fn remove_counters(
+        &self,
+        py: Python<'_>,
+        pair_periods: Vec<(u8, u32)>,
+        provider_periods: Vec<(u8, u32)>,
+        shadow_bit: u32,
+    ) -> PyResult<usize> {
+        let segment = self
+            .segment
+            .as_ref()
+            .ok_or_else(|| ShmError::new_err("this Core has no segment"))?;
+        let Some(loaded) = self.current.load_full() else {
+            return Ok(0);
+        };
+        Ok(released(py, || {
+            loaded
+                .snapshot
+                .remove_counters(segment, &pair_periods, &provider_periods, shadow_bit)
+        }))
     }
 
     /// Adds `nano` (negative counts as 0) to the principal's spend on the model today; returns the new total.

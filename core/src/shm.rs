@@ -307,6 +307,13 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     }
 }
 
+/// `key` as the table stores it (see [`split_key`]): how [`Segment::reserved`] names it.
+#[must_use]
+pub fn stored_key(key: u128) -> u128 {
+    let (hi, lo) = split_key(key);
+    (u128::from(hi) << 64) | u128::from(lo)
+}
+
 fn split_key(key: u128) -> (u64, u64) {
     let mut hi = (key >> 64) as u64;
     let mut lo = key as u64;

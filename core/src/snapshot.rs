@@ -373,22 +373,26 @@ pub struct Grant {
 }
 
 /// One validated config with its indexes.
+///
+/// The large parts are shared (`Arc`), so a small change ([`Snapshot::with_principal`],
+/// [`Snapshot::with_rules`]) makes a new snapshot without copying a million grants.
+#[derive(Clone)]
 pub struct Snapshot {
     pub seq: i64,
     pub kill_switch: bool,
-    pub principals: Vec<Principal>,
-    pub keys: Vec<Key>,
-    pub providers: Vec<Provider>,
-    pub models: Vec<Model>,
-    pub grants: Vec<Grant>,
+    pub principals: Arc<Vec<Principal>>,
+    pub keys: Arc<Vec<Key>>,
+    pub providers: Arc<Vec<Provider>>,
+    pub models: Arc<Vec<Model>>,
+    pub grants: Arc<Vec<Grant>>,
     /// Spend rules, in precedence order.
-    pub rules: crate::rules::Rules,
+    pub rules: Arc<crate::rules::Rules>,
     /// Per principal, its grant indexes sorted by model name.
-    grants_by_principal: Vec<Vec<u32>>,
-    key_index: KeyIndex,
-    model_by_id: HashMap<String, u32>,
+    grants_by_principal: Arc<Vec<Vec<u32>>>,
+    key_index: Arc<KeyIndex>,
+    model_by_id: Arc<HashMap<String, u32>>,
     /// Every model name and alias.
-    model_by_name: HashMap<String, u32>,
+    model_by_name: Arc<HashMap<String, u32>>,
 }
 
 fn parse_status(errors: &mut Vec<String>, what: &str, status: &str, allowed: [&str; 2]) -> bool {
@@ -901,18 +905,97 @@ impl Snapshot {
             .map(|(i, m)| (m.id.clone(), i as u32))
             .collect();
         Ok(Self {
-            model_by_id,
-            model_by_name,
+            model_by_id: Arc::new(model_by_id),
+            model_by_name: Arc::new(model_by_name),
             seq: raw.seq,
             kill_switch: raw.kill_switch,
-            principals,
-            keys,
-            providers,
-            models,
-            grants,
-            rules,
-            grants_by_principal,
-            key_index,
+            principals: Arc::new(principals),
+            keys: Arc::new(keys),
+            providers: Arc::new(providers),
+            models: Arc::new(models),
+            grants: Arc::new(grants),
+            rules: Arc::new(rules),
+            grants_by_principal: Arc::new(grants_by_principal),
+            key_index: Arc::new(key_index),
+        })
+    }
+
+    /// This snapshot with principal `index` replaced by `principal` (msgpack, the config's
+    /// principal: manager as an index) at `seq`: an organisation change (manager, business unit,
+    /// tier, status, expiry, names) without a rebuild. Refused like a config: an index out of
+    /// range, a bad status or a manager chain that loops.
+    pub fn with_principal(&self, seq: i64, index: u32, principal: &[u8]) -> Result<Self> {
+        let raw: RawPrincipal = rmp_serde::from_slice(principal)
+            .map_err(|e| Error::Snapshot(vec![format!("principal does not decode: {e}")]))?;
+        let mut errors = Vec::new();
+        let count = self.principals.len();
+        if index as usize >= count {
+            return Err(Error::Snapshot(vec![format!(
+                "principal index {index} out of range (0..{count})"
+            )]));
+        }
+        let what = format!("principals[{index}]");
+        let mut principals = (*self.principals).clone();
+        if raw.id != principals[index as usize].id {
+            errors.push(format!(
+                "{what}: the id is {:?}, not {:?}",
+                raw.id, principals[index as usize].id
+            ));
+        }
+        principals[index as usize] = Principal {
+            active: parse_status(&mut errors, &what, &raw.status, ["active", "revoked"]),
+            manager: raw
+                .manager
+                .map(|m| self::index(&mut errors, &format!("{what}.manager"), m, count)),
+            key_bytes: id_bytes(&raw.id),
+            id: raw.id,
+            email: raw.email,
+            display_name: raw.display_name,
+            expires_at_ms: raw.expires_at_ms,
+            business_unit: raw.business_unit,
+            tier: raw.tier,
+        };
+        chains(&mut errors, &principals);
+        if !errors.is_empty() {
+            return Err(Error::Snapshot(errors));
+        }
+        Ok(Self {
+            seq,
+            principals: Arc::new(principals),
+            ..self.clone()
+        })
+    }
+
+    /// This snapshot with its rules, switch and calendar replaced (msgpack
+    /// `{rules, enforce_rules, calendar_tz}`) at `seq`: a rule change without a rebuild.
+    pub fn with_rules(&self, seq: i64, rules: &[u8]) -> Result<Self> {
+        #[derive(Deserialize)]
+        struct RawRules {
+            #[serde(default)]
+            rules: Vec<crate::rules::RawRule>,
+            #[serde(default = "yes")]
+            enforce_rules: bool,
+            #[serde(default)]
+            calendar_tz: Option<String>,
+        }
+        let raw: RawRules =
+            rmp_serde::from_slice(rules).map_err(|e| Error::Snapshot(vec![format!("rules do not decode: {e}")]))?;
+        let mut errors = Vec::new();
+        let rules = crate::rules::Rules::build(
+            &mut errors,
+            raw.rules,
+            raw.enforce_rules,
+            raw.calendar_tz.as_deref().unwrap_or("UTC"),
+            self.principals.len(),
+            &self.models,
+        );
+        if !errors.is_empty() {
+            return Err(Error::Snapshot(errors));
+        }
+        Ok(Self {
+            seq,
+            rules: Arc::new(rules),
+            ..self.clone()
         })
     }
 
@@ -955,6 +1038,85 @@ impl Snapshot {
         let principal = &self.principals[grant.principal as usize];
         let model = &self.models[grant.model as usize];
         KeyTemplate::new(kind, &principal.key_bytes, &model.key_bytes).at(period)
+    }
+
+    /// Every counter of the principal × model pairs and providers that moved since the last
+    /// checkpoint, in the periods given: `(kind, a id, b id, period, delta)` where `delta` =
+    /// value − open reservations − the shadow's value (the shadow, at `period | shadow_bit`,
+    /// holds what the database already has). One pass over the grants, no Python per pair.
+    pub fn counter_deltas(
+        &self,
+        segment: &crate::shm::Segment,
+        pair_periods: &[(u8, u32)],
+        provider_periods: &[(u8, u32)],
+        shadow_bit: u32,
+    ) -> Vec<(u8, u32, u32, u32, i64)> {
+        let reserved = segment.reserved();
+        let mut out = Vec::new();
+        let delta = |kind: u8, a: &[u8; 16], b: &[u8; 16], period: u32| {
+            let template = KeyTemplate::new(kind, a, b);
+            let key = template.at(period);
+            let value = segment.get(key);
+            if value == 0 {
+                return None;
+            }
+            let held = reserved.get(&crate::shm::stored_key(key)).copied().unwrap_or(0);
+            let moved = value - held - segment.get(template.at(period | shadow_bit));
+            (moved != 0).then_some(moved)
+        };
+        for grant in self.grants.iter() {
+            let (p, m) = (
+                &self.principals[grant.principal as usize],
+                &self.models[grant.model as usize],
+            );
+            for &(kind, period) in pair_periods {
+                if let Some(moved) = delta(kind, &p.key_bytes, &m.key_bytes, period) {
+                    out.push((kind, grant.principal, grant.model, period, moved));
+                }
+            }
+        }
+        for (i, provider) in self.providers.iter().enumerate() {
+            let id = id_bytes(&provider.id);
+            for &(kind, period) in provider_periods {
+                if let Some(moved) = delta(kind, &[0; 16], &id, period) {
+                    out.push((kind, u32::MAX, i as u32, period, moved));
+                }
+            }
+        }
+        out
+    }
+
+    /// Removes the counters (and their shadows at `period | shadow_bit`) of every pair and
+    /// provider in the periods given; returns how many existed.
+    pub fn remove_counters(
+        &self,
+        segment: &crate::shm::Segment,
+        pair_periods: &[(u8, u32)],
+        provider_periods: &[(u8, u32)],
+        shadow_bit: u32,
+    ) -> usize {
+        let mut removed = 0;
+        let mut drop = |kind: u8, a: &[u8; 16], b: &[u8; 16], period: u32| {
+            let template = KeyTemplate::new(kind, a, b);
+            removed += usize::from(segment.remove(template.at(period)));
+            segment.remove(template.at(period | shadow_bit));
+        };
+        for grant in self.grants.iter() {
+            let (p, m) = (
+                &self.principals[grant.principal as usize],
+                &self.models[grant.model as usize],
+            );
+            for &(kind, period) in pair_periods {
+                drop(kind, &p.key_bytes, &m.key_bytes, period);
+            }
+        }
+        for provider in self.providers.iter() {
+            let id = id_bytes(&provider.id);
+            for &(kind, period) in provider_periods {
+                drop(kind, &[0; 16], &id, period);
+            }
+        }
+        removed
     }
 
     /// The principal's grants.

@@ -134,7 +134,7 @@ class RuleService:
             await conn.execute(sql.LOCK_REGISTRY)
             return await work(conn)
 
-        return await self._service._write(actor, action, target, detail, locked)
+        return await self._service._write(actor, action, target, detail, locked, change="rules")
 
     async def list(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
@@ -206,7 +206,8 @@ class RuleService:
         async def work(conn: asyncpg.Connection) -> bool:
             return bool(await conn.fetchval(SET_ENFORCEMENT, body.enforce))
 
-        state = await self._service._write(actor, "update_enforcement", "rules", {"enforce": body.enforce}, work)
+        state = await self._service._write(actor, "update_enforcement", "rules", {"enforce": body.enforce}, work,
+                                           change="rules")
         return {"enforce": state}
 
     async def dry_run(self, body: bytes) -> msgspec.Raw:

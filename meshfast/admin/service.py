@@ -849,7 +849,9 @@ def _wanted_model(provider_id: uuid.UUID, args: tuple[Any, ...]) -> tuple[Any, .
 
 # --- the service ---------------------------------------------------------------------------
 
-Rebuild = Callable[[int], Awaitable[None]]
+# Called after a committed write with its config sequence and what changed ("" = anything; see
+# ConfigFeed for the changes a worker applies without a rebuild).
+Rebuild = Callable[[int, str], Awaitable[None]]
 Verifier = Callable[[snapshot.Provider, list[snapshot.Model]], Awaitable[list[Any]]]
 
 
@@ -888,8 +890,13 @@ class AdminService:
             raise errors.VerificationFailed(failures=[msgspec.to_builtins(f) for f in failures])
 
     async def _write(self, actor: str, action: str, target: str | None, detail: dict[str, Any],
-                     work: Callable[[asyncpg.Connection], Awaitable[Any]], *, registry: bool = False) -> Any:
+                     work: Callable[[asyncpg.Connection], Awaitable[Any]], *, registry: bool = False,
+                     change: str = "") -> Any:
         """Run ``work`` in a transaction with the config bump, NOTIFY and audit row.
+
+        ``change`` names what the write changed when a worker can apply it without a rebuild
+        (``user:<id>``: one user's organisation, status or expiry; ``rules``: the rules or the
+        switch); it travels in the NOTIFY payload as ``<seq>:<change>``.
 
         A ``registry`` write (providers, models, deployments) holds the registry lock and commits
         only if the registry it leaves passes the core's validation (see :meth:`_check_registry`).
@@ -902,9 +909,9 @@ class AdminService:
                 if registry:
                     await self._check_registry(conn)
                 seq = await conn.fetchval(sql.NEXT_CONFIG_SEQ)
-                await conn.execute(sql.NOTIFY_CONFIG, str(seq))
+                await conn.execute(sql.NOTIFY_CONFIG, f"{seq}:{change}" if change else str(seq))
                 await conn.execute(sql.INSERT_AUDIT, actor, action, target, json.dumps(detail))
-        await self._after_write(int(seq))
+        await self._after_write(int(seq), change)
         return result
 
     async def _check_registry(self, conn: asyncpg.Connection) -> None:
@@ -1026,7 +1033,7 @@ class AdminService:
 
         fields = sorted([*changes, *(["manager_id"] if manager is not None else [])])
         action = "update_user_expiry" if fields == ["expires_at"] else "update_user"
-        await self._write(actor, action, str(uid), {"fields": fields}, work)
+        await self._write(actor, action, str(uid), {"fields": fields}, work, change=f"user:{uid}")
         return await self.get_user(user_id)
 
     async def set_user_expiry(self, actor: str, user_id: str, body: ExpiryBody) -> dict[str, Any]:
@@ -1039,7 +1046,8 @@ class AdminService:
             if await conn.fetchval(sql.SET_USER_EXPIRY, uid, moment) is None:
                 raise errors.UserNotFound()
 
-        await self._write(actor, "update_user_expiry", str(uid), {"expires_at": _jsonable(moment)}, work)
+        await self._write(actor, "update_user_expiry", str(uid), {"expires_at": _jsonable(moment)}, work,
+                          change=f"user:{uid}")
         return {"status": "ok"}
 
     async def set_key_expiry(self, actor: str, user_id: str, body: ExpiryBody) -> dict[str, Any]:

@@ -15,6 +15,9 @@ SNAPSHOT_RULES = "SELECT id, body FROM rules ORDER BY id"
 SNAPSHOT_PRINCIPALS = """
 SELECT id, email, display_name, status, expires_at, manager_id, business_unit, tier FROM users ORDER BY id
 """
+SNAPSHOT_PRINCIPAL = """
+SELECT id, email, display_name, status, expires_at, manager_id, business_unit, tier FROM users WHERE id = $1
+"""
 SNAPSHOT_KEYS = """
 SELECT id, user_id, key_hash, status, expires_at FROM mesh_api_keys WHERE status = 'active'
 """
