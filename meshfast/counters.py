@@ -121,7 +121,7 @@ def _periods(now_ms: int, unit_ms: int) -> tuple[int, int]:
 def _keys(config: Config, now_ms: int) -> Iterable[tuple[int, str, str, int]]:
     principals = config.principals
     models = config.models
-    pairs = {(principals[g.principal].id, models[g.model].id) for g in config.grants}
+    pairs = {(principals[p].id, models[m].id) for p, m in config.grant_pairs()}
     for period in _periods(now_ms, DAY_MS):
         for principal_id, model_id in pairs:
             yield SPEND_DAY, principal_id, model_id, period
@@ -235,15 +235,16 @@ async def seed_calendar(segment: Any, conn: asyncpg.Connection, now_ms: int) -> 
             segment.add(counter_key(kind, str(row["user_id"]), str(row["model_id"]), period), row["spend"])
             loaded += 1
     # A pause begins once per rule, person and window: one that began before a restart still runs.
+    # The core keeps one slot per person and entry with the start of the latest pause.
     zone = zoneinfo.ZoneInfo(calendar_tz())
     since = dt.datetime.combine(min(month_start, week_start), dt.time(), zone)
-    periods = {"daily": day_period, "weekly": week_period, "monthly": month_period}
+    latest: dict[bytes, int] = {}
     for row in await conn.fetch(SEED_PAUSES, since):
-        if row["started_at_ms"] is None:
-            continue
-        period = periods[row["window"]](row["window_start"].astimezone(zone).date())
-        key = counter_key(RULE_PAUSE, str(row["user_id"]), f"{row['rule_id']}#{row['entry']}", period)
-        segment.set_if_zero(key, int(row["started_at_ms"]))
+        if row["started_at_ms"] is not None:
+            key = counter_key(RULE_PAUSE, str(row["user_id"]), f"{row['rule_id']}#{row['entry']}", 0)
+            latest[key] = max(latest.get(key, 0), int(row["started_at_ms"]))
+    for key, started in latest.items():
+        segment.set_if_zero(key, started)
         loaded += 1
     return loaded
 
@@ -292,7 +293,7 @@ def purge(segment: Any, config: Config, now_ms: int) -> int:
     the removal become free slots again through the segment's sweep.
     """
     principals, models = config.principals, config.models
-    pairs = {(principals[g.principal].id, models[g.model].id) for g in config.grants}
+    pairs = {(principals[p].id, models[m].id) for p, m in config.grant_pairs()}
     today, hour = now_ms // DAY_MS, now_ms // HOUR_MS
     removed = 0
 

@@ -637,10 +637,14 @@ pub struct Event {
 
 /// A notify entry to check once the call settled: fires when the spend in scope is at or over
 /// the threshold and nobody fired it in this window instance yet.
+///
+/// The flag is one slot per person and entry (whatever the window), holding `window start + 1`
+/// of the last instance it fired in: the table does not grow a key per window instance.
 #[derive(Clone, Debug)]
 pub struct Watch {
     keys: Vec<u128>,
     flag: u128,
+    window_start: i64,
     threshold: i64,
     /// The events to emit, spend filled in when fired.
     events: Vec<Event>,
@@ -655,7 +659,12 @@ impl Watch {
     }
 
     fn fire(&self, segment: &Segment, spend: i64) -> Vec<Event> {
-        if spend < self.threshold || !matches!(segment.set_if_zero(self.flag, 1), Ok(0)) {
+        let mark = self.window_start.saturating_add(1);
+        let before = segment.get(self.flag);
+        if spend < self.threshold
+            || before >= mark
+            || !matches!(segment.replace(self.flag, before, mark), Ok(b) if b == before)
+        {
             return Vec::new();
         }
         self.events
@@ -850,16 +859,22 @@ pub fn decide(
             (period, start, end)
         });
         let keys = scope_keys(snapshot, principal, entry, period);
-        let pool_key = key(shm::RULE_POOL, period);
+        // NOTE: one pool per person and entry whatever the window instance (in-flight amounts
+        // only; a call that began in the last instance counts in the new one until it settles,
+        // which only errs on the safe side), so the table does not grow a key per instance.
+        let pool_key = key(shm::RULE_POOL, 0);
         let mut committed = sum(segment, &keys);
 
         if let (true, Some(hours)) = (enforcing, entry.pause_hours) {
-            let pause_key = key(shm::RULE_PAUSE, period);
+            // One slot per person and entry holding the start of the last pause; one that began
+            // before this window instance does not count in it.
+            let pause_key = key(shm::RULE_PAUSE, 0);
             let length = hours * 3_600_000;
-            let mut start = segment.get(pause_key);
+            let stored = segment.get(pause_key);
+            let mut start = if stored >= window_start { stored } else { 0 };
             if start == 0 && committed >= threshold {
-                match segment.set_if_zero(pause_key, now_ms) {
-                    Ok(0) => {
+                match segment.replace(pause_key, stored, now_ms) {
+                    Ok(before) if before == stored => {
                         start = now_ms;
                         d.events.push(Event {
                             rule_id: rule.id.clone(),
@@ -873,7 +888,7 @@ pub fn decide(
                             detail: format!("{{\"resume_at_ms\":{},\"started_at_ms\":{now_ms}}}", now_ms + length),
                         });
                     }
-                    Ok(before) => start = before,
+                    Ok(before) => start = if before >= window_start { before } else { 0 },
                     Err(_) => {
                         d.unavailable = true;
                         break;
@@ -907,7 +922,8 @@ pub fn decide(
                 if !entry.notify.is_empty() {
                     let watch = Watch {
                         keys: keys.clone(),
-                        flag: key(shm::RULE_NOTIFIED, period),
+                        flag: key(shm::RULE_NOTIFIED, 0),
+                        window_start,
                         threshold,
                         events: notify_events(rule, entry, model, window_start, None),
                     };
@@ -956,7 +972,8 @@ pub fn decide(
             if !entry.notify.is_empty() {
                 d.watches.push(Watch {
                     keys,
-                    flag: key(shm::RULE_NOTIFIED, period),
+                    flag: key(shm::RULE_NOTIFIED, 0),
+                    window_start,
                     threshold,
                     events: notify_events(rule, entry, model, window_start, None),
                 });
@@ -1017,10 +1034,12 @@ pub fn usage_rules_json(
                 continue;
             }
             let period = entry.window.period_of(date);
-            let (_, reset) = entry.window.bounds(rules.tz, period);
-            let key = |kind: u8| KeyTemplate::new(kind, &principal_bytes, &entry.key_id).at(period);
+            let (start, reset) = entry.window.bounds(rules.tz, period);
+            let key = |kind: u8| KeyTemplate::new(kind, &principal_bytes, &entry.key_id).at(0);
             let spend = sum(segment, &scope_keys(snapshot, principal, entry, period));
-            let paused_at = segment.counter(key(shm::RULE_PAUSE));
+            let paused_at = Some(segment.counter(key(shm::RULE_PAUSE)))
+                .filter(|&at| at >= start)
+                .unwrap_or(0);
             let enforcing = rules.enforcing(rule);
             let paused_until = entry
                 .pause_hours
@@ -1148,18 +1167,18 @@ mod tests {
 
     const NOW: i64 = 1_764_000_000_000;
 
+    /// (tiers, leaders, units, exempt, scope: Ok(tag) / Err(model), threshold)
+    type CaseEntry = (Vec<u8>, Vec<usize>, Vec<u8>, Vec<usize>, Result<u8, usize>, i64);
+    /// (weight, shadow, entries)
+    type CaseRule = (i64, bool, Vec<CaseEntry>);
+
     #[derive(Debug, Clone)]
     struct Case {
         managers: Vec<Option<usize>>,
         tiers: Vec<u8>,
         units: Vec<u8>,
         model_tags: Vec<Vec<u8>>,
-        /// (weight, shadow, entries: (tiers, leaders, units, exempt, scope: Ok(tag) / Err(model), threshold))
-        rules: Vec<(
-            i64,
-            bool,
-            Vec<(Vec<u8>, Vec<usize>, Vec<u8>, Vec<usize>, Result<u8, usize>, i64)>,
-        )>,
+        rules: Vec<CaseRule>,
         spend: Vec<Vec<i64>>,
         caller: usize,
         model: usize,
@@ -1325,7 +1344,7 @@ mod tests {
             let _ = std::fs::remove_file(&path);
             let segment = Segment::create(&path, 4096, 256, 8).unwrap();
             let month = CalendarWindow::Monthly.period(Tz::UTC, NOW);
-            for g in &snapshot.grants {
+            for g in snapshot.grants.iter() {
                 let spend = c.spend[g.principal as usize][g.model as usize];
                 segment.add(snapshot.pair_key(g, shm::WINDOW_MONTH, month), spend).unwrap();
             }
@@ -1346,6 +1365,65 @@ mod tests {
             let _ = std::fs::remove_file(&path);
             prop_assert_eq!((refused, d.would_deny), reference(&c));
         }
+    }
+
+    /// A pause begins once per person and window instance and lifts itself; a notification fires
+    /// once per instance; both start afresh in the next instance (one slot each per person and
+    /// entry, whatever the instance).
+    #[test]
+    fn pauses_and_notifications_are_once_per_window_instance() {
+        let mut cfg = config();
+        cfg["grants"][0]["daily_cap_nano_usd"] = json!(0);
+        cfg["grants"][0]["always_open"] = json!(true);
+        cfg["rules"] = json!([{"id": "day-pause", "weight": 1, "mode": "enforce", "entries": [
+            {"window": "daily", "model": 0, "threshold_nano": 100,
+             "actions": [{"type": "pause", "hours": 1}, {"type": "notify", "channels": ["webhook"]}]}]}]);
+        let snapshot = Snapshot::from_msgpack(&encode(&cfg), PEPPER).unwrap();
+        let path = std::env::temp_dir().join(format!("meshfast-rules-once-{}.seg", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let segment = Segment::create(&path, 4096, 256, 8).unwrap();
+        let day = |t: i64| CalendarWindow::Daily.period(Tz::UTC, t);
+        let spend = |t: i64, v: i64| {
+            segment
+                .add(snapshot.pair_key(&snapshot.grants[0], shm::WINDOW_DAY, day(t)), v)
+                .unwrap();
+        };
+        let hour = 3_600_000;
+        let decide_at = |t: i64| decide(&snapshot, &segment, 0, 0, 0, t);
+
+        spend(NOW, 150);
+        let first = decide_at(NOW);
+        assert!(matches!(first.refusal, Some(Refusal::Pause { resume_at_ms, .. }) if resume_at_ms == NOW + hour));
+        assert_eq!(first.events.iter().map(|e| e.action).collect::<Vec<_>>(), ["pause"]);
+        let again = decide_at(NOW + hour / 2);
+        assert!(matches!(again.refusal, Some(Refusal::Pause { .. })) && again.events.is_empty());
+        let lifted = decide_at(NOW + 2 * hour);
+        assert!(
+            lifted.refusal.is_none() && lifted.events.is_empty(),
+            "once per window: {lifted:?}"
+        );
+        let fired: Vec<_> = lifted.watches.iter().flat_map(|w| w.check(&segment)).collect();
+        assert_eq!(fired.len(), 1);
+        let later = decide_at(NOW + 3 * hour);
+        assert!(
+            later.watches.iter().all(|w| w.check(&segment).is_empty()),
+            "notified once per window"
+        );
+
+        // The next day: under the threshold, nothing; over it, a new pause and a new notification.
+        let tomorrow = NOW + 24 * hour;
+        assert!(decide_at(tomorrow).refusal.is_none());
+        spend(tomorrow, 100);
+        let next = decide_at(tomorrow);
+        assert!(matches!(next.refusal, Some(Refusal::Pause { .. })));
+        assert_eq!(next.events.len(), 1);
+        let next_window = CalendarWindow::Daily.bounds(Tz::UTC, day(tomorrow)).0;
+        assert_eq!(next.events[0].window_start_ms, next_window);
+        let watch_later = decide_at(tomorrow + 2 * hour);
+        let fired: Vec<_> = watch_later.watches.iter().flat_map(|w| w.check(&segment)).collect();
+        assert_eq!(fired.len(), 1);
+        assert_eq!(fired[0].window_start_ms, next_window);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

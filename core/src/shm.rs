@@ -116,14 +116,15 @@ pub const GLOBAL_INFLIGHT: u8 = 6;
 pub const WINDOW_DAY: u8 = 7;
 pub const WINDOW_WEEK: u8 = 8;
 pub const WINDOW_MONTH: u8 = 9;
-/// Nano-USD reserved in flight under one rule entry by one principal in one window instance
-/// (`b` is the entry's id bytes); every amount is a lease.
+/// Nano-USD reserved in flight under one rule entry by one principal (`b` is the entry's id
+/// bytes, period 0); every amount is a lease.
 pub const RULE_POOL: u8 = 10;
-/// When a principal's pause under a rule entry began in a window instance (unix ms; 0 = never).
+/// When a principal's last pause under a rule entry began (unix ms; 0 = never; period 0).
 pub const RULE_PAUSE: u8 = 11;
-/// Set once a rule entry's notification fired for a principal in a window instance.
+/// The window instance (its start + 1, unix ms) a rule entry's notification last fired in for a
+/// principal (period 0).
 pub const RULE_NOTIFIED: u8 = 12;
-/// Calls and tokens by a principal under a rule entry in one UTC minute.
+/// Per-minute token buckets of calls and tokens by a principal under a rule entry (period 0).
 pub const RULE_CALLS_MINUTE: u8 = 13;
 pub const RULE_TOKENS_MINUTE: u8 = 14;
 
@@ -745,6 +746,17 @@ impl Segment {
         let slot = self.find_or_claim(key)?;
         Ok(
             match self.slot_value(slot).compare_exchange(0, value, AcqRel, Acquire) {
+                Ok(before) | Err(before) => before,
+            },
+        )
+    }
+
+    /// Sets the counter at `key` to `new` if it holds `expected` (one CAS); returns the value
+    /// before, so the swap happened when that equals `expected`.
+    pub fn replace(&self, key: u128, expected: i64, new: i64) -> Result<i64> {
+        let slot = self.find_or_claim(key)?;
+        Ok(
+            match self.slot_value(slot).compare_exchange(expected, new, AcqRel, Acquire) {
                 Ok(before) | Err(before) => before,
             },
         )

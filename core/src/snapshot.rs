@@ -28,6 +28,9 @@ struct RawConfig {
     models: Vec<RawModel>,
     #[serde(default)]
     grants: Vec<RawGrant>,
+    /// More grants, packed (what a worker's rebuild sends); after `grants`.
+    #[serde(default)]
+    grant_table: Option<RawGrantTable>,
     #[serde(default)]
     rules: Vec<crate::rules::RawRule>,
     #[serde(default = "yes")]
@@ -191,6 +194,79 @@ struct RawGrant {
     active_days: Vec<i64>,
     #[serde(default)]
     always_open: bool,
+}
+
+/// Grants as fixed-size records over a table of their distinct terms: a million grants decode
+/// as one byte string instead of a million maps, and each distinct set of terms (usually a
+/// handful: most grants have the defaults) is validated once.
+#[derive(Deserialize)]
+struct RawGrantTable {
+    /// [`GRANT_RECORD`] bytes a grant: its principal's index, its model's index and its terms'
+    /// index in `terms`, each a big-endian `u32` (as PostgreSQL's `int4send` writes them).
+    packed: serde_bytes::ByteBuf,
+    terms: Vec<RawTerms>,
+}
+
+/// The bytes of one grant in [`RawGrantTable::packed`].
+const GRANT_RECORD: usize = 12;
+
+/// A grant's limits, as [`RawGrant`] carries them (a map or, from msgspec's `array_like`
+/// structs, an array in this order).
+#[derive(Deserialize)]
+struct RawTerms {
+    daily_cap_nano_usd: i64,
+    max_calls_per_hour: Option<i64>,
+    allowed_from_min: Option<i64>,
+    allowed_to_min: Option<i64>,
+    #[serde(default)]
+    timezone: String,
+    #[serde(default)]
+    active_days: Vec<i64>,
+    #[serde(default)]
+    always_open: bool,
+}
+
+/// A grant's validated limits: the part of a [`Grant`] that does not depend on who and what.
+#[derive(Clone, Copy)]
+struct Terms {
+    daily_cap_nano_usd: i64,
+    max_calls_per_hour: Option<i64>,
+    window: Option<Window>,
+    timezone: Tz,
+    active_days: u8,
+    always_open: bool,
+}
+
+impl Terms {
+    /// Validates `raw`; `what` names it in an error (formatted only then: a million grants).
+    fn build(errors: &mut Vec<String>, what: impl Fn() -> String, raw: &RawTerms) -> Self {
+        let mut minutes = |v: Option<i64>, name: &str| match v {
+            None => None,
+            Some(m) if (0..=1440).contains(&m) => Some(m as u16),
+            other => minute(errors, &format!("{}.{name}", what()), other),
+        };
+        let from = minutes(raw.allowed_from_min, "allowed_from_min");
+        let to = minutes(raw.allowed_to_min, "allowed_to_min");
+        let mut active_days = 0u8;
+        for &day in &raw.active_days {
+            match u8::try_from(day) {
+                Ok(day @ 0..=6) => active_days |= 1 << day,
+                _ => errors.push(format!("{}.active_days: {day} is not 0 (Sunday) ..= 6", what())),
+            }
+        }
+        Self {
+            daily_cap_nano_usd: raw.daily_cap_nano_usd,
+            max_calls_per_hour: raw.max_calls_per_hour,
+            window: from.zip(to).map(|(from_min, to_min)| Window { from_min, to_min }),
+            timezone: if raw.timezone == "UTC" {
+                Tz::UTC
+            } else {
+                raw.timezone.parse().unwrap_or(Tz::UTC)
+            },
+            active_days: if raw.active_days.is_empty() { 0x7F } else { active_days },
+            always_open: raw.always_open,
+        }
+    }
 }
 
 /// A person or service that holds keys, with their place in the organisation.
@@ -805,58 +881,84 @@ impl Snapshot {
             serviceable(e, &format!("models[{i}] ({:?})", model.name), model, &providers);
         }
 
-        let grants: Vec<Grant> = raw
-            .grants
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| {
-                // NOTE: a million grants: error texts are only formatted for a grant that has one.
-                let in_range = |v: i64, len: usize| v >= 0 && (v as usize) < len;
-                let principal = if in_range(g.principal, principals.len()) {
-                    g.principal as u32
-                } else {
-                    index(e, &format!("grants[{i}].principal"), g.principal, principals.len())
-                };
-                let model = if in_range(g.model, models.len()) {
-                    g.model as u32
-                } else {
-                    index(e, &format!("grants[{i}].model"), g.model, models.len())
-                };
-                let minutes = |v: Option<i64>, name: &str, e: &mut Vec<String>| match v {
-                    Some(m) if (0..=1440).contains(&m) => Some(m as u16),
-                    other => minute(e, &format!("grants[{i}].{name}"), other),
-                };
-                let from = minutes(g.allowed_from_min, "allowed_from_min", e);
-                let to = minutes(g.allowed_to_min, "allowed_to_min", e);
-                let mut active_days = 0u8;
-                for &day in &g.active_days {
-                    match u8::try_from(day) {
-                        Ok(day @ 0..=6) => active_days |= 1 << day,
-                        _ => e.push(format!("grants[{i}].active_days: {day} is not 0 (Sunday) ..= 6")),
+        let grant_count = raw.grants.len() + raw.grant_table.as_ref().map_or(0, |t| t.packed.len() / GRANT_RECORD);
+        let mut grants: Vec<Grant> = Vec::with_capacity(grant_count);
+        let grant = |principal: u32, model: u32, terms: &Terms| {
+            let (principal_id, model_id) = (
+                principals.get(principal as usize).map_or([0; 16], |p| p.key_bytes),
+                models.get(model as usize).map_or([0; 16], |m| m.key_bytes),
+            );
+            Grant {
+                principal,
+                model,
+                daily_cap_nano_usd: terms.daily_cap_nano_usd,
+                max_calls_per_hour: terms.max_calls_per_hour,
+                window: terms.window,
+                timezone: terms.timezone,
+                active_days: terms.active_days,
+                always_open: terms.always_open,
+                spend_key: KeyTemplate::new(SPEND_DAY, &principal_id, &model_id),
+                calls_key: KeyTemplate::new(CALLS_HOUR, &principal_id, &model_id),
+            }
+        };
+        // NOTE: a million grants: error texts are only formatted for a grant that has one.
+        let in_range = |v: i64, len: usize| v >= 0 && (v as usize) < len;
+        for (i, g) in raw.grants.into_iter().enumerate() {
+            let principal = if in_range(g.principal, principals.len()) {
+                g.principal as u32
+            } else {
+                index(e, &format!("grants[{i}].principal"), g.principal, principals.len())
+            };
+            let model = if in_range(g.model, models.len()) {
+                g.model as u32
+            } else {
+                index(e, &format!("grants[{i}].model"), g.model, models.len())
+            };
+            let raw_terms = RawTerms {
+                daily_cap_nano_usd: g.daily_cap_nano_usd,
+                max_calls_per_hour: g.max_calls_per_hour,
+                allowed_from_min: g.allowed_from_min,
+                allowed_to_min: g.allowed_to_min,
+                timezone: g.timezone,
+                active_days: g.active_days,
+                always_open: g.always_open,
+            };
+            let terms = Terms::build(e, || format!("grants[{i}]"), &raw_terms);
+            grants.push(grant(principal, model, &terms));
+        }
+        if let Some(table) = raw.grant_table {
+            let terms: Vec<Terms> = table
+                .terms
+                .iter()
+                .enumerate()
+                .map(|(k, t)| Terms::build(e, || format!("grant_table.terms[{k}]"), t))
+                .collect();
+            if table.packed.len() % GRANT_RECORD != 0 {
+                e.push(format!(
+                    "grant_table.packed: {} bytes is not a whole number of {GRANT_RECORD}-byte grants",
+                    table.packed.len()
+                ));
+            }
+            let field = |record: &[u8], at: usize| {
+                u32::from_be_bytes([record[at], record[at + 1], record[at + 2], record[at + 3]])
+            };
+            for (j, record) in table.packed.chunks_exact(GRANT_RECORD).enumerate() {
+                let (principal, model, k) = (field(record, 0), field(record, 4), field(record, 8));
+                let mut check = |value: u32, len: usize, name: &str| {
+                    if value as usize >= len {
+                        e.push(format!(
+                            "grant_table[{j}].{name}: index {value} out of range (0..{len})"
+                        ));
                     }
+                };
+                check(principal, principals.len(), "principal");
+                check(model, models.len(), "model");
+                check(k, terms.len(), "terms");
+                if let Some(t) = terms.get(k as usize) {
+                    grants.push(grant(principal, model, t));
                 }
-                let (principal_id, model_id) = (
-                    principals.get(principal as usize).map_or([0; 16], |p| p.key_bytes),
-                    models.get(model as usize).map_or([0; 16], |m| m.key_bytes),
-                );
-                Grant {
-                    principal,
-                    model,
-                    daily_cap_nano_usd: g.daily_cap_nano_usd,
-                    max_calls_per_hour: g.max_calls_per_hour,
-                    window: from.zip(to).map(|(from_min, to_min)| Window { from_min, to_min }),
-                    timezone: if g.timezone == "UTC" {
-                        Tz::UTC
-                    } else {
-                        g.timezone.parse().unwrap_or(Tz::UTC)
-                    },
-                    active_days: if g.active_days.is_empty() { 0x7F } else { active_days },
-                    always_open: g.always_open,
-                    spend_key: KeyTemplate::new(SPEND_DAY, &principal_id, &model_id),
-                    calls_key: KeyTemplate::new(CALLS_HOUR, &principal_id, &model_id),
-                }
-            })
-            .collect();
+            }
+        }
 
         let rules = crate::rules::Rules::build(
             e,
@@ -878,11 +980,14 @@ impl Snapshot {
         for (i, grant) in grants.iter().enumerate() {
             grants_by_principal[grant.principal as usize].push(i as u32);
         }
+        let mut by_name: Vec<u32> = (0..models.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| models[a as usize].name.cmp(&models[b as usize].name));
+        let mut rank = vec![0u32; models.len()];
+        for (r, &m) in by_name.iter().enumerate() {
+            rank[m as usize] = r as u32;
+        }
         for list in &mut grants_by_principal {
-            list.sort_by(|&a, &b| {
-                let name = |g: u32| &models[grants[g as usize].model as usize].name;
-                name(a).cmp(name(b))
-            });
+            list.sort_unstable_by_key(|&g| (rank[grants[g as usize].model as usize], g));
         }
         for list in &grants_by_principal {
             for pair in list.windows(2) {
@@ -1337,6 +1442,125 @@ mod tests {
             "invalid timezone falls back to UTC"
         );
         assert_eq!(snapshot.grants[0].active_days, 0b0011_1110);
+    }
+
+    /// `config` with its grants moved into a grant table: `records` (principal, model, terms
+    /// index) over `terms` (arrays, as msgspec's `array_like` structs encode).
+    fn with_grant_table(config: &serde_json::Value, records: &[[u32; 3]], terms: serde_json::Value) -> Vec<u8> {
+        let mut value = rmpv::decode::read_value(&mut encode(config).as_slice()).unwrap();
+        let packed: Vec<u8> = records.iter().flatten().flat_map(|v| v.to_be_bytes()).collect();
+        let terms = rmpv::decode::read_value(&mut encode(&terms).as_slice()).unwrap();
+        let rmpv::Value::Map(fields) = &mut value else {
+            panic!("a config is a map")
+        };
+        fields.push((
+            "grant_table".into(),
+            rmpv::Value::Map(vec![
+                ("packed".into(), rmpv::Value::Binary(packed)),
+                ("terms".into(), terms),
+            ]),
+        ));
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &value).unwrap();
+        out
+    }
+
+    #[test]
+    fn test_a_grant_table_builds_the_same_grants_as_the_list() {
+        let mut config = config();
+        config["grants"] = serde_json::json!([]);
+        let terms = serde_json::json!([
+            [
+                2_500_000_000_i64,
+                100,
+                540,
+                1020,
+                "Europe/Paris",
+                [1, 2, 3, 4, 5],
+                false
+            ],
+            [0, null, null, null, "Not/AZone", [], true],
+            [0, null, null, null, "UTC", [], true]
+        ]);
+        let table = with_grant_table(&config, &[[0, 0, 0], [0, 1, 1], [0, 2, 2]], terms);
+        let from_table = Snapshot::from_msgpack(&table, PEPPER).unwrap();
+        let from_list = snapshot();
+        assert_eq!(format!("{:?}", from_table.grants), format!("{:?}", from_list.grants));
+        let names: Vec<&str> = from_table.visible_grants(0).map(|(_, m, _)| m.name.as_str()).collect();
+        assert_eq!(names, ["gpt-a-image", "gpt-b"]);
+
+        // The list and the table together: the table's grants follow the list's.
+        let mut both = test_support::config();
+        both["grants"] = serde_json::json!([both["grants"][0].clone()]);
+        let terms = serde_json::json!([[0, null, null, null, "UTC", [], true]]);
+        let snapshot =
+            Snapshot::from_msgpack(&with_grant_table(&both, &[[0, 1, 0], [1, 2, 0]], terms), PEPPER).unwrap();
+        let pairs: Vec<(u32, u32)> = snapshot.grants.iter().map(|g| (g.principal, g.model)).collect();
+        assert_eq!(pairs, [(0, 0), (0, 1), (1, 2)]);
+        assert_eq!(
+            snapshot.grants[0].window,
+            Some(Window {
+                from_min: 540,
+                to_min: 1020
+            })
+        );
+        assert!(snapshot.grants[2].always_open);
+    }
+
+    #[test]
+    fn test_a_bad_grant_table_lists_every_problem() {
+        let config = config();
+        let terms = serde_json::json!([[0, null, 2000, null, "UTC", [7], false]]);
+        let bad = with_grant_table(&config, &[[0, 0, 0], [5, 0, 0], [0, 9, 1], [1, 0, 0]], terms);
+        let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&bad, PEPPER) else {
+            panic!("config should be refused");
+        };
+        assert_eq!(
+            errors,
+            [
+                "grant_table.terms[0].allowed_from_min: 2000 is not a minute of the day (0..=1440)",
+                "grant_table.terms[0].active_days: 7 is not 0 (Sunday) ..= 6",
+                "grant_table[1].principal: index 5 out of range (0..2)",
+                "grant_table[2].model: index 9 out of range (0..3)",
+                "grant_table[2].terms: index 1 out of range (0..1)",
+            ]
+        );
+
+        // A grant of the table that repeats one of the list is a duplicate like any other.
+        let terms = serde_json::json!([[0, null, null, null, "UTC", [], false]]);
+        let Err(Error::Snapshot(errors)) =
+            Snapshot::from_msgpack(&with_grant_table(&config, &[[0, 1, 0]], terms), PEPPER)
+        else {
+            panic!("a duplicate grant should be refused");
+        };
+        assert_eq!(errors, ["grants[3]: duplicate grant of model 1 to principal 0"]);
+
+        // A torn record.
+        let mut torn = rmpv::decode::read_value(
+            &mut with_grant_table(
+                &config,
+                &[[0, 0, 0]],
+                serde_json::json!([[0, null, null, null, "UTC", [], false]]),
+            )
+            .as_slice(),
+        )
+        .unwrap();
+        if let rmpv::Value::Map(fields) = &mut torn {
+            if let Some((_, rmpv::Value::Map(table))) =
+                fields.iter_mut().find(|(k, _)| k.as_str() == Some("grant_table"))
+            {
+                table[0].1 = rmpv::Value::Binary(vec![0; 13]);
+            }
+        }
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &torn).unwrap();
+        let Err(Error::Snapshot(errors)) = Snapshot::from_msgpack(&out, PEPPER) else {
+            panic!("a torn grant table should be refused");
+        };
+        assert!(
+            errors.iter().any(|e| e.contains("13 bytes is not a whole number")),
+            "{errors:?}"
+        );
     }
 
     #[test]
