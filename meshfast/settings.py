@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import xxhash
 
 ENV_DOC: tuple[tuple[str, str], ...] = (
@@ -43,6 +44,8 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_TASK_IMPL", "Granian's task implementation: asyncio (default) or rust (Python < 3.12)"),
     ("MESHFAST_RUNTIME_MODE", "Granian's Rust runtime per worker: auto (default), st or mt"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
+    ("MESHFAST_CALENDAR_TZ", "IANA zone of the spend rules' daily, weekly (Monday first) and monthly windows "
+                             "(default UTC)"),
     ("MESHFAST_NOTIFY_POLL_S", "seconds between the leader's polls of the notification outbox (default 1)"),
     ("MESHFAST_NOTIFY_BACKOFF_S", "first retry delay of a notification, doubled per attempt up to 1 h (default 10)"),
     ("MESHFAST_NOTIFY_GIVE_UP_S", "seconds after which an undelivered notification is marked failed (default 86400)"),
@@ -85,6 +88,24 @@ GRANIAN_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+def _zone_env(name: str) -> str:
+    """An IANA zone name both Python and the core know (refused at start, not at the first call)."""
+    import zoneinfo
+
+    from meshfast._core import Core, SnapshotError
+
+    raw = (os.environ.get(name) or "UTC").strip()
+    try:
+        zoneinfo.ZoneInfo(raw)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        raise SystemExit(f"meshfast: {name} must be an IANA time zone, got {raw!r}") from None
+    try:
+        Core(b"zone-check").load(msgspec.msgpack.encode({"seq": 0, "calendar_tz": raw}))
+    except SnapshotError:
+        raise SystemExit(f"meshfast: {name} {raw!r} is not a zone the core knows") from None
+    return raw
+
+
 def _choice_env(name: str) -> str:
     choices = GRANIAN_CHOICES[name]
     raw = (os.environ.get(name) or choices[0]).strip().lower()
@@ -123,6 +144,7 @@ class Settings:
     granian_loop: str = "asyncio"
     granian_task_impl: str = "asyncio"
     granian_runtime_mode: str = "auto"
+    calendar_tz: str = "UTC"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -158,6 +180,7 @@ class Settings:
             granian_loop=_choice_env("MESHFAST_LOOP"),
             granian_task_impl=_choice_env("MESHFAST_TASK_IMPL"),
             granian_runtime_mode=_choice_env("MESHFAST_RUNTIME_MODE"),
+            calendar_tz=_zone_env("MESHFAST_CALENDAR_TZ"),
         )
 
     @property
