@@ -291,13 +291,30 @@ def _event_columns(events: list[EventRecord]) -> list[list[Any]]:
 
 
 def _json_object(text: str) -> bool:
-    """Whether ``text`` is a JSON object jsonb takes (it refuses the \\u0000 escape JSON allows)."""
-    if "\\u0000" in text:
-        return False
+    """Whether ``text`` is a JSON object jsonb takes (it refuses a NUL, the \\u0000 escape JSON
+    allows). The text ``\\u0000`` itself, with its backslash (a template may hold it: its JSON
+    has ``\\\\u0000``), is fine: only the decoded value tells the two apart."""
     try:
-        return isinstance(msgspec.json.decode(text.encode()), dict)
+        value = msgspec.json.decode(text.encode())
     except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
         return False
+    return isinstance(value, dict) and not ("\\u0000" in text and _holds_nul(value))
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a decoded JSON value holds a NUL in any string or key."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 # --- metrics ---------------------------------------------------------------------------------
