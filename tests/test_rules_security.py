@@ -101,3 +101,71 @@ def test_a_template_holding_backslash_u0000_text_still_reaches_the_outbox(gatewa
                                          "WHERE user_id = $1::uuid", person["id"]), 10, "the outbox row")
     assert [(e["rule_id"], e["action"], e["channel"]) for e in events] == [(rule["id"], "notify", "webhook")]
     assert json.loads(events[0]["detail"])["template"] == template
+
+
+# --- the dry-run ---------------------------------------------------------------------------------
+
+DRY_RUN_PEOPLE = 20_000
+DRY_RUN_MODELS = 10
+DRY_RUN_ENTRIES = 50
+
+
+def test_a_long_dry_run_does_not_stop_its_worker_answering(testserve: EmulatedProviders) -> None:
+    """The core's dry-run visits every person for each entry: with 20,000 people holding 10 models
+    of the scope and 50 entries it takes seconds. The only worker must go on answering meanwhile
+    (it answered nothing, data plane included, until the dry-run was done)."""
+    from conftest import running_gateway
+
+    with running_gateway(1) as gw:
+        models = [_model(gw, testserve, tags=["dry"]) for _ in range(DRY_RUN_MODELS)]
+
+        async def load() -> None:
+            conn = await asyncpg.connect(gw.database_url)
+            try:
+                await conn.execute(f"""
+                    INSERT INTO users (email, display_name, tier)
+                    SELECT 'dry' || g || '@example.com', 'Dry ' || g, 'normal'
+                    FROM generate_series(1, {DRY_RUN_PEOPLE}) g""")
+                await conn.execute("""
+                    INSERT INTO user_model_access (user_id, model_id)
+                    SELECT u.id, m FROM users u CROSS JOIN unnest($1::uuid[]) m WHERE u.email LIKE 'dry%'""",
+                                   [m["id"] for m in models])
+            finally:
+                await conn.close()
+
+        asyncio.run(load())
+        person = _user(gw)  # a full rebuild: the worker has everyone loaded once this answers
+        gw.grant(person["id"], models[0]["id"])
+        assert _proxy(gw, person, models[0]).status_code == 200
+
+        draft = {"id": f"dry-{_tag()}", "entries": [
+            {"scope": {"tag": "dry"}, "window": "monthly", "threshold_usd": "0.001", "actions": [{"type": "block"}]}
+            for _ in range(DRY_RUN_ENTRIES)]}
+        answer: dict[str, Any] = {}
+
+        def dry_run() -> None:
+            started = time.monotonic()
+            with httpx.Client(base_url=gw.base_url, timeout=120) as client:
+                answer["response"] = client.post("/admin/rules/dry-run", json=draft,
+                                                 headers={"authorization": f"Bearer {gw.admin_token}"})
+            answer["took_s"] = time.monotonic() - started
+
+        import threading
+
+        runner = threading.Thread(target=dry_run)
+        runner.start()
+        time.sleep(0.2)
+        slowest_s = 0.0
+        with httpx.Client(base_url=gw.base_url, timeout=120) as probe:
+            while runner.is_alive():
+                started = time.monotonic()
+                assert probe.get("/healthz").status_code == 200
+                assert _proxy(gw, person, models[0]).status_code == 200
+                slowest_s = max(slowest_s, time.monotonic() - started)
+                time.sleep(0.05)
+        runner.join()
+        response = answer["response"]
+        assert response.status_code == 200, response.text
+        assert [a["user_id"] for a in response.json()["affected"]] == [person["id"]] * DRY_RUN_ENTRIES
+        assert answer["took_s"] > 1.0, f"the dry-run took {answer['took_s']:.2f} s: too quick to show a stall"
+        assert slowest_s < 0.5, f"the worker answered nothing for {slowest_s:.2f} s of a {answer['took_s']:.2f} s dry-run"
