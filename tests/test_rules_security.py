@@ -169,3 +169,41 @@ def test_a_long_dry_run_does_not_stop_its_worker_answering(testserve: EmulatedPr
         assert [a["user_id"] for a in response.json()["affected"]] == [person["id"]] * DRY_RUN_ENTRIES
         assert answer["took_s"] > 1.0, f"the dry-run took {answer['took_s']:.2f} s: too quick to show a stall"
         assert slowest_s < 0.5, f"the worker answered nothing for {slowest_s:.2f} s of a {answer['took_s']:.2f} s dry-run"
+
+
+# --- models and rules ---------------------------------------------------------------------------
+
+
+def test_renaming_a_model_keeps_the_rules_that_cap_it(gateway: Gateway, testserve: EmulatedProviders) -> None:
+    """Rules name models by name. Renaming a model must not leave a rule's scope naming no model
+    (its cap then silently stopped applying, and the renamed model was served without it): the
+    rule follows the model, with a new version, and calls stay refused on every worker."""
+    model = _model(gateway, testserve)
+    person = _user(gateway)
+    gateway.grant(person["id"], model["id"])
+    rule = _rule(gateway, {"id": f"ren-{_tag()}", "mode": "enforce", "entries": [{
+        "scope": {"model": model["name"]}, "window": "daily", "threshold_usd": "0.001",
+        "actions": [{"type": "block"}]}]})
+    _until(lambda: rule["id"] in _usage_rules(gateway, person), 5, "the rule on the worker")
+    refused = _proxy(gateway, person, model)
+    assert (refused.status_code, refused.json()["error"]) == (429, "budget_exceeded"), refused.text
+
+    current = gateway.admin("GET", f"/admin/models/{model['id']}")
+    renamed_name = f"{model['name']}-renamed"
+    body = {k: current.json()[k] for k in ("provider_id", "resolved_model", "kind", "input_price_per_1k_tokens",
+                                           "output_price_per_1k_tokens")}
+    response = gateway.client.put(f"/admin/models/{model['id']}", json={**body, "name": renamed_name},
+                                  headers={"authorization": f"Bearer {gateway.admin_token}",
+                                           "if-match": current.headers["etag"]})
+    assert response.status_code == 200, response.text
+
+    stored = gateway.admin("GET", f"/admin/rules/{rule['id']}")
+    assert stored.json()["entries"][0]["scope"] == {"model": renamed_name}
+    assert stored.headers["etag"] != f'"{rule["version"]}"'
+    renamed = {**model, "name": renamed_name}
+    time.sleep(1.0)  # every worker has the rename (API.md: within 1 s)
+    for _ in range(6):
+        answer = _proxy(gateway, person, renamed)
+        assert (answer.status_code, answer.json().get("error")) == (429, "budget_exceeded"), answer.text
+    audit = gateway.admin("GET", "/admin/audit?action=update_model&page_size=50").json()["entries"]
+    assert any(e["target"] == renamed_name and e["detail"].get("rules_renamed") == [rule["id"]] for e in audit)

@@ -260,6 +260,23 @@ async def checked_restrictions(conn: asyncpg.Connection, value: rules.Restrictio
     return json.dumps(stored)
 
 
+async def rename_model(conn: asyncpg.Connection, old: str, new: str) -> list[str]:
+    """Rules name models by name: the stored rules whose scope names ``old`` now name ``new``
+    (in the rename's transaction, under the registry lock), so a renamed model keeps its caps;
+    left as they were, those entries would name no model and silently stop applying. The ids of
+    the rules changed."""
+    changed = []
+    for rule_id, body in sorted((await stored_rules(conn)).items()):
+        entries = body.get("entries") or []
+        hits = [e for e in entries if isinstance(e.get("scope"), dict) and e["scope"].get("model") == old]
+        for entry in hits:
+            entry["scope"] = {**entry["scope"], "model": new}
+        if hits:
+            await conn.execute(UPDATE_RULE, rule_id, json.dumps(body))
+            changed.append(rule_id)
+    return changed
+
+
 async def set_restrictions(conn: asyncpg.Connection, model_id: uuid.UUID,
                            value: rules.RestrictionsBody | None) -> None:
     await conn.execute(SET_RESTRICTIONS, model_id, await checked_restrictions(conn, value))

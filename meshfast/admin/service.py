@@ -1220,7 +1220,7 @@ class AdminService:
             args = _model_args(body)
 
         async def work(conn: asyncpg.Connection) -> None:
-            row = await conn.fetchrow("SELECT version FROM models WHERE id = $1 FOR UPDATE", mid)
+            row = await conn.fetchrow("SELECT version, name FROM models WHERE id = $1 FOR UPDATE", mid)
             if row is None:
                 raise errors.ModelNotFound()
             if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
@@ -1233,6 +1233,9 @@ class AdminService:
                 except asyncpg.UniqueViolationError:
                     raise errors.ModelExists() from None
                 await conn.execute(sql.UPDATE_MODEL, mid, provider_id, *args[1:])
+                if row["name"] != args[0]:
+                    # The audit row (written after this work, in its transaction) names the rules that followed.
+                    detail["rules_renamed"] = await rule_admin.rename_model(conn, row["name"], args[0])
             if columns is not None:
                 await conn.execute(sql.SET_MODEL_STATUS, mid, *columns)
             if restrictions is not UNSET:
