@@ -207,3 +207,31 @@ def test_renaming_a_model_keeps_the_rules_that_cap_it(gateway: Gateway, testserv
         assert (answer.status_code, answer.json().get("error")) == (429, "budget_exceeded"), answer.text
     audit = gateway.admin("GET", "/admin/audit?action=update_model&page_size=50").json()["entries"]
     assert any(e["target"] == renamed_name and e["detail"].get("rules_renamed") == [rule["id"]] for e in audit)
+
+
+# --- chargeback export ---------------------------------------------------------------------------
+
+
+def test_export_cells_a_spreadsheet_could_read_as_a_formula_are_quoted(gateway: Gateway) -> None:
+    """A caller chooses what a row's requested_model holds (any model name it asks for): a value
+    that is a formula once its leading whitespace is trimmed (LibreOffice's "trim spaces" import),
+    or that starts with a full-width `＝`, is exported with a leading quote like `=1+1` is."""
+    import csv
+    import io
+
+    person = _user(gateway)
+    names = [" =1+1", "\n=HYPERLINK(\"http://x\")", "\u00a0+1", "\u3000@SUM(1)", "\uff1d1+1", "\uff0d2", "plain"]
+    for name in names:
+        response = gateway.client.post("/v1/proxy", params={"model": name},
+                                       headers={"authorization": f"Bearer {person['key']}"}, json={"query": "hi"})
+        assert response.status_code == 403, response.text
+
+    def exported() -> list[Json] | None:
+        response = gateway.client.get("/admin/logs/export.csv", params={"user_id": person["id"]},
+                                      headers={"authorization": f"Bearer {gateway.admin_token}"})
+        assert response.status_code == 200, response.text
+        rows = list(csv.DictReader(io.StringIO(response.text, newline="")))
+        return rows if len(rows) >= len(names) else None
+
+    cells = {row["requested_model"] for row in _until(exported, 10, "the rows")}
+    assert cells == {"'" + name for name in names[:-1]} | {"plain"}, cells

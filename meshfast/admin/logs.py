@@ -456,8 +456,10 @@ EXPORT_HEADER = (
 )
 _EXPORT_COLUMNS = ", ".join("(input_cost + output_cost) AS cost" if c == "cost" else c
                             for c in EXPORT_HEADER if c != "user_email")
-# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection). Some read
+# a cell with its leading whitespace trimmed (LibreOffice's "trim spaces" import), and the
+# full-width forms as the ASCII ones.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 
 
 def _csv_cell(value: Any) -> str:
@@ -474,7 +476,7 @@ def _csv_cell(value: Any) -> str:
     if isinstance(value, list):
         value = ";".join(value)
     text = str(value)
-    return "'" + text if text.startswith(_FORMULA_START) else text
+    return "'" + text if text.startswith(_FORMULA_START) or text.lstrip().startswith(_FORMULA_START) else text
 
 
 def _csv_lines(rows: list[asyncpg.Record], emails: dict[str | None, str]) -> bytes:
