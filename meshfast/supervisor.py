@@ -158,10 +158,14 @@ def serve(options: ServeOptions) -> int:
 async def _seed_counters(url: str, segment: Segment) -> None:
     import time
 
-    from meshfast import counters
+    from meshfast import counters, snapshot
 
     conn = await database.connect(url, role=database.GATEWAY_ROLE)
     try:
+        # The rules' calendar zone must be one PostgreSQL knows too (digests and summaries use it).
+        zone = snapshot.calendar_tz()
+        if await conn.fetchval(sql.ZONE_KNOWN, zone) is None:
+            raise SystemExit(f"meshfast: MESHFAST_CALENDAR_TZ {zone!r} is not a zone the database knows")
         loaded = await counters.seed(segment, conn, time.time_ns() // 1_000_000)
     finally:
         await conn.close()

@@ -614,6 +614,23 @@ fn scope_keys(snapshot: &Snapshot, principal: u32, entry: &Entry, period: u32) -
         .collect()
 }
 
+/// A principal's committed spend in the scope of `entry` in a window instance, without
+/// collecting the keys (the dry-run and the usage view read it for many people).
+fn scope_spend(counters: &impl CounterRead, snapshot: &Snapshot, principal: u32, entry: &Entry, period: u32) -> i64 {
+    snapshot
+        .grants_of(principal)
+        .filter(|g| entry.covers(g.model))
+        .map(|g| counters.counter(snapshot.pair_key(g, entry.window.kind(), period)))
+        .sum()
+}
+
+/// Whether the scope of `entry` covers a model the principal holds a grant to and may see.
+fn in_reach(snapshot: &Snapshot, principal: u32, entry: &Entry) -> bool {
+    snapshot
+        .visible_grants(principal)
+        .any(|(g, _, _)| entry.covers(g.model))
+}
+
 fn sum(counters: &impl CounterRead, keys: &[u128]) -> i64 {
     keys.iter().map(|&k| counters.counter(k)).sum()
 }
@@ -1030,13 +1047,15 @@ pub fn usage_rules_json(
             let Some(threshold) = entry.threshold_nano else {
                 continue;
             };
-            if !entry.matches(snapshot, principal) {
+            // NOTE: only rules on models the caller can use: a rule's scope (a tag) must not
+            // tell callers about models they cannot see.
+            if !entry.matches(snapshot, principal) || !in_reach(snapshot, principal, entry) {
                 continue;
             }
             let period = entry.window.period_of(date);
             let (start, reset) = entry.window.bounds(rules.tz, period);
             let key = |kind: u8| KeyTemplate::new(kind, &principal_bytes, &entry.key_id).at(0);
-            let spend = sum(segment, &scope_keys(snapshot, principal, entry, period));
+            let spend = scope_spend(segment, snapshot, principal, entry, period);
             let paused_at = Some(segment.counter(key(shm::RULE_PAUSE)))
                 .filter(|&at| at >= start)
                 .unwrap_or(0);
@@ -1122,7 +1141,7 @@ pub fn dry_run(snapshot: &Snapshot, segment: &impl CounterRead, rule: &[u8], now
                 if !person.active || !entry.matches(snapshot, p) {
                     continue;
                 }
-                let spend = sum(segment, &scope_keys(snapshot, p, entry, period));
+                let spend = scope_spend(segment, snapshot, p, entry, period);
                 if spend < threshold {
                     continue;
                 }

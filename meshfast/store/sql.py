@@ -9,6 +9,7 @@ CONFIG_CHANNEL = "meshfast_config"
 # --- snapshot (gateway role, one REPEATABLE READ transaction) -------------------------------
 
 SNAPSHOT_SEQ = "SELECT config_seq FROM gateway_state"
+ZONE_KNOWN = "SELECT 1 FROM pg_timezone_names WHERE name = $1"
 SNAPSHOT_KILL_SWITCH = "SELECT kill_switch FROM gateway_state"
 SNAPSHOT_ENFORCE_RULES = "SELECT enforce_rules FROM gateway_state"
 SNAPSHOT_RULES = "SELECT id, body FROM rules ORDER BY id"
