@@ -98,6 +98,12 @@ bench-floor: setup bench-forwarder ## side by side on nginx: direct, compiled/Py
 	$(if $(filter uvloop rloop,$(LOOP)),$(MAKE) --no-print-directory bench-loops)
 	$(BIN)/python bench/floor_bench.py $(FLOOR_ARGS) --meshfast-cmd $(BIN)/meshfast
 
+.PHONY: bench-rules
+bench-rules: setup ## spend rules: oversubscription (no overshoot), decision cost, proxy with/without 100 rules, shm size (QUICK=1)
+	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
+	$(BIN)/python bench/rules_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
+
 # One bench-floor per runtime, shorter phases; the last command prints them side by side. Not rloop:
 # rloop 0.5.0 has no create_unix_connection, so meshfast's workers cannot reach the embedded PostgreSQL.
 RUNTIMES := "" "--loop uvloop" "--task-impl rust" "--loop uvloop --task-impl rust" "--runtime-mode mt" \
