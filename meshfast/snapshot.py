@@ -11,7 +11,9 @@ import datetime as dt
 import json
 import logging
 import os
+import struct
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -224,6 +226,38 @@ class Grant(msgspec.Struct):
     always_open: bool
 
 
+class GrantTerms(msgspec.Struct, array_like=True):
+    """A grant's limits (``Grant``'s, without who and what), shared by every grant of the table
+    that has them; an array on the wire."""
+
+    daily_cap_nano_usd: int
+    max_calls_per_hour: int | None
+    allowed_from_min: int | None
+    allowed_to_min: int | None
+    timezone: str
+    active_days: list[int]
+    always_open: bool
+
+
+# A grant in ``GrantTable.packed``: principal index, model index, terms index (big-endian int4s).
+GRANT_RECORD = struct.Struct(">III")
+
+
+class GrantTable(msgspec.Struct):
+    """Grants as the core reads a million of them: ``GRANT_RECORD`` after ``GRANT_RECORD`` in
+    ``packed``, over their distinct ``terms`` (usually a handful: most grants have the defaults)."""
+
+    packed: bytes
+    terms: list[GrantTerms]
+
+    def __len__(self) -> int:
+        return len(self.packed) // GRANT_RECORD.size
+
+    def records(self) -> Iterator[tuple[int, int, int]]:
+        """(principal, model, terms) of each grant."""
+        return GRANT_RECORD.iter_unpack(self.packed)
+
+
 class Config(msgspec.Struct):
     seq: int
     kill_switch: bool
@@ -232,11 +266,21 @@ class Config(msgspec.Struct):
     providers: list[Provider]
     models: list[Model]
     grants: list[Grant]
+    # More grants, packed (a worker's rebuild: the table, and no list).
+    grant_table: GrantTable | None = None
     rules: list[Rule] = []
     # The global switch for rules in mode "inherit".
     enforce_rules: bool = True
     # The IANA zone of the rules' daily, weekly and monthly windows (MESHFAST_CALENDAR_TZ).
     calendar_tz: str = "UTC"
+
+    def grant_pairs(self) -> Iterator[tuple[int, int]]:
+        """(principal, model) indexes of every grant, the list's and the table's."""
+        for grant in self.grants:
+            yield grant.principal, grant.model
+        if self.grant_table is not None:
+            for principal, model, _ in self.grant_table.records():
+                yield principal, model
 
 
 class RulesPart(msgspec.Struct):
@@ -357,7 +401,8 @@ async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
             "providers": await conn.fetch(sql.SNAPSHOT_PROVIDERS),
             "models": await conn.fetch(sql.SNAPSHOT_MODELS),
             "deployments": await conn.fetch(sql.SNAPSHOT_DEPLOYMENTS),
-            "grants": await conn.fetch(sql.SNAPSHOT_GRANTS),
+            "grants": await conn.fetchval(sql.SNAPSHOT_GRANT_TABLE) or b"",
+            "grant_terms": await conn.fetch(sql.SNAPSHOT_GRANT_TERMS),
             "enforce_rules": bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES)),
             "rules": await conn.fetch(sql.SNAPSHOT_RULES),
         }
@@ -366,13 +411,39 @@ async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
 def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
     """The config from ``fetch_config``'s rows (CPU only: a worker runs it off its event loop)."""
     config = _config(int(rows["seq"]), rows["kill_switch"], rows["users"], rows["keys"], rows["providers"],
-                     rows["models"], rows["deployments"], rows["grants"], master_key)
+                     rows["models"], rows["deployments"], [], master_key)
+    config.grant_table = _grant_table(rows["grants"], rows["grant_terms"], rows["models"], config.models)
     config.enforce_rules = rows["enforce_rules"]
     config.calendar_tz = calendar_tz()
     principal_index = {p.id: i for i, p in enumerate(config.principals)}
     model_index = {m.name: i for i, m in enumerate(config.models)}
     config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rows["rules"]]
     return config
+
+
+def _grant_table(packed: bytes, term_rows: list[asyncpg.Record], model_rows: list[asyncpg.Record],
+                 models: list[Model]) -> GrantTable:
+    """SNAPSHOT_GRANT_TABLE's bytes over SNAPSHOT_GRANT_TERMS' rows. Its model indexes count every
+    model row: when a provider (and so its models) was left out, the grants of those models go
+    and the others' indexes are renumbered (slow, but only then)."""
+    terms = []
+    for k, row in enumerate(term_rows):
+        assert row["k"] == k, "grant terms out of order"
+        terms.append(GrantTerms(
+            daily_cap_nano_usd=usd_to_nanos(row["daily_cap_usd"]),
+            max_calls_per_hour=row["max_calls_per_hour"],
+            allowed_from_min=_minutes(row["allowed_from"]),
+            allowed_to_min=_minutes(row["allowed_to"]),
+            timezone=row["timezone"],
+            active_days=list(row["active_days"]),
+            always_open=row["always_open"],
+        ))
+    if len(models) < len(model_rows):
+        kept = {m.id: i for i, m in enumerate(models)}
+        slot = [kept.get(str(row["id"]), -1) for row in model_rows]
+        packed = b"".join(GRANT_RECORD.pack(p, slot[m], k) for p, m, k in GRANT_RECORD.iter_unpack(packed)
+                          if slot[m] >= 0)
+    return GrantTable(packed=packed, terms=terms)
 
 
 def calendar_tz() -> str:
@@ -385,16 +456,17 @@ def json_value(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _restrictions(stored: Any, principal_index: dict[uuid.UUID, int]) -> Restrictions | None:
-    """Stored restrictions (user ids) as the core's (indexes). A gone user leaves a list; an
-    allow list whose people are all gone allows nobody but the exempt (never everyone)."""
+def _restrictions(stored: Any, principal_index: dict[str, int]) -> Restrictions | None:
+    """Stored restrictions (user ids) as the core's (indexes; ``principal_index`` by id as text).
+    A gone user leaves a list; an allow list whose people are all gone allows nobody but the
+    exempt (never everyone)."""
     stored = json_value(stored)
     if not stored:
         return None
 
     def people(key: str) -> list[int]:
-        return [principal_index[uuid.UUID(str(i))] for i in stored.get(key) or []
-                if _is_uuid(i) and uuid.UUID(str(i)) in principal_index]
+        ids = (str(uuid.UUID(str(i))) for i in stored.get(key) or [] if _is_uuid(i))
+        return [principal_index[i] for i in ids if i in principal_index]
 
     allow = stored.get("leader_allow")
     return Restrictions(
@@ -442,17 +514,16 @@ def _config(seq: int, kill_switch: bool, user_rows: list[asyncpg.Record], key_ro
     return Config(
         seq=seq,
         kill_switch=kill_switch,
-        principals=[principal_from_row(row, principal_index.get(row["manager_id"])) for row in user_rows],
+        principals=[principal_from_row(row, row["manager"]) for row in user_rows],
         keys=[
             Key(
-                id=str(row["id"]),
-                principal=principal_index[row["user_id"]],
-                digest=bytes(row["key_hash"]),
+                id=row["id"],
+                principal=row["principal"],
+                digest=row["key_hash"],
                 status=row["status"],
                 expires_at_ms=_ms(row["expires_at"]),
             )
             for row in key_rows
-            if row["user_id"] in principal_index
         ],
         providers=providers,
         models=[

@@ -464,21 +464,78 @@ pub struct Snapshot {
     /// Spend rules, in precedence order.
     pub rules: Arc<crate::rules::Rules>,
     /// Per principal, its grant indexes sorted by model name.
-    grants_by_principal: Arc<Vec<Vec<u32>>>,
+    grants_by_principal: Arc<GrantIndex>,
     key_index: Arc<KeyIndex>,
     model_by_id: Arc<HashMap<String, u32>>,
     /// Every model name and alias.
     model_by_name: Arc<HashMap<String, u32>>,
 }
 
-fn parse_status(errors: &mut Vec<String>, what: &str, status: &str, allowed: [&str; 2]) -> bool {
+// NOTE: `what` is formatted only for an error (`format_args!`): 100,000 people and keys.
+/// Per principal, its grant indexes sorted by model name, in one allocation (not one per person):
+/// principal `p`'s are `grants[starts[p]..starts[p + 1]]`.
+struct GrantIndex {
+    starts: Vec<u32>,
+    grants: Vec<u32>,
+}
+
+impl GrantIndex {
+    /// Two counting sorts, no comparisons per grant: the grants in their model's name order,
+    /// then dealt out to their principals in that order, so each principal's come out sorted
+    /// (equal models, a duplicate grant, side by side).
+    fn new(grants: &[Grant], principals: usize, models: &[Model]) -> Self {
+        let mut by_name: Vec<usize> = (0..models.len()).collect();
+        by_name.sort_unstable_by(|&a, &b| models[a].name.cmp(&models[b].name));
+        let mut rank = vec![0usize; models.len()];
+        for (r, &m) in by_name.iter().enumerate() {
+            rank[m] = r;
+        }
+        let mut next_of_rank = vec![0u32; models.len() + 1];
+        let mut starts = vec![0u32; principals + 1];
+        for grant in grants {
+            next_of_rank[rank[grant.model as usize] + 1] += 1;
+            starts[grant.principal as usize + 1] += 1;
+        }
+        for i in 1..next_of_rank.len() {
+            next_of_rank[i] += next_of_rank[i - 1];
+        }
+        for i in 1..starts.len() {
+            starts[i] += starts[i - 1];
+        }
+        let mut in_name_order = vec![0u32; grants.len()];
+        for (i, grant) in grants.iter().enumerate() {
+            let slot = &mut next_of_rank[rank[grant.model as usize]];
+            in_name_order[*slot as usize] = i as u32;
+            *slot += 1;
+        }
+        let mut next = starts.clone();
+        let mut dealt = vec![0u32; grants.len()];
+        for &i in &in_name_order {
+            let slot = &mut next[grants[i as usize].principal as usize];
+            dealt[*slot as usize] = i;
+            *slot += 1;
+        }
+        Self { starts, grants: dealt }
+    }
+
+    /// Principal `principal`'s grants (none for an index out of range).
+    fn of(&self, principal: u32) -> &[u32] {
+        let p = principal as usize;
+        match (self.starts.get(p), self.starts.get(p + 1)) {
+            (Some(&from), Some(&to)) => &self.grants[from as usize..to as usize],
+            _ => &[],
+        }
+    }
+}
+
+fn parse_status(errors: &mut Vec<String>, what: impl std::fmt::Display, status: &str, allowed: [&str; 2]) -> bool {
     if !allowed.contains(&status) {
         errors.push(format!("{what}: status {status:?} is not one of {allowed:?}"));
     }
     status == allowed[0]
 }
 
-fn index(errors: &mut Vec<String>, what: &str, value: i64, len: usize) -> u32 {
+fn index(errors: &mut Vec<String>, what: impl std::fmt::Display, value: i64, len: usize) -> u32 {
     if value < 0 || value as usize >= len {
         errors.push(format!("{what}: index {value} out of range (0..{len})"));
         return 0;
@@ -693,10 +750,10 @@ impl Snapshot {
             .into_iter()
             .enumerate()
             .map(|(i, p)| Principal {
-                active: parse_status(e, &format!("principals[{i}]"), &p.status, ["active", "revoked"]),
+                active: parse_status(e, format_args!("principals[{i}]"), &p.status, ["active", "revoked"]),
                 manager: p
                     .manager
-                    .map(|m| index(e, &format!("principals[{i}].manager"), m, count)),
+                    .map(|m| index(e, format_args!("principals[{i}].manager"), m, count)),
                 key_bytes: id_bytes(&p.id),
                 id: p.id,
                 email: p.email,
@@ -714,17 +771,16 @@ impl Snapshot {
             .into_iter()
             .enumerate()
             .map(|(i, k)| {
-                let what = format!("keys[{i}]");
                 let digest = <[u8; 32]>::try_from(k.digest.as_slice()).unwrap_or_else(|_| {
-                    e.push(format!("{what}: digest is {} bytes, expected 32", k.digest.len()));
+                    e.push(format!("keys[{i}]: digest is {} bytes, expected 32", k.digest.len()));
                     [0; 32]
                 });
                 if !digests.insert(digest) {
-                    e.push(format!("{what}: duplicate digest"));
+                    e.push(format!("keys[{i}]: duplicate digest"));
                 }
                 Key {
-                    principal: index(e, &format!("{what}.principal"), k.principal, principals.len()),
-                    active: parse_status(e, &what, &k.status, ["active", "revoked"]),
+                    principal: index(e, format_args!("keys[{i}].principal"), k.principal, principals.len()),
+                    active: parse_status(e, format_args!("keys[{i}]"), &k.status, ["active", "revoked"]),
                     digest: Digest(digest),
                     id: k.id,
                     expires_at_ms: k.expires_at_ms,
@@ -836,7 +892,7 @@ impl Snapshot {
                             e.push(format!("{at}: resolved_model is empty"));
                         }
                         Deployment {
-                            provider: index(e, &format!("{at}.provider"), d.provider, providers.len()),
+                            provider: index(e, format_args!("{at}.provider"), d.provider, providers.len()),
                             id: d.id,
                             resolved_model: d.resolved_model,
                             region: d.region,
@@ -847,7 +903,7 @@ impl Snapshot {
                 // NOTE: stable, so equal priorities keep the config's (creation) order.
                 deployments.sort_by_key(|d| d.priority);
                 Model {
-                    provider: index(e, &format!("{what}.provider"), m.provider, providers.len()),
+                    provider: index(e, format_args!("{what}.provider"), m.provider, providers.len()),
                     retired: !parse_status(e, &what, &m.status, ["active", "retired"]),
                     kind,
                     created_ms: m.created_ms,
@@ -907,12 +963,12 @@ impl Snapshot {
             let principal = if in_range(g.principal, principals.len()) {
                 g.principal as u32
             } else {
-                index(e, &format!("grants[{i}].principal"), g.principal, principals.len())
+                index(e, format_args!("grants[{i}].principal"), g.principal, principals.len())
             };
             let model = if in_range(g.model, models.len()) {
                 g.model as u32
             } else {
-                index(e, &format!("grants[{i}].model"), g.model, models.len())
+                index(e, format_args!("grants[{i}].model"), g.model, models.len())
             };
             let raw_terms = RawTerms {
                 daily_cap_nano_usd: g.daily_cap_nano_usd,
@@ -976,21 +1032,9 @@ impl Snapshot {
             return Err(Error::Snapshot(errors));
         }
 
-        let mut grants_by_principal = vec![Vec::new(); principals.len()];
-        for (i, grant) in grants.iter().enumerate() {
-            grants_by_principal[grant.principal as usize].push(i as u32);
-        }
-        let mut by_name: Vec<u32> = (0..models.len() as u32).collect();
-        by_name.sort_unstable_by(|&a, &b| models[a as usize].name.cmp(&models[b as usize].name));
-        let mut rank = vec![0u32; models.len()];
-        for (r, &m) in by_name.iter().enumerate() {
-            rank[m as usize] = r as u32;
-        }
-        for list in &mut grants_by_principal {
-            list.sort_unstable_by_key(|&g| (rank[grants[g as usize].model as usize], g));
-        }
-        for list in &grants_by_principal {
-            for pair in list.windows(2) {
+        let grants_by_principal = GrantIndex::new(&grants, principals.len(), &models);
+        for principal in 0..principals.len() as u32 {
+            for pair in grants_by_principal.of(principal).windows(2) {
                 let (a, b) = (&grants[pair[0] as usize], &grants[pair[1] as usize]);
                 if a.model == b.model {
                     errors.push(format!(
@@ -1051,7 +1095,7 @@ impl Snapshot {
             active: parse_status(&mut errors, &what, &raw.status, ["active", "revoked"]),
             manager: raw
                 .manager
-                .map(|m| self::index(&mut errors, &format!("{what}.manager"), m, count)),
+                .map(|m| self::index(&mut errors, format_args!("{what}.manager"), m, count)),
             key_bytes: id_bytes(&raw.id),
             id: raw.id,
             email: raw.email,
@@ -1227,16 +1271,15 @@ impl Snapshot {
     /// The principal's grants.
     pub fn grants_of(&self, principal: u32) -> impl Iterator<Item = &Grant> + '_ {
         self.grants_by_principal
-            .get(principal as usize)
-            .into_iter()
-            .flatten()
+            .of(principal)
+            .iter()
             .map(move |&g| &self.grants[g as usize])
     }
 
     /// The index of the principal's grant of the model named or aliased `name`.
     #[must_use]
     pub fn grant_index_by_name(&self, principal: u32, name: &str) -> Option<u32> {
-        let list = &self.grants_by_principal[principal as usize];
+        let list = self.grants_by_principal.of(principal);
         let name_of = |g: u32| self.models[self.grants[g as usize].model as usize].name.as_str();
         let at = match list.binary_search_by(|&g| name_of(g).cmp(name)) {
             Ok(at) => at,
@@ -1271,18 +1314,16 @@ impl Snapshot {
     /// The grants a principal can see listed, sorted by model name: blocked and retired models,
     /// and those whose restrictions refuse the principal, are left out.
     pub fn visible_grants(&self, principal: u32) -> impl Iterator<Item = (&Grant, &Model, &Provider)> {
-        self.grants_by_principal[principal as usize]
-            .iter()
-            .filter_map(move |&g| {
-                let grant = &self.grants[g as usize];
-                let model = &self.models[grant.model as usize];
-                let restricted = model
-                    .restrictions
-                    .as_ref()
-                    .is_some_and(|r| r.refuses(self, principal).is_some());
-                (!model.blocked && !model.retired && !restricted)
-                    .then(|| (grant, model, &self.providers[model.provider as usize]))
-            })
+        self.grants_by_principal.of(principal).iter().filter_map(move |&g| {
+            let grant = &self.grants[g as usize];
+            let model = &self.models[grant.model as usize];
+            let restricted = model
+                .restrictions
+                .as_ref()
+                .is_some_and(|r| r.refuses(self, principal).is_some());
+            (!model.blocked && !model.retired && !restricted)
+                .then(|| (grant, model, &self.providers[model.provider as usize]))
+        })
     }
 }
 
@@ -1561,6 +1602,47 @@ mod tests {
             errors.iter().any(|e| e.contains("13 bytes is not a whole number")),
             "{errors:?}"
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+        /// The counting-sort index lists each principal's grants as sorting them by model name
+        /// (then by position) would.
+        #[test]
+        fn test_the_grant_index_sorts_each_principals_grants_by_model_name(
+            names in proptest::collection::vec("[a-c]{1,3}", 1..8),
+            pairs in proptest::collection::vec((0u32..5, 0usize..8), 0..60),
+        ) {
+            let mut model = test_support::snapshot().models[0].clone();
+            let models: Vec<Model> = names
+                .iter()
+                .map(|n| {
+                    model.name = n.clone();
+                    model.clone()
+                })
+                .collect();
+            let grants: Vec<Grant> = pairs
+                .iter()
+                .map(|&(p, m)| Grant { principal: p, model: (m % models.len()) as u32, ..test_support::grant() })
+                .collect();
+            let index = GrantIndex::new(&grants, 5, &models);
+            for p in 0..5u32 {
+                let mut expected: Vec<u32> = (0..grants.len() as u32).filter(|&g| grants[g as usize].principal == p).collect();
+                expected.sort_by(|&a, &b| {
+                    let name = |g: u32| &models[grants[g as usize].model as usize].name;
+                    name(a).cmp(name(b)).then(a.cmp(&b))
+                });
+                let by_name = |list: &[u32]| list.iter().map(|&g| models[grants[g as usize].model as usize].name.clone()).collect::<Vec<_>>();
+                proptest::prop_assert_eq!(by_name(index.of(p)), by_name(&expected));
+                let mut same = index.of(p).to_vec();
+                same.sort_unstable();
+                let mut wanted = expected.clone();
+                wanted.sort_unstable();
+                proptest::prop_assert_eq!(same, wanted);
+            }
+            proptest::prop_assert!(index.of(5).is_empty());
+        }
     }
 
     #[test]
