@@ -158,12 +158,15 @@ class ConfigFeed:
         self._dirty.set()
 
     def _notified(self, payload: str) -> None:
+        """A NOTIFY: a change this worker may patch, or anything else (a bare seq, or a payload
+        it cannot read), which rebuilds as every notification did before patches existed."""
         seq_text, _, change = payload.partition(":")
         try:
             seq = int(seq_text)
         except ValueError:
-            self._dirty.set()
-            return
+            seq, change = 0, ""
+        if not change:
+            self._force = True
         self.announce(seq, change)
 
     async def catch_up(self) -> None:

@@ -329,6 +329,10 @@ pub struct Entry {
     pub template: Option<String>,
     /// The entry's id in counter keys: xxh3 of `rule id ‖ '#' ‖ number`.
     pub key_id: [u8; 16],
+    /// Its scope and window's id in the pool's key: every entry over the same scope and window
+    /// shares one pool per person (the same calls reserve in it), so a call takes one lease per
+    /// distinct scope and window, however many entries cover it.
+    pub pool_id: [u8; 16],
 }
 
 impl Entry {
@@ -465,6 +469,7 @@ fn build_entry(
     if threshold_nano.is_none() && calls_per_minute.is_none() && tokens_per_minute.is_none() {
         errors.push(format!("{what}: needs a threshold or a per-minute cap"));
     }
+    let scope_for_pool = scope.clone();
     let mut entry = Entry {
         number,
         tiers: raw.tiers,
@@ -483,6 +488,14 @@ fn build_entry(
         notify: Vec::new(),
         template: None,
         key_id: xxhash_rust::xxh3::xxh3_128(format!("{rule_id}#{number}").as_bytes()).to_be_bytes(),
+        pool_id: xxhash_rust::xxh3::xxh3_128(
+            match &scope_for_pool {
+                Scope::Tag(tag) => format!("tag:{tag}|{}", window.as_str()),
+                Scope::Model(m) => format!("model:{m}|{}", window.as_str()),
+            }
+            .as_bytes(),
+        )
+        .to_be_bytes(),
     };
     for action in raw.actions {
         match action.kind.as_str() {
@@ -777,6 +790,20 @@ fn notify_events(
         .collect()
 }
 
+/// One scope and window's state during a decision, shared by the entries over it.
+struct ScopeState {
+    id: [u8; 16],
+    /// The person's committed-spend counters in the scope (this window instance).
+    keys: Vec<u128>,
+    /// Their sum: read when first needed, and again right after the pool reservation.
+    committed: i64,
+    pool_key: u128,
+    /// The pool as read (after this call's reservation once `reserved`).
+    pool: Option<i64>,
+    /// This call holds a lease in the pool.
+    reserved: bool,
+}
+
 /// The rules' decision for `principal` calling `model` with worst-case cost `worst_nano` at
 /// `now_ms`: reserves in every enforcing block entry's pool (held in the decision's leases until
 /// settle), starts pauses, counts per-minute calls. On a refusal nothing stays reserved.
@@ -807,6 +834,8 @@ pub fn decide(
     let mut windows: [Option<(u32, i64, i64)>; 3] = [None; 3];
     let now_ns = now_ms.saturating_mul(1_000_000);
     let mut best: Option<RuleLimit> = None;
+    let mut scopes: Vec<ScopeState> = Vec::new();
+    let own = |state: &ScopeState| if state.reserved { 0 } else { worst_nano.max(0) };
     for (rule, entry) in rules.covering(model_index) {
         if !entry.matches(snapshot, principal) {
             continue;
@@ -875,12 +904,30 @@ pub fn decide(
             let (start, end) = entry.window.bounds(tz, period);
             (period, start, end)
         });
-        let keys = scope_keys(snapshot, principal, entry, period);
-        // NOTE: one pool per person and entry whatever the window instance (in-flight amounts
-        // only; a call that began in the last instance counts in the new one until it settles,
-        // which only errs on the safe side), so the table does not grow a key per instance.
-        let pool_key = key(shm::RULE_POOL, 0);
-        let mut committed = sum(segment, &keys);
+        // The scope's committed spend and pool, read once per call for every entry sharing them.
+        let at = match scopes.iter().position(|sc| sc.id == entry.pool_id) {
+            Some(at) => at,
+            None => {
+                let keys = scope_keys(snapshot, principal, entry, period);
+                let committed = sum(segment, &keys);
+                // NOTE: one pool per person, scope and window whatever the window instance
+                // (in-flight amounts only; a call that began in the last instance counts in the
+                // new one until it settles, which only errs on the safe side), so the table
+                // does not grow a key per instance.
+                let pool_key = KeyTemplate::new(shm::RULE_POOL, &principal_bytes, &entry.pool_id).at(0);
+                scopes.push(ScopeState {
+                    id: entry.pool_id,
+                    keys,
+                    committed,
+                    pool_key,
+                    pool: None,
+                    reserved: false,
+                });
+                scopes.len() - 1
+            }
+        };
+        let mut committed = scopes[at].committed;
+        let pool_key = scopes[at].pool_key;
 
         if let (true, Some(hours)) = (enforcing, entry.pause_hours) {
             // One slot per person and entry holding the start of the last pause; one that began
@@ -921,20 +968,25 @@ pub fn decide(
             }
         }
 
-        let mut pool = segment.get(pool_key);
+        let mut pool = *scopes[at].pool.get_or_insert_with(|| segment.get(pool_key));
         if entry.block && enforcing {
-            let lease = match segment.reserve(pool_key, worst_nano.max(0), i64::MAX) {
-                Ok(Some(lease)) => lease,
-                _ => {
-                    d.unavailable = true;
-                    break;
+            if !scopes[at].reserved {
+                match segment.reserve(pool_key, worst_nano.max(0), i64::MAX) {
+                    Ok(Some(lease)) => d.leases.push(lease),
+                    _ => {
+                        d.unavailable = true;
+                        break;
+                    }
                 }
-            };
-            // NOTE: the committed counters are read after the pool add (see the module docs).
-            pool = segment.get(pool_key);
-            committed = sum(segment, &keys);
+                // NOTE: the committed counters are read after the pool add (see the module docs).
+                let state = &mut scopes[at];
+                state.reserved = true;
+                state.pool = Some(segment.get(pool_key));
+                state.committed = sum(segment, &state.keys);
+            }
+            (pool, committed) = (scopes[at].pool.unwrap_or(0), scopes[at].committed);
+            let keys = &scopes[at].keys;
             if committed.saturating_add(pool) > threshold {
-                segment.release(&lease);
                 let mut watch_events = Vec::new();
                 if !entry.notify.is_empty() {
                     let watch = Watch {
@@ -963,15 +1015,12 @@ pub fn decide(
                 });
                 break;
             }
-            d.leases.push(lease);
-        } else if entry.block && committed.saturating_add(pool).saturating_add(worst_nano) > threshold {
+        } else if entry.block && committed.saturating_add(pool).saturating_add(own(&scopes[at])) > threshold {
             d.would_deny.get_or_insert_with(|| rule.id.clone());
         }
-        let in_use = if entry.block && enforcing {
-            committed.saturating_add(pool)
-        } else {
-            committed.saturating_add(pool).saturating_add(worst_nano.max(0))
-        };
+        // This call's worst case, unless it already sits in the pool (an enforcing block entry
+        // over the same scope and window reserved it).
+        let in_use = committed.saturating_add(pool).saturating_add(own(&scopes[at]));
         let utilization = utilization_pct(in_use, threshold);
         if best.as_ref().is_none_or(|b| utilization > b.utilization) {
             best = Some(RuleLimit {
@@ -988,7 +1037,7 @@ pub fn decide(
             }
             if !entry.notify.is_empty() {
                 d.watches.push(Watch {
-                    keys,
+                    keys: scopes[at].keys.clone(),
                     flag: key(shm::RULE_NOTIFIED, 0),
                     window_start,
                     threshold,
