@@ -567,6 +567,11 @@ class App:
         load = self._saturation.instance() if self._saturation is not None else {}
         gauges = {"requests_in_flight": load.get("in_flight", 0), "body_reads_in_flight": load.get("body_reads", 0),
                   "request_limit": load.get("limit", 0), "saturated": int(bool(load.get("saturated")))}
+        if self.segment is not None:
+            # A full counter table refuses calls (fail closed): MESHFAST_SHM_SLOTS sizes it.
+            stats = self.segment.stats()
+            gauges |= {"shm_slots": stats["slots"], "shm_slots_used": stats["slots_used"],
+                       "shm_leases": stats["leases"], "shm_leases_held": stats["leases_held"]}
         proto.response_bytes(200, [("content-type", "text/plain; version=0.0.4"), ("cache-control", "no-store")],
                              self.metrics.prometheus(gauges))
 

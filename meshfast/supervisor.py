@@ -197,7 +197,8 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
-    segment = Segment.create(str(settings.shm_path), ring_records=settings.telemetry_ring_rows)
+    segment = Segment.create(str(settings.shm_path), slots=settings.shm_slots,
+                             ring_records=settings.telemetry_ring_rows)
     # No worker runs yet: whatever a previous run left in the spool is queued for replay.
     telemetry.Spool(settings.spool_dir).adopt_orphans(everyone=True)
     asyncio.run(_seed_counters(database_url, segment))
