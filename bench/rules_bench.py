@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import gc
 import importlib.util
@@ -742,13 +743,14 @@ def proxy_summary(doc: dict) -> dict:
 
 def phase_shm(in_process: dict | None) -> dict:
     from meshfast import _core
-    from meshfast.settings import Settings  # noqa: F401 - the defaults below are the supervisor's
+    from meshfast.settings import Settings
 
     with tempfile.TemporaryDirectory(prefix="meshfast-shm-") as tmp:
         path = Path(tmp) / "default.seg"
-        # What meshfast/supervisor.py creates: Segment.create(path, ring_records=settings.telemetry_ring_rows),
-        # whose default is 8192 rows; every other capacity at its default.
-        seg = _core.Segment.create(str(path))
+        # What meshfast/supervisor.py creates with the default settings: MESHFAST_SHM_SLOTS slots and
+        # 8192 ring rows (MESHFAST_TELEMETRY_RING_ROWS); every other capacity at its default.
+        slots = next(f.default for f in dataclasses.fields(Settings) if f.name == "shm_slots")
+        seg = _core.Segment.create(str(path), slots=int(slots))
         stats = seg.stats()
         size = path.stat().st_size
         del seg
