@@ -1494,6 +1494,38 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// Window arithmetic against its definition, in zones with DST (both hemispheres), a
+        /// half-hour offset and a skipped midnight: the instance holding an instant contains it,
+        /// instances abut, each starts at a local midnight on its first date (a Monday for weeks,
+        /// the 1st for months), and a day is 23 to 25 hours long.
+        #[test]
+        fn windows_hold_their_instants_and_abut(
+            unix_s in 0i64..4_102_444_800,
+            zone in prop_oneof![Just("UTC"), Just("Europe/Paris"), Just("America/New_York"),
+                                Just("Australia/Sydney"), Just("Asia/Kolkata"), Just("America/Santiago"),
+                                Just("Pacific/Chatham")],
+            window in prop_oneof![Just(CalendarWindow::Daily), Just(CalendarWindow::Weekly),
+                                  Just(CalendarWindow::Monthly)],
+        ) {
+            let tz: Tz = zone.parse().unwrap();
+            let t = unix_s * 1000;
+            let period = window.period(tz, t);
+            let (start, end) = window.bounds(tz, period);
+            prop_assert!(start <= t && t < end, "{zone} {window:?} {t}: [{start}, {end})");
+            prop_assert_eq!(window.bounds(tz, period + 1).0, end);
+            let first = window.first_date(period);
+            prop_assert_eq!(local_date(tz, start), first);
+            prop_assert_eq!(window.period_of(first), period);
+            match window {
+                CalendarWindow::Daily => prop_assert!((23 * 3_600_000..=25 * 3_600_000).contains(&(end - start))),
+                CalendarWindow::Weekly => prop_assert_eq!(first.weekday(), chrono::Weekday::Mon),
+                CalendarWindow::Monthly => prop_assert_eq!(first.day(), 1),
+            }
+        }
+    }
+
     #[test]
     fn windows_follow_the_calendar_zone() {
         let paris: Tz = "Europe/Paris".parse().unwrap();
