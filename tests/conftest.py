@@ -23,6 +23,23 @@ import psutil
 import pytest
 
 
+def tag() -> str:
+    """A short random suffix for names that must not clash between tests sharing a gateway."""
+    return secrets.token_hex(4)
+
+
+def until(check: Any, timeout_s: float = 10.0, what: str = "condition") -> Any:
+    """Polls ``check`` until it returns something truthy (returned), or fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -290,10 +307,11 @@ def testserve() -> Iterator[EmulatedProviders]:
 
 
 @contextlib.contextmanager
-def running_gateway(workers: int) -> Iterator[Gateway]:
-    """A gateway in a temporary data dir with the short test timeouts, stopped and removed after."""
+def running_gateway(workers: int, env: dict[str, str] | None = None) -> Iterator[Gateway]:
+    """A gateway in a temporary data dir with the short test timeouts (or ``env``, which should
+    include them), stopped and removed after."""
     root = Path(tempfile.mkdtemp(prefix="mf-"))
-    gw = Gateway(root / "data", workers=workers, env=SESSION_ENV).start()
+    gw = Gateway(root / "data", workers=workers, env=SESSION_ENV if env is None else env).start()
     try:
         yield gw
     finally:

@@ -8,7 +8,6 @@ and a real SMTP server (aiosmtpd); outbox rows are inserted as the telemetry ing
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import email
 import email.policy
@@ -16,8 +15,6 @@ import hashlib
 import hmac
 import json
 import secrets
-import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -31,7 +28,8 @@ import asyncpg
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
-from conftest import SESSION_ENV, Gateway, free_port
+from conftest import SESSION_ENV, Gateway, free_port, running_gateway, until
+from conftest import tag as _tag
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,19 +48,6 @@ SMTP_USER, SMTP_PASSWORD = "mailer", "smtp-pass-" + secrets.token_hex(8)
 pytestmark = pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")
 
 
-def _tag() -> str:
-    return secrets.token_hex(4)
-
-
-def _until(check: Callable[[], Any], timeout_s: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 # --- the receivers --------------------------------------------------------------------------
@@ -148,23 +133,19 @@ class MailSink:
         self.controller.stop()
 
 
+def _until(check: Any, timeout_s: float = 15.0, what: str = "condition") -> Any:
+    """Deliveries take a poll or two of the leader: a longer default wait."""
+    return until(check, timeout_s, what)
+
+
 # --- fixtures and helpers -------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _gateway(workers: int) -> Iterator[Gateway]:
-    root = Path(tempfile.mkdtemp(prefix="mf-notify-"))
-    gw = Gateway(root / "data", workers=workers, env=NOTIFY_ENV).start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[Gateway]:
-    with _gateway(2) as gateway:
+    with running_gateway(2, env=NOTIFY_ENV) as gateway:
         yield gateway
 
 
@@ -572,7 +553,7 @@ def test_a_delivery_survives_a_receiver_outage_across_a_restart(tmp_path: Path) 
     """The receiver is down: attempts fail and are rescheduled; the gateway restarts; the receiver
     comes back; the row is delivered exactly once, with the delivery id it had from the start."""
     port = free_port()
-    with _gateway(1) as gateway:
+    with running_gateway(1, env=NOTIFY_ENV) as gateway:
         response = gateway.admin("PUT", "/admin/notifications", {
             "webhook_url": f"http://127.0.0.1:{port}/hook", "webhook_secret": WEBHOOK_SECRET, "webhook_local": True})
         assert response.status_code == 200, response.text

@@ -13,21 +13,18 @@ import contextlib
 import datetime as dt
 import json
 import os
-import secrets
-import shutil
 import socket
-import tempfile
 import time
 import zoneinfo
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
-from conftest import SESSION_ENV, EmulatedProviders, Gateway, WorkerConnections
+from conftest import SESSION_ENV, EmulatedProviders, Gateway, WorkerConnections, running_gateway, until
+from conftest import tag as _tag
 from test_notifications import Receiver
 
 Json = dict[str, Any]
@@ -45,38 +42,16 @@ MAX_TOKENS = 3
 SHADOW_CALLS = int(os.environ.get("RULES_SHADOW_CALLS", "1000"))
 
 
-def _tag() -> str:
-    return secrets.token_hex(4)
-
-
-def _until(check: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 # --- the gateway, people, models and calls ------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _gateway(workers: int) -> Iterator[Gateway]:
-    root = Path(tempfile.mkdtemp(prefix="mf-rules-"))
-    gw = Gateway(root / "data", workers=workers, env=RULES_ENV).start()
-    try:
-        yield gw
-    finally:
-        gw.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[Gateway]:
-    with _gateway(2) as gateway:
+    with running_gateway(2, env=RULES_ENV) as gateway:
         yield gateway
 
 
@@ -253,7 +228,7 @@ def _rows_of(gw: Gateway, person: Json, at_least: int, timeout_s: float = 10.0) 
         found = _db(gw, "SELECT * FROM request_logs WHERE user_id = $1::uuid", person["id"])
         return found if sum(r["count"] for r in found) >= at_least else None
 
-    return _until(rows, timeout_s, f"{at_least} rows of {person['email']}")
+    return until(rows, timeout_s, f"{at_least} rows of {person['email']}")
 
 
 def _cost(row: Json) -> Decimal:
@@ -710,7 +685,7 @@ def test_two_hundred_concurrent_calls_crossing_a_threshold_notify_once_even_acro
 
     responses = asyncio.run(_burst(gw, [(person, model)] * 200, concurrency=200))
     assert [r.status_code for r in responses] == [200] * 200
-    _until(lambda: (got := _notified(gw, receiver, rule_id, person))[0] and got[1][0]["status"] == "delivered",
+    until(lambda: (got := _notified(gw, receiver, rule_id, person))[0] and got[1][0]["status"] == "delivered",
            15, "the delivery")
     time.sleep(1.5)  # several more outbox polls
     payloads, outbox = _notified(gw, receiver, rule_id, person)
@@ -830,7 +805,7 @@ def test_a_pause_refuses_calls_until_its_hours_are_over(gw: Gateway, testserve: 
     shown = _usage_rules(gw, person)[rule_id]
     assert (shown["status"], shown["resume_at"]) == ("paused", body["resume_at"]), shown
     assert Decimal(str(shown["spend_usd"])) == 2 * CALL_USD, "paused calls cost nothing"
-    pauses = _until(lambda: _db(gw, "SELECT spend_nano, threshold_nano FROM rule_events WHERE rule_id = $1 "
+    pauses = until(lambda: _db(gw, "SELECT spend_nano, threshold_nano FROM rule_events WHERE rule_id = $1 "
                                     "AND user_id = $2::uuid AND action = 'pause'", rule_id, person["id"]),
                     10, "the pause in the outbox")
     assert pauses == [{"spend_nano": 2 * 3_000_000, "threshold_nano": 2 * 3_000_000}]

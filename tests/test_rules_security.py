@@ -6,31 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 import httpx
-from conftest import EmulatedProviders, Gateway
+from conftest import EmulatedProviders, Gateway, until
+from conftest import tag as _tag
 
 Json = dict[str, Any]
 
 
-def _tag() -> str:
-    return secrets.token_hex(4)
-
-
-def _until(check: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _db(gw: Gateway, query: str, *args: Any) -> list[Json]:
@@ -93,11 +79,11 @@ def test_a_template_holding_backslash_u0000_text_still_reaches_the_outbox(gatewa
         "scope": {"tag": tag}, "window": "daily", "threshold_usd": "0.001",
         "actions": [{"type": "notify", "channels": ["webhook"], "template": template}]}]})
     assert rule["entries"][0]["actions"][0]["template"] == template
-    _until(lambda: rule["id"] in _usage_rules(gateway, person), 5, "the rule on the worker")
+    until(lambda: rule["id"] in _usage_rules(gateway, person), 5, "the rule on the worker")
     for _ in range(2):  # whichever worker serves it, the notify crossing fires on the first call
         assert _proxy(gateway, person, model).status_code == 200
 
-    events = _until(lambda: _db(gateway, "SELECT rule_id, action, channel, detail FROM rule_events "
+    events = until(lambda: _db(gateway, "SELECT rule_id, action, channel, detail FROM rule_events "
                                          "WHERE user_id = $1::uuid", person["id"]), 10, "the outbox row")
     assert [(e["rule_id"], e["action"], e["channel"]) for e in events] == [(rule["id"], "notify", "webhook")]
     assert json.loads(events[0]["detail"])["template"] == template
@@ -184,7 +170,7 @@ def test_renaming_a_model_keeps_the_rules_that_cap_it(gateway: Gateway, testserv
     rule = _rule(gateway, {"id": f"ren-{_tag()}", "mode": "enforce", "entries": [{
         "scope": {"model": model["name"]}, "window": "daily", "threshold_usd": "0.001",
         "actions": [{"type": "block"}]}]})
-    _until(lambda: rule["id"] in _usage_rules(gateway, person), 5, "the rule on the worker")
+    until(lambda: rule["id"] in _usage_rules(gateway, person), 5, "the rule on the worker")
     refused = _proxy(gateway, person, model)
     assert (refused.status_code, refused.json()["error"]) == (429, "budget_exceeded"), refused.text
 
@@ -233,5 +219,5 @@ def test_export_cells_a_spreadsheet_could_read_as_a_formula_are_quoted(gateway: 
         rows = list(csv.DictReader(io.StringIO(response.text, newline="")))
         return rows if len(rows) >= len(names) else None
 
-    cells = {row["requested_model"] for row in _until(exported, 10, "the rows")}
+    cells = {row["requested_model"] for row in until(exported, 10, "the rows")}
     assert cells == {"'" + name for name in names[:-1]} | {"plain"}, cells

@@ -1563,41 +1563,16 @@ mod tests {
         std::fs::remove_file(path).unwrap();
     }
 
-    #[test]
-    fn test_forked_processes_reserving_and_settling_never_exceed_the_cap() {
-        let mut config = config();
-        config["grants"][0]["daily_cap_nano_usd"] = json!(200_000);
-        config["grants"][0]["max_calls_per_hour"] = json!(null);
-        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
-        let (path, seg) = segment("budgetfork");
-        let key = spend_key(&s);
-        let tally = crate::shm::counter_key(crate::shm::CALLS_HOUR, &[7; 16], &[7; 16], 0);
+    /// Runs `work(child, segment)` in `children` forked processes on the segment at `path` and
+    /// waits for them; fails if any child panicked.
+    fn fork_children(path: &std::path::Path, children: u64, work: impl Fn(u64, Arc<Segment>)) {
         let mut pids = Vec::new();
-        for child in 0..4u64 {
+        for child in 0..children {
             // SAFETY: the child only touches the mapping and exits without unwinding.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
                 let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let mine = Arc::new(Segment::open(&path).unwrap());
-                    let mut open = Vec::new();
-                    for i in 0..300u64 {
-                        let p = prepare(&s, Some(&mine), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
-                        assert!(mine.get(key) <= 200_000);
-                        if p.status == 0 {
-                            open.push(p);
-                        } else {
-                            assert_eq!(p.deny_reason, Some("budget_exceeded"));
-                        }
-                        if open.len() > 3 || (i + child) % 5 == 0 {
-                            if let Some(p) = (!open.is_empty()).then(|| open.remove(0)) {
-                                // Actual cost at most the worst case; some calls are dropped unsettled.
-                                let actual = ((i * 37 + child) % 9000) as i64;
-                                if i % 7 != 0 && p.holds.as_ref().unwrap().settle(actual).unwrap() {
-                                    mine.add(tally, actual).unwrap();
-                                }
-                            }
-                        }
-                    }
+                    work(child, Arc::new(Segment::open(path).unwrap()));
                 }))
                 .is_ok();
                 // SAFETY: _exit skips the harness's atexit handlers in the child.
@@ -1614,6 +1589,38 @@ mod tests {
                 "child failed"
             );
         }
+    }
+
+    #[test]
+    fn test_forked_processes_reserving_and_settling_never_exceed_the_cap() {
+        let mut config = config();
+        config["grants"][0]["daily_cap_nano_usd"] = json!(200_000);
+        config["grants"][0]["max_calls_per_hour"] = json!(null);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let (path, seg) = segment("budgetfork");
+        let key = spend_key(&s);
+        let tally = crate::shm::counter_key(crate::shm::CALLS_HOUR, &[7; 16], &[7; 16], 0);
+        fork_children(&path, 4, |child, mine| {
+            let mut open = Vec::new();
+            for i in 0..300u64 {
+                let p = prepare(&s, Some(&mine), &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+                assert!(mine.get(key) <= 200_000);
+                if p.status == 0 {
+                    open.push(p);
+                } else {
+                    assert_eq!(p.deny_reason, Some("budget_exceeded"));
+                }
+                if open.len() > 3 || (i + child) % 5 == 0 {
+                    if let Some(p) = (!open.is_empty()).then(|| open.remove(0)) {
+                        // Actual cost at most the worst case; some calls are dropped unsettled.
+                        let actual = ((i * 37 + child) % 9000) as i64;
+                        if i % 7 != 0 && p.holds.as_ref().unwrap().settle(actual).unwrap() {
+                            mine.add(tally, actual).unwrap();
+                        }
+                    }
+                }
+            }
+        });
         assert_eq!(seg.get(key), seg.get(tally), "the counter is exactly the settled costs");
         assert!(seg.get(key) <= 200_000);
         assert_eq!(seg.stats().leases_held, 0);
@@ -1649,53 +1656,32 @@ mod tests {
                 .sum()
         };
         let tally = crate::shm::counter_key(crate::shm::CALLS_HOUR, &[7; 16], &[7; 16], 0);
-        let mut pids = Vec::new();
-        for child in 0..4u64 {
-            // SAFETY: the child only touches the mapping and exits without unwinding.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let mine = Arc::new(Segment::open(&path).unwrap());
-                    let mut open = Vec::new();
-                    for i in 0..300u64 {
-                        let query = if (i + child) % 2 == 0 {
-                            "model=gpt-b"
-                        } else {
-                            "model=gpt-c"
-                        };
-                        let p = prepare(&s, Some(&mine), &req(Route::Proxy, query, br#"{"query":"a"}"#));
-                        assert!(committed(&mine) <= 200_000);
-                        if p.status == 0 {
-                            open.push(p);
-                        } else {
-                            assert_eq!(p.deny_reason, Some("budget_exceeded"));
-                            assert!(p.body.starts_with(br#"{"error":"budget_exceeded","rule":"fam-cap""#));
-                        }
-                        if open.len() > 3 || (i + child) % 5 == 0 {
-                            if let Some(p) = (!open.is_empty()).then(|| open.remove(0)) {
-                                let actual = ((i * 37 + child) % 9000) as i64;
-                                if i % 7 != 0 && p.holds.as_ref().unwrap().settle(actual).unwrap() {
-                                    mine.add(tally, actual).unwrap();
-                                }
-                            }
+        fork_children(&path, 4, |child, mine| {
+            let mut open = Vec::new();
+            for i in 0..300u64 {
+                let query = if (i + child) % 2 == 0 {
+                    "model=gpt-b"
+                } else {
+                    "model=gpt-c"
+                };
+                let p = prepare(&s, Some(&mine), &req(Route::Proxy, query, br#"{"query":"a"}"#));
+                assert!(committed(&mine) <= 200_000);
+                if p.status == 0 {
+                    open.push(p);
+                } else {
+                    assert_eq!(p.deny_reason, Some("budget_exceeded"));
+                    assert!(p.body.starts_with(br#"{"error":"budget_exceeded","rule":"fam-cap""#));
+                }
+                if open.len() > 3 || (i + child) % 5 == 0 {
+                    if let Some(p) = (!open.is_empty()).then(|| open.remove(0)) {
+                        let actual = ((i * 37 + child) % 9000) as i64;
+                        if i % 7 != 0 && p.holds.as_ref().unwrap().settle(actual).unwrap() {
+                            mine.add(tally, actual).unwrap();
                         }
                     }
-                }))
-                .is_ok();
-                // SAFETY: _exit skips the harness's atexit handlers in the child.
-                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+                }
             }
-            pids.push(pid);
-        }
-        for pid in pids {
-            let mut status = 0;
-            // SAFETY: waiting on our own child.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-            assert!(
-                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-                "child failed"
-            );
-        }
+        });
         assert_eq!(
             committed(&seg),
             seg.get(tally),

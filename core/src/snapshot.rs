@@ -184,16 +184,8 @@ struct RawDeployment {
 struct RawGrant {
     principal: i64,
     model: i64,
-    daily_cap_nano_usd: i64,
-    max_calls_per_hour: Option<i64>,
-    allowed_from_min: Option<i64>,
-    allowed_to_min: Option<i64>,
-    #[serde(default)]
-    timezone: String,
-    #[serde(default)]
-    active_days: Vec<i64>,
-    #[serde(default)]
-    always_open: bool,
+    #[serde(flatten)]
+    terms: RawTerms,
 }
 
 /// Grants as fixed-size records over a table of their distinct terms: a million grants decode
@@ -210,8 +202,8 @@ struct RawGrantTable {
 /// The bytes of one grant in [`RawGrantTable::packed`].
 const GRANT_RECORD: usize = 12;
 
-/// A grant's limits, as [`RawGrant`] carries them (a map or, from msgspec's `array_like`
-/// structs, an array in this order).
+/// A grant's limits, as [`RawGrant`] carries them (flattened into its map) and the grant
+/// table lists them (a map or, from msgspec's `array_like` structs, an array in this order).
 #[derive(Deserialize)]
 struct RawTerms {
     daily_cap_nano_usd: i64,
@@ -970,16 +962,7 @@ impl Snapshot {
             } else {
                 index(e, format_args!("grants[{i}].model"), g.model, models.len())
             };
-            let raw_terms = RawTerms {
-                daily_cap_nano_usd: g.daily_cap_nano_usd,
-                max_calls_per_hour: g.max_calls_per_hour,
-                allowed_from_min: g.allowed_from_min,
-                allowed_to_min: g.allowed_to_min,
-                timezone: g.timezone,
-                active_days: g.active_days,
-                always_open: g.always_open,
-            };
-            let terms = Terms::build(e, || format!("grants[{i}]"), &raw_terms);
+            let terms = Terms::build(e, || format!("grants[{i}]"), &g.terms);
             grants.push(grant(principal, model, &terms));
         }
         if let Some(table) = raw.grant_table {
