@@ -569,7 +569,8 @@ class App:
                   "request_limit": load.get("limit", 0), "saturated": int(bool(load.get("saturated")))}
         if self.segment is not None:
             # A full counter table refuses calls (fail closed): MESHFAST_SHM_SLOTS sizes it.
-            stats = self.segment.stats()
+            # NOTE: the occupancy is a scan of every slot (32 MiB by default): off the serving loop.
+            stats = await asyncio.to_thread(self.segment.stats)
             gauges |= {"shm_slots": stats["slots"], "shm_slots_used": stats["slots_used"],
                        "shm_leases": stats["leases"], "shm_leases_held": stats["leases_held"]}
         proto.response_bytes(200, [("content-type", "text/plain; version=0.0.4"), ("cache-control", "no-store")],
