@@ -25,6 +25,11 @@ __all__ = [
     "PROVIDER_RATE",
     "PROVIDER_INFLIGHT",
     "GLOBAL_INFLIGHT",
+    "CLUSTER_LEASED",
+    "CLUSTER_FENCED",
+    "cluster_key",
+    "ceiling_key",
+    "demand_key",
     "OUTCOMES",
     "Outcome",
     "Segment",
@@ -126,6 +131,25 @@ def counter_key(kind: int, a: str, b: str, period: int) -> bytes:
     :data:`SPEND_DAY`, :data:`CALLS_HOUR`, :data:`PROVIDER_CALLS_HOUR`, :data:`PROVIDER_RATE`,
     :data:`PROVIDER_INFLIGHT`, :data:`GLOBAL_INFLIGHT` (else ``ValueError``).
     """
+
+CLUSTER_LEASED: Final[int]
+"""The :func:`cluster_key` value of an instance in a cluster: caps and provider limits are leased."""
+CLUSTER_FENCED: Final[int]
+"""The :func:`cluster_key` value of an instance cut off from the database past the point where its
+leases may be reclaimed: it holds nothing."""
+
+def cluster_key() -> bytes:
+    """The key of the instance's cluster mode: 0 alone (every cap held whole),
+    :data:`CLUSTER_LEASED` or :data:`CLUSTER_FENCED`."""
+
+def ceiling_key(key: bytes) -> bytes:
+    """In a cluster, the key of the ceiling held for the budget counter ``key`` (the counter's value
+    this instance may reach) or of the share held of a provider limit (concurrency slots; rate in
+    milli-requests per second)."""
+
+def demand_key(key: bytes) -> bytes:
+    """In a cluster, the key counting the calls refused (or queued) for want of the share or
+    lease at ``key``."""
 
 def request_id() -> str:
     """A fresh request id: ``"req_"`` followed by a 26-character ULID (sorts by creation time)."""
@@ -564,6 +588,10 @@ class Prepared:
     @property
     def would_deny(self) -> str | None:
         """The id of a shadow rule that would have refused the call (the row's ``would_deny``)."""
+    @property
+    def lease_wanted(self) -> tuple[bytes, int, int, int] | None:
+        """In a cluster, the budget lease the call was refused for want of: ``(counter key, UTC
+        day, need, cap)`` in nano-USD; ask for one and decide again."""
     @property
     def business_unit(self) -> str | None:
         """The caller's business unit at call time."""

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import background, counters, dashboard, errors, rules, verify
+from meshfast import background, cluster, counters, dashboard, errors, rules, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import openapi
 from meshfast.admin.notifications import NotificationsAdmin
@@ -281,6 +281,10 @@ class App:
         self.feed: ConfigFeed | None = None
         self.admin: AdminRouter | None = None
         self.leader: Leader | None = None
+        self.instance_leader: Leader | None = None
+        self.agent: cluster.Agent | None = None
+        self.leases: cluster.Leases | None = None
+        self.instance_id = ""
         self.notifier: Notifier | None = None
         self.dispatcher: Dispatcher | None = None
         self.metrics: Metrics | None = None
@@ -371,14 +375,25 @@ class App:
         await self.feed.rebuild()
         self.feed.start()
         self.notifier = Notifier(self.gateway_pool, self.secrets.master_key)
+        # Cluster-wide chores on one worker of one instance; this instance's own (its counters,
+        # its leases and shares) on one of its workers.
         self.leader = Leader(gateway_url, [
             ("log_partitions", 3600.0, ensure_log_partitions),
-            ("checkpoint", COUNTER_CHECKPOINT_S, self._checkpoint),
-            ("purge", COUNTER_PURGE_S, self._purge),
             ("retention", 3600.0, lambda conn: apply_retention(conn, max(1, settings.log_retention_days))),
             ("notify", self.notifier.settings.poll_s, self.notifier.tick),
         ])
         self.leader.start()
+        self.instance_id = os.environ.get(cluster.ENV_INSTANCE_ID) or cluster.new_instance_id()
+        self.agent = cluster.Agent(self.segment, self.instance_id,
+                                   config=lambda: self.feed.config if self.feed else None, checkpoint=self._checkpoint)
+        self.instance_leader = Leader(gateway_url, [
+            ("cluster", cluster.HEARTBEAT_S, self.agent.tick),
+            ("checkpoint", COUNTER_CHECKPOINT_S, self._checkpoint),
+            ("purge", COUNTER_PURGE_S, self._purge),
+        ], retry_s=1.0, lock=int.from_bytes(bytes.fromhex(self.instance_id.replace("-", ""))[:8], "big", signed=True),
+            name="instance leader")
+        self.instance_leader.start()
+        self.leases = cluster.Leases(self.segment, self.gateway_pool, self.instance_id)
         self.metrics = Metrics(self.segment)
         self.dispatcher = Dispatcher(Timeouts(
             connect_s=settings.upstream_connect_timeout_s, idle_s=settings.stream_idle_timeout_s,
@@ -387,7 +402,8 @@ class App:
         self.telemetry = Telemetry(self.segment, self.gateway_pool, settings.spool_dir)
         self.telemetry.start()
         admission = Admission(settings.admission_capacity, settings.inflight_ceiling, settings.memory_ceiling_bytes)
-        self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics)
+        self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics,
+                              leases=self.leases)
         feed = self.feed
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify,
                                dry_run=dry_run_hook(self.core, lambda: feed.config))
@@ -417,6 +433,8 @@ class App:
         while True:
             await asyncio.sleep(SATURATION_PUBLISH_S)
             self._publish_load()
+            if self.segment is not None:
+                cluster.fence_if_stale(self.segment)
 
     async def _verify(self, provider: Any, models: list[Any]) -> list[Any]:
         assert self.dispatcher is not None
@@ -436,14 +454,14 @@ class App:
                 log.info("purged %d counters of past periods", removed)
 
     async def shutdown(self) -> None:
-        was_leader = self.leader is not None and self.leader.is_leader
+        was_leader = self.instance_leader is not None and self.instance_leader.is_leader
         if self._load_task is not None:
             self._load_task.cancel()
         if self._lag_probe is not None:
             self._lag_probe.stop()
         if self._saturation is not None:
             self._saturation.publish(0, 0, 0)
-        for part in (self.leader, self.notifier, self.feed, self.telemetry):
+        for part in (self.leader, self.instance_leader, self.notifier, self.feed, self.telemetry):
             if part is not None:
                 await part.stop()
         if was_leader and self.gateway_pool is not None:
@@ -624,6 +642,14 @@ class App:
         assert self.core is not None and self.metrics is not None
         admission = self._admission
 
+        instances: list[dict[str, Any]] | None = None
+        if self.gateway_pool is not None:
+            try:
+                async with asyncio.timeout(2), self.gateway_pool.acquire() as conn:
+                    instances = await cluster.list_instances(conn)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                instances = None
+
         def pool(p: asyncpg.Pool | None) -> dict[str, int] | None:
             if p is None:
                 return None
@@ -637,6 +663,9 @@ class App:
                           "load_factor": round(admission.load_factor(), 3)} if admission is not None else None,
             "metrics": self.metrics.snapshot(),
             "gateway_pool": pool(self.gateway_pool), "admin_pool": pool(self.admin_pool),
+            "instance": {"id": self.instance_id, "mode": self.agent.mode if self.agent is not None else None,
+                         "lease_grants": self.leases.grants if self.leases is not None else 0},
+            "instances": instances,
         }
 
     async def _readyz(self, proto: Any) -> None:

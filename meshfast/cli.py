@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--demo", action="store_true",
                        help="also run testserve (emulated providers) and seed demo providers, models and a user")
     serve.add_argument("--demo-port", type=int, default=9100, help="testserve port for --demo (default 9100)")
+    serve.add_argument("--join", action="store_true",
+                       help="join a cluster: apply no migrations, refuse a database whose schema is not this build's")
     serve.add_argument("--registry", metavar="FILE",
                        help="apply a registry file (as `meshfast apply`) first; an invalid one stops the start")
 
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             applied = asyncio.run(_apply(args.registry, _read_registry(args.registry)))
             print(f"meshfast: registry {args.registry}: " + _summary(applied), flush=True)
         return serve(ServeOptions(host=args.host, port=args.port, workers=args.workers, demo=args.demo,
-                                  demo_port=args.demo_port))
+                                  demo_port=args.demo_port, join=args.join))
     if args.command == "migrate":
         from meshfast.supervisor import migrate_only
 

@@ -63,8 +63,10 @@ class _ClientGone(Exception):
 
 class DataPlane:
     def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings,
-                 admission: Admission, metrics: Metrics | None = None) -> None:
+                 admission: Admission, metrics: Metrics | None = None, leases: Any = None) -> None:
         self.core = core
+        # In a cluster: asks the database for a budget slice when the core wants one.
+        self.leases = leases
         self.metrics = metrics
         self.admission = admission
         self.dispatcher = dispatcher
@@ -114,6 +116,22 @@ class DataPlane:
                 return
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                               model, stream)
+        if p.status and self.leases is not None:
+            # A cluster member holds only slices of each cap: out of room, it asks for another
+            # (one round trip, rare far from a cap) and decides again.
+            for _ in range(3):
+                wanted = p.lease_wanted
+                if wanted is None or p.principal_id is None or p.model_id is None:
+                    break
+                granted = await self.leases.acquire(wanted, p.principal_id, p.model_id)
+                if granted is None:
+                    self._refuse_unread(scope, proto, route, model, errors.ServerBusy(retry_after_s=1), principal,
+                                        started, now_ms)
+                    return
+                if not granted:
+                    break
+                p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body),
+                                      now_ms, model, stream)
         user_agent = _header(headers, "user-agent")
         source_ip = client_ip(scope)
         mesh = route in _MESH

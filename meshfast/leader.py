@@ -52,8 +52,11 @@ class Leader:
     ``leader_job:<name>`` and the loop itself ``leader``.
     """
 
-    def __init__(self, url: str, jobs: list[tuple[str, float, Job]], retry_s: float = 5.0) -> None:
+    def __init__(self, url: str, jobs: list[tuple[str, float, Job]], retry_s: float = 5.0,
+                 lock: int = _LEADER_LOCK, name: str = "leader") -> None:
         self._url = url
+        self._lock = lock
+        self._name = name
         self._jobs = jobs
         self._retry_s = retry_s
         self._task: asyncio.Task[None] | None = None
@@ -78,9 +81,9 @@ class Leader:
                 await asyncio.sleep(self._retry_s)
                 continue
             try:
-                if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _LEADER_LOCK):
+                if await conn.fetchval("SELECT pg_try_advisory_lock($1)", self._lock):
                     self.is_leader = True
-                    log.info("this worker is the leader")
+                    log.info("this worker is the %s", self._name)
                     await self._lead(conn)
             except _CONNECTION_ERRORS as exc:
                 log.warning("leader connection lost: %s", exc)

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 
 from meshfast import app as app_module
-from meshfast import telemetry
-from meshfast._core import Segment
+from meshfast import cluster, telemetry
+from meshfast._core import CLUSTER_LEASED, Segment
 from meshfast.secrets import Secrets, ensure_data_dir, load_or_create, new_admin_token, restrict_data_dir
 from meshfast.settings import Settings
 from meshfast.store import database, sql
@@ -47,6 +47,8 @@ class ServeOptions:
     workers: int
     demo: bool = False
     demo_port: int = 9100
+    # Join a cluster: apply no migrations; the database's schema must be this build's.
+    join: bool = False
 
 
 class Database:
@@ -91,8 +93,15 @@ async def ensure_admin_token(url: str, secrets: Secrets, configured: str | None)
             return token
 
 
-async def prepare_database(url: str, settings: Settings, secrets: Secrets) -> str | None:
-    await database.migrate(url)
+async def prepare_database(url: str, settings: Settings, secrets: Secrets, join: bool = False) -> str | None:
+    known = {m.version for m in database.shipped_migrations()}
+    conn = await database.connect(url)
+    try:
+        await cluster.check_schema(conn, known, join)
+    finally:
+        await conn.close()
+    if not join:
+        await database.migrate(url)
     return await ensure_admin_token(url, secrets, settings.admin_token)
 
 
@@ -132,7 +141,7 @@ def serve(options: ServeOptions) -> int:
     secrets = load_or_create(settings.secrets_path)
 
     with Database(settings) as db:
-        generated = asyncio.run(prepare_database(db.url, settings, secrets))
+        generated = asyncio.run(prepare_database(db.url, settings, secrets, options.join))
         if generated:
             # Printed once: only its hash is stored.
             print(f"meshfast: admin token (shown once, store it now): {generated}", flush=True)
@@ -173,6 +182,26 @@ async def _seed_counters(url: str, segment: Segment) -> None:
         log.info("seeded %d counters from the database", loaded)
 
 
+async def _register(url: str, segment: Segment, secrets: Secrets, instance_id: str, options: ServeOptions) -> str:
+    conn = await database.connect(url, role=database.GATEWAY_ROLE)
+    try:
+        mode = await cluster.register(conn, secrets, instance_id, options.port, options.workers)
+    finally:
+        await conn.close()
+    cluster.set_mode(segment, 0 if mode == "lone" else CLUSTER_LEASED)
+    # The first beat is now: workers fence a leased instance whose leader stops beating.
+    segment.add(cluster.heartbeat_key(), time.time_ns() // 1_000_000)
+    return mode
+
+
+async def _unregister(url: str, segment: Segment, instance_id: str) -> None:
+    conn = await database.connect(url, role=database.GATEWAY_ROLE)
+    try:
+        await cluster.unregister(conn, segment, instance_id)
+    finally:
+        await conn.close()
+
+
 async def _final_flush(url: str, segment: Segment, settings: Settings, secrets: Secrets) -> None:
     """Write the stopped workers' leftovers: ring rows and spool files, then the counters."""
     from meshfast import counters
@@ -191,12 +220,30 @@ async def _final_flush(url: str, segment: Segment, settings: Settings, secrets: 
         await pool.close()
 
 
+def _rescue_ring(settings: Settings) -> None:
+    """Rows a killed run of this data dir left in its segment's ring go to the spool (and from
+    there to the database) before a new segment replaces it."""
+    try:
+        old = Segment.open(str(settings.shm_path))
+    except Exception:
+        return
+    spool = telemetry.Spool(settings.spool_dir)
+    rescued = 0
+    while rows := old.pop_rows(1024):
+        spool.append(rows)
+        rescued += len(rows)
+    spool.seal()
+    if rescued:
+        log.warning("a previous run left %d request rows in shared memory; they are queued for the database", rescued)
+
+
 def _run_workers(options: ServeOptions, settings: Settings, database_url: str, secrets: Secrets) -> int:
     from granian import Granian
     from granian.constants import Interfaces, Loops, RuntimeModes, TaskImpl
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
+    _rescue_ring(settings)
     segment = Segment.create(str(settings.shm_path), slots=settings.shm_slots,
                              ring_records=settings.telemetry_ring_rows)
     # No worker runs yet: whatever a previous run left in the spool is queued for replay.
@@ -204,6 +251,15 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     asyncio.run(_seed_counters(database_url, segment))
     reclaimer = Reclaimer(segment)
     gateway_url = settings.gateway_database_url or database_url
+    instance_id = cluster.new_instance_id()
+    try:
+        mode = asyncio.run(_register(gateway_url, segment, secrets, instance_id, options))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            settings.shm_path.unlink()
+        raise
+    os.environ[cluster.ENV_INSTANCE_ID] = instance_id
+    log.info("instance %s registered (%s)", instance_id, mode)
     # Request rows go from the ring to PostgreSQL here, on no worker's event loop.
     drainer = telemetry.Drainer(gateway_url, segment, settings.spool_dir)
     os.environ[app_module.ENV_DATABASE_URL] = database_url
@@ -248,6 +304,10 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
             asyncio.run(asyncio.wait_for(_final_flush(gateway_url, segment, settings, secrets), _FINAL_FLUSH_S))
         except Exception:
             log.exception("final flush incomplete; the spool keeps what was not written")
+        try:
+            asyncio.run(asyncio.wait_for(_unregister(gateway_url, segment, instance_id), 10))
+        except Exception:
+            log.exception("could not give back this instance's leases; they return when its heartbeat expires")
         with contextlib.suppress(FileNotFoundError):
             settings.shm_path.unlink()
     return 0

@@ -81,6 +81,24 @@ fn counter_key<'py>(py: Python<'py>, kind: u8, a: &str, b: &str, period: u32) ->
     Ok(PyBytes::new(py, &key.to_be_bytes()))
 }
 
+/// The key of the instance's cluster mode (0 alone, `CLUSTER_LEASED`, `CLUSTER_FENCED`).
+#[pyfunction]
+fn cluster_key(py: Python<'_>) -> Bound<'_, PyBytes> {
+    PyBytes::new(py, &shm::cluster_key().to_be_bytes())
+}
+
+/// In a cluster, the key of the ceiling (budget) or share (provider limit) held for `key`.
+#[pyfunction]
+fn ceiling_key<'py>(py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    Ok(PyBytes::new(py, &shm::ceiling_key(key_from_bytes(key)?).to_be_bytes()))
+}
+
+/// In a cluster, the key counting calls refused for want of the share or lease at `key`.
+#[pyfunction]
+fn demand_key<'py>(py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    Ok(PyBytes::new(py, &shm::demand_key(key_from_bytes(key)?).to_be_bytes()))
+}
+
 /// `"req_" + ULID`.
 #[pyfunction]
 fn request_id() -> String {
@@ -859,6 +877,14 @@ impl PyPrepared {
     fn would_deny(&self) -> Option<&str> {
         self.inner.would_deny.as_deref()
     }
+    /// In a cluster, the budget lease the call was refused for want of:
+    /// `(counter key, UTC day, need, cap)` in nano-USD.
+    #[getter]
+    fn lease_wanted<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, u32, i64, i64)> {
+        self.inner
+            .lease_wanted
+            .map(|w| (PyBytes::new(py, &w.key.to_be_bytes()), w.period, w.need, w.cap))
+    }
     #[getter]
     fn business_unit(&self) -> Option<&str> {
         self.inner.business_unit.as_deref()
@@ -1355,6 +1381,8 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RULE_POOL", shm::RULE_POOL)?;
     m.add("RULE_PAUSE", shm::RULE_PAUSE)?;
     m.add("RULE_NOTIFIED", shm::RULE_NOTIFIED)?;
+    m.add("CLUSTER_LEASED", shm::CLUSTER_LEASED)?;
+    m.add("CLUSTER_FENCED", shm::CLUSTER_FENCED)?;
     m.add("OUTCOMES", outcomes(py)?)?;
     m.add_class::<PySegment>()?;
     m.add_class::<PyLease>()?;
@@ -1372,6 +1400,9 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(redact_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(forbidden_address, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;
+    m.add_function(wrap_pyfunction!(cluster_key, m)?)?;
+    m.add_function(wrap_pyfunction!(ceiling_key, m)?)?;
+    m.add_function(wrap_pyfunction!(demand_key, m)?)?;
     m.add_function(wrap_pyfunction!(request_id, m)?)?;
     Ok(())
 }

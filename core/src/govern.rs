@@ -156,11 +156,24 @@ impl Holds {
             ));
         }
         let limits = state.provider;
+        // In a cluster the instance uses its share of each limit (ARCHITECTURE "several hosts").
+        let cluster = shm::cluster_mode(segment);
+        let share = |key: u128| match cluster {
+            0 => None,
+            shm::CLUSTER_LEASED => Some(segment.get(shm::ceiling_key(key))),
+            _ => Some(0),
+        };
         if let Some((key, cap)) = limits.slots {
             if state.provider_slot.is_none() {
-                match segment.reserve(key, 1, cap)? {
+                let held = share(key);
+                match segment.reserve(key, 1, held.map_or(cap, |held| held.min(cap)))? {
                     Some(lease) => state.provider_slot = Some(lease),
-                    None => return Ok((false, SLOT_POLL_NS)),
+                    None => {
+                        if held.is_some() {
+                            segment.add(shm::demand_key(key), 1)?;
+                        }
+                        return Ok((false, SLOT_POLL_NS));
+                    }
                 }
             }
         }
@@ -181,7 +194,29 @@ impl Holds {
         }
         let mut start_after = 0;
         if let Some((key, interval, burst)) = limits.rate {
-            match segment.rate_reserve(key, interval, burst, now_ns, max_wait_ns.max(0)) {
+            // A share is in milli-requests per second; none held yet: wait for one.
+            let leased = share(key);
+            let (interval, burst) = match leased {
+                None => (interval, burst),
+                Some(milli) if milli > 0 => ((1_000_000_000_000 / milli).max(1), (milli / 1000).clamp(1, burst)),
+                Some(_) => (i64::MAX / 4, 1),
+            };
+            if interval >= i64::MAX / 4 {
+                segment.add(shm::demand_key(key), 1)?;
+                for lease in [state.provider_slot.take(), state.provider_share.take()]
+                    .into_iter()
+                    .flatten()
+                {
+                    segment.release(&lease);
+                }
+                return Ok((false, SLOT_POLL_NS));
+            }
+            let reserved = segment.rate_reserve(key, interval, burst, now_ns, max_wait_ns.max(0));
+            if leased.is_some() && !matches!(reserved, Ok(Ok(0))) {
+                // Queued or refused: the share is too small for this instance's traffic.
+                segment.add(shm::demand_key(key), 1)?;
+            }
+            match reserved {
                 Ok(Ok(wait)) => start_after = wait,
                 refused => {
                     for lease in [state.provider_slot.take(), state.provider_share.take()]

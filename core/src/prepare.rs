@@ -17,7 +17,7 @@ use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
 use crate::pricing;
 use crate::provider::Plan;
 use crate::rules::{self, Restricted};
-use crate::shm::{id_bytes, utc_day, utc_hour, Segment};
+use crate::shm::{self, id_bytes, utc_day, utc_hour, Segment};
 use crate::snapshot::{Deployment, Grant, Model, ModelKind, Provider, Secret, Snapshot};
 use crate::template::Vars;
 use crate::translate::{self, Format};
@@ -161,6 +161,19 @@ pub struct Prepared {
     pub tier: Option<String>,
     /// The model's tags at call time (the row keeps them).
     pub model_tags: Vec<String>,
+    /// In a cluster, the budget lease the call was refused for want of (the caller asks the
+    /// database for one and decides again).
+    pub lease_wanted: Option<LeaseWant>,
+}
+
+/// A budget lease to ask for: the daily-spend counter at `key` (UTC day `period`), at least
+/// `need` nano-USD, under the cap `cap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseWant {
+    pub key: u128,
+    pub period: u32,
+    pub need: i64,
+    pub cap: i64,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -666,13 +679,25 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     let holds = Holds::new(segment.cloned(), spend_key, limits, upstream.weight);
     let worst = worst_case_nano(model, provider, &upstream);
     if let Some(segment) = segment.filter(|_| grant.daily_cap_nano_usd > 0) {
-        match segment.reserve(spend_key, worst, grant.daily_cap_nano_usd) {
+        // In a cluster the instance spends only what it declared of its slices (ARCHITECTURE
+        // "several hosts"); cut off from the database too, as that is already counted as spent.
+        let cap = grant.daily_cap_nano_usd;
+        let leased = (shm::cluster_mode(segment) != 0).then(|| segment.get(shm::ceiling_key(spend_key)));
+        match segment.reserve(spend_key, worst, leased.map_or(cap, |ceiling| ceiling.min(cap))) {
             Ok(Some(lease)) => {
                 holds.hold_budget(lease);
                 counters.spent_today_nano = segment.get(spend_key);
             }
             Ok(None) => {
                 counters.spent_today_nano = segment.get(spend_key);
+                if leased.is_some() && counters.spent_today_nano.saturating_add(worst) <= cap {
+                    p.lease_wanted = Some(LeaseWant {
+                        key: spend_key,
+                        period: utc_day(req.now_ms),
+                        need: worst,
+                        cap,
+                    });
+                }
                 p.limit = governing(grant, provider, &counters, req.now_ms);
                 p.deny_budget(grant.daily_cap_nano_usd, req.now_ms);
                 return p;

@@ -128,6 +128,43 @@ pub const RULE_NOTIFIED: u8 = 12;
 pub const RULE_CALLS_MINUTE: u8 = 13;
 pub const RULE_TOKENS_MINUTE: u8 = 14;
 
+/// Slot kind: the instance's place in a cluster ([`cluster_key`]): 0 = alone (every cap is
+/// held whole), [`CLUSTER_LEASED`] = caps are leased in slices, [`CLUSTER_FENCED`] = leased but
+/// cut off from the database past the point where its leases may be reclaimed (nothing held).
+pub const CLUSTER: u8 = 15;
+/// [`CLUSTER`] value: caps and provider limits are leased ([`ceiling_key`]).
+pub const CLUSTER_LEASED: i64 = 1;
+/// [`CLUSTER`] value: leased, and the leases may have been reclaimed: no room anywhere.
+pub const CLUSTER_FENCED: i64 = 2;
+
+/// The key of the instance's [`CLUSTER`] mode.
+#[must_use]
+pub fn cluster_key() -> u128 {
+    counter_key(CLUSTER, &[0; 16], &[0; 16], 0)
+}
+
+/// In a cluster, the ceiling this instance may bring the counter at `key` to (a budget: the
+/// counter's value when its lease began plus what the lease granted, raised with what other hosts'
+/// spend adds to the counter) or its share of a provider limit (concurrency slots; rate in
+/// milli-requests per second). Absent (0): nothing held.
+#[must_use]
+pub fn ceiling_key(key: u128) -> u128 {
+    key ^ 0x5a17_c0de_ce11_1e55_0000_0000_0000_0001
+}
+
+/// In a cluster, how many calls were refused for want of the share or lease at `key` (the
+/// instance asks for more when it grows).
+#[must_use]
+pub fn demand_key(key: u128) -> u128 {
+    key ^ 0x5a17_c0de_dea4_a0d0_0000_0000_0000_0002
+}
+
+/// The instance's cluster mode ([`CLUSTER`]); 0 without a segment entry.
+#[must_use]
+pub fn cluster_mode(segment: &Segment) -> i64 {
+    segment.get(cluster_key())
+}
+
 /// The key of [`GLOBAL_INFLIGHT`].
 #[must_use]
 pub fn global_inflight_key() -> u128 {

@@ -1,0 +1,469 @@
+"""Several instances on one PostgreSQL: registration, heartbeats, leases and provider shares.
+
+An instance is ``lone`` while no other instance is registered and nobody else holds anything:
+it then holds every cap whole, exactly as a single host always did (its calls never touch the
+database, also while the database is away). Once another instance registers, every instance
+switches to ``cluster`` mode, where what must never be exceeded is leased:
+
+- **Budgets** (the per-user daily cap). ``allowances`` keeps, per cap and day, what was spent
+  before leasing began plus every lease's amount; a grant (``meshfast_lease_grant``, one round
+  trip, on the first call of a person and model on an instance or when its slice runs out) never
+  takes that past the cap. Locally the lease is a *ceiling* in shared memory: the counter's value
+  when the lease began plus the slice, raised with what other hosts' spend adds to the counter at
+  each checkpoint. The core reserves against ``min(cap, ceiling)``, so the instance's own spend
+  plus its open reservations never pass its slices, and the sum over instances never passes the
+  cap. Slices are half of what remains shared by the live instances, so they shrink near the cap.
+- **Provider limits** (concurrency slots, rate). ``provider_shares`` splits each limit; an
+  instance grows its share (under a lock, from what nobody holds) when calls waited for want of
+  it and gives back what it does not use, so an idle instance's share goes to the busy ones.
+
+The instance leader (one worker per instance, under an advisory lock of its own) beats once a
+second, reports and returns leases, rebalances shares, checkpoints the counters and reclaims
+dead instances' holdings. A growing lease or share is written to the database before it is used;
+a shrinking one is taken out of shared memory before the database hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from meshfast._core import (
+    CLUSTER_FENCED,
+    CLUSTER_LEASED,
+    PROVIDER_INFLIGHT,
+    PROVIDER_RATE,
+    ceiling_key,
+    cluster_key,
+    counter_key,
+    demand_key,
+)
+from meshfast.secrets import Secrets
+
+log = logging.getLogger("meshfast.cluster")
+
+ENV_INSTANCE_ID = "MESHFAST_INSTANCE_ID"
+# NOTE: the same key as in migration 0017's meshfast_lease_grant (shared there, exclusive here).
+CLUSTER_LOCK = 7164774026633454957
+HEARTBEAT_S = 1.0
+# An instance whose heartbeat is this old is listed dead; its holdings are reclaimed at REAP_S.
+DEAD_S = 10.0
+REAP_S = 20.0
+# An instance that could not beat for this long stops using what it holds (others reclaim it at
+# REAP_S after its last beat; the margin covers a beat that was sent but not answered).
+FENCE_S = 8.0
+ZERO_ID = "00000000-0000-0000-0000-000000000000"
+SLOTS, RATE = 0, 1
+
+
+class SecretsMismatch(SystemExit):
+    pass
+
+
+class SchemaUnknown(SystemExit):
+    pass
+
+
+def fingerprint(secrets: Secrets) -> bytes:
+    """A keyed digest of the cluster's secrets: equal secrets give equal fingerprints, and the
+    fingerprint reveals neither."""
+    return hmac.new(secrets.master_key, b"meshfast cluster secrets\x00" + secrets.key_pepper, hashlib.sha256).digest()
+
+
+def heartbeat_key() -> bytes:
+    """Where the instance leader writes the time (unix ms) its last successful beat began."""
+    return ceiling_key(cluster_key())
+
+
+INSERT_FINGERPRINT = "INSERT INTO cluster_secrets (fingerprint) VALUES ($1) ON CONFLICT (id) DO NOTHING"
+SELECT_FINGERPRINT = "SELECT fingerprint FROM cluster_secrets"
+REAP = """
+WITH dead AS (
+    DELETE FROM instances WHERE last_seen < now() - make_interval(secs => $1) RETURNING id
+), gone AS (
+    DELETE FROM leases WHERE instance_id IN (SELECT id FROM dead)
+    RETURNING resource, amount - declared AS back
+)
+UPDATE allowances a SET used = a.used - g.back
+FROM (SELECT resource, sum(back)::bigint AS back FROM gone GROUP BY resource) g
+WHERE a.resource = g.resource
+"""
+REAP_SHARES = "DELETE FROM provider_shares WHERE instance_id NOT IN (SELECT id FROM instances)"
+REAP_EXPIRED = "DELETE FROM allowances WHERE expires_at < now()"
+OTHERS = "SELECT count(*) FROM instances WHERE id <> $1"
+FOREIGN_HOLDINGS = """
+SELECT (SELECT count(*) FROM leases WHERE instance_id <> $1)
+     + (SELECT count(*) FROM provider_shares WHERE instance_id <> $1)
+"""
+INSERT_INSTANCE = """
+INSERT INTO instances (id, host, port, pid, workers, mode) VALUES ($1, $2, $3, $4, $5, $6)
+"""
+BEAT = "UPDATE instances SET last_seen = now() WHERE id = $1 RETURNING mode"
+SET_MODE = "UPDATE instances SET mode = $2 WHERE id = $1"
+LIST_INSTANCES = """
+SELECT id::text, host, port, workers, started_at, last_seen, mode,
+       last_seen > now() - make_interval(secs => $1) AS alive
+FROM instances ORDER BY started_at, id
+"""
+OWN_LEASES = "SELECT resource, amount, declared, need FROM leases WHERE instance_id = $1"
+# Raises what the instance declared (before its calls may use it), within its slice.
+DECLARE = """
+UPDATE leases l SET declared = l.declared + r.more FROM unnest($2::bytea[], $3::bigint[]) AS r(resource, more)
+WHERE l.instance_id = $1 AND l.resource = r.resource AND l.declared + r.more <= l.amount
+RETURNING l.resource
+"""
+# Gives back a slice's room (already taken out of shared memory) and its undeclared part: what
+# stays is what the instance used.
+RETURN_LEASE = """
+WITH old AS (
+    SELECT amount, declared FROM leases WHERE resource = $1 AND instance_id = $2 AND declared >= $3 FOR UPDATE
+), upd AS (
+    UPDATE leases l SET amount = old.declared - $3, declared = old.declared - $3 FROM old
+    WHERE l.resource = $1 AND l.instance_id = $2 RETURNING old.amount - (old.declared - $3) AS back
+)
+UPDATE allowances SET used = used - (SELECT back FROM upd) WHERE resource = $1 AND EXISTS (SELECT 1 FROM upd)
+"""
+GRANT = "SELECT meshfast_lease_grant($1, $2, 1::smallint, $3, $4, $5, $6, $7, $8)"
+# A lease that did not move for this many beats gives back what it does not use.
+IDLE_BEATS = 4
+SHARE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+OTHER_SHARES = """
+SELECT coalesce(sum(held), 0)::bigint AS held, count(*) FILTER (WHERE wanting) AS wanting
+FROM provider_shares WHERE provider_id = $1 AND kind = $2 AND instance_id <> $3
+"""
+UPSERT_SHARE = """
+INSERT INTO provider_shares (provider_id, kind, instance_id, held, wanting) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (provider_id, kind, instance_id) DO UPDATE SET held = EXCLUDED.held, wanting = EXCLUDED.wanting,
+    updated_at = now()
+"""
+
+
+async def check_schema(conn: asyncpg.Connection, known: set[int], join: bool) -> None:
+    """Refuse a database whose schema this build does not know: newer migrations always; with
+    ``join`` (no migrations of its own), also an older one."""
+    applied = {int(v) for v in await conn.fetchval(
+        "SELECT coalesce(array_agg(version), '{}') FROM meshfast_migrations")} if await conn.fetchval(
+        "SELECT to_regclass('meshfast_migrations') IS NOT NULL") else set()
+    unknown = sorted(applied - known)
+    if unknown:
+        raise SchemaUnknown(
+            f"meshfast: the database schema is at version {max(applied)}, newer than this build knows "
+            f"({max(known)}; unknown migrations {unknown}); run a meshfast that knows it")
+    if join and applied != known:
+        have = max(applied) if applied else 0
+        raise SchemaUnknown(
+            f"meshfast: --join needs the database schema at version {max(known)} (this build), it is at "
+            f"version {have}; migrate it first (meshfast migrate, or a serve without --join)")
+
+
+async def register(conn: asyncpg.Connection, secrets: Secrets, instance_id: str, port: int, workers: int) -> str:
+    """Check the secrets against the cluster's and register this instance; returns its mode."""
+    mine = fingerprint(secrets)
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", CLUSTER_LOCK)
+        await conn.execute(INSERT_FINGERPRINT, mine)
+        theirs = await conn.fetchval(SELECT_FINGERPRINT)
+        if bytes(theirs) != mine:
+            raise SecretsMismatch(
+                "meshfast: this data dir's secrets.json does not match the cluster's (another instance on this "
+                "database was started with other secrets); copy secrets.json from a running instance's data dir "
+                "into this one's before starting it")
+        await conn.execute(REAP, REAP_S)
+        await conn.execute(REAP_SHARES)
+        others = await conn.fetchval(OTHERS, instance_id)
+        foreign = await conn.fetchval(FOREIGN_HOLDINGS, instance_id)
+        mode = "lone" if not others and not foreign else "cluster"
+        if mode == "lone":
+            # Leftovers of an earlier cluster: nobody holds them any more.
+            await conn.execute("DELETE FROM allowances")
+        await conn.execute(INSERT_INSTANCE, instance_id, socket.gethostname(), port, os.getpid(), workers, mode)
+    return mode
+
+
+async def unregister(conn: asyncpg.Connection, segment: Any, instance_id: str) -> None:
+    """On a clean stop, after the last checkpoint: give back every unspent slice and share."""
+    async with conn.transaction():
+        for row in await conn.fetch(OWN_LEASES, instance_id):
+            key = bytes(row["resource"])
+            room = max(0, segment.get(ceiling_key(key)) - segment.get(key))
+            await conn.execute(RETURN_LEASE, key, instance_id, min(room, row["declared"]))
+        await conn.execute("DELETE FROM leases WHERE instance_id = $1", instance_id)
+        await conn.execute("DELETE FROM provider_shares WHERE instance_id = $1", instance_id)
+        await conn.execute("DELETE FROM instances WHERE id = $1", instance_id)
+
+
+async def list_instances(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    return [
+        {"id": r["id"], "host": r["host"], "port": r["port"], "started_at": r["started_at"].isoformat(),
+         "last_seen": r["last_seen"].isoformat(), "workers": r["workers"], "alive": r["alive"], "mode": r["mode"]}
+        for r in await conn.fetch(LIST_INSTANCES, DEAD_S)
+    ]
+
+
+def new_instance_id() -> str:
+    return str(uuid.uuid4())
+
+
+def fence_if_stale(segment: Any, now_ms: int | None = None) -> bool:
+    """Called by every worker once a second: a leased instance whose leader has not beaten for
+    FENCE_S holds nothing from now on (its holdings may be reclaimed at REAP_S)."""
+    mode_key = cluster_key()
+    if segment.get(mode_key) != CLUSTER_LEASED:
+        return False
+    beat = segment.get(heartbeat_key())
+    now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+    if beat and now_ms - beat > FENCE_S * 1000:
+        segment.add(mode_key, CLUSTER_FENCED - CLUSTER_LEASED)
+        log.error("no heartbeat for %.0f s: this instance stops spending what it leased until it reaches the "
+                  "database again", (now_ms - beat) / 1000)
+        return True
+    return False
+
+
+def set_mode(segment: Any, value: int) -> None:
+    key = cluster_key()
+    segment.add(key, value - segment.get(key))
+
+
+class Leases:
+    """The workers' side: ask the database for a budget slice when the core asks for one."""
+
+    def __init__(self, segment: Any, pool: asyncpg.Pool, instance_id: str) -> None:
+        self.segment = segment
+        self.pool = pool
+        self.instance_id = instance_id
+        self.grants = 0
+
+    async def acquire(self, wanted: tuple[bytes, int, int, int], user_id: str, model_id: str,
+                      deadline_s: float = 3.0) -> bool | None:
+        """True when a slice was granted (decide again), False when the cap has no room for the
+        call in the whole cluster, None when the database cannot be asked (fail closed)."""
+        key, day, need, cap = wanted
+        expires = dt.datetime.combine(dt.date(1970, 1, 1) + dt.timedelta(days=day + 2), dt.time(), dt.UTC)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while True:
+            try:
+                async with asyncio.timeout(max(0.1, end - loop.time())):
+                    async with self.pool.acquire() as conn:
+                        granted = await conn.fetchval(GRANT, key, self.instance_id, user_id, model_id, day,
+                                                      cap, need, expires)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                log.warning("cannot lease a budget slice: the database does not answer", exc_info=True)
+                return None
+            if granted and granted > 0:
+                self.grants += 1
+                ceiling = ceiling_key(key)
+                # A first slice starts from the counter as it is; a later one adds to the ceiling.
+                if self.segment.set_if_zero(ceiling, self.segment.get(key) + granted) != 0:
+                    self.segment.add(ceiling, granted)
+                return True
+            if granted == 0:
+                return False
+            # -1: an instance still holds the caps whole; it switches within a beat.
+            if loop.time() + 0.2 > end:
+                return None
+            await asyncio.sleep(0.2)
+
+
+@dataclass
+class _Lease:
+    used: int = 0
+    idle: int = 0
+
+
+@dataclass
+class _Share:
+    last_demand: int = 0
+    quiet: int = 0
+    last_calls: int = 0
+
+
+@dataclass
+class Agent:
+    """The instance leader's cluster duties, one ``tick`` a second (a job of the instance's
+    leader loop): beat, switch modes, reclaim the dead, report and return leases, rebalance
+    provider shares."""
+
+    segment: Any
+    instance_id: str
+    config: Any = None  # callable returning the current snapshot Config
+    checkpoint: Any = None  # async callable(conn): push the counters
+    mode: str = "cluster"
+    _used: dict[bytes, _Lease] = field(default_factory=dict)
+    _shares: dict[tuple[str, int], _Share] = field(default_factory=dict)
+
+    async def tick(self, conn: asyncpg.Connection) -> None:
+        started_ms = time.time_ns() // 1_000_000
+        mode = await conn.fetchval(BEAT, self.instance_id)
+        if mode is None:
+            # Reclaimed while cut off: what this instance held is gone; start afresh as a member.
+            set_mode(self.segment, CLUSTER_FENCED)
+            await self._forget_leases()
+            await conn.execute(INSERT_INSTANCE, self.instance_id, socket.gethostname(), 0, os.getpid(), 0, "cluster")
+            mode = "cluster"
+            log.warning("this instance's holdings were reclaimed while it was cut off; registered again")
+        hb = heartbeat_key()
+        self.segment.add(hb, started_ms - self.segment.get(hb))
+        if self.segment.get(cluster_key()) == CLUSTER_FENCED and mode == "cluster":
+            set_mode(self.segment, CLUSTER_LEASED)
+        self.mode = mode
+        if mode == "lone":
+            if await conn.fetchval(OTHERS, self.instance_id):
+                await self._join(conn)
+            return
+        await self._reap(conn)
+        if not await conn.fetchval(OTHERS, self.instance_id) and not await conn.fetchval(
+                FOREIGN_HOLDINGS, self.instance_id):
+            await self._go_lone(conn)
+            return
+        await self._leases(conn)
+        await self._provider_shares(conn)
+
+    async def _join(self, conn: asyncpg.Connection) -> None:
+        """Another instance registered: lease from now on. Calls already admitted under the whole
+        caps finish first (bounded), and their spend reaches the database, before the others may
+        lease: until this instance says ``cluster``, their grants wait."""
+        set_mode(self.segment, CLUSTER_LEASED)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10.0
+        while self.segment.inflight_weight() > 0 and loop.time() < end:
+            await asyncio.sleep(0.05)
+        if self.checkpoint is not None:
+            await self.checkpoint(conn)
+        await conn.execute(SET_MODE, self.instance_id, "cluster")
+        self.mode = "cluster"
+        log.info("another instance joined: caps and provider limits are leased from now on")
+
+    async def _go_lone(self, conn: asyncpg.Connection) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", CLUSTER_LOCK)
+            if await conn.fetchval(OTHERS, self.instance_id) or await conn.fetchval(
+                    FOREIGN_HOLDINGS, self.instance_id):
+                return
+            await conn.execute("DELETE FROM allowances")
+            await conn.execute("DELETE FROM provider_shares WHERE instance_id = $1", self.instance_id)
+            await conn.execute(SET_MODE, self.instance_id, "lone")
+        set_mode(self.segment, 0)
+        await self._forget_leases()
+        self.mode = "lone"
+        log.info("this instance is alone: it holds every cap whole")
+
+    async def _forget_leases(self) -> None:
+        for key in list(self._used):
+            self.segment.remove(ceiling_key(key))
+        self._used.clear()
+
+    async def _reap(self, conn: asyncpg.Connection) -> None:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", CLUSTER_LOCK)
+            await conn.execute(REAP, REAP_S)
+            await conn.execute(REAP_SHARES)
+            await conn.execute(REAP_EXPIRED)
+
+    async def _leases(self, conn: asyncpg.Connection) -> None:
+        """Declare ahead what each busy slice will use in the next beats (so calls far from a cap
+        never wait for the database); give back the room and the undeclared part of a slice that
+        did not move for IDLE_BEATS beats."""
+        rows = await conn.fetch(OWN_LEASES, self.instance_id)
+        seen: dict[bytes, _Lease] = {}
+        raise_keys: list[bytes] = []
+        raise_by: list[int] = []
+        for row in rows:
+            key = bytes(row["resource"])
+            amount, declared, need = int(row["amount"]), int(row["declared"]), int(row["need"])
+            ceiling = ceiling_key(key)
+            room = max(0, self.segment.get(ceiling) - self.segment.get(key))
+            used = max(0, declared - room)
+            state = self._used.get(key) or _Lease(used=used)
+            moved = used - state.used
+            state.idle = 0 if moved else state.idle + 1
+            state.used = used
+            seen[key] = state
+            if state.idle >= IDLE_BEATS and amount > used:
+                taken = 0
+                if room > 0:
+                    # Out of shared memory first (a reservation of the room, the ceiling lowered
+                    # under it, the reservation released), so no call can use it meanwhile.
+                    lease = self.segment.reserve(key, room, self.segment.get(ceiling))
+                    if lease is None:
+                        continue
+                    self.segment.add(ceiling, -room)
+                    lease.release()
+                    taken = room
+                await conn.execute(RETURN_LEASE, key, self.instance_id, taken)
+            elif moved > 0:
+                target = min(amount, used + max(2 * moved, 2 * need))
+                if target > declared:
+                    raise_keys.append(key)
+                    raise_by.append(target - declared)
+        self._used = seen
+        if raise_keys:
+            more = dict(zip(raise_keys, raise_by, strict=True))
+            for row in await conn.fetch(DECLARE, self.instance_id, raise_keys, raise_by):
+                key = bytes(row["resource"])
+                self.segment.add(ceiling_key(key), more[key])
+
+    async def _provider_shares(self, conn: asyncpg.Connection) -> None:
+        config = self.config() if self.config is not None else None
+        if config is None:
+            return
+        for provider in config.providers:
+            limits = []
+            if provider.max_concurrent_upstream and provider.max_concurrent_upstream > 0:
+                limits.append((SLOTS, counter_key(PROVIDER_INFLIGHT, ZERO_ID, provider.id, 0),
+                               int(provider.max_concurrent_upstream)))
+            if provider.max_outbound_rps and provider.max_outbound_rps > 0:
+                limits.append((RATE, counter_key(PROVIDER_RATE, ZERO_ID, provider.id, 0),
+                               int(provider.max_outbound_rps) * 1000))
+            for kind, key, limit in limits:
+                await self._rebalance(conn, provider.id, kind, key, limit)
+
+    async def _rebalance(self, conn: asyncpg.Connection, provider_id: str, kind: int, key: bytes, limit: int) -> None:
+        state = self._shares.setdefault((provider_id, kind), _Share())
+        ceiling = ceiling_key(key)
+        held = self.segment.get(ceiling)
+        demand = self.segment.get(demand_key(key))
+        wanting = demand > state.last_demand
+        state.last_demand = demand
+        state.quiet = 0 if wanting else state.quiet + 1
+        # What this instance uses now: its slots in flight; for a rate, what it was refused for
+        # is the demand signal and it keeps its share while it was busy in the last beats.
+        in_use = max(0, self.segment.get(key)) if kind == SLOTS else 0
+        async with conn.transaction():
+            await conn.execute(SHARE_LOCK, f"{provider_id}:{kind}")
+            other = await conn.fetchrow(OTHER_SHARES, provider_id, kind, self.instance_id)
+            others, others_wanting = int(other["held"]), int(other["wanting"])
+            free = max(0, limit - others - held)
+            target = held
+            if wanting:
+                fair = -(-limit // (others_wanting + 1))
+                target = held + free if not others_wanting else min(held + free, max(held, fair))
+            elif state.quiet >= 2:
+                # Unused for two beats: keep what is in flight, give back the rest.
+                target = in_use if kind == SLOTS else 0
+            elif others_wanting:
+                fair = -(-limit // (others_wanting + 1))
+                target = max(in_use, min(held, fair))
+            if kind == SLOTS:
+                target = max(target, min(held, in_use))
+            if target > held:
+                # Grows: the database first.
+                await conn.execute(UPSERT_SHARE, provider_id, kind, self.instance_id, target, wanting)
+                self.segment.add(ceiling, target - held)
+            else:
+                if target < held:
+                    # Shrinks: shared memory first; slots in flight above it drain by themselves.
+                    self.segment.add(ceiling, target - held)
+                await conn.execute(UPSERT_SHARE, provider_id, kind, self.instance_id, max(target, in_use), wanting)
