@@ -20,6 +20,7 @@ __all__ = [
     "RULE_POOL",
     "RULE_PAUSE",
     "RULE_NOTIFIED",
+    "RULE_OWN",
     "CALLS_HOUR",
     "PROVIDER_CALLS_HOUR",
     "PROVIDER_RATE",
@@ -60,6 +61,9 @@ WINDOW_MONTH: Final[int]
 RULE_POOL: Final[int]
 RULE_PAUSE: Final[int]
 RULE_NOTIFIED: Final[int]
+RULE_OWN: Final[int]
+"""In a cluster: nano-USD this instance spent and holds in flight under one rule entry for one
+principal in one window instance (capped by its slices of the entry's threshold)."""
 """Counter kind: nano-USD spent by a principal on a model in one UTC day (period = unix_ms // 86_400_000)."""
 CALLS_HOUR: Final[int]
 """Counter kind: calls by a principal to a model in one UTC hour (period = unix_ms // 3_600_000)."""
@@ -251,6 +255,11 @@ class Segment:
         a state over 60 s ahead of it is taken as a clock that went backwards and restarts.
         ``ValueError`` for a rate or burst that is not positive; :class:`ShmError` when full."""
 
+    def lease_marks(self) -> list[tuple[int, int]]:
+        """The reservations held now (budgets, slots, weights), as opaque marks for
+        :meth:`leases_outstanding`."""
+    def leases_outstanding(self, marks: list[tuple[int, int]]) -> int:
+        """How many of ``marks`` are still held by the same reservation (not settled or released)."""
     def inflight_weight(self) -> int:
         """The process-wide admission weight in flight (:meth:`Prepared.admit_global`)."""
 
@@ -589,9 +598,13 @@ class Prepared:
     def would_deny(self) -> str | None:
         """The id of a shadow rule that would have refused the call (the row's ``would_deny``)."""
     @property
-    def lease_wanted(self) -> tuple[bytes, int, int, int] | None:
-        """In a cluster, the budget lease the call was refused for want of: ``(counter key, UTC
-        day, need, cap)`` in nano-USD; ask for one and decide again."""
+    def lease_wanted(self) -> tuple[bytes, int, int, int, int, int, int] | None:
+        """In a cluster, the lease the call was refused for want of: ``(counter key, kind,
+        period, need, cap, base, expires_ms)``: a daily spend (:data:`SPEND_DAY`, nano-USD,
+        period the UTC day), an hourly call count (:data:`CALLS_HOUR`,
+        :data:`PROVIDER_CALLS_HOUR`, period the UTC hour) or a rule entry's threshold
+        (:data:`RULE_OWN`, nano-USD, period the window's; ``base`` the spend in scope and window
+        it starts from); ask for one and decide again. ``expires_ms``: when the window ends."""
     @property
     def business_unit(self) -> str | None:
         """The caller's business unit at call time."""

@@ -42,8 +42,10 @@ import asyncpg
 from meshfast._core import (
     CLUSTER_FENCED,
     CLUSTER_LEASED,
+    PROVIDER_CALLS_HOUR,
     PROVIDER_INFLIGHT,
     PROVIDER_RATE,
+    RULE_OWN,
     ceiling_key,
     cluster_key,
     counter_key,
@@ -116,7 +118,7 @@ SELECT id::text, host, port, workers, started_at, last_seen, mode,
        last_seen > now() - make_interval(secs => $1) AS alive
 FROM instances ORDER BY started_at, id
 """
-OWN_LEASES = "SELECT resource, amount, declared, need FROM leases WHERE instance_id = $1"
+OWN_LEASES = "SELECT resource, amount, declared, need, kind FROM leases WHERE instance_id = $1"
 # Raises what the instance declared (before its calls may use it), within its slice.
 DECLARE = """
 UPDATE leases l SET declared = l.declared + r.more FROM unnest($2::bytea[], $3::bigint[]) AS r(resource, more)
@@ -125,6 +127,7 @@ RETURNING l.resource
 """
 # Gives back a slice's room (already taken out of shared memory) and its undeclared part: what
 # stays is what the instance used.
+LOCK_ALLOWANCE = "SELECT 1 FROM allowances WHERE resource = $1 FOR UPDATE"
 RETURN_LEASE = """
 WITH old AS (
     SELECT amount, declared FROM leases WHERE resource = $1 AND instance_id = $2 AND declared >= $3 FOR UPDATE
@@ -134,7 +137,10 @@ WITH old AS (
 )
 UPDATE allowances SET used = used - (SELECT back FROM upd) WHERE resource = $1 AND EXISTS (SELECT 1 FROM upd)
 """
-GRANT = "SELECT meshfast_lease_grant($1, $2, 1::smallint, $3, $4, $5, $6, $7, $8)"
+GRANT = "SELECT meshfast_lease_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+# How long a lone instance that others joined waits for the calls it admitted under the whole
+# caps to settle before it lets the others lease (a longer stream counts as if leased).
+JOIN_WAIT_S = 30.0
 # A lease that did not move for this many beats gives back what it does not use.
 IDLE_BEATS = 4
 SHARE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
@@ -197,6 +203,7 @@ async def unregister(conn: asyncpg.Connection, segment: Any, instance_id: str) -
         for row in await conn.fetch(OWN_LEASES, instance_id):
             key = bytes(row["resource"])
             room = max(0, segment.get(ceiling_key(key)) - segment.get(key))
+            await conn.execute(LOCK_ALLOWANCE, key)
             await conn.execute(RETURN_LEASE, key, instance_id, min(room, row["declared"]))
         await conn.execute("DELETE FROM leases WHERE instance_id = $1", instance_id)
         await conn.execute("DELETE FROM provider_shares WHERE instance_id = $1", instance_id)
@@ -245,22 +252,24 @@ class Leases:
         self.instance_id = instance_id
         self.grants = 0
 
-    async def acquire(self, wanted: tuple[bytes, int, int, int], user_id: str, model_id: str,
-                      deadline_s: float = 3.0) -> bool | None:
-        """True when a slice was granted (decide again), False when the cap has no room for the
+    async def acquire(self, wanted: tuple[bytes, int, int, int, int, int, int], user_id: str, model_id: str,
+                      provider_id: str | None, deadline_s: float = 3.0) -> bool | None:
+        """True when room was declared (decide again), False when the cap has no room for the
         call in the whole cluster, None when the database cannot be asked (fail closed)."""
-        key, day, need, cap = wanted
-        expires = dt.datetime.combine(dt.date(1970, 1, 1) + dt.timedelta(days=day + 2), dt.time(), dt.UTC)
+        key, kind, period, need, cap, base, expires_ms = wanted
+        a, b = (ZERO_ID, provider_id or ZERO_ID) if kind == PROVIDER_CALLS_HOUR else (user_id, model_id)
+        # Kept a day past the window's end (a late call's settle still finds its slice).
+        expires = dt.datetime.fromtimestamp(expires_ms / 1000 + 86_400, dt.UTC)
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         while True:
             try:
                 async with asyncio.timeout(max(0.1, end - loop.time())):
                     async with self.pool.acquire() as conn:
-                        granted = await conn.fetchval(GRANT, key, self.instance_id, user_id, model_id, day,
-                                                      cap, need, expires)
+                        granted = await conn.fetchval(GRANT, key, self.instance_id, kind, a, b, period,
+                                                      cap, need, base, expires)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-                log.warning("cannot lease a budget slice: the database does not answer", exc_info=True)
+                log.warning("cannot lease a slice of a cap: the database does not answer", exc_info=True)
                 return None
             if granted and granted > 0:
                 self.grants += 1
@@ -281,6 +290,7 @@ class Leases:
 class _Lease:
     used: int = 0
     idle: int = 0
+    kind: int = 0
 
 
 @dataclass
@@ -336,9 +346,12 @@ class Agent:
         caps finish first (bounded), and their spend reaches the database, before the others may
         lease: until this instance says ``cluster``, their grants wait."""
         set_mode(self.segment, CLUSTER_LEASED)
+        # NOTE: a call that read the mode just before it changed reserves within microseconds.
+        await asyncio.sleep(0.05)
+        marks = self.segment.lease_marks()
         loop = asyncio.get_running_loop()
-        end = loop.time() + 10.0
-        while self.segment.inflight_weight() > 0 and loop.time() < end:
+        end = loop.time() + JOIN_WAIT_S
+        while self.segment.leases_outstanding(marks) and loop.time() < end:
             await asyncio.sleep(0.05)
         if self.checkpoint is not None:
             await self.checkpoint(conn)
@@ -386,7 +399,7 @@ class Agent:
             ceiling = ceiling_key(key)
             room = max(0, self.segment.get(ceiling) - self.segment.get(key))
             used = max(0, declared - room)
-            state = self._used.get(key) or _Lease(used=used)
+            state = self._used.get(key) or _Lease(used=used, kind=int(row["kind"]))
             moved = used - state.used
             state.idle = 0 if moved else state.idle + 1
             state.used = used
@@ -402,12 +415,21 @@ class Agent:
                     self.segment.add(ceiling, -room)
                     lease.release()
                     taken = room
-                await conn.execute(RETURN_LEASE, key, self.instance_id, taken)
+                async with conn.transaction():
+                    # NOTE: the allowance row before the lease row, as meshfast_lease_grant.
+                    await conn.execute(LOCK_ALLOWANCE, key)
+                    await conn.execute(RETURN_LEASE, key, self.instance_id, taken)
             elif moved > 0:
                 target = min(amount, used + max(2 * moved, 2 * need))
                 if target > declared:
                     raise_keys.append(key)
                     raise_by.append(target - declared)
+        for key, state in self._used.items():
+            if key not in seen and state.kind == RULE_OWN:
+                # The window ended and its allowance was dropped: the instance's own counter
+                # under the entry (no other copy anywhere) goes too.
+                self.segment.remove(ceiling_key(key))
+                self.segment.remove(key)
         self._used = seen
         if raise_keys:
             more = dict(zip(raise_keys, raise_by, strict=True))

@@ -184,7 +184,7 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
         if absorbed:
             segment.add(key, absorbed)
             segment.add(shadow, absorbed)
-            if kind == SPEND_DAY and segment.get(ceiling_key(key)):
+            if kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR) and segment.get(ceiling_key(key)):
                 # In a cluster, other hosts' spend came out of their own slices: the ceiling of
                 # this instance's slice rises with the counter (after it: never more room).
                 segment.add(ceiling_key(key), absorbed)

@@ -123,7 +123,7 @@ class DataPlane:
                 wanted = p.lease_wanted
                 if wanted is None or p.principal_id is None or p.model_id is None:
                     break
-                granted = await self.leases.acquire(wanted, p.principal_id, p.model_id)
+                granted = await self.leases.acquire(wanted, p.principal_id, p.model_id, p.provider_id)
                 if granted is None:
                     self._refuse_unread(scope, proto, route, model, errors.ServerBusy(retry_after_s=1), principal,
                                         started, now_ms)

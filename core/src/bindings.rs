@@ -189,6 +189,16 @@ impl PySegment {
             .map_err(to_py_err)
     }
 
+    /// The reservations held now, as opaque marks for `leases_outstanding`.
+    fn lease_marks(&self) -> Vec<(u32, u64)> {
+        self.inner.lease_marks()
+    }
+
+    /// How many of `marks` are still held by the same reservation.
+    fn leases_outstanding(&self, marks: Vec<(u32, u64)>) -> usize {
+        self.inner.leases_outstanding(&marks)
+    }
+
     /// The process-wide admission weight in flight.
     fn inflight_weight(&self) -> i64 {
         self.inner.get(shm::global_inflight_key())
@@ -877,13 +887,22 @@ impl PyPrepared {
     fn would_deny(&self) -> Option<&str> {
         self.inner.would_deny.as_deref()
     }
-    /// In a cluster, the budget lease the call was refused for want of:
-    /// `(counter key, UTC day, need, cap)` in nano-USD.
+    /// In a cluster, the lease the call was refused for want of:
+    /// `(counter key, kind, period, need, cap, base, expires_ms)`.
     #[getter]
-    fn lease_wanted<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, u32, i64, i64)> {
-        self.inner
-            .lease_wanted
-            .map(|w| (PyBytes::new(py, &w.key.to_be_bytes()), w.period, w.need, w.cap))
+    #[allow(clippy::type_complexity)]
+    fn lease_wanted<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, u8, u32, i64, i64, i64, i64)> {
+        self.inner.lease_wanted.map(|w| {
+            (
+                PyBytes::new(py, &w.key.to_be_bytes()),
+                w.kind,
+                w.period,
+                w.need,
+                w.cap,
+                w.base,
+                w.expires_ms,
+            )
+        })
     }
     #[getter]
     fn business_unit(&self) -> Option<&str> {
@@ -1381,6 +1400,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RULE_POOL", shm::RULE_POOL)?;
     m.add("RULE_PAUSE", shm::RULE_PAUSE)?;
     m.add("RULE_NOTIFIED", shm::RULE_NOTIFIED)?;
+    m.add("RULE_OWN", shm::RULE_OWN)?;
     m.add("CLUSTER_LEASED", shm::CLUSTER_LEASED)?;
     m.add("CLUSTER_FENCED", shm::CLUSTER_FENCED)?;
     m.add("OUTCOMES", outcomes(py)?)?;

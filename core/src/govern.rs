@@ -62,6 +62,9 @@ struct State {
     settled: bool,
     /// Spend-rule pool reservations, given back after the cost is committed.
     rule_leases: Vec<Lease>,
+    /// In a cluster, reservations on this instance's own counters under rule entries' slices,
+    /// settled with the cost.
+    rule_own: Vec<Lease>,
     /// Committed-spend counters (the rules' calendar windows) the cost goes to.
     charges: Vec<u128>,
     /// Rules' per-minute token buckets the call's tokens go to: `(key, ns per token)`.
@@ -111,12 +114,14 @@ impl Holds {
     pub fn hold_rules(
         &self,
         leases: Vec<Lease>,
+        own: Vec<Lease>,
         charges: Vec<u128>,
         token_keys: Vec<(u128, i64)>,
         watches: Vec<Watch>,
     ) {
         let mut state = self.state();
         state.rule_leases = leases;
+        state.rule_own = own;
         state.charges = charges;
         state.token_keys = token_keys;
         state.watches = watches;
@@ -328,6 +333,9 @@ impl Holds {
                     let _ = segment.advance(key, now_ns, tokens.saturating_mul(per_token));
                 }
             }
+            for lease in std::mem::take(&mut state.rule_own) {
+                segment.settle(&lease, actual_nano.max(0));
+            }
             for lease in std::mem::take(&mut state.rule_leases) {
                 segment.release(&lease);
             }
@@ -355,6 +363,7 @@ impl Holds {
                 .take()
                 .into_iter()
                 .chain(std::mem::take(&mut state.rule_leases))
+                .chain(std::mem::take(&mut state.rule_own))
             {
                 segment.release(&lease);
             }

@@ -166,14 +166,20 @@ pub struct Prepared {
     pub lease_wanted: Option<LeaseWant>,
 }
 
-/// A budget lease to ask for: the daily-spend counter at `key` (UTC day `period`), at least
-/// `need` nano-USD, under the cap `cap`.
+/// A lease to ask for: the counter at `key` of `kind` (a daily spend in nano-USD, period the UTC
+/// day; an hourly call count, period the UTC hour), at least `need`, under the cap `cap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseWant {
+    /// [`shm::SPEND_DAY`], [`shm::CALLS_HOUR`], [`shm::PROVIDER_CALLS_HOUR`] or [`shm::RULE_OWN`].
+    pub kind: u8,
     pub key: u128,
     pub period: u32,
     pub need: i64,
     pub cap: i64,
+    /// A rule entry's committed spend in scope and window (a new allowance starts there).
+    pub base: i64,
+    /// When the window ended (unix ms): the allowance is dropped after.
+    pub expires_ms: i64,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -205,8 +211,15 @@ impl Fallback {
     #[must_use]
     pub fn admit(&self) -> bool {
         let Some(segment) = &self.segment else { return true };
+        // In a cluster, within what this instance declared of the quota (no lease is asked for:
+        // the failover is skipped instead).
+        let ceiling = match self.max_calls_per_hour.filter(|&max| max > 0) {
+            Some(max) if shm::cluster_mode(segment) != 0 => max.min(segment.get(shm::ceiling_key(self.calls_key))),
+            Some(max) => max,
+            None => i64::MAX,
+        };
         match segment.add(self.calls_key, 1) {
-            Ok(calls) if self.max_calls_per_hour.is_none_or(|max| max <= 0 || calls <= max) => true,
+            Ok(calls) if calls <= ceiling => true,
             Ok(_) => {
                 // NOTE: an add of -1 to a counter that exists cannot fail for want of a slot.
                 let _ = segment.add(self.calls_key, -1);
@@ -620,23 +633,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     let mut counters = views::counters(grant, provider, &segment.map(|s| SegmentRef(s)), req.now_ms);
     p.limit = governing(grant, provider, &counters, req.now_ms);
     if let Some((denial, resume_at)) = policy::denial(grant, provider, &counters, req.now_ms) {
-        p.deny(denial.outcome(), None, |out| {
-            if let Denial::Budget { cap_nano } = denial {
-                out.extend_from_slice(b",\"cap\":");
-                write_usd(out, cap_nano);
-            }
-            if let Some(at) = resume_at {
-                out.extend_from_slice(b",\"resume_at\":");
-                write_time(out, at);
-            }
-            if let Denial::UserHourly { limit } = denial {
-                out.extend_from_slice(b",\"limit\":");
-                write_int(out, limit);
-            }
-        });
-        if denial.outcome().spec().retry_after {
-            p.retry_after_s = resume_at.map(|at| retry_after(at, req.now_ms));
-        }
+        deny_policy(&mut p, denial, resume_at, req.now_ms);
         return p;
     }
     if snapshot.kill_switch {
@@ -692,10 +689,13 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                 counters.spent_today_nano = segment.get(spend_key);
                 if leased.is_some() && counters.spent_today_nano.saturating_add(worst) <= cap {
                     p.lease_wanted = Some(LeaseWant {
+                        kind: shm::SPEND_DAY,
                         key: spend_key,
                         period: utc_day(req.now_ms),
-                        need: worst,
+                        need: worst.max(1),
                         cap,
+                        base: 0,
+                        expires_ms: next_utc_midnight(req.now_ms),
                     });
                 }
                 p.limit = governing(grant, provider, &counters, req.now_ms);
@@ -720,6 +720,15 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         p.would_deny = decision.would_deny;
         p.warning = decision.warning;
         p.events = decision.events;
+        p.lease_wanted = decision.lease_wanted.map(|w| LeaseWant {
+            kind: shm::RULE_OWN,
+            key: w.key,
+            period: w.period,
+            need: w.need,
+            cap: w.threshold,
+            base: w.base,
+            expires_ms: w.window_end_ms,
+        });
         if let Some(refusal) = decision.refusal {
             if let Some(limit) = decision.limit {
                 p.limit = Some(Governing {
@@ -732,20 +741,64 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             return p;
         }
         rule_limit = decision.limit;
-        holds.hold_rules(decision.leases, decision.charges, decision.token_keys, decision.watches);
+        holds.hold_rules(
+            decision.leases,
+            decision.own_leases,
+            decision.charges,
+            decision.token_keys,
+            decision.watches,
+        );
     }
     p.holds = Some(holds);
 
     // 14. Count the attempt.
     if let Some(segment) = segment {
         let hour = utc_hour(req.now_ms);
+        let (provider_key, calls_key) = (provider.calls_key.at(hour), grant.calls_key.at(hour));
         match segment
-            .add(provider.calls_key.at(hour), 1)
-            .and_then(|n| Ok((n, segment.add(grant.calls_key.at(hour), 1)?)))
+            .add(provider_key, 1)
+            .and_then(|n| Ok((n, segment.add(calls_key, 1)?)))
         {
             Ok((provider_calls, calls)) => {
                 counters.provider_calls_this_hour = provider_calls;
                 counters.calls_this_hour = calls;
+                // In a cluster an hourly cap is leased like a budget: a count past what this
+                // instance declared is taken back and a slice asked for.
+                if shm::cluster_mode(segment) != 0 {
+                    let over = |key: u128, count: i64, max: Option<i64>| {
+                        max.filter(|&max| max > 0)
+                            .is_some_and(|_| count > segment.get(shm::ceiling_key(key)))
+                    };
+                    let wanted = if over(provider_key, provider_calls, provider.max_calls_per_hour) {
+                        Some((shm::PROVIDER_CALLS_HOUR, provider_key, provider.max_calls_per_hour))
+                    } else if over(calls_key, calls, grant.max_calls_per_hour) {
+                        Some((shm::CALLS_HOUR, calls_key, grant.max_calls_per_hour))
+                    } else {
+                        None
+                    };
+                    if let Some((kind, key, max)) = wanted {
+                        let max = max.unwrap_or(0);
+                        let _ = segment.add(provider_key, -1);
+                        let _ = segment.add(calls_key, -1);
+                        p.holds = None;
+                        p.lease_wanted = Some(LeaseWant {
+                            kind,
+                            key,
+                            period: hour,
+                            need: 1,
+                            cap: max,
+                            base: 0,
+                            expires_ms: next_utc_hour(req.now_ms),
+                        });
+                        let denial = if kind == shm::PROVIDER_CALLS_HOUR {
+                            Denial::ProviderHourly
+                        } else {
+                            Denial::UserHourly { limit: max }
+                        };
+                        deny_policy(&mut p, denial, Some(next_utc_hour(req.now_ms)), req.now_ms);
+                        return p;
+                    }
+                }
             }
             Err(_) => {
                 // The counter table is full: fail closed rather than run uncounted (the drop of
@@ -769,6 +822,27 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     p.upstream = Some(upstream);
     p.fallback = fallback;
     p
+}
+
+/// Answers a policy denial: its code, the cap or limit, when it lifts.
+fn deny_policy(p: &mut Prepared, denial: Denial, resume_at: Option<i64>, now_ms: i64) {
+    p.deny(denial.outcome(), None, |out| {
+        if let Denial::Budget { cap_nano } = denial {
+            out.extend_from_slice(b",\"cap\":");
+            write_usd(out, cap_nano);
+        }
+        if let Some(at) = resume_at {
+            out.extend_from_slice(b",\"resume_at\":");
+            write_time(out, at);
+        }
+        if let Denial::UserHourly { limit } = denial {
+            out.extend_from_slice(b",\"limit\":");
+            write_int(out, limit);
+        }
+    });
+    if denial.outcome().spec().retry_after {
+        p.retry_after_s = resume_at.map(|at| retry_after(at, now_ms));
+    }
 }
 
 /// The call rendered for `deployment`, the model's next one; None when that deployment cannot

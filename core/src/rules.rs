@@ -751,6 +751,24 @@ pub struct Decision {
     pub events: Vec<Event>,
     /// The shared memory could not be read or written: fail closed.
     pub unavailable: bool,
+    /// In a cluster: this instance's reservations under each enforcing block entry's slices,
+    /// settled with the call's cost.
+    pub own_leases: Vec<Lease>,
+    /// In a cluster: the slice of an entry's threshold the call was refused for want of.
+    pub lease_wanted: Option<RuleLeaseWant>,
+}
+
+/// A slice of a rule entry's threshold to ask for (see [`Decision::lease_wanted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleLeaseWant {
+    /// The [`shm::RULE_OWN`] counter.
+    pub key: u128,
+    pub period: u32,
+    pub need: i64,
+    pub threshold: i64,
+    /// The committed spend in scope and window when asked (the allowance's base if it is new).
+    pub base: i64,
+    pub window_end_ms: i64,
 }
 
 fn notify_events(
@@ -986,7 +1004,32 @@ pub fn decide(
             }
             (pool, committed) = (scopes[at].pool.unwrap_or(0), scopes[at].committed);
             let keys = &scopes[at].keys;
-            if committed.saturating_add(pool) > threshold {
+            let mut over = committed.saturating_add(pool) > threshold;
+            if !over && shm::cluster_mode(segment) != 0 {
+                // In a cluster this instance spends only what it declared of its slices of the
+                // threshold (a counter of its own spend and reservations under the entry).
+                let own_key = key(shm::RULE_OWN, period);
+                let ceiling = segment.get(shm::ceiling_key(own_key));
+                match segment.reserve(own_key, worst_nano.max(0), ceiling) {
+                    Ok(Some(lease)) => d.own_leases.push(lease),
+                    Ok(None) => {
+                        d.lease_wanted = Some(RuleLeaseWant {
+                            key: own_key,
+                            period,
+                            need: worst_nano.max(1),
+                            threshold,
+                            base: committed,
+                            window_end_ms: window_end,
+                        });
+                        over = true;
+                    }
+                    Err(_) => {
+                        d.unavailable = true;
+                        break;
+                    }
+                }
+            }
+            if over {
                 let mut watch_events = Vec::new();
                 if !entry.notify.is_empty() {
                     let watch = Watch {
@@ -1047,7 +1090,7 @@ pub fn decide(
         }
     }
     if d.refusal.is_some() || d.unavailable {
-        for lease in d.leases.drain(..) {
+        for lease in d.leases.drain(..).chain(d.own_leases.drain(..)) {
             segment.release(&lease);
         }
         d.watches.clear();

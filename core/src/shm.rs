@@ -127,6 +127,10 @@ pub const RULE_NOTIFIED: u8 = 12;
 /// Per-minute token buckets of calls and tokens by a principal under a rule entry (period 0).
 pub const RULE_CALLS_MINUTE: u8 = 13;
 pub const RULE_TOKENS_MINUTE: u8 = 14;
+/// In a cluster, nano-USD this instance spent and holds in flight under one rule entry for one
+/// principal in one window instance (`b` is the entry's id bytes, period the window's): the
+/// counter its slices of the entry's threshold cap ([`ceiling_key`]).
+pub const RULE_OWN: u8 = 16;
 
 /// Slot kind: the instance's place in a cluster ([`cluster_key`]): 0 = alone (every cap is
 /// held whole), [`CLUSTER_LEASED`] = caps are leased in slices, [`CLUSTER_FENCED`] = leased but
@@ -1013,6 +1017,32 @@ impl Segment {
             *out.entry((u128::from(hi) << 64) | u128::from(lo)).or_default() += amount;
         }
         out
+    }
+
+    /// The lease entries taken now (reserving, held or settling), as `(entry, tag word)`:
+    /// [`Segment::leases_outstanding`] tells later how many of them are still the same lease.
+    #[must_use]
+    pub fn lease_marks(&self) -> Vec<(u32, u64)> {
+        (0..self.leases)
+            .filter_map(|entry| {
+                let word = self.lease_word(entry, 0).load(Acquire);
+                (word & 3 != LEASE_FREE).then_some((entry as u32, word >> 2))
+            })
+            .collect()
+    }
+
+    /// How many of `marks` (from [`Segment::lease_marks`]) are still taken by the same lease.
+    #[must_use]
+    pub fn leases_outstanding(&self, marks: &[(u32, u64)]) -> usize {
+        marks
+            .iter()
+            .filter(|&&(entry, seq)| {
+                (entry as usize) < self.leases && {
+                    let word = self.lease_word(entry as usize, 0).load(Acquire);
+                    word & 3 != LEASE_FREE && word >> 2 == seq
+                }
+            })
+            .count()
     }
 
     /// Frees a lease entry; the owner word is cleared first so that a newly claimed entry

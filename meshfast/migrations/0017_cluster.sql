@@ -43,6 +43,8 @@ CREATE TABLE leases (
     amount       bigint NOT NULL CHECK (amount >= 0),
     declared     bigint NOT NULL DEFAULT 0 CHECK (declared >= 0 AND declared <= amount),
     need         bigint NOT NULL DEFAULT 0,
+    -- The counter's kind (as meshfast_lease_grant's p_kind).
+    kind         smallint NOT NULL DEFAULT 1,
     PRIMARY KEY (resource, instance_id)
 );
 CREATE INDEX leases_instance_idx ON leases (instance_id);
@@ -66,10 +68,11 @@ CREATE TABLE provider_shares (
 -- another instance still holds the caps whole (it is switching to leases within a beat).
 -- The base of a new allowance is the committed count the database holds for the counter (kind
 -- 1 = per-user daily spend, 2 = per-user calls per hour, 3 = provider calls per hour, as the
--- core's counter kinds).
+-- core's counter kinds); for a rule entry's threshold (16) the spend in scope and window the
+-- asking instance counted (`p_base`).
 CREATE FUNCTION meshfast_lease_grant(
     p_resource bytea, p_instance uuid, p_kind smallint, p_a uuid, p_b uuid, p_period integer,
-    p_cap bigint, p_need bigint, p_expires timestamptz
+    p_cap bigint, p_need bigint, p_base bigint, p_expires timestamptz
 ) RETURNS bigint
 LANGUAGE plpgsql SET search_path = public AS $$
 DECLARE
@@ -85,14 +88,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM instances WHERE mode = 'lone' AND id <> p_instance) THEN
         RETURN -1;
     END IF;
-    SELECT amount, declared INTO v_amount, v_declared FROM leases
-    WHERE resource = p_resource AND instance_id = p_instance FOR UPDATE;
-    IF FOUND AND v_amount - v_declared >= p_need THEN
-        v_decl := least(v_amount - v_declared, 2 * p_need);
-        UPDATE leases SET declared = declared + v_decl, need = p_need
-        WHERE resource = p_resource AND instance_id = p_instance;
-        RETURN v_decl;
-    END IF;
+    -- NOTE: the allowance row is always locked before a lease row (here and in every writer).
     SELECT used INTO v_used FROM allowances WHERE resource = p_resource FOR UPDATE;
     IF NOT FOUND THEN
         IF p_kind = 1 THEN
@@ -104,10 +100,20 @@ BEGIN
         ELSIF p_kind = 3 THEN
             SELECT call_count INTO v_base FROM provider_hourly_usage
             WHERE provider_id = p_b AND hour_start = to_timestamp(p_period::bigint * 3600);
+        ELSE
+            v_base := p_base;
         END IF;
         INSERT INTO allowances (resource, used, expires_at) VALUES (p_resource, coalesce(v_base, 0), p_expires)
         ON CONFLICT (resource) DO NOTHING;
         SELECT used INTO v_used FROM allowances WHERE resource = p_resource FOR UPDATE;
+    END IF;
+    SELECT amount, declared INTO v_amount, v_declared FROM leases
+    WHERE resource = p_resource AND instance_id = p_instance FOR UPDATE;
+    IF FOUND AND v_amount - v_declared >= p_need THEN
+        v_decl := least(v_amount - v_declared, 2 * p_need);
+        UPDATE leases SET declared = declared + v_decl, need = p_need
+        WHERE resource = p_resource AND instance_id = p_instance;
+        RETURN v_decl;
     END IF;
     SELECT count(*) INTO v_live FROM instances WHERE last_seen > now() - interval '10 s';
     v_grant := least(greatest(p_need, (p_cap - v_used) / (2 * greatest(v_live, 1))), p_cap - v_used);
@@ -116,8 +122,8 @@ BEGIN
     END IF;
     v_decl := least(v_grant, 2 * p_need);
     UPDATE allowances SET used = used + v_grant WHERE resource = p_resource;
-    INSERT INTO leases (resource, instance_id, amount, declared, need)
-    VALUES (p_resource, p_instance, v_grant, v_decl, p_need)
+    INSERT INTO leases (resource, instance_id, amount, declared, need, kind)
+    VALUES (p_resource, p_instance, v_grant, v_decl, p_need, p_kind)
     ON CONFLICT (resource, instance_id) DO UPDATE
     SET amount = leases.amount + EXCLUDED.amount, declared = leases.declared + EXCLUDED.declared, need = EXCLUDED.need;
     RETURN v_decl;
@@ -137,7 +143,7 @@ BEGIN
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I TO meshfast_gateway', t);
         EXECUTE format('GRANT SELECT ON %I TO meshfast_admin', t);
     END LOOP;
-    GRANT EXECUTE ON FUNCTION meshfast_lease_grant(bytea, uuid, smallint, uuid, uuid, integer, bigint, bigint, timestamptz)
+    GRANT EXECUTE ON FUNCTION meshfast_lease_grant(bytea, uuid, smallint, uuid, uuid, integer, bigint, bigint, bigint, timestamptz)
         TO meshfast_gateway;
 END;
 $$;
