@@ -349,6 +349,9 @@ def test_operator_creates_provider_model_user_and_sees_the_call_in_logs_and_char
     # Kill switch: pause, see the gateway refuse, resume.
     tab.go("gateway", "Gateway")
     expect(page.locator("#kill-state")).to_have_attribute("data-tripped", "false")
+    # The instances of the cluster: this gateway alone, alive, holding every cap whole.
+    expect(page.locator("#instances-table tr[data-alive='true']")).to_have_count(1)
+    expect(page.locator("#instances-table tr[data-alive='true'] td[data-col='mode']")).to_have_text("lone")
     page.get_by_role("button", name="Pause the gateway (kill switch)").click()
     expect(page.locator("#kill-state")).to_have_attribute("data-tripped", "true")
     tab.screenshot("09-gateway-paused")

@@ -1080,6 +1080,19 @@
         ["Gateway pool", status.gateway_pool ? `${status.gateway_pool.size} open, ${status.gateway_pool.idle} idle, max ${status.gateway_pool.max}` : "—"],
         ["Admin pool", status.admin_pool ? `${status.admin_pool.size} open, ${status.admin_pool.idle} idle, max ${status.admin_pool.max}` : "—"],
       ].map(([k, v]) => ({ k, v: String(v ?? "—") })), { id: "status-table" }),
+      h("h2", {}, "Instances"),
+      h("p", { class: "muted" }, status.instance && status.instance.mode === "cluster"
+        ? "Several instances share this database: caps and provider limits are leased to them in slices."
+        : "One instance: it holds every cap whole."),
+      table("Instances of this cluster", [
+        { key: "host", label: "Host", render: (i) => `${i.host}:${i.port}` },
+        { key: "id", label: "Id", render: (i) => h("span", {}, h("code", {}, i.id.slice(0, 8)), status.instance && i.id === status.instance.id ? " (this one)" : "") },
+        { key: "workers", label: "Workers", num: true },
+        { key: "mode", label: "Mode" },
+        { key: "alive", label: "State", render: (i) => (i.alive ? "alive" : "not seen for 10 s") },
+        { key: "started_at", label: "Started", render: (i) => when(i.started_at) },
+        { key: "last_seen", label: "Last heartbeat", render: (i) => when(i.last_seen) },
+      ], status.instances || [], { id: "instances-table", empty: "The database could not be asked.", rowData: (i) => ({ instance: i.id, alive: String(i.alive) }) }),
       h("p", {}, "Prometheus metrics: ", h("a", { href: "/admin/metrics" }, "/admin/metrics"), ". API description: ", h("a", { href: "/admin/openapi.json" }, "/admin/openapi.json"), "."));
   }
 

@@ -1,0 +1,133 @@
+"""Issue 15: every cap holds across instances, not only the daily budget. Per-user and provider
+hourly call caps and a spend rule's block threshold, each oversubscribed 4x by concurrent calls
+spread round-robin over three instances of one cluster (one PostgreSQL), admit at most what the cap
+fits; after the instances' unused slices return, calls through one instance fill the cap exactly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from conftest import Cluster, EmulatedProviders, running_cluster, tag, until
+from test_cluster import CALL_USD, _bearer, _burst, _caller, _cost, _proxy, _rows_of
+
+Json = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with running_cluster(size=3, workers=2) as shared:
+        yield shared
+
+
+def _slow(testserve: EmulatedProviders) -> Any:
+    """Each answer streams for ~60 ms, so the admitted calls overlap."""
+    testserve.client.post("/_debug/config", json={"delta_delay_ms": 20}).raise_for_status()
+
+
+def _fast(testserve: EmulatedProviders) -> None:
+    testserve.client.post("/_debug/config", json={"delta_delay_ms": 0}).raise_for_status()
+
+
+def _oversubscribe(cluster: Cluster, testserve: EmulatedProviders, caller: Json, fits: int) -> list[Any]:
+    _slow(testserve)
+    try:
+        return _burst([(cluster.instances[n % 3], caller) for n in range(4 * fits)])
+    finally:
+        _fast(testserve)
+
+
+def _fill_through_one(cluster: Cluster, caller: Json, fits: int) -> tuple[int, Any]:
+    """Calls through instance 0 until refused; returns how many passed and the refusal."""
+    passed = 0
+    while (response := _proxy(cluster.instances[0], caller)).status_code == 200:
+        passed += 1
+        assert passed <= fits, "the cap admitted more calls than it fits"
+    return passed, response
+
+
+def test_a_users_hourly_call_cap_holds_across_instances(cluster: Cluster, testserve: EmulatedProviders) -> None:
+    fits = 6
+    caller = _caller(cluster, testserve)
+    admin = cluster.instances[0]
+    policy = {"daily_cap_usd": "100", "max_calls_per_hour": fits, "allowed_from": None, "allowed_to": None,
+              "timezone": "UTC", "active_days": [0, 1, 2, 3, 4, 5, 6], "always_open": True}
+    response = admin.admin("PUT", f"/admin/users/{caller['user']['id']}/policies/{caller['model']['id']}", policy)
+    assert response.status_code == 200, response.text
+    time.sleep(1.0)  # the policy on every worker of every instance (API: within 1 s)
+
+    responses = _oversubscribe(cluster, testserve, caller, fits)
+    ok = [r for r in responses if r.status_code == 200]
+    assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
+    for refused in (r for r in responses if r.status_code != 200):
+        assert (refused.status_code, refused.json()["error"]) == (429, "user_model_hourly_limit_reached"), \
+            refused.text
+    time.sleep(7.0)  # unused slices return
+    passed, refusal = _fill_through_one(cluster, caller, fits)
+    assert (refusal.status_code, refusal.json()["error"]) == (429, "user_model_hourly_limit_reached")
+    assert len(ok) + passed == fits, f"{len(ok)} in the burst + {passed} after: the cap fits exactly {fits}"
+
+
+def test_a_providers_hourly_quota_holds_across_instances(cluster: Cluster, testserve: EmulatedProviders) -> None:
+    fits = 6
+    caller = _caller(cluster, testserve, max_calls_per_hour=fits)
+    responses = _oversubscribe(cluster, testserve, caller, fits)
+    ok = [r for r in responses if r.status_code == 200]
+    assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
+    for refused in (r for r in responses if r.status_code != 200):
+        assert (refused.status_code, refused.json()["error"]) == (429, "provider_hourly_limit_reached"), \
+            refused.text
+    time.sleep(7.0)
+    passed, refusal = _fill_through_one(cluster, caller, fits)
+    assert (refusal.status_code, refusal.json()["error"]) == (429, "provider_hourly_limit_reached")
+    assert len(ok) + passed == fits
+    rows = _rows_of(cluster, caller, 4 * fits + passed + 1)
+    assert sum(1 for r in rows if r["status_code"] == 200) == fits
+
+
+def test_a_spend_rules_threshold_holds_across_instances(cluster: Cluster, testserve: EmulatedProviders) -> None:
+    fits = 10
+    admin = cluster.instances[0]
+    scope_tag = f"cl-{tag()}"
+    name = f"cl-{tag()}"
+    provider = admin.create_provider(name, base_url=f"{testserve.base_url}/openai", api_key="testserve-key")
+    model = admin.create_model(provider["id"], name, resolved_model="dummy-chat", tags=[scope_tag],
+                               input_price_per_1k_tokens="0", output_price_per_1k_tokens="1")
+    user = admin.create_user()
+    admin.grant(user["id"], model["id"])
+    caller = {"user": user, "model": model, "key": user["key"], "name": name, "resolved": "dummy-chat", "cap": None}
+    threshold = fits * CALL_USD
+    rule_id = f"cl-{tag()}"
+    created = admin.admin("POST", "/admin/rules", {"id": rule_id, "weight": 10, "mode": "enforce", "entries": [
+        {"population": {}, "scope": {"tag": scope_tag}, "window": "daily", "threshold_usd": str(threshold),
+         "actions": [{"type": "block"}]}]})
+    assert created.status_code == 201, created.text
+
+    def listed_everywhere() -> bool:
+        import httpx
+
+        return all(rule_id in {r["id"] for r in httpx.get(f"{i.base_url}/v1/usage", headers=_bearer(caller["key"]),
+                                                          timeout=10).json()["rules"]}
+                   for i in cluster.instances for _ in range(3))
+
+    until(listed_everywhere, 5, "the rule on every instance")
+
+    responses = _oversubscribe(cluster, testserve, caller, fits)
+    ok = [r for r in responses if r.status_code == 200]
+    assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
+    for refused in (r for r in responses if r.status_code != 200):
+        assert (refused.status_code, refused.json()["error"], refused.json().get("rule")) == (
+            429, "budget_exceeded", rule_id), refused.text
+    rows = _rows_of(cluster, caller, 4 * fits)
+    assert sum((_cost(r) for r in rows), Decimal(0)) <= threshold
+
+    time.sleep(7.0)
+    passed, refusal = _fill_through_one(cluster, caller, fits)
+    assert (refusal.status_code, refusal.json().get("rule")) == (429, rule_id), refusal.text
+    assert len(ok) + passed == fits, f"{len(ok)} in the burst + {passed} after: the threshold fits exactly {fits}"
+    rows = _rows_of(cluster, caller, 4 * fits + passed + 1)
+    spent = sum((_cost(r) for r in rows if r["status_code"] == 200), Decimal(0))
+    assert threshold - CALL_USD < spent <= threshold, spent
