@@ -268,8 +268,10 @@ class Leases:
                     async with self.pool.acquire() as conn:
                         granted = await conn.fetchval(GRANT, key, self.instance_id, kind, a, b, period,
                                                       cap, need, base, expires)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-                log.warning("cannot lease a slice of a cap: the database does not answer", exc_info=True)
+            except Exception as exc:
+                # NOTE: whatever went wrong (the database away or restarting, a connection in a
+                # bad state), the call is refused: fail closed.
+                log.warning("cannot lease a slice of a cap: %s: %s", type(exc).__name__, exc)
                 return None
             if granted and granted > 0:
                 self.grants += 1

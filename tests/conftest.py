@@ -333,3 +333,126 @@ def fresh_dir() -> Iterator[Path]:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: kills processes or restarts the database (runs in CI, takes tens of seconds)")
+
+
+class ClusterInstance(Gateway):
+    """One `meshfast serve` of a :class:`Cluster`: its own data dir and port, the cluster's database."""
+
+    def __init__(self, data_dir: Path, database_url: str, workers: int, admin_token: str,
+                 env: dict[str, str]) -> None:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(data_dir, workers=workers, admin_token=admin_token, env={**env, "DATABASE_URL": database_url})
+        self._database_url = database_url
+
+    @property
+    def database_url(self) -> str:
+        return self._database_url
+
+    def kill(self) -> None:
+        """SIGKILL to the whole instance at once: supervisor and workers (its process group)."""
+        if self.proc is None:
+            return
+        tree = [self.proc.pid, *self.worker_pids()]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in tree:  # a child that left the group goes too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
+        until(lambda: not [p for p in tree if psutil.pid_exists(p)
+                           and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], 10, "the killed tree to go")
+        self.proc = None
+
+
+class Cluster:
+    """Several `meshfast serve` instances sharing one embedded PostgreSQL (started here, passed to
+    each as DATABASE_URL) and one secrets file (created by the first, copied to the others)."""
+
+    def __init__(self, root: Path, size: int = 3, workers: int = 2, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.size = size
+        self.workers = workers
+        self.env = SESSION_ENV if env is None else env
+        self.pgdata = root / "pg"
+        self.admin_token = "test-admin-" + secrets.token_urlsafe(16)
+        self.database_url = ""
+        self.instances: list[ClusterInstance] = []
+        self._pg: Any = None
+
+    def start(self) -> Cluster:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from meshfast.store.database import EmbeddedPostgres
+
+        self._pg = EmbeddedPostgres(self.pgdata)
+        self.database_url = self._pg.start()
+        self.instances = [ClusterInstance(self.root / f"i{n}" / "data", self.database_url, self.workers,
+                                          self.admin_token, self.env) for n in range(self.size)]
+        first, rest = self.instances[0], self.instances[1:]
+        first.start()
+        for instance in rest:
+            instance.data_dir.mkdir(mode=0o700, parents=True)
+            shutil.copy2(first.data_dir / "secrets.json", instance.data_dir / "secrets.json")
+        with ThreadPoolExecutor(len(rest) or 1) as pool:
+            list(pool.map(lambda instance: instance.start(), rest))
+        return self
+
+    def stop(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(self.instances) or 1) as pool:
+            list(pool.map(lambda instance: instance.stop(), self.instances))
+        if self._pg is not None:
+            # NOTE: pgserver stops only the postmaster it started; one restarted by start_database
+            # would outlive the test session.
+            with contextlib.suppress(Exception):
+                if (self.pgdata / "postmaster.pid").exists():
+                    self.stop_database()
+            self._pg.stop()
+            self._pg = None
+
+    def query(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        import asyncio
+
+        import asyncpg
+
+        async def run() -> list[dict[str, Any]]:
+            conn = await asyncpg.connect(self.database_url)
+            try:
+                return [dict(r) for r in await conn.fetch(sql, *args)]
+            finally:
+                await conn.close()
+
+        return asyncio.run(run())
+
+    # --- the shared PostgreSQL, stopped and started behind the instances' backs ------------
+
+    def _pg_ctl(self, args: list[str]) -> None:
+        from pgserver._commands import pg_ctl
+
+        # NOTE: pgserver runs PostgreSQL as its own OS user when started by root.
+        user = "pgserver" if os.geteuid() == 0 else None
+        pg_ctl(args, pgdata=self.pgdata, user=user, timeout=60)
+
+    def stop_database(self) -> None:
+        self._pg_ctl(["-w", "-m", "fast", "stop"])
+
+    def start_database(self) -> None:
+        # The options pgserver starts it with: no TCP, the socket in the data dir.
+        self._pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {self.pgdata}", "-l", str(self.pgdata / "log"), "start"])
+
+
+@contextlib.contextmanager
+def running_cluster(size: int = 3, workers: int = 2, env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """A :class:`Cluster` in a temporary directory, stopped and removed after."""
+    root = Path(tempfile.mkdtemp(prefix="mfc-"))
+    cluster = Cluster(root, size=size, workers=workers, env=env)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
