@@ -21,6 +21,8 @@ __all__ = [
     "RULE_PAUSE",
     "RULE_NOTIFIED",
     "RULE_OWN",
+    "RULE_MINUTE_CALLS",
+    "RULE_MINUTE_TOKENS",
     "CALLS_HOUR",
     "PROVIDER_CALLS_HOUR",
     "PROVIDER_RATE",
@@ -64,6 +66,12 @@ RULE_NOTIFIED: Final[int]
 RULE_OWN: Final[int]
 """In a cluster: nano-USD this instance spent and holds in flight under one rule entry for one
 principal in one window instance (capped by its slices of the entry's threshold)."""
+RULE_MINUTE_CALLS: Final[int]
+"""In a cluster: calls this instance counted under a rule entry's per-minute cap for one principal
+in one UTC minute (capped by its slices of the cap)."""
+RULE_MINUTE_TOKENS: Final[int]
+"""In a cluster: tokens this instance counted under a rule entry's per-minute cap for one principal
+in one UTC minute."""
 """Counter kind: nano-USD spent by a principal on a model in one UTC day (period = unix_ms // 86_400_000)."""
 CALLS_HOUR: Final[int]
 """Counter kind: calls by a principal to a model in one UTC hour (period = unix_ms // 3_600_000)."""
@@ -604,7 +612,9 @@ class Prepared:
         period the UTC day), an hourly call count (:data:`CALLS_HOUR`,
         :data:`PROVIDER_CALLS_HOUR`, period the UTC hour) or a rule entry's threshold
         (:data:`RULE_OWN`, nano-USD, period the window's; ``base`` the spend in scope and window
-        it starts from); ask for one and decide again. ``expires_ms``: when the window ends."""
+        it starts from) or a rule entry's per-minute cap (:data:`RULE_MINUTE_CALLS`,
+        :data:`RULE_MINUTE_TOKENS`, period the UTC minute); ask for one and decide again.
+        ``expires_ms``: when the window ends."""
     @property
     def business_unit(self) -> str | None:
         """The caller's business unit at call time."""

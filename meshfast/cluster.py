@@ -45,6 +45,8 @@ from meshfast._core import (
     PROVIDER_CALLS_HOUR,
     PROVIDER_INFLIGHT,
     PROVIDER_RATE,
+    RULE_MINUTE_CALLS,
+    RULE_MINUTE_TOKENS,
     RULE_OWN,
     ceiling_key,
     cluster_key,
@@ -258,8 +260,10 @@ class Leases:
         call in the whole cluster, None when the database cannot be asked (fail closed)."""
         key, kind, period, need, cap, base, expires_ms = wanted
         a, b = (ZERO_ID, provider_id or ZERO_ID) if kind == PROVIDER_CALLS_HOUR else (user_id, model_id)
-        # Kept a day past the window's end (a late call's settle still finds its slice).
-        expires = dt.datetime.fromtimestamp(expires_ms / 1000 + 86_400, dt.UTC)
+        # Kept past the window's end (a day; two minutes for a minute's): a late call's settle
+        # still finds its slice.
+        keep_s = 120 if kind in (RULE_MINUTE_CALLS, RULE_MINUTE_TOKENS) else 86_400
+        expires = dt.datetime.fromtimestamp(expires_ms / 1000 + keep_s, dt.UTC)
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         while True:
@@ -427,7 +431,7 @@ class Agent:
                     raise_keys.append(key)
                     raise_by.append(target - declared)
         for key, state in self._used.items():
-            if key not in seen and state.kind == RULE_OWN:
+            if key not in seen and state.kind in (RULE_OWN, RULE_MINUTE_CALLS, RULE_MINUTE_TOKENS):
                 # The window ended and its allowance was dropped: the instance's own counter
                 # under the entry (no other copy anywhere) goes too.
                 self.segment.remove(ceiling_key(key))

@@ -131,3 +131,32 @@ def test_a_spend_rules_threshold_holds_across_instances(cluster: Cluster, testse
     rows = _rows_of(cluster, caller, 4 * fits + passed + 1)
     spent = sum((_cost(r) for r in rows if r["status_code"] == 200), Decimal(0))
     assert threshold - CALL_USD < spent <= threshold, spent
+
+
+def test_a_rules_calls_per_minute_cap_holds_across_instances(cluster: Cluster, testserve: EmulatedProviders) -> None:
+    """calls_per_minute 6, 24 concurrent calls over three instances within one UTC minute: at most 6
+    answer 200 and the rest are 429 rate_limited naming the rule; once the unused slices are back
+    (the same minute), calls through one instance reach exactly 6 in the minute."""
+    fits = 6
+    caller = _caller(cluster, testserve)
+    admin = cluster.instances[0]
+    rule_id = f"cl-rate-{tag()}"
+    created = admin.admin("POST", "/admin/rules", {"id": rule_id, "weight": 10, "mode": "enforce", "entries": [
+        {"population": {}, "scope": {"model": caller["name"]}, "calls_per_minute": fits}]})
+    assert created.status_code == 201, created.text
+    time.sleep(1.0)  # on every worker of every instance (API: within 1 s)
+    # One UTC minute for the whole test: the burst, the slices' return (~5 s) and the top-up.
+    if time.time() % 60 > 40:
+        time.sleep(61 - time.time() % 60)
+    minute = int(time.time() // 60)
+    responses = _oversubscribe(cluster, testserve, caller, fits)
+    ok = [r for r in responses if r.status_code == 200]
+    assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
+    for refused in (r for r in responses if r.status_code != 200):
+        assert (refused.status_code, refused.json()["error"], refused.json().get("rule")) == (
+            429, "rate_limited", rule_id), refused.text
+    time.sleep(7.0)
+    passed, refusal = _fill_through_one(cluster, caller, fits)
+    assert int(time.time() // 60) == minute, "the test ran past its minute"
+    assert (refusal.status_code, refusal.json().get("rule")) == (429, rule_id), refusal.text
+    assert len(ok) + passed == fits, f"{len(ok)} in the burst + {passed} after: the cap fits exactly {fits}"

@@ -1401,6 +1401,8 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RULE_PAUSE", shm::RULE_PAUSE)?;
     m.add("RULE_NOTIFIED", shm::RULE_NOTIFIED)?;
     m.add("RULE_OWN", shm::RULE_OWN)?;
+    m.add("RULE_MINUTE_CALLS", shm::RULE_MINUTE_CALLS)?;
+    m.add("RULE_MINUTE_TOKENS", shm::RULE_MINUTE_TOKENS)?;
     m.add("CLUSTER_LEASED", shm::CLUSTER_LEASED)?;
     m.add("CLUSTER_FENCED", shm::CLUSTER_FENCED)?;
     m.add("OUTCOMES", outcomes(py)?)?;

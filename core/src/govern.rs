@@ -65,6 +65,8 @@ struct State {
     /// In a cluster, reservations on this instance's own counters under rule entries' slices,
     /// settled with the cost.
     rule_own: Vec<Lease>,
+    /// In a cluster, per-minute token counters of rule entries the call's tokens go to.
+    minute_tokens: Vec<u128>,
     /// Committed-spend counters (the rules' calendar windows) the cost goes to.
     charges: Vec<u128>,
     /// Rules' per-minute token buckets the call's tokens go to: `(key, ns per token)`.
@@ -125,6 +127,11 @@ impl Holds {
         state.charges = charges;
         state.token_keys = token_keys;
         state.watches = watches;
+    }
+
+    /// In a cluster, the per-minute token counters the call's tokens go to.
+    pub fn hold_minute_tokens(&self, keys: Vec<u128>) {
+        self.state().minute_tokens = keys;
     }
 
     /// Notifications that fired when the call settled (taken once).
@@ -331,6 +338,9 @@ impl Holds {
                     .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
                 for &(key, per_token) in &state.token_keys {
                     let _ = segment.advance(key, now_ns, tokens.saturating_mul(per_token));
+                }
+                for &key in &state.minute_tokens {
+                    let _ = segment.add(key, tokens);
                 }
             }
             for lease in std::mem::take(&mut state.rule_own) {

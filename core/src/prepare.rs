@@ -721,7 +721,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         p.warning = decision.warning;
         p.events = decision.events;
         p.lease_wanted = decision.lease_wanted.map(|w| LeaseWant {
-            kind: shm::RULE_OWN,
+            kind: w.kind,
             key: w.key,
             period: w.period,
             need: w.need,
@@ -741,6 +741,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             return p;
         }
         rule_limit = decision.limit;
+        holds.hold_minute_tokens(decision.minute_tokens);
         holds.hold_rules(
             decision.leases,
             decision.own_leases,

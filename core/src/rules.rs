@@ -756,12 +756,18 @@ pub struct Decision {
     pub own_leases: Vec<Lease>,
     /// In a cluster: the slice of an entry's threshold the call was refused for want of.
     pub lease_wanted: Option<RuleLeaseWant>,
+    /// In a cluster: the per-minute call counts this call took (given back if it is refused).
+    pub minute_calls: Vec<u128>,
+    /// In a cluster: the per-minute token counters the call's tokens go to.
+    pub minute_tokens: Vec<u128>,
 }
 
-/// A slice of a rule entry's threshold to ask for (see [`Decision::lease_wanted`]).
+/// A slice of a rule entry's threshold or per-minute cap to ask for (see [`Decision::lease_wanted`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuleLeaseWant {
-    /// The [`shm::RULE_OWN`] counter.
+    /// [`shm::RULE_OWN`], [`shm::RULE_MINUTE_CALLS`] or [`shm::RULE_MINUTE_TOKENS`].
+    pub kind: u8,
+    /// The counter.
     pub key: u128,
     pub period: u32,
     pub need: i64,
@@ -871,7 +877,40 @@ pub fn decide(
         };
         // Per-minute caps are token buckets (GCRA) of a minute's worth: `cap` back to back, then
         // one per `60 s / cap`; one slot per person and entry, whatever the minute.
-        if let Some(cap) = entry.calls_per_minute {
+        let cluster = enforcing && shm::cluster_mode(segment) != 0;
+        let minute = (now_ms.max(0) / 60_000) as u32;
+        let next_minute_ms = (i64::from(minute) + 1) * 60_000;
+        if let (Some(cap), true) = (entry.calls_per_minute, cluster) {
+            // In a cluster a per-minute cap counts calls per UTC minute, within this instance's
+            // slices of it (a call past them is taken back and a slice asked for).
+            let own_key = key(shm::RULE_MINUTE_CALLS, minute);
+            match segment.add(own_key, 1) {
+                Ok(n) if n <= segment.get(shm::ceiling_key(own_key)).min(cap) => d.minute_calls.push(own_key),
+                Ok(n) => {
+                    let _ = segment.add(own_key, -1);
+                    if n <= cap {
+                        d.lease_wanted = Some(RuleLeaseWant {
+                            kind: shm::RULE_MINUTE_CALLS,
+                            key: own_key,
+                            period: minute,
+                            need: 1,
+                            threshold: cap,
+                            base: 0,
+                            window_end_ms: next_minute_ms,
+                        });
+                    }
+                    d.refusal = Some(Refusal::Rate {
+                        rule: rule.id.clone(),
+                        retry_at_ms: next_minute_ms,
+                    });
+                    break;
+                }
+                Err(_) => {
+                    d.unavailable = true;
+                    break;
+                }
+            }
+        } else if let Some(cap) = entry.calls_per_minute {
             let calls_key = key(shm::RULE_CALLS_MINUTE, 0);
             let interval = MINUTE_NS / cap;
             let wait = if enforcing {
@@ -897,7 +936,31 @@ pub fn decide(
                 }
             }
         }
-        if let Some(cap) = entry.tokens_per_minute {
+        if let (Some(cap), true) = (entry.tokens_per_minute, cluster) {
+            // Tokens counted per UTC minute when the call settles; a call is admitted while this
+            // instance's count is under its slices of the cap.
+            let own_key = key(shm::RULE_MINUTE_TOKENS, minute);
+            let counted = segment.get(own_key);
+            if counted >= segment.get(shm::ceiling_key(own_key)).min(cap) {
+                if counted < cap {
+                    d.lease_wanted = Some(RuleLeaseWant {
+                        kind: shm::RULE_MINUTE_TOKENS,
+                        key: own_key,
+                        period: minute,
+                        need: (cap / 20).max(1),
+                        threshold: cap,
+                        base: 0,
+                        window_end_ms: next_minute_ms,
+                    });
+                }
+                d.refusal = Some(Refusal::Rate {
+                    rule: rule.id.clone(),
+                    retry_at_ms: next_minute_ms,
+                });
+                break;
+            }
+            d.minute_tokens.push(own_key);
+        } else if let Some(cap) = entry.tokens_per_minute {
             let tokens_key = key(shm::RULE_TOKENS_MINUTE, 0);
             // The bucket's theoretical arrival time: more than a minute ahead = over the cap.
             let ahead = segment.get(tokens_key).saturating_sub(now_ns);
@@ -1014,6 +1077,7 @@ pub fn decide(
                     Ok(Some(lease)) => d.own_leases.push(lease),
                     Ok(None) => {
                         d.lease_wanted = Some(RuleLeaseWant {
+                            kind: shm::RULE_OWN,
                             key: own_key,
                             period,
                             need: worst_nano.max(1),
@@ -1093,6 +1157,10 @@ pub fn decide(
         for lease in d.leases.drain(..).chain(d.own_leases.drain(..)) {
             segment.release(&lease);
         }
+        for key in d.minute_calls.drain(..) {
+            let _ = segment.add(key, -1);
+        }
+        d.minute_tokens.clear();
         d.watches.clear();
     }
     if d.limit.is_none() {

@@ -131,6 +131,10 @@ pub const RULE_TOKENS_MINUTE: u8 = 14;
 /// principal in one window instance (`b` is the entry's id bytes, period the window's): the
 /// counter its slices of the entry's threshold cap ([`ceiling_key`]).
 pub const RULE_OWN: u8 = 16;
+/// In a cluster, calls and tokens this instance counted under one rule entry's per-minute caps for
+/// one principal in one UTC minute (period the minute): counters its slices of the cap bound.
+pub const RULE_MINUTE_CALLS: u8 = 17;
+pub const RULE_MINUTE_TOKENS: u8 = 18;
 
 /// Slot kind: the instance's place in a cluster ([`cluster_key`]): 0 = alone (every cap is
 /// held whole), [`CLUSTER_LEASED`] = caps are leased in slices, [`CLUSTER_FENCED`] = leased but
