@@ -28,6 +28,7 @@ __all__ = [
     "PROVIDER_RATE",
     "PROVIDER_INFLIGHT",
     "GLOBAL_INFLIGHT",
+    "CLUSTER",
     "CLUSTER_LEASED",
     "CLUSTER_FENCED",
     "cluster_key",
@@ -144,6 +145,8 @@ def counter_key(kind: int, a: str, b: str, period: int) -> bytes:
     :data:`PROVIDER_INFLIGHT`, :data:`GLOBAL_INFLIGHT` (else ``ValueError``).
     """
 
+CLUSTER: Final[int]
+"""Counter kind of the instance's cluster slots (its mode, heartbeat and epoch)."""
 CLUSTER_LEASED: Final[int]
 """The :func:`cluster_key` value of an instance in a cluster: caps and provider limits are leased."""
 CLUSTER_FENCED: Final[int]
@@ -151,13 +154,15 @@ CLUSTER_FENCED: Final[int]
 leases may be reclaimed: it holds nothing."""
 
 def cluster_key() -> bytes:
-    """The key of the instance's cluster mode: 0 alone (every cap held whole),
-    :data:`CLUSTER_LEASED` or :data:`CLUSTER_FENCED`."""
+    """The key of the instance's cluster mode: ``epoch << 8 | state``, 0 alone (every cap held
+    whole), state :data:`CLUSTER_LEASED` or :data:`CLUSTER_FENCED`; the epoch moves on at each
+    (re)join."""
 
-def ceiling_key(key: bytes) -> bytes:
-    """In a cluster, the key of the ceiling held for the budget counter ``key`` (the counter's value
-    this instance may reach) or of the share held of a provider limit (concurrency slots; rate in
-    milli-requests per second)."""
+def ceiling_key(key: bytes, mode: int) -> bytes:
+    """In a cluster (``mode`` as read at :func:`cluster_key`, whose epoch it carries), the key of
+    the ceiling held for the budget or count ``key`` (the counter's value this instance may reach)
+    or of the share held of a provider limit (concurrency slots; rate in milli-requests per
+    second)."""
 
 def demand_key(key: bytes) -> bytes:
     """In a cluster, the key counting the calls refused (or queued) for want of the share or

@@ -40,6 +40,7 @@ from typing import Any
 import asyncpg
 
 from meshfast._core import (
+    CLUSTER,
     CLUSTER_FENCED,
     CLUSTER_LEASED,
     PROVIDER_CALLS_HOUR,
@@ -87,7 +88,17 @@ def fingerprint(secrets: Secrets) -> bytes:
 
 def heartbeat_key() -> bytes:
     """Where the instance leader writes the time (unix ms) its last successful beat began."""
-    return ceiling_key(cluster_key())
+    return counter_key(CLUSTER, ZERO_ID, ZERO_ID, 1)
+
+
+def _epoch_key() -> bytes:
+    """The last cluster epoch this segment used (see :func:`set_mode`)."""
+    return counter_key(CLUSTER, ZERO_ID, ZERO_ID, 2)
+
+
+def mode_of(segment: Any) -> int:
+    """The instance's cluster mode as the core reads it: ``epoch << 8 | state``; 0 alone."""
+    return int(segment.get(cluster_key()))
 
 
 INSERT_FINGERPRINT = "INSERT INTO cluster_secrets (fingerprint) VALUES ($1) ON CONFLICT (id) DO NOTHING"
@@ -201,10 +212,11 @@ async def register(conn: asyncpg.Connection, secrets: Secrets, instance_id: str,
 
 async def unregister(conn: asyncpg.Connection, segment: Any, instance_id: str) -> None:
     """On a clean stop, after the last checkpoint: give back every unspent slice and share."""
+    mode = mode_of(segment)
     async with conn.transaction():
         for row in await conn.fetch(OWN_LEASES, instance_id):
             key = bytes(row["resource"])
-            room = max(0, segment.get(ceiling_key(key)) - segment.get(key))
+            room = max(0, segment.get(ceiling_key(key, mode)) - segment.get(key)) if mode else 0
             await conn.execute(LOCK_ALLOWANCE, key)
             await conn.execute(RETURN_LEASE, key, instance_id, min(room, row["declared"]))
         await conn.execute("DELETE FROM leases WHERE instance_id = $1", instance_id)
@@ -226,9 +238,10 @@ def new_instance_id() -> str:
 
 def fence_if_stale(segment: Any, now_ms: int | None = None) -> bool:
     """Called by every worker once a second: a leased instance whose leader has not beaten for
-    FENCE_S holds nothing from now on (its holdings may be reclaimed at REAP_S)."""
+    FENCE_S uses no provider share from now on (its shares may be reclaimed at REAP_S; its budget
+    slices stay usable: what it may spend of them is declared already)."""
     mode_key = cluster_key()
-    if segment.get(mode_key) != CLUSTER_LEASED:
+    if segment.get(mode_key) & 0xFF != CLUSTER_LEASED:
         return False
     beat = segment.get(heartbeat_key())
     now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
@@ -240,8 +253,14 @@ def fence_if_stale(segment: Any, now_ms: int | None = None) -> bool:
     return False
 
 
-def set_mode(segment: Any, value: int) -> None:
+def set_mode(segment: Any, state: int) -> None:
+    """Alone (0) or leased in a new epoch: ceilings of an earlier membership (the instance was
+    alone in between, or its holdings were reclaimed while it was cut off) are never read again."""
     key = cluster_key()
+    value = 0
+    if state:
+        epoch = segment.add(_epoch_key(), 1)
+        value = (epoch << 8) | state
     segment.add(key, value - segment.get(key))
 
 
@@ -266,6 +285,7 @@ class Leases:
         expires = dt.datetime.fromtimestamp(expires_ms / 1000 + keep_s, dt.UTC)
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
+        mode = mode_of(self.segment)
         while True:
             try:
                 async with asyncio.timeout(max(0.1, end - loop.time())):
@@ -279,7 +299,11 @@ class Leases:
                 return None
             if granted and granted > 0:
                 self.grants += 1
-                ceiling = ceiling_key(key)
+                if mode_of(self.segment) != mode:
+                    # The instance went alone or started a new membership meanwhile: the slice
+                    # belongs to the old one (counted in the database as declared, never used here).
+                    return True
+                ceiling = ceiling_key(key, mode)
                 # A first slice starts from the counter as it is; a later one adds to the ceiling.
                 if self.segment.set_if_zero(ceiling, self.segment.get(key) + granted) != 0:
                     self.segment.add(ceiling, granted)
@@ -324,16 +348,19 @@ class Agent:
         started_ms = time.time_ns() // 1_000_000
         mode = await conn.fetchval(BEAT, self.instance_id)
         if mode is None:
-            # Reclaimed while cut off: what this instance held is gone; start afresh as a member.
-            set_mode(self.segment, CLUSTER_FENCED)
-            await self._forget_leases()
+            # Reclaimed while cut off: what this instance held is gone; it starts afresh as a
+            # member (a new epoch: no earlier ceiling is read again).
             await conn.execute(INSERT_INSTANCE, self.instance_id, socket.gethostname(), 0, os.getpid(), 0, "cluster")
+            set_mode(self.segment, CLUSTER_LEASED)
+            self._used.clear()
+            self._shares.clear()
             mode = "cluster"
             log.warning("this instance's holdings were reclaimed while it was cut off; registered again")
         hb = heartbeat_key()
         self.segment.add(hb, started_ms - self.segment.get(hb))
-        if self.segment.get(cluster_key()) == CLUSTER_FENCED and mode == "cluster":
-            set_mode(self.segment, CLUSTER_LEASED)
+        if mode_of(self.segment) & 0xFF == CLUSTER_FENCED and mode == "cluster":
+            # Back in touch, not reclaimed: the same epoch, shares usable again.
+            self.segment.add(cluster_key(), CLUSTER_LEASED - CLUSTER_FENCED)
         self.mode = mode
         if mode == "lone":
             if await conn.fetchval(OTHERS, self.instance_id):
@@ -375,14 +402,10 @@ class Agent:
             await conn.execute("DELETE FROM provider_shares WHERE instance_id = $1", self.instance_id)
             await conn.execute(SET_MODE, self.instance_id, "lone")
         set_mode(self.segment, 0)
-        await self._forget_leases()
+        self._used.clear()
+        self._shares.clear()
         self.mode = "lone"
         log.info("this instance is alone: it holds every cap whole")
-
-    async def _forget_leases(self) -> None:
-        for key in list(self._used):
-            self.segment.remove(ceiling_key(key))
-        self._used.clear()
 
     async def _reap(self, conn: asyncpg.Connection) -> None:
         async with conn.transaction():
@@ -396,13 +419,16 @@ class Agent:
         never wait for the database); give back the room and the undeclared part of a slice that
         did not move for IDLE_BEATS beats."""
         rows = await conn.fetch(OWN_LEASES, self.instance_id)
+        mode = mode_of(self.segment)
+        if not mode:
+            return
         seen: dict[bytes, _Lease] = {}
         raise_keys: list[bytes] = []
         raise_by: list[int] = []
         for row in rows:
             key = bytes(row["resource"])
             amount, declared, need = int(row["amount"]), int(row["declared"]), int(row["need"])
-            ceiling = ceiling_key(key)
+            ceiling = ceiling_key(key, mode)
             room = max(0, self.segment.get(ceiling) - self.segment.get(key))
             used = max(0, declared - room)
             state = self._used.get(key) or _Lease(used=used, kind=int(row["kind"]))
@@ -434,14 +460,14 @@ class Agent:
             if key not in seen and state.kind in (RULE_OWN, RULE_MINUTE_CALLS, RULE_MINUTE_TOKENS):
                 # The window ended and its allowance was dropped: the instance's own counter
                 # under the entry (no other copy anywhere) goes too.
-                self.segment.remove(ceiling_key(key))
+                self.segment.remove(ceiling_key(key, mode))
                 self.segment.remove(key)
         self._used = seen
         if raise_keys:
             more = dict(zip(raise_keys, raise_by, strict=True))
             for row in await conn.fetch(DECLARE, self.instance_id, raise_keys, raise_by):
                 key = bytes(row["resource"])
-                self.segment.add(ceiling_key(key), more[key])
+                self.segment.add(ceiling_key(key, mode), more[key])
 
     async def _provider_shares(self, conn: asyncpg.Connection) -> None:
         config = self.config() if self.config is not None else None
@@ -460,7 +486,7 @@ class Agent:
 
     async def _rebalance(self, conn: asyncpg.Connection, provider_id: str, kind: int, key: bytes, limit: int) -> None:
         state = self._shares.setdefault((provider_id, kind), _Share())
-        ceiling = ceiling_key(key)
+        ceiling = ceiling_key(key, mode_of(self.segment))
         held = self.segment.get(ceiling)
         demand = self.segment.get(demand_key(key))
         wanting = demand > state.last_demand

@@ -27,6 +27,7 @@ from meshfast._core import (
     WINDOW_MONTH,
     WINDOW_WEEK,
     ceiling_key,
+    cluster_key,
     counter_key,
 )
 from meshfast.snapshot import Config, calendar_tz
@@ -184,10 +185,11 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
         if absorbed:
             segment.add(key, absorbed)
             segment.add(shadow, absorbed)
-            if kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR) and segment.get(ceiling_key(key)):
+            mode = segment.get(cluster_key())
+            if mode and kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR) and segment.get(ceiling_key(key, mode)):
                 # In a cluster, other hosts' spend came out of their own slices: the ceiling of
                 # this instance's slice rises with the counter (after it: never more room).
-                segment.add(ceiling_key(key), absorbed)
+                segment.add(ceiling_key(key, mode), absorbed)
             if kind == WINDOW_DAY:
                 # Another host's spend that day counts in that day's week and month too.
                 _, week, month = _window_keys(a, b, _day(period))

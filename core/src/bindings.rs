@@ -74,23 +74,28 @@ fn key_from_bytes(key: &[u8]) -> PyResult<u128> {
 /// `xxh3_128(kind ‖ id(a) ‖ id(b) ‖ period)` as 16 big-endian bytes.
 #[pyfunction]
 fn counter_key<'py>(py: Python<'py>, kind: u8, a: &str, b: &str, period: u32) -> PyResult<Bound<'py, PyBytes>> {
-    if !(shm::SPEND_DAY..=shm::RULE_TOKENS_MINUTE).contains(&kind) {
+    if !(shm::SPEND_DAY..=shm::RULE_MINUTE_TOKENS).contains(&kind) {
         return Err(PyValueError::new_err(format!("unknown counter kind {kind}")));
     }
     let key = shm::counter_key(kind, &shm::id_bytes(a), &shm::id_bytes(b), period);
     Ok(PyBytes::new(py, &key.to_be_bytes()))
 }
 
-/// The key of the instance's cluster mode (0 alone, `CLUSTER_LEASED`, `CLUSTER_FENCED`).
+/// The key of the instance's cluster mode: `epoch << 8 | state` (state 0 alone, `CLUSTER_LEASED`,
+/// `CLUSTER_FENCED`).
 #[pyfunction]
 fn cluster_key(py: Python<'_>) -> Bound<'_, PyBytes> {
     PyBytes::new(py, &shm::cluster_key().to_be_bytes())
 }
 
-/// In a cluster, the key of the ceiling (budget) or share (provider limit) held for `key`.
+/// In a cluster (`mode` as read at `cluster_key`), the key of the ceiling (budget, count) or
+/// share (provider limit) held for `key`.
 #[pyfunction]
-fn ceiling_key<'py>(py: Python<'py>, key: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-    Ok(PyBytes::new(py, &shm::ceiling_key(key_from_bytes(key)?).to_be_bytes()))
+fn ceiling_key<'py>(py: Python<'py>, key: &[u8], mode: i64) -> PyResult<Bound<'py, PyBytes>> {
+    Ok(PyBytes::new(
+        py,
+        &shm::ceiling_key(key_from_bytes(key)?, mode).to_be_bytes(),
+    ))
 }
 
 /// In a cluster, the key counting calls refused for want of the share or lease at `key`.
@@ -1403,6 +1408,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RULE_OWN", shm::RULE_OWN)?;
     m.add("RULE_MINUTE_CALLS", shm::RULE_MINUTE_CALLS)?;
     m.add("RULE_MINUTE_TOKENS", shm::RULE_MINUTE_TOKENS)?;
+    m.add("CLUSTER", shm::CLUSTER)?;
     m.add("CLUSTER_LEASED", shm::CLUSTER_LEASED)?;
     m.add("CLUSTER_FENCED", shm::CLUSTER_FENCED)?;
     m.add("OUTCOMES", outcomes(py)?)?;

@@ -169,10 +169,10 @@ impl Holds {
         }
         let limits = state.provider;
         // In a cluster the instance uses its share of each limit (ARCHITECTURE "several hosts").
-        let cluster = shm::cluster_mode(segment);
-        let share = |key: u128| match cluster {
+        let mode = shm::cluster_mode(segment);
+        let share = |key: u128| match shm::cluster_state(mode) {
             0 => None,
-            shm::CLUSTER_LEASED => Some(segment.get(shm::ceiling_key(key))),
+            shm::CLUSTER_LEASED => Some(segment.get(shm::ceiling_key(key, mode))),
             _ => Some(0),
         };
         if let Some((key, cap)) = limits.slots {

@@ -213,8 +213,9 @@ impl Fallback {
         let Some(segment) = &self.segment else { return true };
         // In a cluster, within what this instance declared of the quota (no lease is asked for:
         // the failover is skipped instead).
+        let mode = shm::cluster_mode(segment);
         let ceiling = match self.max_calls_per_hour.filter(|&max| max > 0) {
-            Some(max) if shm::cluster_mode(segment) != 0 => max.min(segment.get(shm::ceiling_key(self.calls_key))),
+            Some(max) if mode != 0 => max.min(segment.get(shm::ceiling_key(self.calls_key, mode))),
             Some(max) => max,
             None => i64::MAX,
         };
@@ -679,7 +680,8 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         // In a cluster the instance spends only what it declared of its slices (ARCHITECTURE
         // "several hosts"); cut off from the database too, as that is already counted as spent.
         let cap = grant.daily_cap_nano_usd;
-        let leased = (shm::cluster_mode(segment) != 0).then(|| segment.get(shm::ceiling_key(spend_key)));
+        let mode = shm::cluster_mode(segment);
+        let leased = (mode != 0).then(|| segment.get(shm::ceiling_key(spend_key, mode)));
         match segment.reserve(spend_key, worst, leased.map_or(cap, |ceiling| ceiling.min(cap))) {
             Ok(Some(lease)) => {
                 holds.hold_budget(lease);
@@ -765,10 +767,11 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                 counters.calls_this_hour = calls;
                 // In a cluster an hourly cap is leased like a budget: a count past what this
                 // instance declared is taken back and a slice asked for.
-                if shm::cluster_mode(segment) != 0 {
+                let mode = shm::cluster_mode(segment);
+                if mode != 0 {
                     let over = |key: u128, count: i64, max: Option<i64>| {
                         max.filter(|&max| max > 0)
-                            .is_some_and(|_| count > segment.get(shm::ceiling_key(key)))
+                            .is_some_and(|_| count > segment.get(shm::ceiling_key(key, mode)))
                     };
                     let wanted = if over(provider_key, provider_calls, provider.max_calls_per_hour) {
                         Some((shm::PROVIDER_CALLS_HOUR, provider_key, provider.max_calls_per_hour))

@@ -860,6 +860,8 @@ pub fn decide(
     let mut best: Option<RuleLimit> = None;
     let mut scopes: Vec<ScopeState> = Vec::new();
     let own = |state: &ScopeState| if state.reserved { 0 } else { worst_nano.max(0) };
+    // In a cluster, slices bound what this instance counts ([`shm::ceiling_key`]).
+    let mode = shm::cluster_mode(segment);
     for (rule, entry) in rules.covering(model_index) {
         if !entry.matches(snapshot, principal) {
             continue;
@@ -877,7 +879,7 @@ pub fn decide(
         };
         // Per-minute caps are token buckets (GCRA) of a minute's worth: `cap` back to back, then
         // one per `60 s / cap`; one slot per person and entry, whatever the minute.
-        let cluster = enforcing && shm::cluster_mode(segment) != 0;
+        let cluster = enforcing && mode != 0;
         let minute = (now_ms.max(0) / 60_000) as u32;
         let next_minute_ms = (i64::from(minute) + 1) * 60_000;
         if let (Some(cap), true) = (entry.calls_per_minute, cluster) {
@@ -885,7 +887,7 @@ pub fn decide(
             // slices of it (a call past them is taken back and a slice asked for).
             let own_key = key(shm::RULE_MINUTE_CALLS, minute);
             match segment.add(own_key, 1) {
-                Ok(n) if n <= segment.get(shm::ceiling_key(own_key)).min(cap) => d.minute_calls.push(own_key),
+                Ok(n) if n <= segment.get(shm::ceiling_key(own_key, mode)).min(cap) => d.minute_calls.push(own_key),
                 Ok(n) => {
                     let _ = segment.add(own_key, -1);
                     if n <= cap {
@@ -941,7 +943,7 @@ pub fn decide(
             // instance's count is under its slices of the cap.
             let own_key = key(shm::RULE_MINUTE_TOKENS, minute);
             let counted = segment.get(own_key);
-            if counted >= segment.get(shm::ceiling_key(own_key)).min(cap) {
+            if counted >= segment.get(shm::ceiling_key(own_key, mode)).min(cap) {
                 if counted < cap {
                     d.lease_wanted = Some(RuleLeaseWant {
                         kind: shm::RULE_MINUTE_TOKENS,
@@ -1068,11 +1070,11 @@ pub fn decide(
             (pool, committed) = (scopes[at].pool.unwrap_or(0), scopes[at].committed);
             let keys = &scopes[at].keys;
             let mut over = committed.saturating_add(pool) > threshold;
-            if !over && shm::cluster_mode(segment) != 0 {
+            if !over && mode != 0 {
                 // In a cluster this instance spends only what it declared of its slices of the
                 // threshold (a counter of its own spend and reservations under the entry).
                 let own_key = key(shm::RULE_OWN, period);
-                let ceiling = segment.get(shm::ceiling_key(own_key));
+                let ceiling = segment.get(shm::ceiling_key(own_key, mode));
                 match segment.reserve(own_key, worst_nano.max(0), ceiling) {
                     Ok(Some(lease)) => d.own_leases.push(lease),
                     Ok(None) => {

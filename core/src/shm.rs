@@ -136,13 +136,15 @@ pub const RULE_OWN: u8 = 16;
 pub const RULE_MINUTE_CALLS: u8 = 17;
 pub const RULE_MINUTE_TOKENS: u8 = 18;
 
-/// Slot kind: the instance's place in a cluster ([`cluster_key`]): 0 = alone (every cap is
-/// held whole), [`CLUSTER_LEASED`] = caps are leased in slices, [`CLUSTER_FENCED`] = leased but
-/// cut off from the database past the point where its leases may be reclaimed (nothing held).
+/// Slot kind: the instance's place in a cluster ([`cluster_key`]): `epoch << 8 | state`, state 0
+/// = alone (every cap is held whole; the whole value is then 0), [`CLUSTER_LEASED`] = caps are
+/// leased in slices, [`CLUSTER_FENCED`] = leased but cut off from the database past the point
+/// where its provider shares may be reclaimed. Each time the instance (re)joins a cluster the
+/// epoch moves on, so no ceiling of an earlier membership is ever read again ([`ceiling_key`]).
 pub const CLUSTER: u8 = 15;
-/// [`CLUSTER`] value: caps and provider limits are leased ([`ceiling_key`]).
+/// [`CLUSTER`] state: caps and provider limits are leased ([`ceiling_key`]).
 pub const CLUSTER_LEASED: i64 = 1;
-/// [`CLUSTER`] value: leased, and the leases may have been reclaimed: no room anywhere.
+/// [`CLUSTER`] state: leased, and the provider shares may have been reclaimed: none held.
 pub const CLUSTER_FENCED: i64 = 2;
 
 /// The key of the instance's [`CLUSTER`] mode.
@@ -151,13 +153,15 @@ pub fn cluster_key() -> u128 {
     counter_key(CLUSTER, &[0; 16], &[0; 16], 0)
 }
 
-/// In a cluster, the ceiling this instance may bring the counter at `key` to (a budget: the
-/// counter's value when its lease began plus what the lease granted, raised with what other hosts'
-/// spend adds to the counter) or its share of a provider limit (concurrency slots; rate in
-/// milli-requests per second). Absent (0): nothing held.
+/// In a cluster (`mode` as [`cluster_mode`] read it), the ceiling this instance may bring the
+/// counter at `key` to (a budget or count: the counter's value when its slice began plus what it
+/// declared of its slices, raised with what other hosts' spend adds to the counter) or its share
+/// of a provider limit (concurrency slots; rate in milli-requests per second). Absent (0):
+/// nothing held.
 #[must_use]
-pub fn ceiling_key(key: u128) -> u128 {
-    key ^ 0x5a17_c0de_ce11_1e55_0000_0000_0000_0001
+pub fn ceiling_key(key: u128, mode: i64) -> u128 {
+    let epoch = u128::from((mode >> 8) as u64);
+    key ^ 0x5a17_c0de_ce11_1e55_0000_0000_0000_0001 ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
 }
 
 /// In a cluster, how many calls were refused for want of the share or lease at `key` (the
@@ -167,10 +171,16 @@ pub fn demand_key(key: u128) -> u128 {
     key ^ 0x5a17_c0de_dea4_a0d0_0000_0000_0000_0002
 }
 
-/// The instance's cluster mode ([`CLUSTER`]); 0 without a segment entry.
+/// The instance's cluster mode ([`CLUSTER`]): 0 alone.
 #[must_use]
 pub fn cluster_mode(segment: &Segment) -> i64 {
     segment.get(cluster_key())
+}
+
+/// The state part of a [`CLUSTER`] mode (0, [`CLUSTER_LEASED`] or [`CLUSTER_FENCED`]).
+#[must_use]
+pub fn cluster_state(mode: i64) -> i64 {
+    mode & 0xFF
 }
 
 /// The key of [`GLOBAL_INFLIGHT`].
