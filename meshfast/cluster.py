@@ -62,6 +62,7 @@ ENV_INSTANCE_ID = "MESHFAST_INSTANCE_ID"
 # NOTE: the same key as in migration 0017's meshfast_lease_grant (shared there, exclusive here).
 CLUSTER_LOCK = 7164774026633454957
 HEARTBEAT_S = 1.0
+LONE_REAP_S = 120.0
 # An instance whose heartbeat is this old is listed dead; its holdings are reclaimed at REAP_S.
 DEAD_S = 10.0
 REAP_S = 20.0
@@ -70,6 +71,7 @@ REAP_S = 20.0
 FENCE_S = 8.0
 ZERO_ID = "00000000-0000-0000-0000-000000000000"
 SLOTS, RATE = 0, 1
+EPOCH_DATE = dt.date(1970, 1, 1)
 
 
 class SecretsMismatch(SystemExit):
@@ -103,11 +105,22 @@ def mode_of(segment: Any) -> int:
 
 INSERT_FINGERPRINT = "INSERT INTO cluster_secrets (fingerprint) VALUES ($1) ON CONFLICT (id) DO NOTHING"
 SELECT_FINGERPRINT = "SELECT fingerprint FROM cluster_secrets"
-REAP = """
-WITH dead AS (
-    DELETE FROM instances WHERE last_seen < now() - make_interval(secs => $1) RETURNING id
-), gone AS (
-    DELETE FROM leases WHERE instance_id IN (SELECT id FROM dead)
+# A member is reclaimed 20 s after its last beat; an instance holding the caps whole only after
+# LONE_REAP_S (it keeps serving through a database outage, so a newcomer waits that long).
+REAP_DEAD = """
+DELETE FROM instances
+WHERE last_seen < now() - make_interval(secs => CASE WHEN mode = 'lone' THEN $2::float8 ELSE $1::float8 END)
+"""
+# NOTE: the allowance rows first (in one order), then the lease rows, as every other writer.
+LOCK_ORPHANED = """
+SELECT 1 FROM allowances WHERE resource IN (
+    SELECT resource FROM leases l WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = l.instance_id))
+ORDER BY resource FOR UPDATE
+"""
+# What an instance that is gone declared stays counted; the rest of its slices returns.
+REAP_ORPHANED = """
+WITH gone AS (
+    DELETE FROM leases l WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = l.instance_id)
     RETURNING resource, amount - declared AS back
 )
 UPDATE allowances a SET used = a.used - g.back
@@ -120,6 +133,7 @@ OTHERS = "SELECT count(*) FROM instances WHERE id <> $1"
 FOREIGN_HOLDINGS = """
 SELECT (SELECT count(*) FROM leases WHERE instance_id <> $1)
      + (SELECT count(*) FROM provider_shares WHERE instance_id <> $1)
+     + (SELECT count(*) FROM allowances)
 """
 INSERT_INSTANCE = """
 INSERT INTO instances (id, host, port, pid, workers, mode) VALUES ($1, $2, $3, $4, $5, $6)
@@ -150,7 +164,7 @@ WITH old AS (
 )
 UPDATE allowances SET used = used - (SELECT back FROM upd) WHERE resource = $1 AND EXISTS (SELECT 1 FROM upd)
 """
-GRANT = "SELECT meshfast_lease_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+GRANT = "SELECT meshfast_lease_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
 # How long a lone instance that others joined waits for the calls it admitted under the whole
 # caps to settle before it lets the others lease (a longer stream counts as if leased).
 JOIN_WAIT_S = 30.0
@@ -198,14 +212,12 @@ async def register(conn: asyncpg.Connection, secrets: Secrets, instance_id: str,
                 "meshfast: this data dir's secrets.json does not match the cluster's (another instance on this "
                 "database was started with other secrets); copy secrets.json from a running instance's data dir "
                 "into this one's before starting it")
-        await conn.execute(REAP, REAP_S)
-        await conn.execute(REAP_SHARES)
+        await reap(conn)
         others = await conn.fetchval(OTHERS, instance_id)
         foreign = await conn.fetchval(FOREIGN_HOLDINGS, instance_id)
+        # Alone only on a database no cluster used in a window still open: an allowance left by
+        # one counts what its members declared (spent or not), which no counter here knows.
         mode = "lone" if not others and not foreign else "cluster"
-        if mode == "lone":
-            # Leftovers of an earlier cluster: nobody holds them any more.
-            await conn.execute("DELETE FROM allowances")
         await conn.execute(INSERT_INSTANCE, instance_id, socket.gethostname(), port, os.getpid(), workers, mode)
     return mode
 
@@ -222,6 +234,15 @@ async def unregister(conn: asyncpg.Connection, segment: Any, instance_id: str) -
         await conn.execute("DELETE FROM leases WHERE instance_id = $1", instance_id)
         await conn.execute("DELETE FROM provider_shares WHERE instance_id = $1", instance_id)
         await conn.execute("DELETE FROM instances WHERE id = $1", instance_id)
+
+
+async def reap(conn: asyncpg.Connection) -> None:
+    """Reclaim what instances that stopped beating held (inside the caller's transaction, under
+    the exclusive cluster lock)."""
+    await conn.execute(REAP_DEAD, REAP_S, LONE_REAP_S)
+    await conn.execute(LOCK_ORPHANED)
+    await conn.execute(REAP_ORPHANED)
+    await conn.execute(REAP_SHARES)
 
 
 async def list_instances(conn: asyncpg.Connection) -> list[dict[str, Any]]:
@@ -273,11 +294,12 @@ class Leases:
         self.instance_id = instance_id
         self.grants = 0
 
-    async def acquire(self, wanted: tuple[bytes, int, int, int, int, int, int], user_id: str, model_id: str,
-                      provider_id: str | None, deadline_s: float = 3.0) -> bool | None:
+    async def acquire(self, wanted: tuple[bytes, int, int, int, int, int, int, list[str], int, int], user_id: str,
+                      model_id: str, provider_id: str | None, deadline_s: float = 3.0) -> bool | None:
         """True when room was declared (decide again), False when the cap has no room for the
         call in the whole cluster, None when the database cannot be asked (fail closed)."""
-        key, kind, period, need, cap, base, expires_ms = wanted
+        key, kind, period, need, cap, base, expires_ms, models, from_day, to_day = wanted
+        first, last = EPOCH_DATE + dt.timedelta(days=from_day), EPOCH_DATE + dt.timedelta(days=to_day)
         a, b = (ZERO_ID, provider_id or ZERO_ID) if kind == PROVIDER_CALLS_HOUR else (user_id, model_id)
         # Kept past the window's end (a day; two minutes for a minute's): a late call's settle
         # still finds its slice.
@@ -291,7 +313,7 @@ class Leases:
                 async with asyncio.timeout(max(0.1, end - loop.time())):
                     async with self.pool.acquire() as conn:
                         granted = await conn.fetchval(GRANT, key, self.instance_id, kind, a, b, period,
-                                                      cap, need, base, expires)
+                                                      cap, need, base, expires, models, first, last)
             except Exception as exc:
                 # NOTE: whatever went wrong (the database away or restarting, a connection in a
                 # bad state), the call is refused: fail closed.
@@ -342,6 +364,8 @@ class Agent:
     checkpoint: Any = None  # async callable(conn): push the counters
     mode: str = "cluster"
     _used: dict[bytes, _Lease] = field(default_factory=dict)
+    _join_marks: list[tuple[int, int]] | None = None
+    _join_until: float = 0.0
     _shares: dict[tuple[str, int], _Share] = field(default_factory=dict)
 
     async def tick(self, conn: asyncpg.Connection) -> None:
@@ -363,55 +387,41 @@ class Agent:
             self.segment.add(cluster_key(), CLUSTER_LEASED - CLUSTER_FENCED)
         self.mode = mode
         if mode == "lone":
-            if await conn.fetchval(OTHERS, self.instance_id):
+            if self._join_marks is not None or await conn.fetchval(OTHERS, self.instance_id):
                 await self._join(conn)
             return
         await self._reap(conn)
-        if not await conn.fetchval(OTHERS, self.instance_id) and not await conn.fetchval(
-                FOREIGN_HOLDINGS, self.instance_id):
-            await self._go_lone(conn)
-            return
         await self._leases(conn)
         await self._provider_shares(conn)
 
     async def _join(self, conn: asyncpg.Connection) -> None:
-        """Another instance registered: lease from now on. Calls already admitted under the whole
-        caps finish first (bounded), and their spend reaches the database, before the others may
-        lease: until this instance says ``cluster``, their grants wait."""
-        set_mode(self.segment, CLUSTER_LEASED)
-        # NOTE: a call that read the mode just before it changed reserves within microseconds.
-        await asyncio.sleep(0.05)
-        marks = self.segment.lease_marks()
+        """Another instance registered: lease from now on (for good: an instance goes back to
+        holding the caps whole only when it restarts alone). The calls this instance admitted
+        under the whole caps settle first (at most JOIN_WAIT_S), and their spend reaches the
+        database, before anyone may lease: until this instance says ``cluster``, every grant
+        waits. The wait spans beats (the heartbeat goes on)."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + JOIN_WAIT_S
-        while self.segment.leases_outstanding(marks) and loop.time() < end:
+        if self._join_marks is None:
+            set_mode(self.segment, CLUSTER_LEASED)
+            # NOTE: a call that read the mode just before it changed reserves within microseconds.
             await asyncio.sleep(0.05)
+            self._join_marks = self.segment.lease_marks()
+            self._join_until = loop.time() + JOIN_WAIT_S
+            log.info("another instance joined: caps and provider limits are leased once this instance's calls "
+                     "in flight settle")
+        if self.segment.leases_outstanding(self._join_marks) and loop.time() < self._join_until:
+            return
         if self.checkpoint is not None:
             await self.checkpoint(conn)
         await conn.execute(SET_MODE, self.instance_id, "cluster")
+        self._join_marks = None
         self.mode = "cluster"
-        log.info("another instance joined: caps and provider limits are leased from now on")
-
-    async def _go_lone(self, conn: asyncpg.Connection) -> None:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", CLUSTER_LOCK)
-            if await conn.fetchval(OTHERS, self.instance_id) or await conn.fetchval(
-                    FOREIGN_HOLDINGS, self.instance_id):
-                return
-            await conn.execute("DELETE FROM allowances")
-            await conn.execute("DELETE FROM provider_shares WHERE instance_id = $1", self.instance_id)
-            await conn.execute(SET_MODE, self.instance_id, "lone")
-        set_mode(self.segment, 0)
-        self._used.clear()
-        self._shares.clear()
-        self.mode = "lone"
-        log.info("this instance is alone: it holds every cap whole")
+        log.info("this instance leases caps and provider limits from now on")
 
     async def _reap(self, conn: asyncpg.Connection) -> None:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", CLUSTER_LOCK)
-            await conn.execute(REAP, REAP_S)
-            await conn.execute(REAP_SHARES)
+            await reap(conn)
             await conn.execute(REAP_EXPIRED)
 
     async def _leases(self, conn: asyncpg.Connection) -> None:
@@ -457,11 +467,12 @@ class Agent:
                     raise_keys.append(key)
                     raise_by.append(target - declared)
         for key, state in self._used.items():
-            if key not in seen and state.kind in (RULE_OWN, RULE_MINUTE_CALLS, RULE_MINUTE_TOKENS):
-                # The window ended and its allowance was dropped: the instance's own counter
-                # under the entry (no other copy anywhere) goes too.
+            if key not in seen:
+                # The window ended and its allowance was dropped: its ceiling goes, and the
+                # instance's own counter under a rule entry (no other copy anywhere) too.
                 self.segment.remove(ceiling_key(key, mode))
-                self.segment.remove(key)
+                if state.kind in (RULE_OWN, RULE_MINUTE_CALLS, RULE_MINUTE_TOKENS):
+                    self.segment.remove(key)
         self._used = seen
         if raise_keys:
             more = dict(zip(raise_keys, raise_by, strict=True))
@@ -473,6 +484,7 @@ class Agent:
         config = self.config() if self.config is not None else None
         if config is None:
             return
+        hour = int(time.time() // 3600)
         for provider in config.providers:
             limits = []
             if provider.max_concurrent_upstream and provider.max_concurrent_upstream > 0:
@@ -481,37 +493,46 @@ class Agent:
             if provider.max_outbound_rps and provider.max_outbound_rps > 0:
                 limits.append((RATE, counter_key(PROVIDER_RATE, ZERO_ID, provider.id, 0),
                                int(provider.max_outbound_rps) * 1000))
+            calls = self.segment.get(counter_key(PROVIDER_CALLS_HOUR, ZERO_ID, provider.id, hour))
             for kind, key, limit in limits:
-                await self._rebalance(conn, provider.id, kind, key, limit)
+                await self._rebalance(conn, provider.id, kind, key, limit, calls)
 
-    async def _rebalance(self, conn: asyncpg.Connection, provider_id: str, kind: int, key: bytes, limit: int) -> None:
+    async def _rebalance(self, conn: asyncpg.Connection, provider_id: str, kind: int, key: bytes, limit: int,
+                         calls: int) -> None:
+        """One provider limit's share: grown (the database first) from what nobody holds while
+        calls waited for want of it, shrunk (shared memory first) towards an equal split of the
+        instances that want it, given back when unused, never past what the others hold."""
         state = self._shares.setdefault((provider_id, kind), _Share())
-        ceiling = ceiling_key(key, mode_of(self.segment))
+        mode = mode_of(self.segment)
+        ceiling = ceiling_key(key, mode)
         held = self.segment.get(ceiling)
         demand = self.segment.get(demand_key(key))
         wanting = demand > state.last_demand
         state.last_demand = demand
-        state.quiet = 0 if wanting else state.quiet + 1
-        # What this instance uses now: its slots in flight; for a rate, what it was refused for
-        # is the demand signal and it keeps its share while it was busy in the last beats.
-        in_use = max(0, self.segment.get(key)) if kind == SLOTS else 0
+        called = calls - state.last_calls if calls >= state.last_calls else calls
+        state.last_calls = calls
+        # In use: slots in flight; for a rate, what the last beat's calls took (half again).
+        if kind == SLOTS:
+            in_use = max(0, self.segment.get(key))
+        else:
+            in_use = int(called * 1000 * 1.5 / HEARTBEAT_S)
+        state.quiet = 0 if wanting or called else state.quiet + 1
         async with conn.transaction():
             await conn.execute(SHARE_LOCK, f"{provider_id}:{kind}")
             other = await conn.fetchrow(OTHER_SHARES, provider_id, kind, self.instance_id)
             others, others_wanting = int(other["held"]), int(other["wanting"])
-            free = max(0, limit - others - held)
-            target = held
+            room = max(0, limit - others)
+            fair = -(-limit // (others_wanting + 1))
             if wanting:
-                fair = -(-limit // (others_wanting + 1))
-                target = held + free if not others_wanting else min(held + free, max(held, fair))
+                target = room if not others_wanting else max(min(held, fair), min(room, fair))
             elif state.quiet >= 2:
-                # Unused for two beats: keep what is in flight, give back the rest.
                 target = in_use if kind == SLOTS else 0
-            elif others_wanting:
-                fair = -(-limit // (others_wanting + 1))
-                target = max(in_use, min(held, fair))
-            if kind == SLOTS:
-                target = max(target, min(held, in_use))
+            else:
+                target = held
+            if others_wanting and target > fair:
+                # Others wait: an equal split of the limit (slots in flight drain into it).
+                target = fair
+            target = min(target, room)
             if target > held:
                 # Grows: the database first.
                 await conn.execute(UPSERT_SHARE, provider_id, kind, self.instance_id, target, wanting)
@@ -520,4 +541,5 @@ class Agent:
                 if target < held:
                     # Shrinks: shared memory first; slots in flight above it drain by themselves.
                     self.segment.add(ceiling, target - held)
-                await conn.execute(UPSERT_SHARE, provider_id, kind, self.instance_id, max(target, in_use), wanting)
+                await conn.execute(UPSERT_SHARE, provider_id, kind, self.instance_id,
+                                   max(target, in_use) if kind == SLOTS else target, wanting)

@@ -119,7 +119,8 @@ class DataPlane:
         if p.status and self.leases is not None:
             # A cluster member holds only slices of each cap: out of room, it asks for another
             # (one round trip, rare far from a cap) and decides again.
-            for _ in range(3):
+            # NOTE: a call may want up to one slice per cap it meets (budget, rules, hourly counts).
+            for _ in range(8):
                 wanted = p.lease_wanted
                 if wanted is None or p.principal_id is None or p.model_id is None:
                     break

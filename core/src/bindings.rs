@@ -893,11 +893,14 @@ impl PyPrepared {
         self.inner.would_deny.as_deref()
     }
     /// In a cluster, the lease the call was refused for want of:
-    /// `(counter key, kind, period, need, cap, base, expires_ms)`.
+    /// `(counter key, kind, period, need, cap, base, expires_ms, models, from_day, to_day)`.
     #[getter]
     #[allow(clippy::type_complexity)]
-    fn lease_wanted<'py>(&self, py: Python<'py>) -> Option<(Bound<'py, PyBytes>, u8, u32, i64, i64, i64, i64)> {
-        self.inner.lease_wanted.map(|w| {
+    fn lease_wanted<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Option<(Bound<'py, PyBytes>, u8, u32, i64, i64, i64, i64, Vec<String>, i32, i32)> {
+        self.inner.lease_wanted.as_ref().map(|w| {
             (
                 PyBytes::new(py, &w.key.to_be_bytes()),
                 w.kind,
@@ -906,6 +909,9 @@ impl PyPrepared {
                 w.cap,
                 w.base,
                 w.expires_ms,
+                w.models.clone(),
+                w.from_day,
+                w.to_day,
             )
         })
     }

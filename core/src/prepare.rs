@@ -168,7 +168,7 @@ pub struct Prepared {
 
 /// A lease to ask for: the counter at `key` of `kind` (a daily spend in nano-USD, period the UTC
 /// day; an hourly call count, period the UTC hour), at least `need`, under the cap `cap`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseWant {
     /// [`shm::SPEND_DAY`], [`shm::CALLS_HOUR`], [`shm::PROVIDER_CALLS_HOUR`] or [`shm::RULE_OWN`].
     pub kind: u8,
@@ -180,6 +180,10 @@ pub struct LeaseWant {
     pub base: i64,
     /// When the window ended (unix ms): the allowance is dropped after.
     pub expires_ms: i64,
+    /// A rule threshold's models in scope and window days (see [`rules::RuleLeaseWant`]).
+    pub models: Vec<String>,
+    pub from_day: i32,
+    pub to_day: i32,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -698,6 +702,9 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                         cap,
                         base: 0,
                         expires_ms: next_utc_midnight(req.now_ms),
+                        models: Vec::new(),
+                        from_day: 0,
+                        to_day: 0,
                     });
                 }
                 p.limit = governing(grant, provider, &counters, req.now_ms);
@@ -730,6 +737,9 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             cap: w.threshold,
             base: w.base,
             expires_ms: w.window_end_ms,
+            models: w.models,
+            from_day: w.from_day,
+            to_day: w.to_day,
         });
         if let Some(refusal) = decision.refusal {
             if let Some(limit) = decision.limit {
@@ -793,6 +803,9 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                             cap: max,
                             base: 0,
                             expires_ms: next_utc_hour(req.now_ms),
+                            models: Vec::new(),
+                            from_day: 0,
+                            to_day: 0,
                         });
                         let denial = if kind == shm::PROVIDER_CALLS_HOUR {
                             Denial::ProviderHourly

@@ -763,7 +763,7 @@ pub struct Decision {
 }
 
 /// A slice of a rule entry's threshold or per-minute cap to ask for (see [`Decision::lease_wanted`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleLeaseWant {
     /// [`shm::RULE_OWN`], [`shm::RULE_MINUTE_CALLS`] or [`shm::RULE_MINUTE_TOKENS`].
     pub kind: u8,
@@ -772,9 +772,15 @@ pub struct RuleLeaseWant {
     pub period: u32,
     pub need: i64,
     pub threshold: i64,
-    /// The committed spend in scope and window when asked (the allowance's base if it is new).
+    /// The committed spend in scope and window when asked (the allowance's base if it is new,
+    /// unless the database holds more for `models` from `from_day` to `to_day`).
     pub base: i64,
     pub window_end_ms: i64,
+    /// The models in scope the principal holds grants to (ids), for a threshold's base.
+    pub models: Vec<String>,
+    /// The window's first and last local days (days since 1970-01-01).
+    pub from_day: i32,
+    pub to_day: i32,
 }
 
 fn notify_events(
@@ -899,6 +905,9 @@ pub fn decide(
                             threshold: cap,
                             base: 0,
                             window_end_ms: next_minute_ms,
+                            models: Vec::new(),
+                            from_day: 0,
+                            to_day: 0,
                         });
                     }
                     d.refusal = Some(Refusal::Rate {
@@ -953,6 +962,9 @@ pub fn decide(
                         threshold: cap,
                         base: 0,
                         window_end_ms: next_minute_ms,
+                        models: Vec::new(),
+                        from_day: 0,
+                        to_day: 0,
                     });
                 }
                 d.refusal = Some(Refusal::Rate {
@@ -1070,6 +1082,9 @@ pub fn decide(
             (pool, committed) = (scopes[at].pool.unwrap_or(0), scopes[at].committed);
             let keys = &scopes[at].keys;
             let mut over = committed.saturating_add(pool) > threshold;
+            // Refused for want of a slice only: no crossing to notify (the call is decided again
+            // once the slice is there).
+            let mut lease_miss = false;
             if !over && mode != 0 {
                 // In a cluster this instance spends only what it declared of its slices of the
                 // threshold (a counter of its own spend and reservations under the entry).
@@ -1078,6 +1093,7 @@ pub fn decide(
                 match segment.reserve(own_key, worst_nano.max(0), ceiling) {
                     Ok(Some(lease)) => d.own_leases.push(lease),
                     Ok(None) => {
+                        let day = |ms: i64| (local_date(tz, ms) - EPOCH).num_days() as i32;
                         d.lease_wanted = Some(RuleLeaseWant {
                             kind: shm::RULE_OWN,
                             key: own_key,
@@ -1086,8 +1102,16 @@ pub fn decide(
                             threshold,
                             base: committed,
                             window_end_ms: window_end,
+                            models: snapshot
+                                .grants_of(principal)
+                                .filter(|g| entry.covers(g.model))
+                                .map(|g| snapshot.models[g.model as usize].id.clone())
+                                .collect(),
+                            from_day: day(window_start),
+                            to_day: day(window_end - 1),
                         });
                         over = true;
+                        lease_miss = true;
                     }
                     Err(_) => {
                         d.unavailable = true;
@@ -1097,7 +1121,7 @@ pub fn decide(
             }
             if over {
                 let mut watch_events = Vec::new();
-                if !entry.notify.is_empty() {
+                if !entry.notify.is_empty() && !lease_miss {
                     let watch = Watch {
                         keys: keys.clone(),
                         flag: key(shm::RULE_NOTIFIED, 0),

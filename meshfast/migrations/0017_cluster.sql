@@ -72,7 +72,8 @@ CREATE TABLE provider_shares (
 -- asking instance counted (`p_base`).
 CREATE FUNCTION meshfast_lease_grant(
     p_resource bytea, p_instance uuid, p_kind smallint, p_a uuid, p_b uuid, p_period integer,
-    p_cap bigint, p_need bigint, p_base bigint, p_expires timestamptz
+    p_cap bigint, p_need bigint, p_base bigint, p_expires timestamptz,
+    p_models uuid[], p_from date, p_to date
 ) RETURNS bigint
 LANGUAGE plpgsql SET search_path = public AS $$
 DECLARE
@@ -85,7 +86,10 @@ DECLARE
     v_live bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(7164774026633454957);
-    IF EXISTS (SELECT 1 FROM instances WHERE mode = 'lone' AND id <> p_instance) THEN
+    -- Nothing is leased while an instance holds the caps whole (it is switching within seconds),
+    -- nor to an instance that is not a registered member (reclaimed: it registers again).
+    IF EXISTS (SELECT 1 FROM instances WHERE mode = 'lone')
+       OR NOT EXISTS (SELECT 1 FROM instances WHERE id = p_instance AND mode = 'cluster') THEN
         RETURN -1;
     END IF;
     -- NOTE: the allowance row is always locked before a lease row (here and in every writer).
@@ -100,6 +104,11 @@ BEGIN
         ELSIF p_kind = 3 THEN
             SELECT call_count INTO v_base FROM provider_hourly_usage
             WHERE provider_id = p_b AND hour_start = to_timestamp(p_period::bigint * 3600);
+        ELSIF p_kind = 16 THEN
+            -- A rule entry's threshold: the spend in scope and window the database holds, or
+            -- what the asking instance counted if that is more.
+            SELECT greatest(p_base, coalesce(sum(spend_nano_usd), 0))::bigint INTO v_base FROM calendar_spend
+            WHERE user_id = p_a AND model_id = ANY(p_models) AND day BETWEEN p_from AND p_to;
         ELSE
             v_base := p_base;
         END IF;
@@ -143,7 +152,7 @@ BEGIN
         EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I TO meshfast_gateway', t);
         EXECUTE format('GRANT SELECT ON %I TO meshfast_admin', t);
     END LOOP;
-    GRANT EXECUTE ON FUNCTION meshfast_lease_grant(bytea, uuid, smallint, uuid, uuid, integer, bigint, bigint, bigint, timestamptz)
+    GRANT EXECUTE ON FUNCTION meshfast_lease_grant(bytea, uuid, smallint, uuid, uuid, integer, bigint, bigint, bigint, timestamptz, uuid[], date, date)
         TO meshfast_gateway;
 END;
 $$;
