@@ -160,3 +160,56 @@ def test_a_rules_calls_per_minute_cap_holds_across_instances(cluster: Cluster, t
     assert int(time.time() // 60) == minute, "the test ran past its minute"
     assert (refusal.status_code, refusal.json().get("rule")) == (429, rule_id), refusal.text
     assert len(ok) + passed == fits, f"{len(ok)} in the burst + {passed} after: the cap fits exactly {fits}"
+
+
+def test_a_survivor_never_goes_back_to_whole_caps_it_cannot_account_for(testserve: EmulatedProviders) -> None:
+    """Two instances; B spends 8 of a cap's 10 calls and stops cleanly, then the other is alone. A
+    survivor that took the caps whole again would count from its own counters (which never saw B's
+    calls) and admit 10 more; it keeps leasing instead, so the day ends at exactly 10 calls."""
+    fits = 10
+    with running_cluster(size=2, workers=1) as pair:
+        a, b = pair.instances
+        caller = _caller(pair, testserve, cap_calls=fits)
+        assert all(_proxy(b, caller).status_code == 200 for _ in range(8))
+        b.stop()
+        time.sleep(3.0)  # A's beats see B gone
+        passed = 0
+        while (response := _proxy(a, caller)).status_code == 200:
+            passed += 1
+            assert passed <= fits
+        assert (response.status_code, response.json()["error"]) == (429, "budget_exceeded"), response.text
+        assert passed == fits - 8, f"8 through B + {passed} through A alone: the cap fits exactly {fits}"
+        status = a.admin("GET", "/admin/status").json()
+        assert status["instance"]["mode"] == "cluster", status["instance"]
+
+
+def test_a_busy_instance_gives_up_its_provider_share_to_one_that_waits(
+        cluster: Cluster, testserve: EmulatedProviders) -> None:
+    """max_concurrent_upstream 2: A keeps both slots busy with back-to-back slow calls; B's calls,
+    arriving after, are served within the admission wait (the share splits between the two
+    instances that want it) instead of every one being refused provider_busy."""
+    import threading
+
+    caller = _caller(cluster, testserve, max_concurrent_upstream=2)
+    a, b = cluster.instances[0], cluster.instances[1]
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            _proxy(a, caller)
+
+    testserve.client.delete("/_debug/requests")
+    testserve.client.post("/_debug/config", json={"delta_delay_ms": 150}).raise_for_status()
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(3.0)  # A holds the whole limit by now
+        answers = [_proxy(b, caller) for _ in range(4)]
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        _fast(testserve)
+    assert [r.status_code for r in answers] == [200] * 4, [(r.status_code, r.text[:80]) for r in answers]
+    assert testserve.client.get("/_debug/stats").json()["peak_in_flight"] <= 2
