@@ -104,6 +104,12 @@ bench-rules: setup ## spend rules: oversubscription (no overshoot), decision cos
 	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
 	$(BIN)/python bench/rules_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
 
+.PHONY: bench-cluster
+bench-cluster: setup ## scale-out: lone vs 3-instance cluster on one PostgreSQL: latency, CPU, DB round trips, lease return (QUICK=1)
+	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
+	$(BIN)/python bench/cluster_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
+
 # One bench-floor per runtime, shorter phases; the last command prints them side by side. Not rloop:
 # rloop 0.5.0 has no create_unix_connection, so meshfast's workers cannot reach the embedded PostgreSQL.
 RUNTIMES := "" "--loop uvloop" "--task-impl rust" "--loop uvloop --task-impl rust" "--runtime-mode mt" \
