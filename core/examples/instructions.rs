@@ -187,7 +187,7 @@ fn main() {
             for i in 0..10_000u32 {
                 let grant = (i * 7919) % snapshot.grants.len() as u32;
                 let principal = snapshot.grants[grant as usize].principal;
-                let d = rules::decide(&snapshot, &segment, principal, grant, 50_000, 1_764_000_000_000);
+                let d = rules::decide(&snapshot, &segment, principal, grant, 50_000, 1_764_000_000_000, 0);
                 sink += d.leases.len() + usize::from(d.refusal.is_some());
                 for lease in &d.leases {
                     segment.release(lease);

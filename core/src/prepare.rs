@@ -679,12 +679,13 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         provider.admission_share_pct,
     );
     let holds = Holds::new(segment.cloned(), spend_key, limits, upstream.weight);
+    // The instance's place in a cluster, read once for the call (0 alone: every cap held whole).
+    let mode = segment.map_or(0, |segment| shm::cluster_mode(segment));
     let worst = worst_case_nano(model, provider, &upstream);
     if let Some(segment) = segment.filter(|_| grant.daily_cap_nano_usd > 0) {
         // In a cluster the instance spends only what it declared of its slices (ARCHITECTURE
         // "several hosts"); cut off from the database too, as that is already counted as spent.
         let cap = grant.daily_cap_nano_usd;
-        let mode = shm::cluster_mode(segment);
         let leased = (mode != 0).then(|| segment.get(shm::ceiling_key(spend_key, mode)));
         match segment.reserve(spend_key, worst, leased.map_or(cap, |ceiling| ceiling.min(cap))) {
             Ok(Some(lease)) => {
@@ -720,7 +721,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     // Spend rules, after the per-user policy (the first block wins).
     let mut rule_limit = None;
     if let Some(segment) = segment {
-        let decision = rules::decide(snapshot, segment, key.principal, grant_index, worst, req.now_ms);
+        let decision = rules::decide(snapshot, segment, key.principal, grant_index, worst, req.now_ms, mode);
         if decision.unavailable {
             // NOTE: a counter that cannot be read or written denies (fail closed).
             p.deny_busy();
@@ -777,7 +778,6 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                 counters.calls_this_hour = calls;
                 // In a cluster an hourly cap is leased like a budget: a count past what this
                 // instance declared is taken back and a slice asked for.
-                let mode = shm::cluster_mode(segment);
                 if mode != 0 {
                     let over = |key: u128, count: i64, max: Option<i64>| {
                         max.filter(|&max| max > 0)

@@ -836,7 +836,8 @@ struct ScopeState {
 
 /// The rules' decision for `principal` calling `model` with worst-case cost `worst_nano` at
 /// `now_ms`: reserves in every enforcing block entry's pool (held in the decision's leases until
-/// settle), starts pauses, counts per-minute calls. On a refusal nothing stays reserved.
+/// settle), starts pauses, counts per-minute calls. On a refusal nothing stays reserved. `mode`
+/// is the instance's cluster mode as [`shm::cluster_mode`] read it for this call (0 alone).
 #[must_use]
 pub fn decide(
     snapshot: &Snapshot,
@@ -845,6 +846,7 @@ pub fn decide(
     grant_index: u32,
     worst_nano: i64,
     now_ms: i64,
+    mode: i64,
 ) -> Decision {
     let rules = &snapshot.rules;
     let grant = &snapshot.grants[grant_index as usize];
@@ -866,8 +868,7 @@ pub fn decide(
     let mut best: Option<RuleLimit> = None;
     let mut scopes: Vec<ScopeState> = Vec::new();
     let own = |state: &ScopeState| if state.reserved { 0 } else { worst_nano.max(0) };
-    // In a cluster, slices bound what this instance counts ([`shm::ceiling_key`]).
-    let mode = shm::cluster_mode(segment);
+
     for (rule, entry) in rules.covering(model_index) {
         if !entry.matches(snapshot, principal) {
             continue;
@@ -886,8 +887,9 @@ pub fn decide(
         // Per-minute caps are token buckets (GCRA) of a minute's worth: `cap` back to back, then
         // one per `60 s / cap`; one slot per person and entry, whatever the minute.
         let cluster = enforcing && mode != 0;
+        // NOTE: only read in a cluster (the UTC minute its per-minute counts are kept for).
         let minute = (now_ms.max(0) / 60_000) as u32;
-        let next_minute_ms = (i64::from(minute) + 1) * 60_000;
+        let next_minute_ms = || (i64::from(minute) + 1) * 60_000;
         if let (Some(cap), true) = (entry.calls_per_minute, cluster) {
             // In a cluster a per-minute cap counts calls per UTC minute, within this instance's
             // slices of it (a call past them is taken back and a slice asked for).
@@ -904,7 +906,7 @@ pub fn decide(
                             need: 1,
                             threshold: cap,
                             base: 0,
-                            window_end_ms: next_minute_ms,
+                            window_end_ms: next_minute_ms(),
                             models: Vec::new(),
                             from_day: 0,
                             to_day: 0,
@@ -912,7 +914,7 @@ pub fn decide(
                     }
                     d.refusal = Some(Refusal::Rate {
                         rule: rule.id.clone(),
-                        retry_at_ms: next_minute_ms,
+                        retry_at_ms: next_minute_ms(),
                     });
                     break;
                 }
@@ -961,7 +963,7 @@ pub fn decide(
                         need: (cap / 20).max(1),
                         threshold: cap,
                         base: 0,
-                        window_end_ms: next_minute_ms,
+                        window_end_ms: next_minute_ms(),
                         models: Vec::new(),
                         from_day: 0,
                         to_day: 0,
@@ -969,7 +971,7 @@ pub fn decide(
                 }
                 d.refusal = Some(Refusal::Rate {
                     rule: rule.id.clone(),
-                    retry_at_ms: next_minute_ms,
+                    retry_at_ms: next_minute_ms(),
                 });
                 break;
             }
@@ -1558,7 +1560,7 @@ mod tests {
                 .iter()
                 .position(|g| g.principal as usize == c.caller && g.model as usize == c.model)
                 .unwrap() as u32;
-            let d = decide(&snapshot, &segment, c.caller as u32, grant, c.worst, NOW);
+            let d = decide(&snapshot, &segment, c.caller as u32, grant, c.worst, NOW, 0);
             let refused = match &d.refusal {
                 Some(Refusal::Block { rule, .. }) => Some(rule.clone()),
                 None => None,
@@ -1594,7 +1596,7 @@ mod tests {
                 .unwrap();
         };
         let hour = 3_600_000;
-        let decide_at = |t: i64| decide(&snapshot, &segment, 0, 0, 0, t);
+        let decide_at = |t: i64| decide(&snapshot, &segment, 0, 0, 0, t, 0);
 
         spend(NOW, 150);
         let first = decide_at(NOW);

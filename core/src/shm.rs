@@ -147,10 +147,11 @@ pub const CLUSTER_LEASED: i64 = 1;
 /// [`CLUSTER`] state: leased, and the provider shares may have been reclaimed: none held.
 pub const CLUSTER_FENCED: i64 = 2;
 
-/// The key of the instance's [`CLUSTER`] mode.
+/// The key of the instance's [`CLUSTER`] mode (hashed once).
 #[must_use]
 pub fn cluster_key() -> u128 {
-    counter_key(CLUSTER, &[0; 16], &[0; 16], 0)
+    static KEY: std::sync::LazyLock<u128> = std::sync::LazyLock::new(|| counter_key(CLUSTER, &[0; 16], &[0; 16], 0));
+    *KEY
 }
 
 /// In a cluster (`mode` as [`cluster_mode`] read it), the ceiling this instance may bring the
