@@ -14,6 +14,47 @@ use crate::shm::{self, Lease, Segment};
 /// known; a release in the same process wakes it earlier, in Python).
 pub const SLOT_POLL_NS: i64 = 5_000_000;
 
+/// A lease to ask for: the counter at `key` of `kind` (a daily spend in nano-USD, period the UTC
+/// day; an hourly call count, period the UTC hour), at least `need`, under the cap `cap`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseWant {
+    /// [`shm::SPEND_DAY`], [`shm::CALLS_HOUR`], [`shm::PROVIDER_CALLS_HOUR`], [`shm::RULE_OWN`],
+    /// [`shm::RULE_MINUTE_CALLS`] or [`shm::RULE_MINUTE_TOKENS`].
+    pub kind: u8,
+    pub key: u128,
+    pub period: u32,
+    pub need: i64,
+    pub cap: i64,
+    /// A rule entry's committed spend in scope and window (a new allowance starts there).
+    pub base: i64,
+    /// When the window ended (unix ms): the allowance is dropped after.
+    pub expires_ms: i64,
+    /// A rule threshold's models in scope the principal holds grants to (ids) and the window's
+    /// first and last local days (days since 1970-01-01): the database's spend there is the base.
+    pub models: Vec<String>,
+    pub from_day: i32,
+    pub to_day: i32,
+}
+
+impl LeaseWant {
+    /// A slice of a cap without a base of its own (the database's counter is the base, or none).
+    #[must_use]
+    pub fn count(kind: u8, key: u128, period: u32, need: i64, cap: i64, expires_ms: i64) -> Self {
+        Self {
+            kind,
+            key,
+            period,
+            need,
+            cap,
+            base: 0,
+            expires_ms,
+            models: Vec::new(),
+            from_day: 0,
+            to_day: 0,
+        }
+    }
+}
+
 /// A provider's shared-memory limits, resolved from the snapshot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProviderLimits {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::content::{self, Block, BlockType, RawBlock};
-use crate::govern::{Holds, ProviderLimits};
+use crate::govern::{Holds, LeaseWant, ProviderLimits};
 use crate::keyindex::extract_token;
 use crate::outcome::Outcome;
 use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
@@ -164,26 +164,6 @@ pub struct Prepared {
     /// In a cluster, the budget lease the call was refused for want of (the caller asks the
     /// database for one and decides again).
     pub lease_wanted: Option<LeaseWant>,
-}
-
-/// A lease to ask for: the counter at `key` of `kind` (a daily spend in nano-USD, period the UTC
-/// day; an hourly call count, period the UTC hour), at least `need`, under the cap `cap`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseWant {
-    /// [`shm::SPEND_DAY`], [`shm::CALLS_HOUR`], [`shm::PROVIDER_CALLS_HOUR`] or [`shm::RULE_OWN`].
-    pub kind: u8,
-    pub key: u128,
-    pub period: u32,
-    pub need: i64,
-    pub cap: i64,
-    /// A rule entry's committed spend in scope and window (a new allowance starts there).
-    pub base: i64,
-    /// When the window ended (unix ms): the allowance is dropped after.
-    pub expires_ms: i64,
-    /// A rule threshold's models in scope and window days (see [`rules::RuleLeaseWant`]).
-    pub models: Vec<String>,
-    pub from_day: i32,
-    pub to_day: i32,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -695,18 +675,14 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             Ok(None) => {
                 counters.spent_today_nano = segment.get(spend_key);
                 if leased.is_some() && counters.spent_today_nano.saturating_add(worst) <= cap {
-                    p.lease_wanted = Some(LeaseWant {
-                        kind: shm::SPEND_DAY,
-                        key: spend_key,
-                        period: utc_day(req.now_ms),
-                        need: worst.max(1),
+                    p.lease_wanted = Some(LeaseWant::count(
+                        shm::SPEND_DAY,
+                        spend_key,
+                        utc_day(req.now_ms),
+                        worst.max(1),
                         cap,
-                        base: 0,
-                        expires_ms: next_utc_midnight(req.now_ms),
-                        models: Vec::new(),
-                        from_day: 0,
-                        to_day: 0,
-                    });
+                        next_utc_midnight(req.now_ms),
+                    ));
                 }
                 p.limit = governing(grant, provider, &counters, req.now_ms);
                 p.deny_budget(grant.daily_cap_nano_usd, req.now_ms);
@@ -730,18 +706,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         p.would_deny = decision.would_deny;
         p.warning = decision.warning;
         p.events = decision.events;
-        p.lease_wanted = decision.lease_wanted.map(|w| LeaseWant {
-            kind: w.kind,
-            key: w.key,
-            period: w.period,
-            need: w.need,
-            cap: w.threshold,
-            base: w.base,
-            expires_ms: w.window_end_ms,
-            models: w.models,
-            from_day: w.from_day,
-            to_day: w.to_day,
-        });
+        p.lease_wanted = decision.lease_wanted;
         if let Some(refusal) = decision.refusal {
             if let Some(limit) = decision.limit {
                 p.limit = Some(Governing {
@@ -795,18 +760,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                         let _ = segment.add(provider_key, -1);
                         let _ = segment.add(calls_key, -1);
                         p.holds = None;
-                        p.lease_wanted = Some(LeaseWant {
-                            kind,
-                            key,
-                            period: hour,
-                            need: 1,
-                            cap: max,
-                            base: 0,
-                            expires_ms: next_utc_hour(req.now_ms),
-                            models: Vec::new(),
-                            from_day: 0,
-                            to_day: 0,
-                        });
+                        p.lease_wanted = Some(LeaseWant::count(kind, key, hour, 1, max, next_utc_hour(req.now_ms)));
                         let denial = if kind == shm::PROVIDER_CALLS_HOUR {
                             Denial::ProviderHourly
                         } else {

@@ -21,6 +21,7 @@ use chrono::{Datelike, Days, LocalResult, Months, NaiveDate, TimeZone};
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+use crate::govern::LeaseWant;
 use crate::shm::{self, CounterRead, KeyTemplate, Lease, Segment};
 use crate::snapshot::{Model, Snapshot};
 use crate::views::{rfc3339, write_str, write_usd};
@@ -755,32 +756,11 @@ pub struct Decision {
     /// settled with the call's cost.
     pub own_leases: Vec<Lease>,
     /// In a cluster: the slice of an entry's threshold the call was refused for want of.
-    pub lease_wanted: Option<RuleLeaseWant>,
+    pub lease_wanted: Option<LeaseWant>,
     /// In a cluster: the per-minute call counts this call took (given back if it is refused).
     pub minute_calls: Vec<u128>,
     /// In a cluster: the per-minute token counters the call's tokens go to.
     pub minute_tokens: Vec<u128>,
-}
-
-/// A slice of a rule entry's threshold or per-minute cap to ask for (see [`Decision::lease_wanted`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuleLeaseWant {
-    /// [`shm::RULE_OWN`], [`shm::RULE_MINUTE_CALLS`] or [`shm::RULE_MINUTE_TOKENS`].
-    pub kind: u8,
-    /// The counter.
-    pub key: u128,
-    pub period: u32,
-    pub need: i64,
-    pub threshold: i64,
-    /// The committed spend in scope and window when asked (the allowance's base if it is new,
-    /// unless the database holds more for `models` from `from_day` to `to_day`).
-    pub base: i64,
-    pub window_end_ms: i64,
-    /// The models in scope the principal holds grants to (ids), for a threshold's base.
-    pub models: Vec<String>,
-    /// The window's first and last local days (days since 1970-01-01).
-    pub from_day: i32,
-    pub to_day: i32,
 }
 
 fn notify_events(
@@ -899,18 +879,14 @@ pub fn decide(
                 Ok(n) => {
                     let _ = segment.add(own_key, -1);
                     if n <= cap {
-                        d.lease_wanted = Some(RuleLeaseWant {
-                            kind: shm::RULE_MINUTE_CALLS,
-                            key: own_key,
-                            period: minute,
-                            need: 1,
-                            threshold: cap,
-                            base: 0,
-                            window_end_ms: next_minute_ms(),
-                            models: Vec::new(),
-                            from_day: 0,
-                            to_day: 0,
-                        });
+                        d.lease_wanted = Some(LeaseWant::count(
+                            shm::RULE_MINUTE_CALLS,
+                            own_key,
+                            minute,
+                            1,
+                            cap,
+                            next_minute_ms(),
+                        ));
                     }
                     d.refusal = Some(Refusal::Rate {
                         rule: rule.id.clone(),
@@ -956,18 +932,14 @@ pub fn decide(
             let counted = segment.get(own_key);
             if counted >= segment.get(shm::ceiling_key(own_key, mode)).min(cap) {
                 if counted < cap {
-                    d.lease_wanted = Some(RuleLeaseWant {
-                        kind: shm::RULE_MINUTE_TOKENS,
-                        key: own_key,
-                        period: minute,
-                        need: (cap / 20).max(1),
-                        threshold: cap,
-                        base: 0,
-                        window_end_ms: next_minute_ms(),
-                        models: Vec::new(),
-                        from_day: 0,
-                        to_day: 0,
-                    });
+                    d.lease_wanted = Some(LeaseWant::count(
+                        shm::RULE_MINUTE_TOKENS,
+                        own_key,
+                        minute,
+                        (cap / 20).max(1),
+                        cap,
+                        next_minute_ms(),
+                    ));
                 }
                 d.refusal = Some(Refusal::Rate {
                     rule: rule.id.clone(),
@@ -1096,14 +1068,14 @@ pub fn decide(
                     Ok(Some(lease)) => d.own_leases.push(lease),
                     Ok(None) => {
                         let day = |ms: i64| (local_date(tz, ms) - EPOCH).num_days() as i32;
-                        d.lease_wanted = Some(RuleLeaseWant {
+                        d.lease_wanted = Some(LeaseWant {
                             kind: shm::RULE_OWN,
                             key: own_key,
                             period,
                             need: worst_nano.max(1),
-                            threshold,
+                            cap: threshold,
                             base: committed,
-                            window_end_ms: window_end,
+                            expires_ms: window_end,
                             models: snapshot
                                 .grants_of(principal)
                                 .filter(|g| entry.covers(g.model))
