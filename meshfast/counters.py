@@ -183,12 +183,15 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
         # What other hosts pushed in the meantime becomes part of this host's view.
         absorbed = total - (synced + delta)
         if absorbed:
+            # In a cluster, other hosts' spend came out of their own slices: the ceiling of this
+            # instance's slice rises with the counter, after it (never more room), and only if the
+            # ceiling was there before the counter moved (one made since already counts it).
+            mode = segment.get(cluster_key())
+            leased = mode and kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR) and segment.get(
+                ceiling_key(key, mode))
             segment.add(key, absorbed)
             segment.add(shadow, absorbed)
-            mode = segment.get(cluster_key())
-            if mode and kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR) and segment.get(ceiling_key(key, mode)):
-                # In a cluster, other hosts' spend came out of their own slices: the ceiling of
-                # this instance's slice rises with the counter (after it: never more room).
+            if leased:
                 segment.add(ceiling_key(key, mode), absorbed)
             if kind == WINDOW_DAY:
                 # Another host's spend that day counts in that day's week and month too.
