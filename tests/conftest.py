@@ -40,6 +40,21 @@ def until(check: Any, timeout_s: float = 10.0, what: str = "condition") -> Any:
         time.sleep(0.05)
 
 
+def clear_of_window_edge(period_s: int, needed_s: float) -> int:
+    """Returns the current UTC window of ``period_s`` (an hour, a day) once at least ``needed_s``
+    remain of it, waiting for the next one to begin when fewer do. Counts compared across a test
+    would otherwise straddle a window edge, where caps legitimately start over; the test asserts at
+    its end that it is still in the returned window."""
+    if period_s - time.time() % period_s < needed_s:
+        time.sleep(period_s - time.time() % period_s + 0.05)
+    return int(time.time() // period_s)
+
+
+def in_window(period_s: int) -> int:
+    """The current UTC window of ``period_s`` (see :func:`clear_of_window_edge`)."""
+    return int(time.time() // period_s)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

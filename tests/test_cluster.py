@@ -25,7 +25,18 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-from conftest import SESSION_ENV, Cluster, ClusterInstance, EmulatedProviders, free_port, running_cluster, tag, until
+from conftest import (
+    SESSION_ENV,
+    Cluster,
+    ClusterInstance,
+    EmulatedProviders,
+    clear_of_window_edge,
+    free_port,
+    in_window,
+    running_cluster,
+    tag,
+    until,
+)
 
 from meshfast.store import database
 
@@ -386,6 +397,7 @@ def test_a_daily_cap_holds_across_instances_and_its_unused_leases_return(
     fits = 10
     caller = _caller(cluster, testserve, cap_calls=fits)
     cap = caller["cap"]
+    day = clear_of_window_edge(86400, 60)
     # Each answer streams for ~60 ms, so the admitted calls overlap and hold their reservations together.
     testserve.client.post("/_debug/config", json={"delta_delay_ms": 20}).raise_for_status()
     try:
@@ -408,6 +420,7 @@ def test_a_daily_cap_holds_across_instances_and_its_unused_leases_return(
         topped_up += 1
         assert topped_up <= fits, "the cap admitted more calls than it fits"
     assert (response.status_code, response.json()["error"]) == (429, "budget_exceeded"), response.text
+    assert in_window(86400) == day, "the test ran past its day"
     rows = _rows_of(cluster, caller, 4 * fits + topped_up + 1)
     spent = sum((_cost(r) for r in rows), Decimal(0))
     assert cap - CALL_USD < spent <= cap, (spent, len(ok), topped_up)

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from conftest import Cluster, EmulatedProviders, running_cluster, tag, until
+from conftest import Cluster, EmulatedProviders, clear_of_window_edge, in_window, running_cluster, tag, until
 from test_cluster import CALL_USD, _bearer, _burst, _caller, _cost, _proxy, _rows_of
 
 Json = dict[str, Any]
@@ -59,6 +59,7 @@ def test_a_users_hourly_call_cap_holds_across_instances(cluster: Cluster, testse
     assert response.status_code == 200, response.text
     time.sleep(1.0)  # the policy on every worker of every instance (API: within 1 s)
 
+    hour = clear_of_window_edge(3600, 60)
     responses = _oversubscribe(cluster, testserve, caller, fits)
     ok = [r for r in responses if r.status_code == 200]
     assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
@@ -68,12 +69,14 @@ def test_a_users_hourly_call_cap_holds_across_instances(cluster: Cluster, testse
     time.sleep(7.0)  # unused slices return
     passed, refusal = _fill_through_one(cluster, caller, fits)
     assert (refusal.status_code, refusal.json()["error"]) == (429, "user_model_hourly_limit_reached")
+    assert in_window(3600) == hour, "the test ran past its hour"
     assert len(ok) + passed == fits, f"{len(ok)} in the burst + {passed} after: the cap fits exactly {fits}"
 
 
 def test_a_providers_hourly_quota_holds_across_instances(cluster: Cluster, testserve: EmulatedProviders) -> None:
     fits = 6
     caller = _caller(cluster, testserve, max_calls_per_hour=fits)
+    hour = clear_of_window_edge(3600, 60)
     responses = _oversubscribe(cluster, testserve, caller, fits)
     ok = [r for r in responses if r.status_code == 200]
     assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
@@ -83,6 +86,7 @@ def test_a_providers_hourly_quota_holds_across_instances(cluster: Cluster, tests
     time.sleep(7.0)
     passed, refusal = _fill_through_one(cluster, caller, fits)
     assert (refusal.status_code, refusal.json()["error"]) == (429, "provider_hourly_limit_reached")
+    assert in_window(3600) == hour, "the test ran past its hour"
     assert len(ok) + passed == fits
     rows = _rows_of(cluster, caller, 4 * fits + passed + 1)
     assert sum(1 for r in rows if r["status_code"] == 200) == fits
@@ -115,6 +119,7 @@ def test_a_spend_rules_threshold_holds_across_instances(cluster: Cluster, testse
 
     until(listed_everywhere, 5, "the rule on every instance")
 
+    day = clear_of_window_edge(86400, 60)
     responses = _oversubscribe(cluster, testserve, caller, fits)
     ok = [r for r in responses if r.status_code == 200]
     assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
@@ -127,6 +132,7 @@ def test_a_spend_rules_threshold_holds_across_instances(cluster: Cluster, testse
     time.sleep(7.0)
     passed, refusal = _fill_through_one(cluster, caller, fits)
     assert (refusal.status_code, refusal.json().get("rule")) == (429, rule_id), refusal.text
+    assert in_window(86400) == day, "the test ran past its day"
     assert len(ok) + passed == fits, f"{len(ok)} in the burst + {passed} after: the threshold fits exactly {fits}"
     rows = _rows_of(cluster, caller, 4 * fits + passed + 1)
     spent = sum((_cost(r) for r in rows if r["status_code"] == 200), Decimal(0))

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from conftest import EmulatedProviders, Gateway, WorkerConnections
+from conftest import EmulatedProviders, Gateway, WorkerConnections, clear_of_window_edge
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -56,6 +56,7 @@ def _parse(ts: str) -> dt.datetime:
 def test_hourly_cap_denies_with_resume_at_and_shows_in_models(gateway: Gateway, caller: dict[str, Any]) -> None:
     """max_calls_per_hour: the call over the cap is 429 with limit, resume_at (next hour) and Retry-After."""
     _set_policy(gateway, caller, max_calls_per_hour=2, always_open=True)
+    clear_of_window_edge(3600, 10)
     assert [_proxy(gateway, caller).status_code for _ in range(2)] == [200, 200]
     denied = _proxy(gateway, caller)
     assert denied.status_code == 429
