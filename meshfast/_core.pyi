@@ -191,10 +191,11 @@ class Segment:
         """Create or re-initialise the segment file at ``path`` (the supervisor does this once).
 
         The file is built beside ``path`` and renamed over it, so processes still mapping an old
-        segment keep a consistent one. ``slots`` and ``ring_records`` are rounded up to powers of
-        two; ``record_bytes`` (a multiple of 8, ≥ 64) includes a 32-byte record header, so a row
-        holds at most ``record_bytes - 32`` bytes. Raises :class:`ShmError` on I/O errors,
-        ``ValueError`` for capacities out of range.
+        segment keep a consistent one. ``slots`` is taken as given (any count: about 7 per active
+        person × model pair); ``ring_records`` is rounded up to a power of two; ``record_bytes``
+        (a multiple of 8, ≥ 64) includes a 32-byte record header, so a row holds at most
+        ``record_bytes - 32`` bytes. Raises :class:`ShmError` on I/O errors, ``ValueError`` for
+        capacities out of range.
         """
 
     @staticmethod
@@ -220,6 +221,22 @@ class Segment:
 
     def get(self, key: bytes) -> int:
         """The counter at ``key``, 0 when absent."""
+
+    def seed_packed(self, kind: int, packed: bytes, shadow: bool) -> int:
+        """Add packed records, each ``a (16 B) ‖ b (16 B) ‖ period (u32 BE) ‖ value (i64 BE)``
+        (PostgreSQL's ``uuid_send ‖ int4send ‖ int8send``), to the counters of ``kind`` keyed as
+        :func:`counter_key` keys those ids, and to their shadows with ``shadow``; how many records.
+        Without the GIL. ``ValueError`` for a partial record or an unknown kind; :class:`ShmError`
+        when the table is full."""
+
+    def shadow(self, key: bytes) -> int:
+        """The shadow of the counter at ``key`` (what the database already holds of it: the
+        checkpoint pushes value − open reservations − shadow), kept in the counter's own slot; 0
+        when absent."""
+
+    def add_shadow(self, key: bytes, delta: int) -> int:
+        """Add ``delta`` to the shadow of the counter at ``key`` (claiming its slot if new); the
+        new shadow. Raises :class:`ShmError` when the slot table is full."""
 
     def remove(self, key: bytes) -> bool:
         """Turn ``key``'s slot into a tombstone (cleanup of past periods); True if it existed.
@@ -469,16 +486,15 @@ class Core:
         threshold whose population holds the caller, with spend, utilization and status) or the
         same 401 as there."""
 
-    def counter_deltas(self, pair_periods: list[tuple[int, int]], provider_periods: list[tuple[int, int]],
-                       shadow_bit: int) -> list[tuple[int, str, str, int, int]]:
+    def counter_deltas(self, pair_periods: list[tuple[int, int]],
+                       provider_periods: list[tuple[int, int]]) -> list[tuple[int, str, str, int, int]]:
         """Every counter that moved since the last checkpoint, in one pass over the snapshot's
         grants (``pair_periods``: ``(kind, period)`` of principal × model counters) and providers
         (``provider_periods``, principal part the zero id): ``(kind, a id, b id, period, delta)``
-        with ``delta`` = value − open reservations − the shadow's (at ``period | shadow_bit``).
+        with ``delta`` = value − open reservations − its shadow (:meth:`Segment.shadow`).
         Runs without the GIL."""
 
-    def remove_counters(self, pair_periods: list[tuple[int, int]], provider_periods: list[tuple[int, int]],
-                        shadow_bit: int) -> int:
+    def remove_counters(self, pair_periods: list[tuple[int, int]], provider_periods: list[tuple[int, int]]) -> int:
         """Remove those counters and their shadows; how many counters existed. Without the GIL."""
 
     def patch_principal(self, seq: int, index: int, principal: bytes) -> int:

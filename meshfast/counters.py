@@ -1,8 +1,8 @@
 """Spend and call counters: shared memory on the request path, PostgreSQL as the record.
 
 The request path only touches the shared-memory counters. The leader checkpoints them: for each
-counter it pushes the delta since the last checkpoint (kept in a shadow counter in the same
-segment, so a new leader carries on where the old one stopped), receives the database total and
+counter it pushes the delta since the last checkpoint (what the database holds is the counter's
+shadow, a word of its own slot, so a new leader carries on where the old one stopped), receives the database total and
 absorbs what other hosts added. The supervisor seeds the counters from the database before the
 workers start, so a restart keeps today's spend and this hour's calls.
 """
@@ -35,9 +35,6 @@ from meshfast.snapshot import Config, calendar_tz
 log = logging.getLogger("meshfast.counters")
 
 ZERO_ID = "00000000-0000-0000-0000-000000000000"
-# NOTE: periods are day or hour numbers (< 2^31); the top bit marks the shadow of a counter:
-# the value that the database already holds for it.
-SHADOW_BIT = 1 << 31
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
 
@@ -58,21 +55,40 @@ INSERT INTO provider_hourly_usage (provider_id, hour_start, call_count) VALUES (
 ON CONFLICT (provider_id, hour_start) DO UPDATE SET call_count = provider_hourly_usage.call_count + EXCLUDED.call_count
 RETURNING call_count
 """
-SEED_DAILY_SPEND = "SELECT user_id, model_id, day, spend_nano_usd FROM daily_spend WHERE day >= $1"
-SEED_USER_HOURLY = """
-SELECT user_id, model_id, hour_start, call_count FROM user_model_hourly_usage WHERE hour_start >= $1
+# The seeds come packed, one bytea per query of `a ‖ b ‖ period (int4) ‖ value (int8)` records
+# (Segment.seed_packed): a million counters cost PostgreSQL one aggregate and the core one pass,
+# with no row objects in Python.
+_PACKED = ("coalesce(string_agg({a} || {b} || int4send(({period})::int) || int8send(({value})::bigint), ''::bytea), "
+           "''::bytea)")
+_ZERO_ID_BYTES = "decode('00000000000000000000000000000000', 'hex')"
+_HOUR = "extract(epoch FROM hour_start)::bigint / 3600"
+SEED_DAILY_SPEND = f"""
+SELECT {_PACKED.format(a="uuid_send(user_id)", b="uuid_send(model_id)", period="day - DATE '1970-01-01'",
+                       value="spend_nano_usd")} FROM daily_spend WHERE day >= $1
 """
-SEED_PROVIDER_HOURLY = "SELECT provider_id, hour_start, call_count FROM provider_hourly_usage WHERE hour_start >= $1"
+SEED_USER_HOURLY = f"""
+SELECT {_PACKED.format(a="uuid_send(user_id)", b="uuid_send(model_id)", period=_HOUR, value="call_count")}
+FROM user_model_hourly_usage WHERE hour_start >= $1
+"""
+SEED_PROVIDER_HOURLY = f"""
+SELECT {_PACKED.format(a=_ZERO_ID_BYTES, b="uuid_send(provider_id)", period=_HOUR, value="call_count")}
+FROM provider_hourly_usage WHERE hour_start >= $1
+"""
 UPSERT_CALENDAR_SPEND = """
 INSERT INTO calendar_spend (user_id, model_id, day, spend_nano_usd) VALUES ($1, $2, $3, $4)
 ON CONFLICT (user_id, model_id, day)
 DO UPDATE SET spend_nano_usd = calendar_spend.spend_nano_usd + EXCLUDED.spend_nano_usd
 RETURNING spend_nano_usd
 """
-SEED_CALENDAR_DAYS = "SELECT user_id, model_id, day, spend_nano_usd FROM calendar_spend WHERE day >= $1"
-SEED_CALENDAR_SUM = """
-SELECT user_id, model_id, sum(spend_nano_usd)::bigint AS spend FROM calendar_spend
-WHERE day >= $1 AND day <= $2 GROUP BY user_id, model_id
+SEED_CALENDAR_DAYS = f"""
+SELECT {_PACKED.format(a="uuid_send(user_id)", b="uuid_send(model_id)", period="day - DATE '1970-01-01'",
+                       value="spend_nano_usd")} FROM calendar_spend WHERE day >= $1
+"""
+# The week's or month's sum per pair, under the window's period ($3).
+SEED_CALENDAR_SUM = f"""
+SELECT {_PACKED.format(a="uuid_send(user_id)", b="uuid_send(model_id)", period="$3", value="spend")} FROM (
+    SELECT user_id, model_id, sum(spend_nano_usd) AS spend FROM calendar_spend
+    WHERE day >= $1 AND day <= $2 GROUP BY user_id, model_id) sums
 """
 SEED_PAUSES = """
 SELECT rule_id, entry, user_id, "window", window_start, (detail->>'started_at_ms')::bigint AS started_at_ms
@@ -152,13 +168,13 @@ async def _moved(segment: Any, config: Config, now_ms: int, core: Any) -> list[t
     without, the same in Python (the supervisor's last checkpoint)."""
     if core is not None:
         pairs, providers = _periods_of(config, now_ms)
-        return await asyncio.to_thread(core.counter_deltas, pairs, providers, SHADOW_BIT)
+        return await asyncio.to_thread(core.counter_deltas, pairs, providers)
     # Open budget reservations share the spend counters; only settled spend is pushed.
     reserved = segment.reserved()
     moved = []
     for kind, a, b, period in _keys(config, now_ms):
         key = counter_key(kind, a, b, period)
-        delta = segment.get(key) - reserved.get(key, 0) - segment.get(counter_key(kind, a, b, period | SHADOW_BIT))
+        delta = segment.get(key) - reserved.get(key, 0) - segment.shadow(key)
         if delta:
             moved.append((kind, a, b, period, delta))
     return moved
@@ -169,8 +185,7 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
     moved = 0
     for kind, a, b, period, delta in await _moved(segment, config, now_ms, core):
         key = counter_key(kind, a, b, period)
-        shadow = counter_key(kind, a, b, period | SHADOW_BIT)
-        synced = segment.get(shadow)
+        synced = segment.shadow(key)
         if kind == SPEND_DAY:
             total = await conn.fetchval(UPSERT_DAILY_SPEND, a, b, _day(period), delta)
         elif kind == WINDOW_DAY:
@@ -179,7 +194,7 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
             total = await conn.fetchval(UPSERT_USER_HOURLY, a, b, _hour(period), delta)
         else:
             total = await conn.fetchval(UPSERT_PROVIDER_HOURLY, b, _hour(period), delta)
-        segment.add(shadow, delta)
+        segment.add_shadow(key, delta)
         # What other hosts pushed in the meantime becomes part of this host's view.
         absorbed = total - (synced + delta)
         if absorbed:
@@ -190,7 +205,7 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
             leased = mode and kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR) and segment.get(
                 ceiling_key(key, mode))
             segment.add(key, absorbed)
-            segment.add(shadow, absorbed)
+            segment.add_shadow(key, absorbed)
             if leased:
                 segment.add(ceiling_key(key, mode), absorbed)
             if kind == WINDOW_DAY:
@@ -207,24 +222,17 @@ async def seed(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
     first_day, _ = _periods(now_ms, DAY_MS)
     first_hour, _ = _periods(now_ms, HOUR_MS)
     loaded = 0
-
-    def put(kind: int, a: str, b: str, period: int, value: int) -> None:
-        nonlocal loaded
-        segment.add(counter_key(kind, a, b, period), value)
-        segment.add(counter_key(kind, a, b, period | SHADOW_BIT), value)
-        loaded += 1
-
-    for row in await conn.fetch(SEED_DAILY_SPEND, _day(first_day)):
-        period = (row["day"] - dt.date(1970, 1, 1)).days
-        put(SPEND_DAY, str(row["user_id"]), str(row["model_id"]), period, row["spend_nano_usd"])
-    for row in await conn.fetch(SEED_USER_HOURLY, _hour(first_hour)):
-        put(CALLS_HOUR, str(row["user_id"]), str(row["model_id"]), int(row["hour_start"].timestamp()) // 3600,
-            row["call_count"])
-    for row in await conn.fetch(SEED_PROVIDER_HOURLY, _hour(first_hour)):
-        put(PROVIDER_CALLS_HOUR, ZERO_ID, str(row["provider_id"]), int(row["hour_start"].timestamp()) // 3600,
-            row["call_count"])
+    for kind, query, since in ((SPEND_DAY, SEED_DAILY_SPEND, _day(first_day)),
+                               (CALLS_HOUR, SEED_USER_HOURLY, _hour(first_hour)),
+                               (PROVIDER_CALLS_HOUR, SEED_PROVIDER_HOURLY, _hour(first_hour))):
+        loaded += await _seed_packed(segment, kind, await conn.fetchval(query, since), shadow=True)
     loaded += await seed_calendar(segment, conn, now_ms)
     return loaded
+
+
+async def _seed_packed(segment: Any, kind: int, packed: bytes, shadow: bool) -> int:
+    # NOTE: off the event loop (the supervisor's start-up, or a leader's re-seed on a serving loop).
+    return int(await asyncio.to_thread(segment.seed_packed, kind, packed, shadow)) if packed else 0
 
 
 async def seed_calendar(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
@@ -232,18 +240,14 @@ async def seed_calendar(segment: Any, conn: asyncpg.Connection, now_ms: int) -> 
     the checkpoint), this week's and this month's sums, and the pauses running in this window."""
     today = local_date(now_ms)
     loaded = 0
-    for row in await conn.fetch(SEED_CALENDAR_DAYS, today - dt.timedelta(days=1)):
-        a, b, period = str(row["user_id"]), str(row["model_id"]), day_period(row["day"])
-        segment.add(counter_key(WINDOW_DAY, a, b, period), row["spend_nano_usd"])
-        segment.add(counter_key(WINDOW_DAY, a, b, period | SHADOW_BIT), row["spend_nano_usd"])
-        loaded += 1
+    packed = await conn.fetchval(SEED_CALENDAR_DAYS, today - dt.timedelta(days=1))
+    loaded += await _seed_packed(segment, WINDOW_DAY, packed, shadow=True)
     week_start = today - dt.timedelta(days=today.weekday())
     month_start = today.replace(day=1)
     for kind, start, period in ((WINDOW_WEEK, week_start, week_period(today)),
                                 (WINDOW_MONTH, month_start, month_period(today))):
-        for row in await conn.fetch(SEED_CALENDAR_SUM, start, today):
-            segment.add(counter_key(kind, str(row["user_id"]), str(row["model_id"]), period), row["spend"])
-            loaded += 1
+        packed = await conn.fetchval(SEED_CALENDAR_SUM, start, today, period)
+        loaded += await _seed_packed(segment, kind, packed, shadow=False)
     # A pause begins once per rule, person and window: one that began before a restart still runs.
     # The core keeps one slot per person and entry with the start of the latest pause.
     zone = zoneinfo.ZoneInfo(calendar_tz())
@@ -289,7 +293,7 @@ async def purge_with_core(core: Any, segment: Any, config: Config, now_ms: int) 
     for kind, (first, last) in spans.items():
         periods = [(kind, p) for p in range(max(first, _PURGED.get(kind, first - 1) + 1), last + 1)]
         (providers if kind == PROVIDER_CALLS_HOUR else pairs).extend(periods)
-    removed = int(await asyncio.to_thread(core.remove_counters, pairs, providers, SHADOW_BIT))
+    removed = int(await asyncio.to_thread(core.remove_counters, pairs, providers))
     for kind, (_, last) in spans.items():
         _PURGED[kind] = max(_PURGED.get(kind, last), last)
     await asyncio.to_thread(segment.sweep)
@@ -310,7 +314,6 @@ def purge(segment: Any, config: Config, now_ms: int) -> int:
     def drop(kind: int, a: str, b: str, period: int) -> None:
         nonlocal removed
         removed += segment.remove(counter_key(kind, a, b, period))
-        segment.remove(counter_key(kind, a, b, period | SHADOW_BIT))
 
     for period in range(today - PURGE_DAYS, today - KEEP_DAYS + 1):
         for a, b in pairs:

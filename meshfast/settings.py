@@ -44,8 +44,9 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_TASK_IMPL", "Granian's task implementation: asyncio (default) or rust (Python < 3.12)"),
     ("MESHFAST_RUNTIME_MODE", "Granian's Rust runtime per worker: auto (default), st or mt"),
     ("LOG_RETENTION_DAYS", "days of request logs kept (default 30)"),
-    ("MESHFAST_SHM_SLOTS", "counter slots of the shared-memory table, a power of two (default 1048576: 32 MiB, about "
-                           "150,000 person x model pairs active in a day; a full table refuses calls)"),
+    ("MESHFAST_SHM_SLOTS", "counter slots of the shared-memory table, 32 bytes each, from 4096 to 134217728 (default "
+                           "1048576: 32 MiB, about 150,000 person x model pairs active in a day; size it at about 7 "
+                           "slots per active pair, e.g. 7200000 for a million: 220 MiB; a full table refuses calls)"),
     ("MESHFAST_CALENDAR_TZ", "IANA zone of the spend rules' daily, weekly (Monday first) and monthly windows "
                              "(default UTC)"),
     ("MESHFAST_NOTIFY_POLL_S", "seconds between the leader's polls of the notification outbox (default 1)"),
@@ -90,10 +91,10 @@ GRANIAN_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _power_of_two_env(name: str, default: int, low: int, high: int) -> int:
+def _bounded_int_env(name: str, default: int, low: int, high: int) -> int:
     value = _int_env(name, default)
-    if not low <= value <= high or value & (value - 1):
-        raise SystemExit(f"meshfast: {name} must be a power of two from {low} to {high}, got {value}")
+    if not low <= value <= high:
+        raise SystemExit(f"meshfast: {name} must be a whole number from {low} to {high}, got {value}")
     return value
 
 
@@ -191,7 +192,7 @@ class Settings:
             granian_task_impl=_choice_env("MESHFAST_TASK_IMPL"),
             granian_runtime_mode=_choice_env("MESHFAST_RUNTIME_MODE"),
             calendar_tz=_zone_env("MESHFAST_CALENDAR_TZ"),
-            shm_slots=_power_of_two_env("MESHFAST_SHM_SLOTS", 1 << 20, 1 << 12, 1 << 26),
+            shm_slots=_bounded_int_env("MESHFAST_SHM_SLOTS", 1 << 20, 1 << 12, 1 << 27),
         )
 
     @property

@@ -163,6 +163,25 @@ impl PySegment {
         Ok(self.inner.remove(key_from_bytes(key)?))
     }
 
+    /// Adds packed `a ‖ b ‖ period ‖ value` records to the counters of `kind` (and their
+    /// shadows with `shadow`); how many records. Without the GIL.
+    fn seed_packed(&self, py: Python<'_>, kind: u8, packed: &[u8], shadow: bool) -> PyResult<usize> {
+        if !(shm::SPEND_DAY..=shm::RULE_MINUTE_TOKENS).contains(&kind) {
+            return Err(PyValueError::new_err(format!("unknown counter kind {kind}")));
+        }
+        released(py, || self.inner.seed_packed(kind, packed, shadow)).map_err(to_py_err)
+    }
+
+    /// The shadow of the counter at `key`: what the database already holds of it.
+    fn shadow(&self, key: &[u8]) -> PyResult<i64> {
+        Ok(self.inner.shadow(key_from_bytes(key)?))
+    }
+
+    /// Adds `delta` to the shadow of the counter at `key`; returns the new shadow.
+    fn add_shadow(&self, key: &[u8], delta: i64) -> PyResult<i64> {
+        self.inner.add_shadow(key_from_bytes(key)?, delta).map_err(to_py_err)
+    }
+
     fn reserve(&self, key: &[u8], amount: i64, cap: i64) -> PyResult<Option<PyLease>> {
         let lease = self
             .inner
@@ -593,7 +612,6 @@ impl PyCore {
         py: Python<'_>,
         pair_periods: Vec<(u8, u32)>,
         provider_periods: Vec<(u8, u32)>,
-        shadow_bit: u32,
     ) -> PyResult<Vec<(u8, String, String, u32, i64)>> {
         let segment = self
             .segment
@@ -604,7 +622,7 @@ impl PyCore {
         };
         let snapshot = &loaded.snapshot;
         let rows = released(py, || {
-            snapshot.counter_deltas(segment, &pair_periods, &provider_periods, shadow_bit)
+            snapshot.counter_deltas(segment, &pair_periods, &provider_periods)
         });
         Ok(rows
             .into_iter()
@@ -632,7 +650,6 @@ impl PyCore {
         py: Python<'_>,
         pair_periods: Vec<(u8, u32)>,
         provider_periods: Vec<(u8, u32)>,
-        shadow_bit: u32,
     ) -> PyResult<usize> {
         let segment = self
             .segment
@@ -644,7 +661,7 @@ impl PyCore {
         Ok(released(py, || {
             loaded
                 .snapshot
-                .remove_counters(segment, &pair_periods, &provider_periods, shadow_bit)
+                .remove_counters(segment, &pair_periods, &provider_periods)
         }))
     }
 

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! header   128 B   magic, version, slot/lease/proc capacities, generation, lease_seq, lease_hint
-//! slots    32 B ×  [key_hi, key_lo, value, _]          open addressing, linear probing
+//! slots    32 B ×  [key_hi, key_lo, value, shadow]     open addressing, linear probing
 //! leases   32 B ×  [tag, owner, slot, amount]
 //! procs    32 B ×  [state = pid<<2|st, start_time, generation, _]
 //! ring     R B  ×  [seq, owner pid, claimed_at_ms, len, row bytes …]   telemetry rows
@@ -19,6 +19,14 @@
 //! is therefore never mistaken and never blocks anyone, even if its writer was killed: the next
 //! process with that key finishes the claim. Keys are normalised so that `hi` avoids 0 and
 //! `u64::MAX` and `lo` avoids 0.
+//!
+//! **Table size.** Any number of slots (not only powers of two): a key's home slot is
+//! `lo × slots >> 64` (Lemire's multiply-shift, as uniform as `lo` itself), so the operator sizes
+//! the table to what it must hold (about 7 slots per active person × model pair at 85 % load).
+//!
+//! **Shadows.** The fourth word of a counter's slot is its *shadow*: what PostgreSQL already holds
+//! of the counter (the checkpoint pushes `value − open reservations − shadow` and adds that to the
+//! shadow). It lives and dies with the counter's key, so checkpointed counters take one slot, not two.
 //!
 //! **Tombstones.** [`Segment::remove`] turns a slot into a tombstone, which probes skip. A
 //! tombstone is never *claimed* by another key (reusing one concurrently can split a key over
@@ -63,7 +71,7 @@ use crate::error::{Error, Result};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MESHFSHM");
 /// Bumped whenever the byte layout changes; `open` refuses other versions.
-pub const LAYOUT_VERSION: u64 = 2;
+pub const LAYOUT_VERSION: u64 = 3;
 const HEADER_BYTES: usize = 128;
 const ENTRY_BYTES: usize = 32;
 
@@ -346,7 +354,6 @@ pub struct Stats {
 /// A mapped segment. Cheap to share between threads; each process maps its own.
 pub struct Segment {
     map: MmapRaw,
-    slot_mask: usize,
     slots: usize,
     leases: usize,
     procs: usize,
@@ -426,8 +433,8 @@ impl Segment {
 
     /// Creates (or re-initialises) the segment file at `path`. The file is built beside `path`
     /// and renamed over it, so workers still mapping an old segment never see a torn one.
-    /// `slots` and `ring_records` are rounded up to powers of two; `record_bytes` (a multiple of
-    /// 8, at least 64) includes a 32-byte record header.
+    /// `ring_records` is rounded up to a power of two (`slots` is taken as given); `record_bytes`
+    /// (a multiple of 8, at least 64) includes a 32-byte record header.
     pub fn create_with_ring(
         path: impl AsRef<Path>,
         slots: usize,
@@ -452,7 +459,6 @@ impl Segment {
                  ring_records={ring_records} record_bytes={record_bytes}"
             )));
         }
-        let slots = slots.next_power_of_two();
         let ring_records = ring_records.next_power_of_two();
         let len = Self::layout_len(slots, leases, procs, ring_records, record_bytes);
         let tmp = path.with_extension(format!("tmp{}", current_pid()));
@@ -515,7 +521,7 @@ impl Segment {
         }
         let sizes = [2, 3, 4, 8, 9].map(|i| probe.header(i).load(Relaxed) as usize);
         let [slots, leases, procs, ring_records, record_bytes] = sizes;
-        if !slots.is_power_of_two()
+        if slots == 0
             || !ring_records.is_power_of_two()
             || record_bytes < 64
             || Self::layout_len(slots, leases, procs, ring_records, record_bytes) != len
@@ -531,7 +537,6 @@ impl Segment {
     fn from_map(map: MmapRaw, [slots, leases, procs, ring_records, record_bytes]: [usize; 5]) -> Self {
         Self {
             map,
-            slot_mask: slots - 1,
             slots,
             leases,
             procs,
@@ -579,6 +584,19 @@ impl Segment {
     }
 
     /// Matches `lo` in a slot whose `hi` is ours, finishing a half-written claim if needed.
+    /// The home slot of a key whose low word is `lo`.
+    fn home(&self, lo: u64) -> usize {
+        ((u128::from(lo) * self.slots as u128) >> 64) as usize
+    }
+
+    fn next_slot(&self, slot: usize) -> usize {
+        if slot + 1 == self.slots {
+            0
+        } else {
+            slot + 1
+        }
+    }
+
     fn claim_lo(&self, slot: usize, lo: u64) -> bool {
         match self.slot_word(slot, 1).compare_exchange(0, lo, AcqRel, Acquire) {
             Ok(_) => true,
@@ -590,7 +608,7 @@ impl Segment {
     fn find_or_claim(&self, key: u128) -> Result<usize> {
         let (hi, lo) = split_key(key);
         'restart: loop {
-            let mut slot = lo as usize & self.slot_mask;
+            let mut slot = self.home(lo);
             for _ in 0..self.slots {
                 let word = self.slot_word(slot, 0);
                 let mut current = word.load(Acquire);
@@ -607,7 +625,7 @@ impl Segment {
                 if current == hi && self.claim_lo(slot, lo) {
                     return Ok(slot);
                 }
-                slot = (slot + 1) & self.slot_mask;
+                slot = self.next_slot(slot);
             }
             return Err(Error::ShmFull("slot table"));
         }
@@ -630,7 +648,7 @@ impl Segment {
     pub fn sweep(&self) -> usize {
         let mut freed = 0;
         for end in 0..self.slots {
-            let before = |i: usize| (end + self.slots - i) & self.slot_mask;
+            let before = |i: usize| (end + self.slots - i) % self.slots;
             if self.slot_word(end, 0).load(Acquire) != EMPTY || self.slot_word(before(1), 0).load(Acquire) != TOMBSTONE
             {
                 continue;
@@ -648,6 +666,7 @@ impl Segment {
                 let slot = before(back);
                 self.slot_word(slot, 1).store(0, Release);
                 self.slot_value(slot).store(0, Release);
+                self.slot_word(slot, 3).store(0, Release);
                 if self
                     .slot_word(slot, 0)
                     .compare_exchange(TOMBSTONE, EMPTY, AcqRel, Relaxed)
@@ -772,7 +791,7 @@ impl Segment {
     /// The slot holding `key`, without claiming.
     fn find(&self, key: u128) -> Option<usize> {
         let (hi, lo) = split_key(key);
-        let mut slot = lo as usize & self.slot_mask;
+        let mut slot = self.home(lo);
         for _ in 0..self.slots {
             match self.slot_word(slot, 0).load(Acquire) {
                 EMPTY | FENCE => return None,
@@ -785,7 +804,7 @@ impl Segment {
                 },
                 _ => {}
             }
-            slot = (slot + 1) & self.slot_mask;
+            slot = self.next_slot(slot);
         }
         None
     }
@@ -836,6 +855,46 @@ impl Segment {
     #[must_use]
     pub fn get(&self, key: u128) -> i64 {
         self.find(key).map_or(0, |slot| self.slot_value(slot).load(Acquire))
+    }
+
+    /// The shadow of the counter at `key` (see the module docs), 0 when absent.
+    #[must_use]
+    pub fn shadow(&self, key: u128) -> i64 {
+        self.find(key)
+            .map_or(0, |slot| self.slot_word(slot, 3).load(Acquire) as i64)
+    }
+
+    /// Adds `delta` to the shadow of the counter at `key` (claiming the key's slot if it is new),
+    /// returning the new shadow.
+    pub fn add_shadow(&self, key: u128, delta: i64) -> Result<i64> {
+        let slot = self.find_or_claim(key)?;
+        Ok((self.slot_word(slot, 3).fetch_add(delta as u64, AcqRel) as i64).wrapping_add(delta))
+    }
+
+    /// Adds packed counter records to the table, each `a (16 B) ‖ b (16 B) ‖ period (u32 BE) ‖
+    /// value (i64 BE)` (what PostgreSQL's `uuid_send ‖ int4send ‖ int8send` give), to the
+    /// counter of `kind` and, with `shadow`, to its shadow too (the database holds it already).
+    /// Returns how many records. A start-up seed of a million counters in one pass.
+    pub fn seed_packed(&self, kind: u8, packed: &[u8], shadow: bool) -> Result<usize> {
+        const RECORD: usize = 16 + 16 + 4 + 8;
+        if !packed.len().is_multiple_of(RECORD) {
+            return Err(Error::InvalidArgument(format!(
+                "packed counters: {} bytes is not a whole number of {RECORD}-byte records",
+                packed.len()
+            )));
+        }
+        for record in packed.chunks_exact(RECORD) {
+            let a: [u8; 16] = record[..16].try_into().unwrap_or_default();
+            let b: [u8; 16] = record[16..32].try_into().unwrap_or_default();
+            let period = u32::from_be_bytes(record[32..36].try_into().unwrap_or_default());
+            let value = i64::from_be_bytes(record[36..].try_into().unwrap_or_default());
+            let key = counter_key(kind, &a, &b, period);
+            self.add(key, value)?;
+            if shadow {
+                self.add_shadow(key, value)?;
+            }
+        }
+        Ok(packed.len() / RECORD)
     }
 
     /// Turns `key`'s slot into a tombstone (for cleaning up past periods); true if it existed.
@@ -1322,12 +1381,38 @@ mod tests {
     }
 
     #[test]
+    fn test_packed_seed_adds_values_and_shadows_under_the_ids_keys() {
+        let path = temp_path("seed");
+        let segment = Segment::create(&path, 100, 4, 4).unwrap();
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        let mut packed = Vec::new();
+        for (period, value) in [(7u32, 40i64), (8, -3), (7, 2)] {
+            packed.extend_from_slice(&a);
+            packed.extend_from_slice(&b);
+            packed.extend_from_slice(&period.to_be_bytes());
+            packed.extend_from_slice(&value.to_be_bytes());
+        }
+        assert_eq!(segment.seed_packed(SPEND_DAY, &packed, true).unwrap(), 3);
+        assert_eq!(segment.seed_packed(CALLS_HOUR, &packed[..44], false).unwrap(), 1);
+        let day7 = counter_key(SPEND_DAY, &a, &b, 7);
+        assert_eq!((segment.get(day7), segment.shadow(day7)), (42, 42));
+        assert_eq!(segment.get(counter_key(SPEND_DAY, &a, &b, 8)), -3);
+        let hour = counter_key(CALLS_HOUR, &a, &b, 7);
+        assert_eq!((segment.get(hour), segment.shadow(hour)), (40, 0));
+        assert!(matches!(
+            segment.seed_packed(SPEND_DAY, &packed[..43], true),
+            Err(Error::InvalidArgument(_))
+        ));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn test_open_rejects_foreign_file_and_register_is_idempotent() {
         let path = temp_path("open");
         std::fs::write(&path, vec![0u8; 4096]).unwrap();
         assert!(matches!(Segment::open(&path), Err(Error::ShmLayout(_))));
         let segment = Segment::create(&path, 10, 4, 4).unwrap();
-        assert_eq!(segment.stats().slots, 16);
+        assert_eq!(segment.stats().slots, 10, "any slot count, taken as given");
         let reopened = Segment::open(&path).unwrap();
         assert_eq!(segment.register().unwrap(), reopened.register().unwrap());
         assert_eq!(segment.stats().procs_registered, 1);
@@ -1620,6 +1705,44 @@ mod tests {
             }
             for (k, v) in reference {
                 prop_assert_eq!(segment.get(k), v);
+            }
+            std::fs::remove_file(path).unwrap();
+        }
+
+        /// Any table size (not only powers of two): values and shadows, removals and sweeps
+        /// against a map of (value, shadow) per key.
+        #[test]
+        fn prop_values_and_shadows_match_a_map_at_any_table_size(
+            slots in 40usize..130,
+            ops in proptest::collection::vec((0u8..20, 0u8..10, -5i64..5), 1..150),
+        ) {
+            let path = temp_path(&format!("propshadow{slots}-{}", ops.len()));
+            let segment = Segment::create(&path, slots, 4, 4).unwrap();
+            prop_assert_eq!(segment.stats().slots, slots as u64);
+            let key = |k: u8| counter_key(SPEND_DAY, &[k; 16], &[7; 16], 3);
+            let mut reference: HashMap<u128, (i64, i64)> = HashMap::new();
+            for (k, op, delta) in ops {
+                if op == 0 {
+                    // A key's slot exists from its first add until it is removed.
+                    prop_assert_eq!(segment.remove(key(k)), reference.remove(&key(k)).is_some());
+                    segment.sweep();
+                    continue;
+                }
+                let entry = reference.entry(key(k)).or_default();
+                match op {
+                    1..=4 => {
+                        entry.1 += delta;
+                        prop_assert_eq!(segment.add_shadow(key(k), delta).unwrap(), entry.1);
+                    }
+                    _ => {
+                        entry.0 += delta;
+                        prop_assert_eq!(segment.add(key(k), delta).unwrap(), entry.0);
+                    }
+                }
+            }
+            for k in 0..20 {
+                let (value, shadow) = reference.get(&key(k)).copied().unwrap_or_default();
+                prop_assert_eq!((segment.get(key(k)), segment.shadow(key(k))), (value, shadow));
             }
             std::fs::remove_file(path).unwrap();
         }

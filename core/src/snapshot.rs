@@ -1174,26 +1174,24 @@ impl Snapshot {
 
     /// Every counter of the principal × model pairs and providers that moved since the last
     /// checkpoint, in the periods given: `(kind, a id, b id, period, delta)` where `delta` =
-    /// value − open reservations − the shadow's value (the shadow, at `period | shadow_bit`,
-    /// holds what the database already has). One pass over the grants, no Python per pair.
+    /// value − open reservations − its shadow (what the database already has, in the counter's
+    /// slot). One pass over the grants, no Python per pair.
     pub fn counter_deltas(
         &self,
         segment: &crate::shm::Segment,
         pair_periods: &[(u8, u32)],
         provider_periods: &[(u8, u32)],
-        shadow_bit: u32,
     ) -> Vec<(u8, u32, u32, u32, i64)> {
         let reserved = segment.reserved();
         let mut out = Vec::new();
         let delta = |kind: u8, a: &[u8; 16], b: &[u8; 16], period: u32| {
-            let template = KeyTemplate::new(kind, a, b);
-            let key = template.at(period);
+            let key = KeyTemplate::new(kind, a, b).at(period);
             let value = segment.get(key);
             if value == 0 {
                 return None;
             }
             let held = reserved.get(&crate::shm::stored_key(key)).copied().unwrap_or(0);
-            let moved = value - held - segment.get(template.at(period | shadow_bit));
+            let moved = value - held - segment.shadow(key);
             (moved != 0).then_some(moved)
         };
         for grant in self.grants.iter() {
@@ -1218,20 +1216,17 @@ impl Snapshot {
         out
     }
 
-    /// Removes the counters (and their shadows at `period | shadow_bit`) of every pair and
-    /// provider in the periods given; returns how many existed.
+    /// Removes the counters (with their shadows) of every pair and provider in the periods
+    /// given; returns how many existed.
     pub fn remove_counters(
         &self,
         segment: &crate::shm::Segment,
         pair_periods: &[(u8, u32)],
         provider_periods: &[(u8, u32)],
-        shadow_bit: u32,
     ) -> usize {
         let mut removed = 0;
         let mut drop = |kind: u8, a: &[u8; 16], b: &[u8; 16], period: u32| {
-            let template = KeyTemplate::new(kind, a, b);
-            removed += usize::from(segment.remove(template.at(period)));
-            segment.remove(template.at(period | shadow_bit));
+            removed += usize::from(segment.remove(KeyTemplate::new(kind, a, b).at(period)));
         };
         for grant in self.grants.iter() {
             let (p, m) = (
