@@ -73,7 +73,7 @@ from bench import proxy_bench as pb  # noqa: E402
 from bench.models_bench import BenchError, Server  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
-PHASES = ("oversubscription", "in_process", "instructions", "proxy", "shm", "propagation")
+PHASES = ("oversubscription", "in_process", "instructions", "proxy", "shm", "start", "propagation")
 
 CALL_USD = Decimal("0.003")
 PROMPT, MAX_TOKENS = "hello", 3
@@ -828,6 +828,122 @@ def phase_shm(args) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------ 4b. start
+
+START_LINE = re.compile(r"start: worker \d+ ready .*?; json (\{.*\})$")
+
+
+def _bulk_org(url: str, users: int, model_ids: list[str], grants_per_user: int) -> None:
+    """People in a reporting tree with business units, tiers and keys, each granted
+    ``grants_per_user`` models, and every pair active: spend today (UTC and calendar day) and calls
+    this hour. Straight into PostgreSQL (the next start reads it)."""
+    import asyncpg
+
+    async def load() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(f"""
+                INSERT INTO users (email, display_name, business_unit, tier)
+                SELECT 'start' || g || '@example.com', 'Start ' || g, 'bu' || (g % 50),
+                       (ARRAY['normal', 'senior', 'exec'])[1 + g % 3]
+                FROM generate_series(1, {users}) g""")
+            await conn.execute("""
+                WITH o AS (SELECT id, row_number() OVER (ORDER BY email) AS n FROM users WHERE email LIKE 'start%')
+                UPDATE users u SET manager_id = m.id FROM o, o m
+                WHERE u.id = o.id AND o.n > 10 AND m.n = 1 + (o.n * 7919) % (o.n - 1)""")
+            await conn.execute("""
+                INSERT INTO mesh_api_keys (user_id, key_hash, key_prefix)
+                SELECT id, sha256(convert_to(id::text, 'UTF8')), 'mesh_live_st' FROM users WHERE email LIKE 'start%'""")
+            await conn.execute(f"""
+                INSERT INTO user_model_access (user_id, model_id)
+                SELECT u.id, ($1::uuid[])[1 + (u.n * 7 + k * 13) % array_length($1::uuid[], 1)]
+                FROM (SELECT id, row_number() OVER (ORDER BY email) AS n FROM users WHERE email LIKE 'start%') u
+                CROSS JOIN generate_series(0, {grants_per_user - 1}) k""", model_ids)
+            pairs = "SELECT a.user_id, a.model_id FROM user_model_access a JOIN users u ON u.id = a.user_id " \
+                    "WHERE u.email LIKE 'start%'"
+            await conn.execute(f"INSERT INTO daily_spend SELECT user_id, model_id, current_date, 1000000 FROM ({pairs}) p")
+            await conn.execute(f"INSERT INTO calendar_spend SELECT user_id, model_id, current_date, 1000000 FROM ({pairs}) p")
+            await conn.execute(f"""INSERT INTO user_model_hourly_usage
+                SELECT user_id, model_id, date_trunc('hour', now()), 1 FROM ({pairs}) p""")
+            await conn.execute("ANALYZE")
+        finally:
+            await conn.close()
+
+    asyncio.run(load())
+
+
+def phase_start(args, work: Path) -> dict:
+    """The gateway's own start with the in-process config's scale in PostgreSQL (people with keys,
+    10 grants each, every pair active, 100 rules): `meshfast serve --workers W` restarted, and each
+    worker's start clock (meshfast/startclock.py) read from the log: the time from the process's
+    start to the last worker's readiness, split into the database's part and meshfast's own."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import Gateway
+
+    users = args.scale_users
+    pairs = users * 10
+    env = {"MESHFAST_SHM_SLOTS": str(max(1 << 20, round(pairs * SHM_SLOTS_PER_PAIR)))}
+    gw = Gateway(work / "start-data", workers=args.workers, env=env)
+    out: dict = {"users": users, "grants": pairs, "active_pairs": pairs, "workers": args.workers,
+                 "shm_slots": int(env["MESHFAST_SHM_SLOTS"]), "goal_s": 2.0}
+    try:
+        gw.start(timeout_s=180)
+        provider = gw.create_provider("start-provider")
+        models = [gw.create_model(provider["id"], f"start-m{i}", tags=[f"fam{i % 20}", "all"])["id"]
+                  for i in range(200)]
+        for r in range(args.rules):
+            response = gw.admin("POST", "/admin/rules", {
+                "id": f"start-rule-{r}", "weight": r, "mode": "shadow" if r % 7 == 0 else "enforce",
+                "entries": [{"population": {"tiers": [("normal", "senior", "exec")[r % 3]]} if r % 2 else {},
+                             "scope": {"tag": "all" if r % 10 == 0 else f"fam{r % 20}"},
+                             "window": ("daily", "weekly", "monthly")[(r + e) % 3],
+                             "threshold_usd": str((1000, 5000, 20000)[(r + e) % 3] + r),
+                             "actions": [{"type": "block"}]}
+                            for e in range(2)]})
+            if response.status_code != 201:
+                raise BenchError(f"rule {r}: {response.status_code} {response.text[:300]}")
+        t0 = time.monotonic()
+        _bulk_org(gw.database_url, users, models, 10)
+        out["bulk_load_s"] = round(time.monotonic() - t0, 1)
+        gw.stop()
+        runs = []
+        for _ in range(args.start_runs):
+            mark = gw.log_path.stat().st_size
+            t0 = time.monotonic()
+            gw.start(timeout_s=300)
+            outside_s = time.monotonic() - t0
+            deadline = time.monotonic() + 30
+            while True:
+                with open(gw.log_path, "rb") as f:
+                    f.seek(mark)
+                    lines = f.read().decode(errors="replace").splitlines()
+                ready = [json.loads(m.group(1)) for line in lines if (m := START_LINE.search(line))]
+                if len(ready) >= args.workers or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            if len(ready) < args.workers:
+                raise BenchError(f"start: {len(ready)} worker start lines in the log, expected {args.workers}")
+            last = max(ready, key=lambda r: r["total_s"])
+            runs.append({"total_s": last["total_s"], "database_s": last["database_s"], "own_s": last["own_s"],
+                         "ready_seen_from_outside_s": round(outside_s, 2), "phases": last["phases"],
+                         "workers": [{k: r[k] for k in ("total_s", "database_s", "own_s")} for r in ready]})
+            gw.stop()
+        out["runs"] = runs
+        best = min(runs, key=lambda r: r["own_s"])
+        out["own_s_median"] = round(statistics.median(r["own_s"] for r in runs), 3)
+        out["own_s_best"] = best["own_s"]
+        out["total_s_median"] = round(statistics.median(r["total_s"] for r in runs), 3)
+        out["database_s_median"] = round(statistics.median(r["database_s"] for r in runs), 3)
+        out["within_goal"] = out["own_s_median"] <= out["goal_s"]
+    finally:
+        gw.stop()
+    out["note"] = ("own_s: from the serve process's start (the kernel's record) to the last worker's readiness, minus "
+                   "the phases spent waiting on PostgreSQL (starting the embedded server, migrations, the counter "
+                   "seed's queries, registration, each worker's pools and snapshot read). The workers start "
+                   "together and share the machine's CPUs.")
+    return out
+
+
 # ----------------------------------------------------------------------------- 5. propagation
 
 
@@ -919,6 +1035,13 @@ def print_tables(doc: dict) -> None:
               f"{shm['goal_mib']} MiB)")
         for k in ("decision_empty_table", "decision_spread", "decision_hot"):
             print(f"  {k}: median {shm[k]['median_us']} us, p99 {shm[k]['p99_us']} us over {shm[k]['calls']:,} calls")
+    start = doc.get("start")
+    if start and start.get("runs"):
+        print(f"\nStart ({start['users']:,} people, {start['grants']:,} grants, all active, {start['workers']} workers): "
+              f"ready {start['total_s_median']} s after the process began, database {start['database_s_median']} s, "
+              f"meshfast's own {start['own_s_median']} s (goal {start['goal_s']} s; median of {len(start['runs'])})")
+        for phase in min(start["runs"], key=lambda r: r["own_s"])["phases"]:
+            print(f"  {phase['name']:<26} {phase['s']:.3f} s{'  (database)' if phase['database'] else ''}")
     prop = doc.get("propagation")
     if prop and "reorg_ms" in prop:
         print(f"\nPropagation (500,000 grants): full rebuild {prop['full_rebuild_s']} s, reorg {prop['reorg_ms']} ms, "
@@ -946,6 +1069,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wrk-warmup", type=int, default=2, help="wrk seconds before each, kept apart")
     p.add_argument("--wrk-rounds", type=int, default=2, help="wrk rounds (the gateways' order alternates)")
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds of no load: each gateway's background CPU")
+    p.add_argument("--start-runs", type=int, default=3, help="restarts timed in the start phase")
     p.add_argument("--skip", action="append", default=[], choices=PHASES, help="leave a phase out (repeatable)")
     p.add_argument("--quick", action="store_true",
                    help="smoke check (~1 min): N=5, one repeat, 10,000 people in process, 20 rules and 100 "
@@ -960,7 +1084,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.cap_calls, args.repeats, args.scale_users, args.inproc_calls = 5, 1, 10_000, 6_000
         args.extra_users, args.rules = 100, 20
         args.b2b_rounds, args.b2b_duration, args.wrk_duration, args.wrk_warmup, args.wrk_rounds = 1, 1.0, 2, 1, 1
-        args.idle_s = 1.0
+        args.idle_s, args.start_runs = 1.0, 1
         args.skip = sorted(set(args.skip) | {"instructions", "propagation"})
     args.only = None  # models_bench.provenance() reads it
     return args
@@ -1007,6 +1131,7 @@ def main(argv: list[str] | None = None) -> int:
             run("instructions", phase_instructions)
             run("proxy", lambda: phase_proxy(args, Path(work)))
             run("shm", lambda: phase_shm(args))
+            run("start", lambda: phase_start(args, Path(work)))
             run("propagation", phase_propagation)
     except KeyboardInterrupt:
         failures.append("interrupted")

@@ -22,7 +22,7 @@ import msgspec
 
 from meshfast import background, cluster, counters, dashboard, errors, rules, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
-from meshfast.admin import openapi
+from meshfast.admin import auth, openapi
 from meshfast.admin.notifications import NotificationsAdmin
 from meshfast.admin.plane import AdminPlane
 from meshfast.admin.routes import AdminRouter, Stream
@@ -56,10 +56,27 @@ from meshfast.snapshot import (
     json_value,
     principal_from_row,
 )
+from meshfast.startclock import StartClock
 from meshfast.store import database, sql
 from meshfast.telemetry import Telemetry
 
 log = logging.getLogger("meshfast.worker")
+
+
+# A worker that starts this long after the supervisor handed over its clock was respawned.
+RESPAWN_AFTER_S = 30.0
+# The phases the supervisor hands its workers (meshfast/supervisor.py), before theirs.
+_SUPERVISOR_PHASES = frozenset({"interpreter and imports", "settings and secrets", "database start", "migrations",
+                                "segment", "register"})
+
+
+def _warm_up() -> None:
+    """What a worker makes once it is ready, in a thread: not needed to serve, too slow to make
+    at start (an Argon2 hash, aiohttp's import) or on a serving loop when first needed."""
+    auth.dummy_hash()
+    import aiohttp  # noqa: F401
+
+    import meshfast.aiohttp_client  # noqa: F401
 
 # Set by the supervisor before it starts the workers.
 ENV_DATABASE_URL = "MESHFAST_RUNTIME_DATABASE_URL"
@@ -110,6 +127,8 @@ class ConfigFeed:
         self._tasks: list[asyncio.Task[None]] = []
         self.rebuilds = 0
         self.patches = 0
+        # The last full rebuild's (database read, build, core load) seconds.
+        self.last_rebuild = (0.0, 0.0, 0.0)
         self.config: Config | None = None
         # Changes announced but not applied yet, by seq; the highest seq announced.
         self._changes: dict[int, str] = {}
@@ -123,6 +142,7 @@ class ConfigFeed:
             started = time.perf_counter()
             async with self._pool.acquire() as conn:
                 rows = await fetch_config(conn)
+            read = time.perf_counter()
 
             def build() -> tuple[Config, bytes]:
                 config = build_config(rows, self._master_key)
@@ -131,8 +151,10 @@ class ConfigFeed:
             # NOTE: off the serving loop: with a million grants, building and loading take seconds
             # (the core's load releases the GIL; building the structs shares it in slices).
             config, data = await asyncio.to_thread(build)
+            built = time.perf_counter()
             try:
                 seq = await asyncio.to_thread(self._core.load, data)
+                self.last_rebuild = (read - started, built - read, time.perf_counter() - built)
                 self.config = config
                 self._principal_index = None
                 self._changes = {k: v for k, v in self._changes.items() if k > seq}
@@ -299,6 +321,7 @@ class App:
         self._saturation: Saturation | None = None
         self._load_task: asyncio.Task[None] | None = None
         self._lag_probe: LoopLagProbe | None = None
+        self._warm: asyncio.Future[None] | None = None
         self._openapi = openapi.encoded()
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
@@ -352,6 +375,12 @@ class App:
         loop.run_until_complete(self.shutdown())
 
     async def startup(self) -> None:
+        clock = StartClock.from_env()
+        spawned_after = time.time() - clock.began - sum(s for _, s, _ in clock.phases)
+        if spawned_after > RESPAWN_AFTER_S:
+            clock = StartClock()  # a worker respawned long after the start: its own clock
+        else:
+            clock.add("worker process start", spawned_after)
         settings = Settings.from_env()
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # Every held connection is a descriptor: thousands of them (a slow-body attack among them)
@@ -368,11 +397,21 @@ class App:
         self._limit = int(os.environ.get(ENV_WORKER_LIMIT) or 0) or None
         self.segment.register()
         self.core = Core(self.secrets.key_pepper, self.segment)
-        self.gateway_pool = await database.create_pool(gateway_url, role=database.GATEWAY_ROLE, min_size=1, max_size=8)
-        self.admin_pool = await database.create_pool(database_url, role=database.ADMIN_ROLE, min_size=0, max_size=4)
+        with clock.phase("pools", database=True):
+            self.gateway_pool = await database.create_pool(gateway_url, role=database.GATEWAY_ROLE, min_size=1,
+                                                           max_size=8)
+            self.admin_pool = await database.create_pool(database_url, role=database.ADMIN_ROLE, min_size=0,
+                                                         max_size=4)
         self.feed = ConfigFeed(self.core, self.gateway_pool, gateway_url, settings.reconcile_s,
                                self.secrets.master_key)
         await self.feed.rebuild()
+        read_s, build_s, load_s = self.feed.last_rebuild
+        clock.add("snapshot: read", read_s, database=True)
+        clock.add("snapshot: build", build_s)
+        clock.add("snapshot: load", load_s)
+        # The supervisor seeds the counters while the workers start: nothing that reads or pushes
+        # them (calls, the checkpoint, leases) begins before the seed is in.
+        await self._await_seed(clock)
         self.feed.start()
         self.notifier = Notifier(self.gateway_pool, self.secrets.master_key)
         # Cluster-wide chores on one worker of one instance; this instance's own (its counters,
@@ -424,6 +463,25 @@ class App:
         self._lag_probe = LoopLagProbe(self.metrics.loop_lag)
         self._lag_probe.start()
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
+        log.info("%s", clock.line(f"worker {os.getpid()} ready"))
+        # Made once and off the start's path: the login's stand-in hash and the webhook client.
+        self._warm = asyncio.get_running_loop().run_in_executor(None, _warm_up)
+
+    async def _await_seed(self, clock: StartClock) -> None:
+        assert self.segment is not None
+        waited = time.monotonic()
+        while (state := self.segment.get(counters.seed_state_key())) == counters.SEED_RUNNING:
+            await asyncio.sleep(0.005)
+        if state == counters.SEED_FAILED:
+            raise RuntimeError("the supervisor could not seed the counters from the database")
+        waited_s = time.monotonic() - waited
+        if waited_s > 0.001:
+            # The seed was the longer path: the start's critical path ran through it, so its
+            # database read and its apply replace this worker's own phases in the clock.
+            clock.phases = [p for p in clock.phases if p[0] in _SUPERVISOR_PHASES]
+            clock.add("counter seed: read", self.segment.get(counters.seed_read_ms_key()) / 1000, database=True)
+            clock.add("counter seed: apply", self.segment.get(counters.seed_apply_ms_key()) / 1000)
+            clock.add("worker: after the seed", 0.0)
 
     def _publish_load(self) -> None:
         if self._saturation is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 import zoneinfo
 from collections.abc import Iterable
 from typing import Any
@@ -20,6 +21,7 @@ import asyncpg
 
 from meshfast._core import (
     CALLS_HOUR,
+    CLUSTER,
     PROVIDER_CALLS_HOUR,
     RULE_PAUSE,
     SPEND_DAY,
@@ -217,37 +219,64 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
     return moved
 
 
-async def seed(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
-    """Load today's spend and this hour's calls into a fresh segment (supervisor, before workers)."""
+# The start-up seed's progress in the segment (the supervisor seeds while the workers load their
+# snapshots; a worker serves nothing before the seed is in): state 0 running, 1 done, -1 failed,
+# and its database and apply times (ms) for the workers' start clocks.
+SEED_RUNNING, SEED_DONE, SEED_FAILED = 0, 1, -1
+
+
+def seed_state_key() -> bytes:
+    return counter_key(CLUSTER, ZERO_ID, "start-seed", 0)
+
+
+def seed_read_ms_key() -> bytes:
+    return counter_key(CLUSTER, ZERO_ID, "start-seed", 1)
+
+
+def seed_apply_ms_key() -> bytes:
+    return counter_key(CLUSTER, ZERO_ID, "start-seed", 2)
+
+
+async def seed(segment: Any, conn: asyncpg.Connection, now_ms: int, timing: dict[str, float] | None = None) -> int:
+    """Load today's spend and this hour's calls into a fresh segment (supervisor, before workers).
+    ``timing["apply_s"]`` gets the time spent adding them (the rest is the database's)."""
     first_day, _ = _periods(now_ms, DAY_MS)
     first_hour, _ = _periods(now_ms, HOUR_MS)
     loaded = 0
     for kind, query, since in ((SPEND_DAY, SEED_DAILY_SPEND, _day(first_day)),
                                (CALLS_HOUR, SEED_USER_HOURLY, _hour(first_hour)),
                                (PROVIDER_CALLS_HOUR, SEED_PROVIDER_HOURLY, _hour(first_hour))):
-        loaded += await _seed_packed(segment, kind, await conn.fetchval(query, since), shadow=True)
-    loaded += await seed_calendar(segment, conn, now_ms)
+        loaded += await _seed_packed(segment, kind, await conn.fetchval(query, since), True, timing)
+    loaded += await seed_calendar(segment, conn, now_ms, timing)
     return loaded
 
 
-async def _seed_packed(segment: Any, kind: int, packed: bytes, shadow: bool) -> int:
+async def _seed_packed(segment: Any, kind: int, packed: bytes, shadow: bool,
+                       timing: dict[str, float] | None) -> int:
+    if not packed:
+        return 0
+    started = time.monotonic()
     # NOTE: off the event loop (the supervisor's start-up, or a leader's re-seed on a serving loop).
-    return int(await asyncio.to_thread(segment.seed_packed, kind, packed, shadow)) if packed else 0
+    loaded = int(await asyncio.to_thread(segment.seed_packed, kind, packed, shadow))
+    if timing is not None:
+        timing["apply_s"] = timing.get("apply_s", 0.0) + time.monotonic() - started
+    return loaded
 
 
-async def seed_calendar(segment: Any, conn: asyncpg.Connection, now_ms: int) -> int:
+async def seed_calendar(segment: Any, conn: asyncpg.Connection, now_ms: int,
+                        timing: dict[str, float] | None = None) -> int:
     """The rules' committed spend: yesterday's and today's calendar days (with their shadows, for
     the checkpoint), this week's and this month's sums, and the pauses running in this window."""
     today = local_date(now_ms)
     loaded = 0
     packed = await conn.fetchval(SEED_CALENDAR_DAYS, today - dt.timedelta(days=1))
-    loaded += await _seed_packed(segment, WINDOW_DAY, packed, shadow=True)
+    loaded += await _seed_packed(segment, WINDOW_DAY, packed, True, timing)
     week_start = today - dt.timedelta(days=today.weekday())
     month_start = today.replace(day=1)
     for kind, start, period in ((WINDOW_WEEK, week_start, week_period(today)),
                                 (WINDOW_MONTH, month_start, month_period(today))):
         packed = await conn.fetchval(SEED_CALENDAR_SUM, start, today, period)
-        loaded += await _seed_packed(segment, kind, packed, shadow=False)
+        loaded += await _seed_packed(segment, kind, packed, False, timing)
     # A pause begins once per rule, person and window: one that began before a restart still runs.
     # The core keeps one slot per person and entry with the start of the latest pause.
     zone = zoneinfo.ZoneInfo(calendar_tz())

@@ -51,18 +51,19 @@ import time
 import zoneinfo
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import asyncpg
 from cryptography.exceptions import InvalidTag
 
 from meshfast import snapshot
 from meshfast.admin.notifications import SELECT_SETTINGS, SMTP_PASSWORD_AD, WEBHOOK_SECRET_AD, open_secret
-from meshfast.aiohttp_client import GuardedResolver
 from meshfast.http1 import ForbiddenAddress, forbidden_address
 from meshfast.settings import _float_env
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger("meshfast.notify")
 
@@ -511,6 +512,12 @@ class Notifier:
 
     async def _deliver(self, rows: list[asyncpg.Record], channels: Channels,
                        users: dict[Any, asyncpg.Record]) -> None:
+        # NOTE: imported here, not at the top: aiohttp's import takes ~0.2 s of every start and
+        # only deliveries need it (a worker warms it off the loop once it is ready).
+        import aiohttp
+
+        from meshfast.aiohttp_client import GuardedResolver
+
         zone = calendar_zone()
         limit = asyncio.Semaphore(CONCURRENCY)
         resolver = None if channels.webhook_local else GuardedResolver()

@@ -19,16 +19,18 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
 from meshfast import app as app_module
-from meshfast import cluster, telemetry
+from meshfast import cluster, startclock, telemetry
 from meshfast._core import CLUSTER_LEASED, Segment
 from meshfast.secrets import Secrets, ensure_data_dir, load_or_create, new_admin_token, restrict_data_dir
 from meshfast.settings import Settings
+from meshfast.startclock import StartClock
 from meshfast.store import database, sql
 
 log = logging.getLogger("meshfast.supervisor")
@@ -135,13 +137,20 @@ def _owner_only_files(settings: Settings) -> None:
 
 
 def serve(options: ServeOptions) -> int:
-    settings = Settings.from_env()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _owner_only_files(settings)
-    secrets = load_or_create(settings.secrets_path)
+    clock = StartClock()
+    clock.add("interpreter and imports", time.time() - clock.began)
+    with clock.phase("settings and secrets"):
+        settings = Settings.from_env()
+        logging.basicConfig(level=settings.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _owner_only_files(settings)
+        secrets = load_or_create(settings.secrets_path)
 
+    database_start = time.monotonic()
     with Database(settings) as db:
-        generated = asyncio.run(prepare_database(db.url, settings, secrets, options.join))
+        clock.add("database start", time.monotonic() - database_start, database=True)
+        with clock.phase("migrations", database=True):
+            generated = asyncio.run(prepare_database(db.url, settings, secrets, options.join))
         if generated:
             # Printed once: only its hash is stored.
             print(f"meshfast: admin token (shown once, store it now): {generated}", flush=True)
@@ -160,14 +169,12 @@ def serve(options: ServeOptions) -> int:
                     f"-H 'authorization: Bearer {key}' -d '{{\"query\":\"hello\"}}'",
                     flush=True,
                 )
-            return _run_workers(options, settings, db.url, secrets)
+            return _run_workers(options, settings, db.url, secrets, clock)
     return 0
 
 
-async def _seed_counters(url: str, segment: Segment) -> None:
-    import time
-
-    from meshfast import counters, snapshot
+async def _check_zone(url: str) -> None:
+    from meshfast import snapshot
 
     conn = await database.connect(url, role=database.GATEWAY_ROLE)
     try:
@@ -175,11 +182,47 @@ async def _seed_counters(url: str, segment: Segment) -> None:
         zone = snapshot.calendar_tz()
         if await conn.fetchval(sql.ZONE_KNOWN, zone) is None:
             raise SystemExit(f"meshfast: MESHFAST_CALENDAR_TZ {zone!r} is not a zone the database knows")
-        loaded = await counters.seed(segment, conn, time.time_ns() // 1_000_000)
     finally:
         await conn.close()
+
+
+async def _seed_counters(url: str, segment: Segment) -> None:
+    from meshfast import counters
+
+    started = time.monotonic()
+    applied: dict[str, float] = {}
+    conn = await database.connect(url, role=database.GATEWAY_ROLE)
+    try:
+        loaded = await counters.seed(segment, conn, time.time_ns() // 1_000_000, timing=applied)
+    finally:
+        await conn.close()
+    apply_s = applied.get("apply_s", 0.0)
+    segment.add(counters.seed_read_ms_key(), round((time.monotonic() - started - apply_s) * 1000))
+    segment.add(counters.seed_apply_ms_key(), round(apply_s * 1000))
     if loaded:
         log.info("seeded %d counters from the database", loaded)
+
+
+class Seeder(threading.Thread):
+    """Seeds the counters while the workers start (they load their snapshots meanwhile and serve
+    nothing before the seed is in); a failure stops the whole server."""
+
+    def __init__(self, url: str, segment: Segment) -> None:
+        super().__init__(name="meshfast-seed", daemon=True)
+        self._url, self._segment = url, segment
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from meshfast import counters
+
+        try:
+            asyncio.run(_seed_counters(self._url, self._segment))
+            self._segment.add(counters.seed_state_key(), counters.SEED_DONE)
+        except BaseException as exc:
+            self.error = exc
+            self._segment.add(counters.seed_state_key(), counters.SEED_FAILED)
+            log.error("seeding the counters from the database failed, stopping: %s", exc)
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _register(url: str, segment: Segment, secrets: Secrets, instance_id: str, options: ServeOptions) -> str:
@@ -237,27 +280,31 @@ def _rescue_ring(settings: Settings) -> None:
         log.warning("a previous run left %d request rows in shared memory; they are queued for the database", rescued)
 
 
-def _run_workers(options: ServeOptions, settings: Settings, database_url: str, secrets: Secrets) -> int:
+def _run_workers(options: ServeOptions, settings: Settings, database_url: str, secrets: Secrets,
+                 clock: StartClock) -> int:
     from granian import Granian
     from granian.constants import Interfaces, Loops, RuntimeModes, TaskImpl
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
-    _rescue_ring(settings)
-    segment = Segment.create(str(settings.shm_path), slots=settings.shm_slots,
-                             ring_records=settings.telemetry_ring_rows)
-    # No worker runs yet: whatever a previous run left in the spool is queued for replay.
-    telemetry.Spool(settings.spool_dir).adopt_orphans(everyone=True)
-    asyncio.run(_seed_counters(database_url, segment))
+    with clock.phase("segment"):
+        _rescue_ring(settings)
+        segment = Segment.create(str(settings.shm_path), slots=settings.shm_slots,
+                                 ring_records=settings.telemetry_ring_rows)
+        # No worker runs yet: whatever a previous run left in the spool is queued for replay.
+        telemetry.Spool(settings.spool_dir).adopt_orphans(everyone=True)
     reclaimer = Reclaimer(segment)
     gateway_url = settings.gateway_database_url or database_url
     instance_id = cluster.new_instance_id()
     try:
-        mode = asyncio.run(_register(gateway_url, segment, secrets, instance_id, options))
+        with clock.phase("register", database=True):
+            asyncio.run(_check_zone(database_url))
+            mode = asyncio.run(_register(gateway_url, segment, secrets, instance_id, options))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             settings.shm_path.unlink()
         raise
+    seeder = Seeder(database_url, segment)
     os.environ[cluster.ENV_INSTANCE_ID] = instance_id
     log.info("instance %s registered (%s)", instance_id, mode)
     # Request rows go from the ring to PostgreSQL here, on no worker's event loop.
@@ -268,7 +315,10 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     os.environ[app_module.ENV_SHM_PATH] = str(settings.shm_path)
     worker_limit = max(1, math.ceil(settings.max_connections / options.workers))
     os.environ[app_module.ENV_WORKER_LIMIT] = str(worker_limit)
+    os.environ[startclock.ENV] = clock.to_env()
+    log.info("%s", clock.line("workers starting"))
     try:
+        seeder.start()
         reclaimer.start()
         drainer.start()
         server = Granian(
@@ -297,7 +347,12 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
             flush=True,
         )
         server.serve()
+        if seeder.error is not None:
+            raise SystemExit(f"meshfast: seeding the counters from the database failed: {seeder.error}")
     finally:
+        # The final checkpoint reads the counters: after the seed, never beside it.
+        if seeder.is_alive():
+            seeder.join(timeout=_FINAL_FLUSH_S)
         reclaimer.stop()
         drainer.stop()
         try:

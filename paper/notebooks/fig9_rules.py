@@ -22,6 +22,7 @@
 # side in one run. (d) Requests/s at 64 connections (wrk) for the same.
 
 # %%
+import statistics
 import sys
 from pathlib import Path
 
@@ -164,9 +165,26 @@ if rules:
                         "connections": rules["config"].get("connections")} if rows else None
     shm = rules.get("shm") or {}
     summary["shm"] = {"default_mib": shm["default_segment"]["mib"], "default_slots": shm["default_segment"]["slots"],
-                      "pairs_default_holds": shm["default_segment"]["pairs_it_holds_at_8_slots"],
                       "goal_mib": shm["goal_mib"], "active_pairs": shm["active_pairs"],
-                      "slots_per_pair": shm["slots_per_pair"], "projections": shm["projections"]} if shm else None
+                      "slots_per_pair_sized": shm["slots_per_pair_sized"], **shm["active"],
+                      "within_goal": shm["within_goal"], "decision_empty_table": shm["decision_empty_table"],
+                      "decision_spread": shm["decision_spread"], "decision_hot": shm["decision_hot"],
+                      "pairs_default_holds": int(shm["default_segment"]["slots"] * shm["active"]["load"]
+                                                 / shm["active"]["slots_per_active_pair"])} \
+        if shm and "active" in shm else None
+    start = rules.get("start") or {}
+    phases: dict[str, list[float]] = {}
+    for run in start.get("runs") or []:
+        for phase in run["phases"]:
+            phases.setdefault(phase["name"], []).append(phase["s"])
+    summary["start"] = {**{k: start.get(k) for k in ("users", "grants", "active_pairs", "workers", "goal_s",
+                                                      "own_s_median", "own_s_best", "total_s_median",
+                                                      "database_s_median", "within_goal")},
+                        "runs": len(start.get("runs") or []),
+                        "phases": [{"name": n, "median_s": round(statistics.median(v), 3),
+                                    "database": any(p["database"] for r in start["runs"] for p in r["phases"]
+                                                    if p["name"] == n)} for n, v in phases.items()]} \
+        if start.get("runs") else None
     prop = rules.get("propagation") or {}
     summary["propagation"] = ({k: prop.get(k) for k in ("grants", "full_rebuild_s", "reorg_ms", "new_rule_ms", "rc")}
                               if prop else None)
