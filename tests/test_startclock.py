@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import EmulatedProviders, Gateway
 
-from meshfast.startclock import StartClock, process_began
+from meshfast.startclock import StartClock
 
 START_LINE = re.compile(r"start: worker (\d+) ready ([\d.]+) s after serve began .*; json (\{.*\})$")
 
