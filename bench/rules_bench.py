@@ -978,8 +978,12 @@ def problems_of(doc: dict) -> list[str]:
         shadow = all(r["mode"] == "shadow" for r in t["rules"].values())
         if shadow and t["refused"]:
             problems.append(f"oversubscription {t['trial']} #{t['repeat']}: shadow mode refused {t['refused']}")
+        # A rule over both models (scope tag) that fills first blocks everything after it: a rule on
+        # one of them may then stay short of its threshold, which is right (no call may pass).
+        wider_full = any(r["mode"] == "enforce" and r["scope"] == "tag" and r["filled_exactly"]
+                         for r in t["rules"].values())
         for rule_id, r in t["rules"].items():
-            if r["mode"] == "enforce" and not r["filled_exactly"]:
+            if r["mode"] == "enforce" and not r["filled_exactly"] and not (r["scope"] != "tag" and wider_full):
                 problems.append(f"oversubscription {t['trial']} #{t['repeat']}: {rule_id} recorded "
                                 f"{r['recorded_spend_usd']} USD after topping up, not its threshold {r['threshold_usd']}")
     prop = doc.get("propagation")

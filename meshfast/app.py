@@ -322,6 +322,7 @@ class App:
         self._load_task: asyncio.Task[None] | None = None
         self._lag_probe: LoopLagProbe | None = None
         self._warm: asyncio.Future[None] | None = None
+        self._seeded_at: float | None = None
         self._openapi = openapi.encoded()
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
@@ -463,6 +464,8 @@ class App:
         self._lag_probe = LoopLagProbe(self.metrics.loop_lag)
         self._lag_probe.start()
         log.info("worker %d ready (config seq %d)", os.getpid(), self.core.seq)
+        if self._seeded_at is not None:
+            clock.add("worker: after the seed", time.monotonic() - self._seeded_at)
         log.info("%s", clock.line(f"worker {os.getpid()} ready"))
         # Made once and off the start's path: the login's stand-in hash and the webhook client.
         self._warm = asyncio.get_running_loop().run_in_executor(None, _warm_up)
@@ -481,7 +484,7 @@ class App:
             clock.phases = [p for p in clock.phases if p[0] in _SUPERVISOR_PHASES]
             clock.add("counter seed: read", self.segment.get(counters.seed_read_ms_key()) / 1000, database=True)
             clock.add("counter seed: apply", self.segment.get(counters.seed_apply_ms_key()) / 1000)
-            clock.add("worker: after the seed", 0.0)
+            self._seeded_at = time.monotonic()
 
     def _publish_load(self) -> None:
         if self._saturation is not None:
@@ -649,8 +652,13 @@ class App:
             stats = await asyncio.to_thread(self.segment.stats)
             gauges |= {"shm_slots": stats["slots"], "shm_slots_used": stats["slots_used"],
                        "shm_leases": stats["leases"], "shm_leases_held": stats["leases_held"]}
+        config = self.feed.config if self.feed is not None else None
+        models, providers = [], []
+        if config is not None:
+            models = [(m.id, m.name, config.providers[m.provider].name) for m in config.models]
+            providers = [(p.id, p.name) for p in config.providers]
         proto.response_bytes(200, [("content-type", "text/plain; version=0.0.4"), ("cache-control", "no-store")],
-                             self.metrics.prometheus(gauges))
+                             self.metrics.prometheus(gauges, models, providers))
 
     async def _admin(self, scope: Any, proto: Any, path: str, method: str) -> None:
         assert self.admin is not None and self.settings is not None

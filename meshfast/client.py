@@ -415,14 +415,19 @@ class Stream:
         self._response = response
         self._assembler = _Assembler(Status.from_headers(response.headers))
         self._result: Result | None = None
+        self._started = False
 
     @property
     def status(self) -> Status:
         return self._assembler.status
 
     def __iter__(self) -> Iterator[Delta | Sources]:
+        if self._started:
+            return
+        self._started = True
         try:
-            for chunk in self._response.iter_raw():
+            # NOTE: decoded bytes (a proxy between may compress the stream).
+            for chunk in self._response.iter_bytes():
                 yield from self._assembler.feed(chunk)
         except httpx.TransportError:
             pass  # the stream was cut: the result says incomplete
@@ -430,10 +435,14 @@ class Stream:
 
     @property
     def result(self) -> Result:
+        """The whole answer: read to the end first if nobody iterated; after a loop left early,
+        what arrived (``incomplete`` unless the final line did)."""
         if self._result is None:
             for _ in self:
                 pass
-        assert self._result is not None
+        if self._result is None:
+            self._response.close()
+            self._result = self._assembler.result()
         return self._result
 
     def close(self) -> None:
@@ -519,14 +528,18 @@ class AsyncStream:
         self._response = response
         self._assembler = _Assembler(Status.from_headers(response.headers))
         self._result: Result | None = None
+        self._started = False
 
     @property
     def status(self) -> Status:
         return self._assembler.status
 
     async def __aiter__(self) -> AsyncIterator[Delta | Sources]:
+        if self._started:
+            return
+        self._started = True
         try:
-            async for chunk in self._response.aiter_raw():
+            async for chunk in self._response.aiter_bytes():
                 for event in self._assembler.feed(chunk):
                     yield event
         except httpx.TransportError:
@@ -534,10 +547,13 @@ class AsyncStream:
         self._result = self._assembler.result()
 
     async def result(self) -> Result:
+        """As :attr:`Stream.result`."""
         if self._result is None:
             async for _ in self:
                 pass
-        assert self._result is not None
+        if self._result is None:
+            await self._response.aclose()
+            self._result = self._assembler.result()
         return self._result
 
 

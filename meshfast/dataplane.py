@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 from meshfast import errors
-from meshfast._core import Core, UpstreamBodyError, entry_error, entry_stream_content_type, request_id
+from meshfast._core import Core, ShmError, UpstreamBodyError, entry_error, entry_stream_content_type, request_id
 from meshfast.admission import Admission
 from meshfast.dispatch import Dispatcher, UpstreamError, UpstreamResponse
 from meshfast.metrics import Metrics
@@ -216,7 +216,7 @@ class DataPlane:
         503, once more to the model's next deployment, whose provider the row then names."""
         try:
             return await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
-                                              attempts=p.attempts, backoff_ms=p.backoff_ms)
+                                              attempts=p.attempts, backoff_ms=p.backoff_ms, provider=p.provider_id)
         except UpstreamError as exc:
             if exc.status not in (None, 503) or not p.failover():
                 raise
@@ -229,7 +229,7 @@ class DataPlane:
                 raise exc from None
         row.provider_id = p.provider_id
         return await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
-                                          attempts=p.attempts, backoff_ms=p.backoff_ms)
+                                          attempts=p.attempts, backoff_ms=p.backoff_ms, provider=p.provider_id)
 
     def _upstream_failed(self, p: Any, proto: Any, row: Row, exc: UpstreamError, detail: str | None = None) -> None:
         payload: dict[str, Any] = {"error": errors.UpstreamUnavailable.code}
@@ -419,7 +419,7 @@ class DataPlane:
             await asyncio.sleep(p.poll_interval_ms / 1000)
             try:
                 response = await self.dispatcher.send("GET", status_url, p.headers, b"", local=p.local,
-                                                      attempts=1, backoff_ms=p.backoff_ms)
+                                                      attempts=1, backoff_ms=p.backoff_ms, provider=p.provider_id)
                 status_body = await response.read(256 * 1024)
                 response.release()
             except (UpstreamError, OSError, TimeoutError):
@@ -434,7 +434,8 @@ class DataPlane:
             if state in success:
                 break
         response = await self.dispatcher.send("GET", p.render_content_url(job_id), p.headers, b"",
-                                              local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms)
+                                              local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
+                                              provider=p.provider_id)
         content = await self._read_all(response)
         response.release()
         if not content:
@@ -451,7 +452,8 @@ class DataPlane:
         async def one(body: bytes) -> tuple[bytes, int]:
             async with gate:
                 response = await self.dispatcher.send(p.method, p.url, p.headers, body, local=p.local,
-                                                      attempts=p.attempts, backoff_ms=p.backoff_ms)
+                                                      attempts=p.attempts, backoff_ms=p.backoff_ms,
+                                                      provider=p.provider_id)
                 try:
                     data = await self._read_all(response)
                 finally:
@@ -514,10 +516,13 @@ class DataPlane:
 
     def _record(self, row: Row, log_requests: bool = True) -> None:
         """Counts the request in the metrics and, unless its provider opted out, writes its row."""
-        if self.metrics is not None:
-            self.metrics.request(row.route, row.outcome, row.deny_reason, row.count)
         if log_requests:
             self.telemetry.record(row)
+        if self.metrics is not None:
+            # NOTE: after the row: a full counter table (fail closed) must not cost the row.
+            with contextlib.suppress(ShmError):
+                self.metrics.request(row.route, row.outcome, row.deny_reason, row.count)
+                self.metrics.row(row)
 
     def _note_unclassified(self, fmt: str, fields: list[str]) -> None:
         if fields and self.metrics is not None:

@@ -159,8 +159,8 @@ class Dispatcher:
                                            idle_timeout_s=self.timeouts.idle_s)
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]], body: bytes, *,
-                   local: bool, attempts: int, backoff_ms: int, attempts_log: Attempts | None = None
-                   ) -> UpstreamResponse:
+                   local: bool, attempts: int, backoff_ms: int, attempts_log: Attempts | None = None,
+                   provider: str | None = None) -> UpstreamResponse:
         """Send with retries; returns a 2xx response (with content) whose body is still unread.
 
         Raises :class:`UpstreamError` when every attempt failed; its message never carries the
@@ -185,7 +185,7 @@ class Dispatcher:
                 if attempts_log is not None:
                     attempts_log.statuses.append(None)
                 if self.metrics is not None:
-                    self.metrics.attempt(None, attempt > 0)
+                    self.metrics.attempt(None, attempt > 0, provider)
                 raise failure(None, str(exc)) from None
             except (TimeoutError, OSError) as exc:
                 exc.__traceback__ = None
@@ -193,11 +193,11 @@ class Dispatcher:
                 if attempts_log is not None:
                     attempts_log.statuses.append(None)
                 if self.metrics is not None:
-                    self.metrics.attempt(None, attempt > 0)
+                    self.metrics.attempt(None, attempt > 0, provider)
             else:
                 status = response.status
                 if self.metrics is not None:
-                    self.metrics.attempt(status, attempt > 0)
+                    self.metrics.attempt(status, attempt > 0, provider)
                 if is_answer(status):
                     return response
                 error_body = b""

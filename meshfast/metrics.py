@@ -58,6 +58,46 @@ _PHASE_BOUNDS_NS = tuple(us * 1000 for us in PHASE_BUCKETS_US)
 _LAG_BUCKETS = tuple(_key(f"loop_lag:{i}") for i in range(len(LAG_BUCKETS_US) + 1))
 _LAG_SUM_NS = _key("loop_lag_sum_ns")
 
+# Per model (labelled with its name and provider's, never with a person: bounded cardinality) and
+# per provider. Keys are made on first sight of an id and kept.
+MODEL_OUTCOMES = OUTCOMES
+TOKEN_TYPES = ("input", "output", "cache_read", "cache_write")
+UPSTREAM_STATUSES = ("2xx", "4xx", "429", "5xx")
+# Time to the first byte from the upstream, upper bounds in seconds (+Inf beyond).
+TTFB_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TTFB_BOUNDS_MS = tuple(b * 1000 for b in TTFB_BUCKETS_S)
+
+
+class _ModelKeys:
+    __slots__ = ("calls", "cost", "tokens")
+
+    def __init__(self, model_id: str) -> None:
+        self.calls = {o: _key(f"model:{model_id}:calls:{o}") for o in MODEL_OUTCOMES}
+        self.tokens = tuple(_key(f"model:{model_id}:tokens:{t}") for t in TOKEN_TYPES)
+        self.cost = _key(f"model:{model_id}:cost_nano")
+
+
+class _ProviderKeys:
+    __slots__ = ("status", "ttfb", "ttfb_sum_ms")
+
+    def __init__(self, provider_id: str) -> None:
+        self.status = {c: _key(f"provider:{provider_id}:status:{c}") for c in UPSTREAM_STATUSES}
+        self.ttfb = tuple(_key(f"provider:{provider_id}:ttfb:{i}") for i in range(len(TTFB_BUCKETS_S) + 1))
+        self.ttfb_sum_ms = _key(f"provider:{provider_id}:ttfb_sum_ms")
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _status_class(status: int) -> str | None:
+    if status == 429:
+        return "429"
+    if 200 <= status < 300 or 400 <= status < 600:
+        return f"{status // 100}xx"
+    return None
+
 
 class Metrics:
     """The counters of one instance; cheap enough for the request path (a dict lookup and an
@@ -65,6 +105,34 @@ class Metrics:
 
     def __init__(self, segment: Any) -> None:
         self._segment = segment
+        self._models: dict[str, _ModelKeys] = {}
+        self._providers: dict[str, _ProviderKeys] = {}
+
+    def row(self, row: Any) -> None:
+        """A finished request's usage by model (a few atomic adds): calls by outcome, tokens,
+        cost; and the time to its first byte by the provider that served it. (The providers'
+        answers by status class are counted per attempt: :meth:`attempt`.)"""
+        add = self._segment.add
+        if row.model_id:
+            keys = self._models.get(row.model_id)
+            if keys is None:
+                keys = self._models[row.model_id] = _ModelKeys(row.model_id)
+            calls = keys.calls.get(row.outcome)
+            if calls is not None:
+                add(calls, row.count)
+            for key, n in zip(keys.tokens, (row.tokens_in, row.tokens_out, row.cache_read_tokens,
+                                            row.cache_write_tokens), strict=True):
+                if n:
+                    add(key, n)
+            cost = row.input_cost_nano + row.output_cost_nano
+            if cost:
+                add(keys.cost, cost)
+        if row.provider_id and row.ttfb_ms is not None:
+            pkeys = self._providers.get(row.provider_id)
+            if pkeys is None:
+                pkeys = self._providers[row.provider_id] = _ProviderKeys(row.provider_id)
+            add(pkeys.ttfb[bisect_left(_TTFB_BOUNDS_MS, row.ttfb_ms)], 1)
+            add(pkeys.ttfb_sum_ms, row.ttfb_ms)
 
     def request(self, route: str, outcome: str, deny_reason: str | None, count: int = 1) -> None:
         key = _REQUESTS.get((route, outcome))
@@ -73,7 +141,13 @@ class Metrics:
         if deny_reason is not None:
             self._segment.add(_DENIALS.get(deny_reason, _DENIALS["other"]), count)
 
-    def attempt(self, status: int | None, retried: bool) -> None:
+    def attempt(self, status: int | None, retried: bool, provider: str | None = None) -> None:
+        """One upstream attempt: its result and, when the provider answered, its status class by provider."""
+        if provider and status is not None and (cls := _status_class(status)) is not None:
+            pkeys = self._providers.get(provider)
+            if pkeys is None:
+                pkeys = self._providers[provider] = _ProviderKeys(provider)
+            self._segment.add(pkeys.status[cls], 1)
         if status is None:
             result = "transport"
         elif status == 429:
@@ -129,8 +203,46 @@ class Metrics:
             "telemetry": telemetry_metrics(self._segment),
         }
 
-    def prometheus(self, extra: dict[str, float] | None = None) -> bytes:
-        """The Prometheus text exposition (version 0.0.4) of every series."""
+    def _by_model(self, models: list[tuple[str, str, str]], providers: list[tuple[str, str]]) -> list[str]:
+        """Series per model (``models``: id, name, provider name) and per provider (id, name)."""
+        get = self._segment.get
+        lines = ["# HELP meshfast_model_requests_total Requests by model, its provider and outcome.",
+                 "# TYPE meshfast_model_requests_total counter"]
+        tokens = ["# HELP meshfast_model_tokens_total Tokens by model and type (input, output, cache reads and "
+                  "writes).", "# TYPE meshfast_model_tokens_total counter"]
+        cost = ["# HELP meshfast_model_cost_usd_total What the calls to a model cost (USD).",
+                "# TYPE meshfast_model_cost_usd_total counter"]
+        for model_id, name, provider in models:
+            keys = self._models.get(model_id) or self._models.setdefault(model_id, _ModelKeys(model_id))
+            labels = f'model="{_label(name)}",provider="{_label(provider)}"'
+            lines += [f'meshfast_model_requests_total{{{labels},outcome="{o}"}} {get(k)}'
+                      for o, k in keys.calls.items()]
+            tokens += [f'meshfast_model_tokens_total{{{labels},type="{t}"}} {get(k)}'
+                       for t, k in zip(TOKEN_TYPES, keys.tokens, strict=True)]
+            cost.append(f"meshfast_model_cost_usd_total{{{labels}}} {get(keys.cost) / 1e9:.9f}")
+        status = ["# HELP meshfast_provider_upstream_responses_total A provider's answers to upstream attempts "
+                  "(retries included), by status class.", "# TYPE meshfast_provider_upstream_responses_total counter"]
+        ttfb = ["# HELP meshfast_provider_ttfb_seconds Time from the request's start to the provider's first byte.",
+                "# TYPE meshfast_provider_ttfb_seconds histogram"]
+        for provider_id, name in providers:
+            pkeys = self._providers.get(provider_id) or self._providers.setdefault(provider_id,
+                                                                                  _ProviderKeys(provider_id))
+            label = f'provider="{_label(name)}"'
+            status += [f'meshfast_provider_upstream_responses_total{{{label},status="{c}"}} {get(k)}'
+                       for c, k in pkeys.status.items()]
+            cumulative = 0
+            for bound, key in zip((*TTFB_BUCKETS_S, None), pkeys.ttfb, strict=True):
+                cumulative += get(key)
+                le = "+Inf" if bound is None else f"{bound:g}"
+                ttfb.append(f'meshfast_provider_ttfb_seconds_bucket{{{label},le="{le}"}} {cumulative}')
+            ttfb += [f"meshfast_provider_ttfb_seconds_sum{{{label}}} {get(pkeys.ttfb_sum_ms) / 1000:.3f}",
+                     f"meshfast_provider_ttfb_seconds_count{{{label}}} {cumulative}"]
+        return lines + tokens + cost + status + ttfb
+
+    def prometheus(self, extra: dict[str, float] | None = None, models: list[tuple[str, str, str]] | None = None,
+                   providers: list[tuple[str, str]] | None = None) -> bytes:
+        """The Prometheus text exposition (version 0.0.4) of every series; per model and provider
+        for those given (the snapshot's)."""
         get = self._segment.get
         lines = [
             "# HELP meshfast_requests_total Data-plane POST requests by route and outcome.",
@@ -176,4 +288,5 @@ class Metrics:
             lines += [f"# TYPE {series} counter", f"{series} {value}"]
         for name, gauge in (extra or {}).items():
             lines += [f"# TYPE meshfast_{name} gauge", f"meshfast_{name} {gauge:g}"]
+        lines += self._by_model(models or [], providers or [])
         return ("\n".join(lines) + "\n").encode()

@@ -186,15 +186,23 @@ async def _check_zone(url: str) -> None:
         await conn.close()
 
 
-async def _seed_counters(url: str, segment: Segment) -> None:
+# The seed's queries may take this long (a million pairs take seconds); a stuck one stops the start.
+SEED_STATEMENT_TIMEOUT_MS = 300_000
+
+
+async def _seed_counters(url: str, segment: Segment, instance_id: str) -> None:
     from meshfast import counters
 
     started = time.monotonic()
     applied: dict[str, float] = {}
     conn = await database.connect(url, role=database.GATEWAY_ROLE)
+    beats = asyncio.create_task(_beat_while_seeding(url, segment, instance_id))
     try:
+        await conn.execute(f"SET statement_timeout = {SEED_STATEMENT_TIMEOUT_MS}")
         loaded = await counters.seed(segment, conn, time.time_ns() // 1_000_000, timing=applied)
     finally:
+        beats.cancel()
+        await asyncio.gather(beats, return_exceptions=True)
         await conn.close()
     apply_s = applied.get("apply_s", 0.0)
     segment.add(counters.seed_read_ms_key(), round((time.monotonic() - started - apply_s) * 1000))
@@ -203,26 +211,59 @@ async def _seed_counters(url: str, segment: Segment) -> None:
         log.info("seeded %d counters from the database", loaded)
 
 
+async def _beat_while_seeding(url: str, segment: Segment, instance_id: str) -> None:
+    """The instance is registered before the seed; until its leader runs (after the seed) this
+    beats for it, so a long seed neither fences it nor lets its peers reap it."""
+    conn = await database.connect(url, role=database.GATEWAY_ROLE)
+    try:
+        while True:
+            await asyncio.sleep(cluster.HEARTBEAT_S)
+            await conn.fetchval(cluster.BEAT, instance_id)
+            hb = cluster.heartbeat_key()
+            segment.add(hb, time.time_ns() // 1_000_000 - segment.get(hb))
+    finally:
+        await conn.close()
+
+
+def _claim_seed_keys(segment: Segment) -> None:
+    """The seed's state and timings get their slots before the seed can fill the table, so even
+    a seed that fails for want of slots can say so (the workers wait on the state)."""
+    from meshfast import counters
+
+    for key in (counters.seed_state_key(), counters.seed_read_ms_key(), counters.seed_apply_ms_key()):
+        segment.add(key, 0)
+
+
 class Seeder(threading.Thread):
     """Seeds the counters while the workers start (they load their snapshots meanwhile and serve
-    nothing before the seed is in); a failure stops the whole server."""
+    nothing before the seed is in). Started by Granian's start-up hook, after it handles signals:
+    a failure stops the whole server with SIGTERM."""
 
-    def __init__(self, url: str, segment: Segment) -> None:
+    def __init__(self, url: str, segment: Segment, instance_id: str) -> None:
         super().__init__(name="meshfast-seed", daemon=True)
-        self._url, self._segment = url, segment
+        self._url, self._segment, self._instance_id = url, segment, instance_id
         self.error: BaseException | None = None
 
     def run(self) -> None:
         from meshfast import counters
 
+        state = counters.SEED_FAILED
         try:
-            asyncio.run(_seed_counters(self._url, self._segment))
-            self._segment.add(counters.seed_state_key(), counters.SEED_DONE)
+            asyncio.run(_seed_counters(self._url, self._segment, self._instance_id))
+            state = counters.SEED_DONE
         except BaseException as exc:
             self.error = exc
-            self._segment.add(counters.seed_state_key(), counters.SEED_FAILED)
             log.error("seeding the counters from the database failed, stopping: %s", exc)
-            os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            self._segment.add(counters.seed_state_key(), state)
+            if state != counters.SEED_DONE:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    @property
+    def done(self) -> bool:
+        from meshfast import counters
+
+        return not self.is_alive() and self._segment.get(counters.seed_state_key()) == counters.SEED_DONE
 
 
 async def _register(url: str, segment: Segment, secrets: Secrets, instance_id: str, options: ServeOptions) -> str:
@@ -245,8 +286,11 @@ async def _unregister(url: str, segment: Segment, instance_id: str) -> None:
         await conn.close()
 
 
-async def _final_flush(url: str, segment: Segment, settings: Settings, secrets: Secrets) -> None:
-    """Write the stopped workers' leftovers: ring rows and spool files, then the counters."""
+async def _final_flush(url: str, segment: Segment, settings: Settings, secrets: Secrets,
+                       checkpoint: bool = True) -> None:
+    """Write the stopped workers' leftovers: ring rows and spool files, then the counters (only
+    after a whole seed: beside one, or after a failed one, what a counter's value and shadow say
+    is not what the database lacks)."""
     from meshfast import counters
     from meshfast.snapshot import load_config
 
@@ -254,6 +298,9 @@ async def _final_flush(url: str, segment: Segment, settings: Settings, secrets: 
     try:
         totals = await telemetry.final_flush(segment, pool, settings.spool_dir)
         log.info("request rows: %s", " ".join(f"{name}={value}" for name, value in totals.items()))
+        if not checkpoint:
+            log.warning("the counters were not seeded whole: not checkpointed on the way out")
+            return
         async with pool.acquire() as conn:
             config = await load_config(conn, secrets.master_key)
             moved = await counters.checkpoint(segment, conn, config, time.time_ns() // 1_000_000)
@@ -291,6 +338,7 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
         _rescue_ring(settings)
         segment = Segment.create(str(settings.shm_path), slots=settings.shm_slots,
                                  ring_records=settings.telemetry_ring_rows)
+        _claim_seed_keys(segment)
         # No worker runs yet: whatever a previous run left in the spool is queued for replay.
         telemetry.Spool(settings.spool_dir).adopt_orphans(everyone=True)
     reclaimer = Reclaimer(segment)
@@ -304,7 +352,7 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
         with contextlib.suppress(FileNotFoundError):
             settings.shm_path.unlink()
         raise
-    seeder = Seeder(database_url, segment)
+    seeder = Seeder(database_url, segment, instance_id)
     os.environ[cluster.ENV_INSTANCE_ID] = instance_id
     log.info("instance %s registered (%s)", instance_id, mode)
     # Request rows go from the ring to PostgreSQL here, on no worker's event loop.
@@ -318,7 +366,6 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     os.environ[startclock.ENV] = clock.to_env()
     log.info("%s", clock.line("workers starting"))
     try:
-        seeder.start()
         reclaimer.start()
         drainer.start()
         server = Granian(
@@ -346,6 +393,9 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
             f"meshfast: serving on http://{options.host}:{options.port} with {options.workers} workers",
             flush=True,
         )
+        # NOTE: started once Granian handles signals (its start-up hooks run after that), so the
+        # seeder's SIGTERM on failure stops the server rather than killing the process outright.
+        server.on_startup(seeder.start)
         server.serve()
         if seeder.error is not None:
             raise SystemExit(f"meshfast: seeding the counters from the database failed: {seeder.error}")
@@ -356,7 +406,8 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
         reclaimer.stop()
         drainer.stop()
         try:
-            asyncio.run(asyncio.wait_for(_final_flush(gateway_url, segment, settings, secrets), _FINAL_FLUSH_S))
+            asyncio.run(asyncio.wait_for(_final_flush(gateway_url, segment, settings, secrets,
+                                                      checkpoint=seeder.done), _FINAL_FLUSH_S))
         except Exception:
             log.exception("final flush incomplete; the spool keeps what was not written")
         try:

@@ -73,6 +73,12 @@ def test_a_whole_answer_and_a_stream_carry_what_the_route_sends(gateway: Gateway
             result = stream.result
         assert len(deltas) > 1 and "".join(deltas) == result.text == expected
         assert result.usage.output_tokens > 0
+        # Leaving the loop early: the result holds what arrived, marked incomplete.
+        with mesh.stream(name, "hello", max_tokens=64) as stream:
+            first = next(e for e in stream if isinstance(e, mc.Delta))
+            partial = stream.result
+        assert partial.text.startswith(first.text) and expected.startswith(partial.text)
+        assert partial.incomplete or partial.text == expected  # done only if its final line arrived
 
         blocks = mesh.proxy(name, content=[mc.text("hello"), mc.image(b"\x89PNG\r\n\x1a\n", "image/png")],
                             max_tokens=64)

@@ -84,3 +84,69 @@ def test_every_worker_logs_its_start_and_the_seed_is_in_before_the_first_call(
                 abs(report["database_s"] - sum(p["s"] for p in report["phases"] if p["database"])) < 0.01
     finally:
         gw.stop()
+
+
+def test_a_seed_that_does_not_fit_stops_the_server_cleanly(fresh_dir: Path) -> None:
+    """More stored counters than MESHFAST_SHM_SLOTS holds: the seed fails while the workers wait
+    for it; serve says why, exits non-zero, never serves, and leaves no segment or registration."""
+    import asyncio
+    import os
+
+    import asyncpg
+
+    from meshfast.settings import Settings
+
+    gw = Gateway(fresh_dir / "data", workers=1).start()
+    try:
+        provider = gw.create_provider("seed-full", base_url="http://127.0.0.1:9/openai", api_key="k")
+        model = gw.create_model(provider["id"], "seed-full-m", resolved_model="x")
+
+        async def fill() -> None:
+            conn = await asyncpg.connect(gw.database_url)
+            try:
+                await conn.execute("""
+                    INSERT INTO users (email, display_name) SELECT 'full' || g || '@example.com', 'F'
+                    FROM generate_series(1, 5000) g""")
+                await conn.execute("""
+                    INSERT INTO daily_spend SELECT id, $1::uuid, current_date, 1000 FROM users
+                    WHERE email LIKE 'full%'""", model["id"])
+            finally:
+                await conn.close()
+
+        asyncio.run(fill())
+    finally:
+        gw.stop()
+    small = Gateway(fresh_dir / "data", workers=1, admin_token=gw.admin_token, env={"MESHFAST_SHM_SLOTS": "4096"})
+    mark = small.log_path.stat().st_size if small.log_path.exists() else 0
+    try:
+        small.start(timeout_s=60)
+        raise AssertionError("serve started with a seed that cannot fit")
+    except RuntimeError as exc:
+        assert "exited" in str(exc), exc
+    assert small.proc is not None and small.proc.returncode not in (0, None)
+    log = small.log_path.read_bytes()[mark:].decode(errors="replace")
+    assert "seeding the counters from the database failed" in log, log[-3000:]
+    assert START_LINE.search(log) is None, "a worker became ready"
+    old = os.environ.get("MESHFAST_DATA_DIR")
+    os.environ["MESHFAST_DATA_DIR"] = str(fresh_dir / "data")
+    try:
+        assert not Settings.from_env().shm_path.exists(), "the segment was left behind"
+    finally:
+        if old is None:
+            os.environ.pop("MESHFAST_DATA_DIR", None)
+        else:
+            os.environ["MESHFAST_DATA_DIR"] = old
+
+    async def registered() -> int:
+        conn = await asyncpg.connect(small.database_url)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM instances"))
+        finally:
+            await conn.close()
+
+    # The embedded database stopped with serve: start it to look (a normal start, default slots).
+    ok = Gateway(fresh_dir / "data", workers=1, admin_token=gw.admin_token).start()
+    try:
+        assert asyncio.run(registered()) == 1, "only the running instance is registered"
+    finally:
+        ok.stop()
