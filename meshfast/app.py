@@ -44,6 +44,7 @@ from meshfast.leader import Leader, apply_retention, ensure_log_partitions
 from meshfast.looplag import LoopLagProbe
 from meshfast.metrics import Metrics
 from meshfast.notify import Notifier
+from meshfast.otel import Tracing
 from meshfast.secrets import Secrets, load_or_create
 from meshfast.settings import Settings
 from meshfast.snapshot import (
@@ -323,6 +324,7 @@ class App:
         self._lag_probe: LoopLagProbe | None = None
         self._warm: asyncio.Future[None] | None = None
         self._seeded_at: float | None = None
+        self.tracing: Tracing | None = None
         self._openapi = openapi.encoded()
         # Answered before start-up completes too; carries the pid so tests can pin workers.
         self._health = b'{"status":"ok"}\n'
@@ -442,8 +444,9 @@ class App:
         self.telemetry = Telemetry(self.segment, self.gateway_pool, settings.spool_dir)
         self.telemetry.start()
         admission = Admission(settings.admission_capacity, settings.inflight_ceiling, settings.memory_ceiling_bytes)
+        self.tracing = Tracing.from_env()
         self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics,
-                              leases=self.leases)
+                              leases=self.leases, tracing=self.tracing, family=self._provider_family)
         feed = self.feed
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify,
                                dry_run=dry_run_hook(self.core, lambda: feed.config))
@@ -469,6 +472,12 @@ class App:
         log.info("%s", clock.line(f"worker {os.getpid()} ready"))
         # Made once and off the start's path: the login's stand-in hash and the webhook client.
         self._warm = asyncio.get_running_loop().run_in_executor(None, _warm_up)
+
+    def _provider_family(self, provider_id: str) -> str | None:
+        config = self.feed.config if self.feed is not None else None
+        if config is None:
+            return None
+        return next((p.family for p in config.providers if p.id == provider_id), None)
 
     async def _await_seed(self, clock: StartClock) -> None:
         assert self.segment is not None
@@ -532,6 +541,9 @@ class App:
                     await self._checkpoint(conn)
         if self.dispatcher is not None:
             await self.dispatcher.close()
+        if self.tracing is not None:
+            # The spans still batched go out (bounded by the exporter's own timeout).
+            await asyncio.to_thread(self.tracing.shutdown)
         for pool in (self.gateway_pool, self.admin_pool):
             if pool is not None:
                 with contextlib.suppress(Exception):

@@ -63,8 +63,14 @@ class _ClientGone(Exception):
 
 class DataPlane:
     def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings,
-                 admission: Admission, metrics: Metrics | None = None, leases: Any = None) -> None:
+                 admission: Admission, metrics: Metrics | None = None, leases: Any = None,
+                 tracing: Any = None, family: Any = None) -> None:
         self.core = core
+        # OpenTelemetry (meshfast.otel) when configured: a span per authenticated request, by
+        # request id until its row is recorded; ``family(provider_id)`` names its provider's family.
+        self.tracing = tracing
+        self._family = family
+        self._spans: dict[str, tuple[Any, int, int]] = {}
         # In a cluster: asks the database for a budget slice when the core wants one.
         self.leases = leases
         self.metrics = metrics
@@ -143,6 +149,9 @@ class DataPlane:
             source_ip=source_ip, user_agent=user_agent, business_unit=p.business_unit, manager_id=p.manager_id,
             tier=p.tier, would_deny=p.would_deny, tags=p.model_tags,
         )
+        if self.tracing is not None and principal is not None:
+            # NOTE: an unknown key costs no span (unauthenticated work must cost almost nothing).
+            self._trace_start(p, row, headers, route, now_ms, received - started)
         governed = _status_headers(p)
         if p.status:
             extra = governed
@@ -173,6 +182,8 @@ class DataPlane:
         row.deny_reason = None
         metrics = self.metrics
         admitted = time.perf_counter()
+        if self.tracing is not None:
+            self._trace_event(p.request_id, "meshfast.admitted", admitted - started)
         if metrics is not None:
             metrics.phase("receive", int((received - started) * 1e9))
             metrics.phase("gateway", int((admitted - received) * 1e9))
@@ -215,8 +226,9 @@ class DataPlane:
         """Send with the deployment's retries; after a final transport failure (no HTTP answer) or
         503, once more to the model's next deployment, whose provider the row then names."""
         try:
-            return await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
-                                              attempts=p.attempts, backoff_ms=p.backoff_ms, provider=p.provider_id)
+            return await self.dispatcher.send(p.method, p.url, self._upstream_headers(p), p.upstream_body,
+                                              local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
+                                              provider=p.provider_id)
         except UpstreamError as exc:
             if exc.status not in (None, 503) or not p.failover():
                 raise
@@ -228,8 +240,9 @@ class DataPlane:
                 # The next provider stayed at its limits for the whole wait: the first answer stands.
                 raise exc from None
         row.provider_id = p.provider_id
-        return await self.dispatcher.send(p.method, p.url, p.headers, p.upstream_body, local=p.local,
-                                          attempts=p.attempts, backoff_ms=p.backoff_ms, provider=p.provider_id)
+        return await self.dispatcher.send(p.method, p.url, self._upstream_headers(p), p.upstream_body,
+                                          local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
+                                          provider=p.provider_id)
 
     def _upstream_failed(self, p: Any, proto: Any, row: Row, exc: UpstreamError, detail: str | None = None) -> None:
         payload: dict[str, Any] = {"error": errors.UpstreamUnavailable.code}
@@ -451,8 +464,8 @@ class DataPlane:
 
         async def one(body: bytes) -> tuple[bytes, int]:
             async with gate:
-                response = await self.dispatcher.send(p.method, p.url, p.headers, body, local=p.local,
-                                                      attempts=p.attempts, backoff_ms=p.backoff_ms,
+                response = await self.dispatcher.send(p.method, p.url, self._upstream_headers(p), body,
+                                                      local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
                                                       provider=p.provider_id)
                 try:
                     data = await self._read_all(response)
@@ -514,8 +527,44 @@ class DataPlane:
         if events:
             row.events = [RuleEvent(*event) for event in events]
 
+    # --- tracing (meshfast.otel) ------------------------------------------------------------
+
+    def _trace_start(self, p: Any, row: Row, headers: Any, route: str, now_ms: int, received_s: float) -> None:
+        carrier = {name: value for name in ("traceparent", "tracestate") if (value := _header(headers, name))}
+        start_ns = now_ms * 1_000_000
+        span = self.tracing.start(carrier, route, p.model_name or p.requested_model or None, start_ns)
+        self._spans[p.request_id] = (span, start_ns, p.max_tokens if p.status == 0 else 0)
+        row.trace_id = self.tracing.trace_id(span)
+        self.tracing.event(span, "meshfast.received", start_ns + int(received_s * 1e9))
+
+    def _trace_event(self, request_id: str, name: str, since_start_s: float) -> None:
+        entry = self._spans.get(request_id)
+        if entry is not None:
+            self.tracing.event(entry[0], name, entry[1] + int(since_start_s * 1e9))
+
+    def _upstream_headers(self, p: Any) -> list[tuple[str, str]]:
+        """The upstream request's headers, with the request's trace context when it is traced."""
+        headers: list[tuple[str, str]] = p.headers
+        entry = self._spans.get(p.request_id) if self.tracing is not None else None
+        return headers if entry is None else [*headers, *self.tracing.inject(entry[0])]
+
+    def _trace_end(self, row: Row) -> None:
+        entry = self._spans.pop(row.request_id, None)
+        if entry is None:
+            return
+        span, start_ns, max_tokens = entry
+        if row.ttfb_ms is not None:
+            self.tracing.event(span, "meshfast.first_byte", start_ns + row.ttfb_ms * 1_000_000)
+        family = self._family(row.provider_id) if self._family is not None and row.provider_id else None
+        try:
+            self.tracing.finish(span, row, family, max_tokens, start_ns + row.latency_ms * 1_000_000)
+        except Exception:  # a tracing fault never costs the row
+            log.exception("request %s: ending its span failed", row.request_id)
+
     def _record(self, row: Row, log_requests: bool = True) -> None:
         """Counts the request in the metrics and, unless its provider opted out, writes its row."""
+        if self.tracing is not None:
+            self._trace_end(row)
         if log_requests:
             self.telemetry.record(row)
         if self.metrics is not None:

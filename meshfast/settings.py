@@ -47,6 +47,8 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_SHM_SLOTS", "counter slots of the shared-memory table, 32 bytes each, from 4096 to 134217728 (default "
                            "1048576: 32 MiB, about 150,000 person x model pairs active in a day; size it at about 7 "
                            "slots per active pair, e.g. 7200000 for a million: 220 MiB; a full table refuses calls)"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP collector (http/protobuf) for a span per request; unset: no tracing "
+                                    "(the other OTEL_* variables apply as the OpenTelemetry SDK reads them)"),
     ("MESHFAST_CALENDAR_TZ", "IANA zone of the spend rules' daily, weekly (Monday first) and monthly windows "
                              "(default UTC)"),
     ("MESHFAST_NOTIFY_POLL_S", "seconds between the leader's polls of the notification outbox (default 1)"),

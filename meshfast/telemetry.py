@@ -138,6 +138,8 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     events: list[RuleEvent] = []
     # The tags the model had at call time (a grouping by tag counts the row once per tag).
     tags: list[str] = []
+    # The request's trace (32 hex digits) when tracing is on (meshfast.otel).
+    trace_id: str | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -149,7 +151,7 @@ COLUMNS = (
     "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "usage_estimated",
     "input_cost", "output_cost", "web_searches", "generated_seconds", "source_ip", "user_agent",
     "browser", "browser_version", "os", "os_version", "device_type", "count",
-    "business_unit", "manager_id", "tier", "would_deny", "tags",
+    "business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id",
 )
 # What the outbox takes from a row's events (migration 0014), one array per column.
 INSERT_RULE_EVENTS = """
@@ -241,7 +243,7 @@ def to_record(row: Row) -> tuple[Any, ...]:
         _ip(row.source_ip), user_agent, safe_text(device.browser), safe_text(device.browser_version),
         safe_text(device.os), safe_text(device.os_version), safe_text(device.device_type), row.count,
         safe_text(row.business_unit), _uuid(row.manager_id), safe_text(row.tier), safe_text(row.would_deny),
-        _tags(row.tags) if row.tags else None,
+        _tags(row.tags) if row.tags else None, safe_text(row.trace_id, MAX_KEY_TEXT),
     )
 
 

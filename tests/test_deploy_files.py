@@ -433,3 +433,73 @@ def test_roles_sql_gives_the_logins_meshfast_uses(postgres: tuple[str, Path]) ->
         await gw.close()
 
     asyncio.run(check())
+
+
+# --- systemd -------------------------------------------------------------------------------
+
+
+def _unit() -> dict[str, list[str]]:
+    """The unit's [Service] settings (each key's values, in order)."""
+    section, out = "", {}
+    for line in (SERVER / "meshfast.service").read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_the_systemd_unit_is_hardened_and_keeps_what_meshfast_needs(defaults: Settings) -> None:
+    """No privileges, a read-only system, private devices and tmp, a syscall filter; writable only
+    where meshfast writes (its data dir and its segment's directory, preserved across restarts so
+    a killed run's request rows reach the database), and stopped no sooner than the drain ends."""
+    unit = _unit()
+    for key, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
+                       "PrivateTmp": "yes", "PrivateDevices": "yes", "RestrictSUIDSGID": "yes",
+                       "CapabilityBoundingSet": "", "SystemCallArchitectures": "native", "UMask": "0077",
+                       "RuntimeDirectoryPreserve": "yes"}.items():
+        assert unit.get(key) == [value], (key, unit.get(key))
+    assert unit["SystemCallFilter"] == ["@system-service"]
+    env = dict(v.split("=", 1) for v in unit["Environment"])
+    writable = unit["ReadWritePaths"][0].split()
+    assert env["MESHFAST_DATA_DIR"] in writable and env["MESHFAST_SHM_DIR"] in writable
+    assert env["MESHFAST_SHM_DIR"] == "/run/" + unit["RuntimeDirectory"][0]
+    assert env["MESHFAST_DATA_DIR"] == "/var/lib/" + unit["StateDirectory"][0]
+    assert set(env) <= KNOWN_ENV
+    assert float(unit["TimeoutStopSec"][0]) > _stop_needs_s(defaults.drain_timeout_s)
+    assert set(unit["RestrictAddressFamilies"][0].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+
+
+def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
+    """`systemd-analyze verify` accepts every directive (with ExecStart pointed at this build)."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    meshfast = Path(sys.executable).with_name("meshfast")
+    text = (SERVER / "meshfast.service").read_text()
+    text = re.sub(r"^ExecStart=\S+", f"ExecStart={meshfast}", text, flags=re.M)
+    unit = tmp_path / "meshfast.service"
+    unit.write_text(text)
+    run = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    problems = [line for line in (run.stdout + run.stderr).splitlines()
+                if "meshfast.service" in line and "is not executable" not in line]
+    assert run.returncode == 0 and not problems, run.stdout + run.stderr
+
+
+def test_the_image_builds_the_wheel_apart_and_runs_unprivileged_with_its_data_dir_a_volume() -> None:
+    lines = [line.strip() for line in (SERVER / "Dockerfile").read_text().splitlines()
+             if line.strip() and not line.strip().startswith("#")]
+    stages = [line for line in lines if line.startswith("FROM ")]
+    assert len(stages) == 2 and " AS build" in stages[0] and "slim" in stages[1]
+    final = lines[lines.index(stages[1]):]
+    user = next(line.split()[1] for line in final if line.startswith("USER "))
+    assert user.split(":")[0].isdigit() and int(user.split(":")[0]) >= 1000
+    env = " ".join(line for line in final if line.startswith("ENV") or line.startswith("MESHFAST_"))
+    data_dir = re.search(r"MESHFAST_DATA_DIR=(\S+)", " ".join(final)).group(1)  # type: ignore[union-attr]
+    assert env and data_dir
+    volume = next(line for line in final if line.startswith("VOLUME"))
+    assert data_dir in volume
+    cmd = next(line for line in final if line.startswith("CMD"))
+    assert '"meshfast", "serve"' in cmd

@@ -37,7 +37,7 @@ LIST_COLUMNS = (
     "id, request_id, created_at, user_id, mesh_key_id, provider_id, model_id, model_name, requested_model, route, "
     "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
     "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
-    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags"
+    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags, trace_id"
 )
 # group_by= of the summary: the row's own value at call time, as kept in request_rollup_hourly.
 GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag"}
