@@ -374,6 +374,19 @@ def _gates_module():
     return module
 
 
+def _timed_calls(core, callers: list[tuple[str, str]], body: bytes, now_ms: int, what: str) -> list[int]:
+    """One prepare + settle per (authorization, query), each timed (ns); a refusal is an error."""
+    ns = []
+    for header, query in callers:
+        s = time.perf_counter_ns()
+        p = core.prepare("proxy", header, None, None, query, body, len(body), now_ms)
+        p.settle(1_000, 10)
+        ns.append(time.perf_counter_ns() - s)
+        if p.status != 0:
+            raise BenchError(f"{what}: refused: {p.deny_reason}")
+    return ns
+
+
 def phase_in_process(args) -> dict:
     import msgspec
 
@@ -432,29 +445,16 @@ def phase_in_process(args) -> dict:
         try:
             for i in range(args.inproc_calls // block):
                 for name in (("rules", "no_rules") if i % 2 == 0 else ("no_rules", "rules")):
-                    core, acc = cores[name], samples[name]
-                    for j in range(block):
-                        header, query = callers[(i * block + j) % len(callers)]
-                        s = time.perf_counter_ns()
-                        p = core.prepare("proxy", header, None, None, query, body, len(body), now_ms)
-                        p.settle(1_000, 10)
-                        acc.append(time.perf_counter_ns() - s)
-                        if p.status != 0:
-                            raise BenchError(f"in-process {name}: refused: {p.deny_reason}")
+                    batch = [callers[(i * block + j) % len(callers)] for j in range(block)]
+                    samples[name] += _timed_calls(cores[name], batch, body, now_ms, f"in-process {name}")
         finally:
             gc.enable()
         # The worst case, timed apart (it is slower by two orders of magnitude: fewer calls).
         core, acc = cores["rules_all_cover"], samples.setdefault("rules_all_cover", [])
         gc.disable()
         try:
-            for j in range(max(500, args.inproc_calls // 10)):
-                header, query = callers[j % len(callers)]
-                s = time.perf_counter_ns()
-                p = core.prepare("proxy", header, None, None, query, body, len(body), now_ms)
-                p.settle(1_000, 10)
-                acc.append(time.perf_counter_ns() - s)
-                if p.status != 0:
-                    raise BenchError(f"in-process rules_all_cover: refused: {p.deny_reason}")
+            batch = [callers[j % len(callers)] for j in range(max(500, args.inproc_calls // 10))]
+            acc += _timed_calls(core, batch, body, now_ms, "in-process rules_all_cover")
         finally:
             gc.enable()
         for name, ns in samples.items():
@@ -740,16 +740,9 @@ def proxy_summary(doc: dict) -> dict:
 
 
 def _decision_times(core, callers: list[tuple[str, str]], body: bytes, now_ms: int) -> dict:
-    ns = []
     gc.disable()
     try:
-        for header, query in callers:
-            s = time.perf_counter_ns()
-            p = core.prepare("proxy", header, None, None, query, body, len(body), now_ms)
-            p.settle(1_000, 10)
-            ns.append(time.perf_counter_ns() - s)
-            if p.status != 0:
-                raise BenchError(f"shm: refused: {p.deny_reason}")
+        ns = _timed_calls(core, callers, body, now_ms, "shm")
     finally:
         gc.enable()
     return {"calls": len(ns), "median_us": round(statistics.median(ns) / 1000, 2),

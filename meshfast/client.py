@@ -408,9 +408,7 @@ def _json(body: bytes) -> dict[str, Any]:
 # --- sync ----------------------------------------------------------------------------------------
 
 
-class Stream:
-    """A ``/v1/proxy`` stream: iterate for :class:`Delta` and :class:`Sources`; ``result`` once done."""
-
+class _StreamBase:
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
         self._assembler = _Assembler(Status.from_headers(response.headers))
@@ -420,6 +418,10 @@ class Stream:
     @property
     def status(self) -> Status:
         return self._assembler.status
+
+
+class Stream(_StreamBase):
+    """A ``/v1/proxy`` stream: iterate for :class:`Delta` and :class:`Sources`; ``result`` once done."""
 
     def __iter__(self) -> Iterator[Delta | Sources]:
         if self._started:
@@ -521,18 +523,8 @@ class Client:
 # --- async ---------------------------------------------------------------------------------------
 
 
-class AsyncStream:
+class AsyncStream(_StreamBase):
     """:class:`Stream` for ``async for``."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._assembler = _Assembler(Status.from_headers(response.headers))
-        self._result: Result | None = None
-        self._started = False
-
-    @property
-    def status(self) -> Status:
-        return self._assembler.status
 
     async def __aiter__(self) -> AsyncIterator[Delta | Sources]:
         if self._started:
