@@ -409,9 +409,14 @@ def start_meshfast(args, work_dir: Path) -> Live:
         live.headers = {"Authorization": f"Bearer {key}"}
         live.secrets.append(key)
 
+        # Each check is a new connection, which any worker may accept: the change has reached
+        # every worker once many checks in a row see it (one could come from a worker ahead).
         def lists_all_models() -> bool:
-            status, _, raw = http_request("GET", live.url, live.headers, timeout_s=2.0)
-            return status == 200 and _model_count(raw) == MODEL_COUNT
+            for _ in range(8 * args.workers):
+                status, _, raw = http_request("GET", live.url, live.headers, timeout_s=2.0)
+                if status != 200 or _model_count(raw) != MODEL_COUNT:
+                    return False
+            return True
 
         live.setup["propagation_s"] = wait_until(
             lists_all_models, CONFIG_PROPAGATION_TIMEOUT_S, server,

@@ -698,6 +698,11 @@ class Prepared:
     def client_stream(self) -> bool:
         """The entry-route caller asked for a stream (False on Mesh routes)."""
     @property
+    def tools_declared(self) -> list[tuple[str, int]]:
+        """The tools an entry-route caller declared (context signals): ``(name, bytes)`` with
+        the size of the tool's definition as compact JSON, each name once, in order, at most
+        128; empty on other routes."""
+    @property
     def unknown_fields(self) -> list[str]:
         """Request fields the entry codec could not classify (schema drift), e.g. ``seed``."""
     def stream(self) -> Stream:
@@ -854,3 +859,6 @@ class EntryStream:
     @property
     def output_text(self) -> str:
         """Text and tool-call arguments received (for a tokenizer estimate)."""
+    @property
+    def tools_invoked(self) -> list[str]:
+        """The tools the model called so far: each name once, in order, at most 128."""

@@ -598,6 +598,10 @@ class DataPlane:
 
     async def _entry(self, p: Any, proto: Any, row: Row, started: float, fmt: str, request_body: bytes,
                      governed: list[tuple[str, str]]) -> None:
+        declared = p.tools_declared
+        if declared:
+            row.tools_declared = [name for name, _ in declared]
+            row.tools_declared_bytes = [size for _, size in declared]
         try:
             response = await self._dispatch(p, row)
         except UpstreamError as exc:
@@ -642,6 +646,7 @@ class DataPlane:
             else:
                 response.close()
         usage_in, usage_out, cache_read, cache_write, cache_write_1h = es.usage
+        row.tools_invoked = es.tools_invoked
         if not es.usage_reported:
             # NOTE: only when the upstream reported no usage: tokenize what went each way.
             usage_in = self.core.estimate_tokens(request_body.decode("utf-8", "replace"))

@@ -140,6 +140,11 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     tags: list[str] = []
     # The request's trace (32 hex digits) when tracing is on (meshfast.otel).
     trace_id: str | None = None
+    # Context signals: the tools the caller declared (each once, with its definition's size in
+    # bytes, in the same order) and the tools the model called.
+    tools_declared: list[str] = []
+    tools_declared_bytes: list[int] = []
+    tools_invoked: list[str] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -152,6 +157,7 @@ COLUMNS = (
     "input_cost", "output_cost", "web_searches", "generated_seconds", "source_ip", "user_agent",
     "browser", "browser_version", "os", "os_version", "device_type", "count",
     "business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id",
+    "tools_declared", "tools_declared_bytes", "tools_invoked",
 )
 # What the outbox takes from a row's events (migration 0014), one array per column.
 INSERT_RULE_EVENTS = """
@@ -244,7 +250,27 @@ def to_record(row: Row) -> tuple[Any, ...]:
         safe_text(device.os), safe_text(device.os_version), safe_text(device.device_type), row.count,
         safe_text(row.business_unit), _uuid(row.manager_id), safe_text(row.tier), safe_text(row.would_deny),
         _tags(row.tags) if row.tags else None, safe_text(row.trace_id, MAX_KEY_TEXT),
+        *_tools(row),
     )
+
+
+MAX_TOOLS = 128
+_INT4_MAX = 2**31 - 1
+
+
+def _tools(row: Row) -> tuple[list[str] | None, list[int] | None, list[str] | None]:
+    """The row's tool columns: distinct names as PostgreSQL text holds them (at most 128 each),
+    the declared ones beside their definition sizes (0 where none was given)."""
+    declared: dict[str, int] = {}
+    for i, name in enumerate(row.tools_declared):
+        clean = safe_text(name, MAX_KEY_TEXT)
+        if clean and clean not in declared and len(declared) < MAX_TOOLS:
+            size = row.tools_declared_bytes[i] if i < len(row.tools_declared_bytes) else 0
+            declared[clean] = min(max(int(size), 0), _INT4_MAX)
+    invoked = list(dict.fromkeys(t for name in row.tools_invoked if (t := safe_text(name, MAX_KEY_TEXT))))
+    if not declared:
+        return None, None, invoked[:MAX_TOOLS] or None
+    return list(declared), list(declared.values()), invoked[:MAX_TOOLS] or None
 
 
 def _tags(tags: list[str]) -> list[str]:

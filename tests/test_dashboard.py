@@ -336,6 +336,14 @@ def test_operator_creates_provider_model_user_and_sees_the_call_in_logs_and_char
         assert sum(float(dots.nth(i).get_attribute("data-value")) for i in range(dots.count())) == pytest.approx(cost, abs=1e-9)
     total_calls = int(page.locator("#totals [data-total='calls']").get_attribute("data-value"))
     assert total_calls >= 1
+    # A call declaring a tool the model does not call: the tools table counts it.
+    tool = f"dash_tool_{tag}"
+    declared = httpx.post(f"{gateway.base_url}/v1/chat/completions", timeout=30, headers={"authorization": f"Bearer {key}"},
+                          json={"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16,
+                                "tools": [{"type": "function", "function": {"name": tool, "parameters": {"type": "object"}}}]})
+    assert declared.status_code == 200, declared.text
+    tools_row = wait_for_row(tab, f"#by-tool tr[data-label='{tool}']", "#overview-refresh")
+    assert (tools_row.get_attribute("data-value"), tools_row.get_attribute("data-invoked")) == ("1", "0")
     tab.screenshot("07-overview")
 
     # The audit log shows what the UI did.

@@ -1119,6 +1119,15 @@ impl PyPrepared {
             .unwrap_or_default()
     }
 
+    /// The tools an entry-route caller declared: `(name, definition bytes)`, each name once.
+    #[getter]
+    fn tools_declared(&self) -> Vec<(String, u32)> {
+        self.active()
+            .and_then(|u| u.entry.as_ref())
+            .map(|e| e.tools.clone())
+            .unwrap_or_default()
+    }
+
     fn extract_embedding<'py>(&self, py: Python<'py>, body: &[u8]) -> PyResult<(Bound<'py, PyBytes>, i64)> {
         let plan = &self.upstream()?.plan;
         let (vector, tokens) =
@@ -1295,6 +1304,10 @@ impl PyEntryStream {
     #[getter]
     fn output_text(&self) -> String {
         self.inner.output_text().to_owned()
+    }
+    #[getter]
+    fn tools_invoked(&self) -> Vec<String> {
+        self.inner.tools_invoked().to_vec()
     }
 }
 

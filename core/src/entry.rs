@@ -152,6 +152,8 @@ pub struct EntryStream {
     deltas: u64,
     /// Redacted from the upstream's error events before the caller sees them.
     credentials: Credentials,
+    /// The tools the model called, each distinct name once, in order (context signals).
+    tools_invoked: Vec<String>,
 }
 
 impl EntryStream {
@@ -174,6 +176,7 @@ impl EntryStream {
             ended: false,
             deltas: 0,
             credentials: Credentials::default(),
+            tools_invoked: Vec::new(),
         }
     }
 
@@ -229,6 +232,14 @@ impl EntryStream {
                     self.usage_reported = true;
                 }
                 Event::Finish(reason) => self.stop_reason = Some(*reason),
+                Event::BlockStart {
+                    block: crate::translate::stream::BlockKind::ToolCall { name, .. },
+                    ..
+                } if self.tools_invoked.len() < crate::prepare::MAX_TOOLS_RECORDED
+                    && !self.tools_invoked.iter().any(|n| n == name) =>
+                {
+                    self.tools_invoked.push(name.clone());
+                }
                 Event::Delta { delta, .. } => {
                     self.deltas += 1;
                     use crate::translate::stream::Delta;
@@ -294,6 +305,12 @@ impl EntryStream {
     #[must_use]
     pub fn output_text(&self) -> &str {
         &self.output_text
+    }
+    /// The tools the model called so far: each distinct name once, in order, at most
+    /// [`crate::prepare::MAX_TOOLS_RECORDED`].
+    #[must_use]
+    pub fn tools_invoked(&self) -> &[String] {
+        &self.tools_invoked
     }
 }
 
@@ -385,5 +402,27 @@ mod tests {
         let v: serde_json::Value =
             serde_json::from_slice(&error_body(Format::Ollama, 503, "server_busy", None)).unwrap();
         assert!(v["error"].is_string());
+    }
+    #[test]
+    fn tools_the_model_called_are_listed_once_in_order() {
+        let mut s = String::from("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n");
+        for (index, name) in ["search", "fetch", "search"].iter().enumerate() {
+            s.push_str(&format!("event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":{index},\"content_block\":{{\"type\":\"tool_use\",\"id\":\"t{index}\",\"name\":\"{name}\",\"input\":{{}}}}}}\n\n"));
+            s.push_str(&format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":{index},\"delta\":{{\"type\":\"input_json_delta\",\"partial_json\":\"{{}}\"}}}}\n\n"));
+            s.push_str(&format!(
+                "event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":{index}}}\n\n"
+            ));
+        }
+        s.push_str("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":5}}\n\n");
+        s.push_str("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+        for entry in [Format::OpenAiChat, Format::Anthropic, Format::Gemini] {
+            let mut es = EntryStream::new(Format::Anthropic, entry, true, false, "m".into());
+            let mut out = Vec::new();
+            for piece in s.as_bytes().chunks(11) {
+                es.feed(piece, &mut out);
+            }
+            es.finish(&mut out);
+            assert_eq!(es.tools_invoked(), ["search", "fetch"], "{entry:?}");
+        }
     }
 }

@@ -118,6 +118,48 @@ pub struct EntryPlan {
     pub include_usage: bool,
     /// Request fields the entry codec could not classify (schema drift).
     pub unknown: Vec<String>,
+    /// The tools the caller declared (context signals): each distinct name once, in order, with
+    /// the size in bytes of its definition as JSON (name, description, parameter schema); at
+    /// most [`MAX_TOOLS_RECORDED`].
+    pub tools: Vec<(String, u32)>,
+}
+
+/// The most declared or invoked tools a row records (the rest are counted in no rollup).
+pub const MAX_TOOLS_RECORDED: usize = 128;
+
+/// The request's tools for the row, as [`EntryPlan::tools`] describes.
+fn declared_tools(tools: &[translate::Tool]) -> Vec<(String, u32)> {
+    let mut out: Vec<(String, u32)> = Vec::with_capacity(tools.len().min(MAX_TOOLS_RECORDED));
+    for tool in tools {
+        if out.len() == MAX_TOOLS_RECORDED {
+            break;
+        }
+        if out.iter().any(|(name, _)| *name == tool.name) {
+            continue;
+        }
+        // {"name":"…","description":"…","parameters":…}: 25 bytes of keys and punctuation, 17 more
+        // with a description.
+        let bytes =
+            25 + tool.name.len() + tool.description.as_ref().map_or(0, |d| 17 + d.len()) + json_len(&tool.parameters);
+        out.push((tool.name.clone(), u32::try_from(bytes).unwrap_or(u32::MAX)));
+    }
+    out
+}
+
+/// The length of `value` written as compact JSON, strings counted unescaped (an estimate of
+/// what a definition costs in the prompt, without writing it).
+fn json_len(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match value {
+        Value::Null => 4,
+        Value::Bool(b) => 4 + usize::from(!b),
+        Value::Number(n) => n.to_string().len(),
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(json_len).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map.len().saturating_sub(1) + map.iter().map(|(k, v)| k.len() + 3 + json_len(v)).sum::<usize>()
+        }
+    }
 }
 
 /// The decision: either a denial (status and body to answer) or an upstream call (status 0).
@@ -955,6 +997,7 @@ fn entry(
         None => model.max_output_tokens,
     };
     let (client_stream, include_usage) = (request.stream, request.include_usage);
+    let tools = declared_tools(&request.tools);
     // Text bytes / 3, images as media blocks: the same bound /v1/proxy reserves.
     let text_bytes: usize = request.system.iter().map(String::len).sum::<usize>()
         + request
@@ -999,6 +1042,7 @@ fn entry(
         client_stream,
         include_usage,
         unknown,
+        tools,
     });
     Some(upstream)
 }
@@ -1322,6 +1366,53 @@ mod tests {
     use serde_json::json;
 
     const NOON_WED: i64 = 1_741_176_000_000; // 2025-03-05T12:00:00Z, inside the Paris window
+
+    proptest::proptest! {
+        /// The definition size estimate is the compact JSON's length (strings without escapes).
+        #[test]
+        fn prop_json_len_is_the_compact_length(value in json_value()) {
+            proptest::prop_assert_eq!(json_len(&value), serde_json::to_string(&value).unwrap().len());
+        }
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            (-1e9f64..1e9).prop_map(|f| json!(f)),
+            "[a-zA-Z0-9 _.-]{0,12}".prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                proptest::collection::btree_map("[a-z_]{1,8}", inner, 0..6)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    #[test]
+    fn declared_tools_are_named_once_with_their_definition_size() {
+        let tool = |name: &str, description: Option<&str>| translate::Tool {
+            name: name.into(),
+            description: description.map(str::to_owned),
+            parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        };
+        let tools = declared_tools(&[tool("search", Some("Find")), tool("fetch", None), tool("search", None)]);
+        let schema = json!({"type": "object", "properties": {"q": {"type": "string"}}});
+        let with = json!({"name": "search", "description": "Find", "parameters": schema})
+            .to_string()
+            .len();
+        let without = json!({"name": "fetch", "parameters": schema}).to_string().len();
+        assert_eq!(
+            tools,
+            [("search".into(), with as u32), ("fetch".into(), without as u32)]
+        );
+        let many: Vec<_> = (0..300).map(|n| tool(&format!("t{n}"), None)).collect();
+        assert_eq!(declared_tools(&many).len(), MAX_TOOLS_RECORDED);
+    }
 
     fn req(route: Route, query: &str, body: &[u8]) -> Request<'static> {
         Request {

@@ -45,7 +45,12 @@
 //! Consumers claim by CAS on `dequeue_pos`, copy, and free by CAS to `4·(pos+capacity)`. A
 //! producer killed between claim and publish would stall every consumer at its record; so a
 //! consumer finding the head record claimed but unpublished for over [`RING_STALL_MS`] (or
-//! whose writer pid is gone) poisons it (CAS `4·pos -> 4·pos+2`) and skips it. If the writer
+//! whose writer pid is gone) poisons it (CAS `4·pos -> 4·pos+2`) and skips it. The holder of
+//! a record (its writer, then the consumer that popped it) stamps it with its pid and the
+//! time, both tagged with the lap and role they hold it for; a stamp whose tag is not the one
+//! being judged is an earlier holder's (stale) and never condemns anyone: the judge then stamps
+//! its own first sighting and the stall is timed from that (a holder killed before stamping is
+//! skipped [`RING_STALL_MS`] after it was first seen). If the writer
 //! was only slow, its publishing CAS then fails and `push` returns false: the caller spools
 //! the row, so a row is never lost nor delivered twice. A consumer killed between claim and
 //! free leaves a record a producer frees after the same stall (that one popped row is lost
@@ -92,6 +97,26 @@ pub const DEFAULT_RECORD_BYTES: usize = 2048;
 const RECORD_HEADER: usize = 32;
 /// A ring record claimed but not published (or popped but not freed) for this long is reclaimed.
 pub const RING_STALL_MS: u64 = 5000;
+
+/// Roles in a ring record's holder tag: the writer between claim and publish, the consumer
+/// between pop and free.
+const HOLDER_WRITER: u64 = 0;
+const HOLDER_CONSUMER: u64 = 1;
+/// Word 2 of a record: the holder tag's low 24 bits over 40 bits of milliseconds (wrapping
+/// every 34 years; ages are computed modulo that).
+const STAMP_TIME_BITS: u32 = 40;
+const STAMP_TIME_MASK: u64 = (1 << STAMP_TIME_BITS) - 1;
+const STAMP_TAG_MASK: u64 = (1 << (64 - STAMP_TIME_BITS)) - 1;
+
+/// Which holding a stamp is for: the lap and the role (a tag seen again only 2^23 laps later),
+/// never 0 (a fresh record's words) in the first lap.
+fn holder_tag(pos: u64, role: u64) -> u64 {
+    (pos << 1 | role) + 1
+}
+
+fn stamp_word(tag: u64, now: u64) -> u64 {
+    (tag & STAMP_TAG_MASK) << STAMP_TIME_BITS | now & STAMP_TIME_MASK
+}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -711,8 +736,7 @@ impl Segment {
             }
         };
         let record = (pos & (cap - 1)) as usize;
-        self.record_word(record, 1).store(u64::from(current_pid()), Relaxed);
-        self.record_word(record, 2).store(now_ms(), Relaxed);
+        self.stamp(record, pos, HOLDER_WRITER);
         self.record_word(record, 3).store(row.len() as u64, Relaxed);
         // SAFETY: the record's data area is ours until we publish (we won `pos`); it lies inside
         // the mapping, and readers only copy it after an Acquire load of the published seq.
@@ -729,7 +753,11 @@ impl Segment {
     fn reclaim_popped(&self, record: usize, seq: u64, old_pos: u64) -> bool {
         let popped = self.header(11).load(Acquire) > old_pos;
         let state = seq & 3;
-        if !popped || seq >> 2 != old_pos || (state != 1 && state != 2) || !self.record_stalled(record) {
+        if !popped
+            || seq >> 2 != old_pos
+            || (state != 1 && state != 2)
+            || !self.record_stalled(record, old_pos, HOLDER_CONSUMER)
+        {
             return false;
         }
         let next = 4 * (old_pos + self.ring_records as u64);
@@ -738,11 +766,39 @@ impl Segment {
             .is_ok()
     }
 
-    fn record_stalled(&self, record: usize) -> bool {
-        let owner = self.record_word(record, 1).load(Acquire) as u32;
-        let since = self.record_word(record, 2).load(Acquire);
-        let dead = owner != 0 && owner != current_pid() && !process_alive(owner, 0);
-        dead || now_ms().saturating_sub(since) > RING_STALL_MS
+    /// Marks `record` as held by this process for lap `pos` in `role` (word 1: pid and tag;
+    /// word 2: tag and time). Word 1 is stored first and word 2 with Release, so a judge that
+    /// reads a matching tag in word 2 with Acquire also sees this pid in word 1.
+    fn stamp(&self, record: usize, pos: u64, role: u64) {
+        let tag = holder_tag(pos, role);
+        self.record_word(record, 1)
+            .store(u64::from(current_pid()) << 32 | (tag & 0xffff_ffff), Relaxed);
+        self.record_word(record, 2).store(stamp_word(tag, now_ms()), Release);
+    }
+
+    /// Whether the holder of `record` for lap `pos` in `role` died or has held it for over
+    /// [`RING_STALL_MS`]. Only a stamp tagged for exactly this lap and role counts: any other
+    /// is an earlier holder's, so the holder has not stamped yet (it may be a few instructions
+    /// past its claim, or killed there), and the judge stamps its own first sighting instead.
+    fn record_stalled(&self, record: usize, pos: u64, role: u64) -> bool {
+        let tag = holder_tag(pos, role);
+        let (owner_word, time_word) = (self.record_word(record, 1), self.record_word(record, 2));
+        let stamped = time_word.load(Acquire);
+        if stamped >> STAMP_TIME_BITS != tag & STAMP_TAG_MASK {
+            // Not stamped for this holding yet: the first sighting starts the clock.
+            let _ = time_word.compare_exchange(stamped, stamp_word(tag, now_ms()), AcqRel, Relaxed);
+            return false;
+        }
+        let owner = owner_word.load(Acquire);
+        if owner & 0xffff_ffff == tag & 0xffff_ffff {
+            let pid = (owner >> 32) as u32;
+            if pid != 0 && pid != current_pid() && !process_alive(pid, 0) {
+                return true;
+            }
+        }
+        // Modulo 2^40 ms; a stamp "in the future" (the clock stepped back) is not stalled.
+        let age = (now_ms() & STAMP_TIME_MASK).wrapping_sub(stamped & STAMP_TIME_MASK) & STAMP_TIME_MASK;
+        age > RING_STALL_MS && age < STAMP_TIME_MASK / 2
     }
 
     /// Takes up to `max` rows from the telemetry ring, oldest first.
@@ -764,8 +820,7 @@ impl Segment {
                     let _ = seq_word.compare_exchange(seq, next, AcqRel, Relaxed);
                     continue;
                 }
-                self.record_word(record, 1).store(u64::from(current_pid()), Relaxed);
-                self.record_word(record, 2).store(now_ms(), Relaxed);
+                self.stamp(record, pos, HOLDER_CONSUMER);
                 let len = (self.record_word(record, 3).load(Relaxed) as usize).min(self.record_bytes - RECORD_HEADER);
                 let mut row = vec![0u8; len];
                 // SAFETY: we won `pos`; the producer's writes happened before its publishing CAS,
@@ -782,7 +837,9 @@ impl Segment {
                     break; // empty
                 }
                 // Claimed, not yet published: poison it if its writer died or stalled.
-                if !self.record_stalled(record) || seq_word.compare_exchange(seq, seq + 2, AcqRel, Relaxed).is_err() {
+                if !self.record_stalled(record, pos, HOLDER_WRITER)
+                    || seq_word.compare_exchange(seq, seq + 2, AcqRel, Relaxed).is_err()
+                {
                     break;
                 }
             } else if seq >> 2 < pos {
@@ -1559,9 +1616,7 @@ mod tests {
             let child = Segment::open(&path).unwrap();
             let enqueue = child.header(10);
             let pos = enqueue.fetch_add(1, AcqRel);
-            child
-                .record_word((pos & 3) as usize, 1)
-                .store(u64::from(current_pid()), Relaxed);
+            child.stamp((pos & 3) as usize, pos, HOLDER_WRITER);
             unsafe { libc::_exit(0) };
         }
         unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
@@ -1572,6 +1627,71 @@ mod tests {
         }
         assert!(!segment.push_row(b"full"));
         assert_eq!(segment.pop_rows(10).len(), 4);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A dead pid and an old time left by an earlier lap's holders must not condemn a writer
+    /// that has claimed its record and not stamped it yet (a few instructions after its claim).
+    #[test]
+    fn test_ring_never_skips_a_live_writer_behind_stale_stamps() {
+        let path = temp_path("ringstale");
+        let segment = Segment::create_with_ring(&path, 16, 4, 4, 4, 64).unwrap();
+        // SAFETY: the child exits at once; its pid is then dead (and not reused this soon).
+        let dead = unsafe { libc::fork() };
+        if dead == 0 {
+            unsafe { libc::_exit(0) };
+        }
+        unsafe { libc::waitpid(dead, std::ptr::null_mut(), 0) };
+        for lap in 0..3u64 {
+            for record in 0..4usize {
+                // Earlier holders' stamps: a dead pid, an hour-old time, every tag but the next.
+                let pos = lap * 4 + record as u64;
+                for (role, back) in [(HOLDER_CONSUMER, 4u64), (HOLDER_WRITER, 4), (HOLDER_CONSUMER, 0)] {
+                    let tag = holder_tag(pos.saturating_sub(back), role);
+                    segment
+                        .record_word(record, 1)
+                        .store((dead as u64) << 32 | (tag & 0xffff_ffff), Relaxed);
+                    segment
+                        .record_word(record, 2)
+                        .store(stamp_word(tag, now_ms() - 3_600_000), Relaxed);
+                }
+                // Claim as push_row does, then let consumers look before the stamp.
+                let enqueue = segment.header(10);
+                assert_eq!(enqueue.fetch_add(1, AcqRel), pos);
+                for _ in 0..3 {
+                    assert!(segment.pop_rows(10).is_empty(), "a claimed record is waited for");
+                }
+                segment.stamp(record, pos, HOLDER_WRITER);
+                segment.record_word(record, 3).store(1, Relaxed);
+                let published = segment
+                    .record_word(record, 0)
+                    .compare_exchange(4 * pos, 4 * pos + 1, AcqRel, Relaxed)
+                    .is_ok();
+                assert!(published, "lap {lap} record {record} was poisoned under its writer");
+                assert_eq!(segment.pop_rows(10).len(), 1);
+            }
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// A writer killed after its claim and before its stamp is skipped once it has been seen
+    /// unstamped for the stall time, not before.
+    #[test]
+    fn test_ring_skips_an_unstamped_claim_after_the_stall_time() {
+        let path = temp_path("ringunstamped");
+        let segment = Segment::create_with_ring(&path, 16, 4, 4, 4, 64).unwrap();
+        let pos = segment.header(10).fetch_add(1, AcqRel);
+        assert!(segment.push_row(b"behind"));
+        assert!(segment.pop_rows(10).is_empty(), "first sighting");
+        let sighted = segment.record_word(0, 2).load(Acquire);
+        assert_eq!(
+            sighted >> STAMP_TIME_BITS,
+            holder_tag(pos, HOLDER_WRITER) & STAMP_TAG_MASK
+        );
+        assert!(segment.pop_rows(10).is_empty(), "within the stall time");
+        let old = stamp_word(holder_tag(pos, HOLDER_WRITER), now_ms() - RING_STALL_MS - 1);
+        segment.record_word(0, 2).store(old, Relaxed);
+        assert_eq!(segment.pop_rows(10), vec![b"behind".to_vec()]);
         std::fs::remove_file(path).unwrap();
     }
 

@@ -37,8 +37,11 @@ LIST_COLUMNS = (
     "id, request_id, created_at, user_id, mesh_key_id, provider_id, model_id, model_name, requested_model, route, "
     "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
     "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
-    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags, trace_id"
+    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags, trace_id, tools_declared, "
+    "tools_declared_bytes, tools_invoked"
 )
+# A tool definition's prompt cost is estimated from its JSON size at this many bytes per token.
+BYTES_PER_TOKEN = 4
 # group_by= of the summary: the row's own value at call time, as kept in request_rollup_hourly.
 GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag"}
 
@@ -298,7 +301,72 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
         # Exact: the sum of the rows' costs in the window, in nano-USD.
         "total_cost_nano_usd": _nano(totals["cost"]),
         **({"group_by": q.group_by, "groups": await _groups(conn, q, since, until)} if q.group_by else {}),
+        "by_tool": await _by_tool(conn, q, since, until),
     }
+
+
+def _tool_where(q: Query) -> tuple[str, list[Any]]:
+    """The user and model filters over tool_rollup_hourly ($1, $2 are the window). Tools are
+    recorded for calls that reached a model, so the status filter does not apply."""
+    clauses, args = [], []
+    for column, value in (("user_id", q.user_id), ("model_id", q.model_id)):
+        if value is not None:
+            args.append(value)
+            clauses.append(f"{column} = ${2 + len(args)}")
+    return (" AND ".join(clauses) or "true"), args
+
+
+def _tokens(definition_bytes: int, declared_calls: int) -> int:
+    """Estimated prompt tokens of one declaration of a tool (its average definition size)."""
+    if declared_calls <= 0:
+        return 0
+    return -(-definition_bytes // (declared_calls * BYTES_PER_TOKEN))
+
+
+async def _by_tool(conn: asyncpg.Connection, q: Query, since: dt.datetime, until: dt.datetime,
+                   limit: int = 100) -> list[dict[str, Any]]:
+    """Context signals: per tool, how many calls declared it and how many the model called it
+    in, with the estimated tokens one declaration costs; the most declared first."""
+    where, args = _tool_where(q)
+    rows = await conn.fetch(
+        "SELECT tool, sum(declared_calls) AS declared, sum(invoked_calls) AS invoked, "
+        "sum(definition_bytes) AS bytes FROM tool_rollup_hourly "
+        f"WHERE hour >= $1 AND hour < $2 AND {where} GROUP BY tool "
+        f"ORDER BY sum(declared_calls) DESC, sum(invoked_calls) DESC, tool LIMIT {limit}", since, until, *args)
+    return [{"tool": r["tool"], "declared_calls": int(r["declared"]), "invoked_calls": int(r["invoked"]),
+             "invocation_rate": round(int(r["invoked"]) / int(r["declared"]), 4) if r["declared"] else None,
+             "estimated_tokens_per_declaration": _tokens(int(r["bytes"]), int(r["declared"]))} for r in rows]
+
+
+async def unused_tools(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
+    """Per person, the tools declared in the window (default: the last 24 hours) that the model
+    never called, with the prompt tokens per request that removing them would save (estimated
+    from their definitions' size); the people who would save the most first."""
+    since, until = _floor_hour(q.since), _ceil_hour(q.to)
+    where, args = _tool_where(q)
+    rows = await conn.fetch(
+        "SELECT user_id, tool, sum(declared_calls) AS declared, sum(definition_bytes) AS bytes "
+        f"FROM tool_rollup_hourly WHERE hour >= $1 AND hour < $2 AND {where} "
+        "GROUP BY user_id, tool HAVING sum(invoked_calls) = 0 AND sum(declared_calls) > 0", since, until, *args)
+    people: dict[str | None, list[dict[str, Any]]] = {}
+    for r in rows:
+        key = None if r["user_id"] is None else str(r["user_id"])
+        people.setdefault(key, []).append({
+            "tool": r["tool"], "declared_calls": int(r["declared"]),
+            "estimated_tokens_per_request": _tokens(int(r["bytes"]), int(r["declared"]))})
+    users = []
+    for user_id, tools in people.items():
+        tools.sort(key=lambda t: (-t["estimated_tokens_per_request"] * t["declared_calls"], t["tool"]))
+        users.append({"user_id": user_id, "tools": tools[:50],
+                      "estimated_tokens_per_request": sum(t["estimated_tokens_per_request"] for t in tools),
+                      "estimated_tokens_in_window": sum(t["estimated_tokens_per_request"] * t["declared_calls"]
+                                                        for t in tools)})
+    users.sort(key=lambda u: (-u["estimated_tokens_in_window"], u["user_id"] or ""))
+    users = users[:100]
+    emails = await _emails(conn, [u["user_id"] for u in users])
+    for u in users:
+        u["user_email"] = emails.get(u["user_id"], "Unknown")
+    return {"from": since.isoformat(), "to": until.isoformat(), "bytes_per_token": BYTES_PER_TOKEN, "users": users}
 
 
 _GROUP_MEASURES = (

@@ -90,7 +90,14 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
      "calls, denied_calls, error_calls, tokens_in, tokens_out, input_cost_usd, output_cost_usd, cost_usd, "
      "cost_nano_usd}] from the values each row kept at call time (null key: rows without one; by tag a row "
      "counts once per tag its model had). Costs are exact: cost_usd a JSON number with nine decimals, "
-     "cost_nano_usd an integer; total_cost_nano_usd is the exact total", None, 200),
+     "cost_nano_usd an integer; total_cost_nano_usd is the exact total. by_tool (context signals): [{tool, "
+     "declared_calls, invoked_calls, invocation_rate, estimated_tokens_per_declaration}], the most declared "
+     "first (user and model filters apply; tools are recorded for calls that reached a model)", None, 200),
+    ("GET", "/admin/logs/unused-tools", "Context signals: per person, the tools declared in the window "
+     "(default the last 24 hours) that the model never called, with the prompt tokens per request removing "
+     "them would save, estimated from their definitions' size at bytes_per_token: {from, to, bytes_per_token, "
+     "users: [{user_id, user_email, estimated_tokens_per_request, estimated_tokens_in_window, tools: [{tool, "
+     "declared_calls, estimated_tokens_per_request}]}]}", None, 200),
     ("GET", "/admin/logs/export.csv", "Every row /admin/logs lists for the same filters (no paging), as CSV: a "
      "header line, then one line per row, newest first (order=asc: oldest); costs as exact decimals; cells "
      "starting with = + - @ are prefixed with '", None, 200),
@@ -154,6 +161,7 @@ _GROUP_BY = _query("group_by", {"type": "string", "enum": list(logs.GROUP_BY)},
 QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
     "/admin/logs": _LOG_FILTERS,
     "/admin/logs/summary": [*_LOG_FILTERS, _GROUP_BY],
+    "/admin/logs/unused-tools": [p for p in _LOG_FILTERS if p["name"] in ("user_id", "model_id", "from", "to")],
     "/admin/logs/export.csv": [
         _query("sort", {"type": "string", "enum": ["created_at"]}, "the export's order is by time")
         if p["name"] == "sort" else p

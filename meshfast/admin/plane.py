@@ -72,6 +72,8 @@ class AdminPlane:
         add("GET", r"/admin/logs/summary",
             lambda a, s, q, b, h: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
         add("GET", r"/admin/logs/export.csv", lambda a, s, q, b, h: self._export(q))
+        add("GET", r"/admin/logs/unused-tools",
+            lambda a, s, q, b, h: self._query(lambda c: logs.unused_tools(c, logs.Query(q))))
         add("GET", r"/admin/audit", lambda a, s, q, b, h: self._query(lambda c: logs.audit(c, q)))
         add("GET", r"/admin/status", lambda a, s, q, b, h: self._ok(self._status()))
         self._notifications = notifier

@@ -498,7 +498,16 @@
         table("Denials by reason", [{ key: "deny_reason", label: "Reason" }, { key: "calls", label: "Calls", num: true }], summary.by_deny_reason || [],
           { id: "by-deny-reason", rowData: (r) => ({ label: r.deny_reason, value: String(r.calls) }) }),
         table("Latency", [{ key: "le_ms", label: "Up to", render: (r) => (r.le_ms ? `${r.le_ms} ms` : "slower") }, { key: "calls", label: "Calls", num: true }],
-          summary.latency_buckets || [], { id: "latency-buckets", rowData: (r) => ({ label: String(r.le_ms ?? "slower"), value: String(r.calls) }) })));
+          summary.latency_buckets || [], { id: "latency-buckets", rowData: (r) => ({ label: String(r.le_ms ?? "slower"), value: String(r.calls) }) })),
+      h("h2", {}, "Tools declared and called"),
+      h("p", { class: "muted" }, "Tools callers declared and how often the model called them; a tool declared and never called costs its definition's tokens on every request."),
+      h("div", { class: "charts" },
+        table("Tools", [{ key: "tool", label: "Tool" }, { key: "declared_calls", label: "Declared in", num: true },
+          { key: "invoked_calls", label: "Called in", num: true },
+          { key: "invocation_rate", label: "Called", num: true, render: (r) => (r.invocation_rate === null ? "—" : `${(r.invocation_rate * 100).toFixed(1)} %`) },
+          { key: "estimated_tokens_per_declaration", label: "Tokens per declaration", num: true }],
+        summary.by_tool || [], { id: "by-tool", empty: "No call declared tools in this range.",
+          rowData: (r) => ({ label: r.tool, value: String(r.declared_calls), invoked: String(r.invoked_calls) }) })));
     rangeSelect.addEventListener("change", () => { overviewRange = rangeSelect.value; rerender(); });
   }
 
