@@ -258,10 +258,11 @@ class Segment:
         than ``record_bytes - 32``, or the record was reclaimed as stalled mid-write: the caller
         then spools the row to disk. Never blocks."""
 
-    def pop_rows(self, max: int) -> list[bytes]:
+    def pop_rows(self, max: int, abandoned: bool = False) -> list[bytes]:
         """Take up to ``max`` rows, oldest first (several drainers may pop concurrently; each row
         is delivered once). A record whose writer died mid-write is skipped after 5 s (at once
-        when its pid is gone). Releases the GIL."""
+        when its pid is gone). ``abandoned``: the segment's run is over (every process that used
+        it is dead), so a record claimed and never published is skipped at once. Releases the GIL."""
 
     def reserve(self, key: bytes, amount: int, cap: int) -> Lease | None:
         """Reserve ``amount`` on the counter at ``key`` if ``counter + amount <= cap``, else None.
@@ -390,8 +391,13 @@ class Core:
         now_ms: int,
         model: str | None = None,
         stream: bool | None = None,
+        cache_shaping: bool = True,
     ) -> Prepared:
         """The decision for a data-plane POST route, in Mesh's order.
+
+        ``cache_shaping`` False (the caller's ``X-Meshfast-Cache: off``) leaves the upstream body
+        without the model's prompt-cache shaping: no Anthropic breakpoints beyond the caller's own,
+        no OpenAI ``prompt_cache_key``.
 
         Mesh-native routes (``proxy``, ``embeddings``, ``generate``) name the model in ``?model=``.
         Entry routes (a wire format's name) read it from the body, or from ``model`` (Gemini's

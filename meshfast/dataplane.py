@@ -61,6 +61,37 @@ class _ClientGone(Exception):
     """The caller closed the connection mid-stream."""
 
 
+class _Held:
+    """The caller's side of one upstream exchange, held until the call's row is in the ring.
+
+    A whole answer (``response_bytes``) is kept and sent by :meth:`release`; a stream's transport
+    is referenced until then, and Granian ends a streamed response (its last chunk) when the
+    transport is dropped. So the caller never holds a complete answer whose row a SIGKILL of this
+    worker could still lose: the row is pushed first (telemetry's promise)."""
+
+    __slots__ = ("_proto", "_answer", "_stream")
+
+    def __init__(self, proto: Any) -> None:
+        self._proto = proto
+        self._answer: tuple[int, list[tuple[str, str]], bytes] | None = None
+        self._stream: Any = None
+
+    def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self._answer = (status, headers, body)
+
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> Any:
+        self._stream = self._proto.response_stream(status, headers)
+        return self._stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._proto, name)
+
+    def release(self) -> None:
+        answer, self._answer, self._stream = self._answer, None, None
+        if answer is not None:
+            self._proto.response_bytes(*answer)
+
+
 class DataPlane:
     def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings,
                  admission: Admission, metrics: Metrics | None = None, leases: Any = None,
@@ -99,6 +130,7 @@ class DataPlane:
         x_goog_api_key, query = _header(headers, "x-goog-api-key"), scope.query_string
         body = b""
         received = started
+        cache_shaping = True
         principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
         close = False
         if principal is None:
@@ -110,6 +142,16 @@ class DataPlane:
             # NOTE: the limit is checked after authentication, so bad keys are always 401 (never
             # throttled into another status) and cost no slot.
             failure: errors.MeshfastError | None = errors.ServerBusy(retry_after_s=1) if busy and busy() else None
+            try:
+                cache = headers.get("x-meshfast-cache")
+            except (UnicodeDecodeError, ValueError):
+                cache = "\ufffd"  # present but not text: refused below
+            if cache is not None and failure is None:
+                # Prompt-cache shaping is on unless the caller turns it off for this call.
+                setting = cache.strip().lower()
+                if setting not in ("on", "off"):
+                    failure = errors.InvalidRequest("X-Meshfast-Cache must be on or off")
+                cache_shaping = setting != "off"
             if failure is None:
                 try:
                     body = await read_body(scope, proto, self.settings.max_body_bytes)
@@ -121,7 +163,7 @@ class DataPlane:
                 self._refuse_unread(scope, proto, route, model, failure, principal, started, now_ms)
                 return
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
-                              model, stream)
+                              model, stream, cache_shaping)
         if p.status and self.leases is not None:
             # A cluster member holds only slices of each cap: out of room, it asks for another
             # (one round trip, rare far from a cap) and decides again.
@@ -138,7 +180,7 @@ class DataPlane:
                 if not granted:
                     break
                 p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body),
-                                      now_ms, model, stream)
+                                      now_ms, model, stream, cache_shaping)
         user_agent = _header(headers, "user-agent")
         source_ip = client_ip(scope)
         mesh = route in _MESH
@@ -161,10 +203,12 @@ class DataPlane:
                 extra.append(("x-should-retry", "false"))
             if close:
                 extra.append(("connection", "close"))
-            self._respond(proto, p.status, p.request_id, p.body, extra)
+            # NOTE: the row first, then the answer: a worker killed in between loses no row of an
+            # answer its caller received (here and on every path below).
             row.latency_ms = self._elapsed_ms(started)
             self._events(p, row)
             self._record(row, p.log_requests)
+            self._respond(proto, p.status, p.request_id, p.body, extra)
             return
         if not mesh:
             self._note_unclassified(route, p.unknown_fields)
@@ -172,12 +216,12 @@ class DataPlane:
             await self.admission.admit(p)
         except errors.MeshfastError as exc:
             extra = [*governed, ("retry-after", str(exc.retry_after_s or 1))]
-            self._respond(proto, exc.status, p.request_id, self._error_body(route, exc), extra)
             row.status_code, row.deny_reason = exc.status, exc.code
             row.latency_ms = self._elapsed_ms(started)
             p.settle(0)
             self._events(p, row)
             self._record(row, p.log_requests)
+            self._respond(proto, exc.status, p.request_id, self._error_body(route, exc), extra)
             return
         row.deny_reason = None
         metrics = self.metrics
@@ -187,17 +231,18 @@ class DataPlane:
         if metrics is not None:
             metrics.phase("receive", int((received - started) * 1e9))
             metrics.phase("gateway", int((admitted - received) * 1e9))
+        held = _Held(proto)
         try:
             if route == "proxy":
-                await self._proxy(p, proto, row, started, body, governed)
+                await self._proxy(p, held, row, started, body, governed)
             elif route == "embeddings":
-                await self._embeddings(p, proto, row, started, governed)
+                await self._embeddings(p, held, row, started, governed)
             elif route == "generate":
-                await self._generate(p, proto, row, started, governed)
+                await self._generate(p, held, row, started, governed)
             elif route == "openai_embeddings":
-                await self._openai_embeddings(p, proto, row, body, governed)
+                await self._openai_embeddings(p, held, row, body, governed)
             else:
-                await self._entry(p, proto, row, started, route, body, governed)
+                await self._entry(p, held, row, started, route, body, governed)
         finally:
             if metrics is not None:
                 metrics.phase("upstream", int((time.perf_counter() - admitted) * 1e9))
@@ -207,6 +252,10 @@ class DataPlane:
             row.latency_ms = self._elapsed_ms(started)
             self._events(p, row)
             self._record(row, p.log_requests)
+            # Only now may the caller see the end of the answer.
+            # NOTE: a caller already gone must not mask the route's own exception (a cancellation).
+            with contextlib.suppress(Exception):
+                held.release()
 
     @staticmethod
     def _error_body(route: str, exc: errors.MeshfastError) -> bytes:
@@ -510,15 +559,15 @@ class DataPlane:
         the body is too large, too slow, malformed in its framing, or its caller left): the answer
         in the route's shape (none when the caller left) and its row, which names the caller."""
         rid = request_id()
-        if not isinstance(error, errors.ClientDisconnected):
-            extra = [("retry-after", str(error.retry_after_s))] if error.retry_after_s else None
-            with contextlib.suppress(Exception):
-                self._respond(proto, error.status, rid, self._error_body(route, error), extra)
         self._record(Row(
             request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=error.status,
             deny_reason=error.code, latency_ms=self._elapsed_ms(started), mesh_key_id=principal.key_id,
             user_id=principal.id, source_ip=client_ip(scope), user_agent=_header(scope.headers, "user-agent"),
             requested_model=_model_param(scope.query_string) if route in _MESH else model))
+        if not isinstance(error, errors.ClientDisconnected):
+            extra = [("retry-after", str(error.retry_after_s))] if error.retry_after_s else None
+            with contextlib.suppress(Exception):
+                self._respond(proto, error.status, rid, self._error_body(route, error), extra)
 
     @staticmethod
     def _events(p: Any, row: Row) -> None:
@@ -659,6 +708,7 @@ class DataPlane:
         final = es.finish()
         broken = cut_short or es.error is not None
         row.cache_read_tokens, row.cache_write_tokens = cache_read, cache_write
+        row.cache_write_1h_tokens = cache_write_1h
         # Five-minute and one-hour cache writes cost different prices; the row counts them together.
         self._charge(p, row, usage_in, usage_out, cache_read=cache_read, cache_write=cache_write - cache_write_1h,
                      cache_write_1h=cache_write_1h)

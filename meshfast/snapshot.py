@@ -150,6 +150,9 @@ class Model(msgspec.Struct):
     tags: list[str] = []
     deployments: list[Deployment] = []
     restrictions: Restrictions | None = None
+    # Prompt-cache shaping (meshfast._core: breakpoints for Anthropic, a cache key for OpenAI).
+    cache_shaping: bool = True
+    cache_ttl: str = "5m"
 
 
 # The admin API's long-context price keys (the model's own price field names) and the classes
@@ -555,6 +558,8 @@ def _config(seq: int, kill_switch: bool, user_rows: list[asyncpg.Record], key_ro
                 tags=list(row["tags"]),
                 deployments=deployments.get(row["id"], []),
                 restrictions=_restrictions(row.get("restrictions"), principal_index),
+                cache_shaping=row.get("cache_shaping", True),
+                cache_ttl=row.get("cache_ttl") or "5m",
             )
             for row in models
         ],

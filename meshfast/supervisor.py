@@ -319,7 +319,9 @@ def _rescue_ring(settings: Settings) -> None:
         return
     spool = telemetry.Spool(settings.spool_dir)
     rescued = 0
-    while rows := old.pop_rows(1024):
+    # NOTE: abandoned: every process of that run is gone, so a record claimed and never
+    # published (a writer killed mid-claim) is skipped at once instead of ending the rescue.
+    while rows := old.pop_rows(1024, abandoned=True):
         spool.append(rows)
         rescued += len(rows)
     spool.seal()

@@ -145,6 +145,8 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     tools_declared: list[str] = []
     tools_declared_bytes: list[int] = []
     tools_invoked: list[str] = []
+    # Of cache_write_tokens, the one-hour writes (priced apart from five-minute ones).
+    cache_write_1h_tokens: int = 0
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -157,7 +159,7 @@ COLUMNS = (
     "input_cost", "output_cost", "web_searches", "generated_seconds", "source_ip", "user_agent",
     "browser", "browser_version", "os", "os_version", "device_type", "count",
     "business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id",
-    "tools_declared", "tools_declared_bytes", "tools_invoked",
+    "tools_declared", "tools_declared_bytes", "tools_invoked", "cache_write_1h_tokens",
 )
 # What the outbox takes from a row's events (migration 0014), one array per column.
 INSERT_RULE_EVENTS = """
@@ -250,7 +252,7 @@ def to_record(row: Row) -> tuple[Any, ...]:
         safe_text(device.os), safe_text(device.os_version), safe_text(device.device_type), row.count,
         safe_text(row.business_unit), _uuid(row.manager_id), safe_text(row.tier), safe_text(row.would_deny),
         _tags(row.tags) if row.tags else None, safe_text(row.trace_id, MAX_KEY_TEXT),
-        *_tools(row),
+        *_tools(row), row.cache_write_1h_tokens,
     )
 
 

@@ -346,7 +346,12 @@ def test_old_spooled_rows_decode_with_the_new_fields_at_their_defaults() -> None
     decoded = telemetry._decoder.decode(legacy)
     assert (decoded.business_unit, decoded.manager_id, decoded.events, decoded.tags) == (None, None, [], [])
     record = telemetry.to_record(decoded)
-    assert len(record) == len(telemetry.COLUMNS) and record[-5:] == (None, None, None, None, None)
+    assert len(record) == len(telemetry.COLUMNS)
+    columns = dict(zip(telemetry.COLUMNS, record, strict=True))
+    later = ("business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id", "tools_declared",
+             "tools_declared_bytes", "tools_invoked")
+    assert {c: columns[c] for c in later} == dict.fromkeys(later)
+    assert columns["cache_write_1h_tokens"] == 0
     assert telemetry.event_records(decoded) == []
 
 

@@ -94,9 +94,12 @@ def test_rows_record_the_tools_declared_and_the_tools_called(gateway: Gateway, w
                                                            messages=[{"role": "user", "content": "hi"}])
     row = gateway.fetch_row(raw.headers["x-request-id"])
     assert (row["tools_declared"], row["tools_declared_bytes"], row["tools_invoked"]) == (None, None, None)
-    # The admin log listing carries them too.
+    # The admin log listing carries them too, and so does the CSV export.
     listed = gateway.admin("GET", f"/admin/logs?request_id={called}").json()["logs"][0]
     assert listed["tools_declared"] == names and listed["tools_invoked"] == ["get_weather"]
+    csv = gateway.admin("GET", f"/admin/logs/export.csv?user_id={world['user']['id']}")
+    assert csv.status_code == 200, csv.text
+    assert "get_weather;send_email;lookup_stock,get_weather" in csv.text
 
 
 def test_the_summary_counts_tools_and_unused_tools_are_recommended(gateway: Gateway,
@@ -132,7 +135,6 @@ def test_the_summary_counts_tools_and_unused_tools_are_recommended(gateway: Gate
     assert unused["send_email"]["declared_calls"] == 4
     per_request = {n: math.ceil(definition_bytes(n) / 4) for n in ("send_email", "lookup_stock")}
     assert unused["lookup_stock"]["estimated_tokens_per_request"] == per_request["lookup_stock"]
-    assert mine["estimated_tokens_per_request"] == sum(per_request.values())
     assert mine["estimated_tokens_in_window"] == 4 * per_request["send_email"] + 3 * per_request["lookup_stock"]
     theirs = next(u for u in everyone["users"] if u["user_id"] == other["id"])
     assert [t["tool"] for t in theirs["tools"]] == ["get_weather"]
@@ -168,9 +170,58 @@ def test_hostile_tool_names_never_cost_the_row(gateway: Gateway, world: dict[str
     row = gateway.fetch_row(r.headers["x-request-id"])
     declared = row["tools_declared"]
     assert len(declared) == 128 == len(row["tools_declared_bytes"])
-    assert declared[:4] == ["nul\ufffdname", "x" * 200, "dup", "t0"]
+    assert declared[:4] == ["nul\ufffdname", "x" * 64, "dup", "t0"], "names cut to the providers' 64 bytes"
     assert len(set(declared)) == len(declared)
     assert row["tools_invoked"] == ["nul\ufffdname"]
     r = call(body.replace('"dup"', '"dup\\ud800"', 1))
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
     assert gateway.fetch_row(r.headers["x-request-id"])["status_code"] == 400
+
+
+def _spooled(gateway: Gateway) -> float:
+    text = gateway.admin("GET", "/admin/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("meshfast_telemetry_rows_spooled_total"))
+
+
+def test_tool_heavy_rows_stay_within_a_ring_record(gateway: Gateway, world: dict[str, Any]) -> None:
+    """An agent declaring 100 tools with long names: the row keeps the first names up to 1 KB (so
+    it fits one telemetry ring record and is never spooled by the worker), each name once."""
+    names = [f"mcp__server_{n:03d}__a_fairly_long_tool_name" for n in range(100)]
+    before = _spooled(gateway)
+    r = httpx.post(f"{gateway.base_url}/v1/chat/completions", timeout=30,
+                   headers={"authorization": f"Bearer {world['key']}"},
+                   json={"model": "ctx-openai-tools", "messages": [{"role": "user", "content": "hi"}],
+                         "tools": [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+                                   for n in names]})
+    assert r.status_code == 200, r.text
+    row = gateway.fetch_row(r.headers["x-request-id"])
+    declared = row["tools_declared"]
+    assert declared == names[:len(declared)]
+    assert sum(len(n) for n in declared) <= 1024 < sum(len(n) for n in names[:len(declared) + 1])
+    assert row["tools_invoked"] == [names[0]]
+    assert _spooled(gateway) == before
+
+
+def test_failed_calls_are_not_counted_as_declarations(gateway: Gateway, testserve: EmulatedProviders) -> None:
+    user = gateway.create_user()
+    provider = gateway.create_provider("ts-ctx-failing", family="openai", base_url=f"{testserve.base_url}/openai",
+                                       api_key="testserve-key", max_retries=0)
+    failing = gateway.create_model(provider["id"], "ctx-openai-failing", resolved_model="dummy-error-500")
+    gateway.grant(user["id"], failing["id"])
+    ok = next(m for m in gateway.admin("GET", "/admin/models").json() if m["name"] == "ctx-openai-ok")
+    gateway.grant(user["id"], ok["id"])
+    client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=user["key"], max_retries=0)
+    tools: Any = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
+    with pytest.raises(openai.APIError):
+        client.chat.completions.create(model="ctx-openai-failing", tools=tools,
+                                       messages=[{"role": "user", "content": "hi"}])
+    raw = client.chat.completions.with_raw_response.create(model="ctx-openai-ok", tools=tools,
+                                                           messages=[{"role": "user", "content": "hi"}])
+    gateway.fetch_row(raw.headers["x-request-id"])
+    rows = gateway.fetch_rows("model_name", ["ctx-openai-failing"], at_least=1)
+    assert any(r["user_id"] is not None and str(r["user_id"]) == user["id"] and r["outcome"] != "success"
+               for r in rows)
+    by_tool = gateway.admin("GET", f"/admin/logs/summary?user_id={user['id']}").json()["by_tool"]
+    assert by_tool == [{"tool": "get_weather", "declared_calls": 1, "invoked_calls": 0, "invocation_rate": 0.0,
+                        "estimated_tokens_per_declaration": by_tool[0]["estimated_tokens_per_declaration"]}]

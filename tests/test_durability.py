@@ -389,6 +389,62 @@ def test_killed_worker_loses_no_spend_and_the_other_keeps_serving(fresh_dir: Pat
         gw.stop()
 
 
+SLOW_RECORD = """
+import os
+import time
+
+if os.environ.get("MESHFAST_TEST_RECORD_DELAY_S"):
+    import meshfast.telemetry as _telemetry
+
+    _record = _telemetry.Telemetry.record
+    _delay = float(os.environ["MESHFAST_TEST_RECORD_DELAY_S"])
+
+    def _slow_record(self, row):
+        time.sleep(_delay)
+        _record(self, row)
+
+    _telemetry.Telemetry.record = _slow_record
+"""
+
+
+def test_the_row_enters_the_ring_before_the_caller_has_the_whole_answer(fresh_dir: Path,
+                                                                        testserve: EmulatedProviders) -> None:
+    """Every answer (a stream, a whole answer, a denial) ends only after its row is in the ring: with
+    the push slowed to 300 ms, each call takes that long, and a worker killed the moment its caller
+    has the answer loses no row."""
+    site = fresh_dir / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_RECORD)
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    gw = Gateway(fresh_dir / "data", workers=1,
+                 env={**SESSION_ENV, "PYTHONPATH": path, "MESHFAST_TEST_RECORD_DELAY_S": "0.3"}).start()
+    try:
+        key, model = _caller(gw, testserve)
+        calls = {
+            "stream": lambda c: c.post("/v1/proxy", params={"model": model}, json={"query": "hi"}, headers=_bearer(key)),
+            "whole": lambda c: c.post("/v1/chat/completions", headers=_bearer(key),
+                                      json={"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+            "denied": lambda c: c.post("/v1/chat/completions", headers=_bearer(key),
+                                       json={"model": "no-such-model", "messages": []}),
+        }
+        rids = []
+        victim = gw.worker_pids()[0]
+        with httpx.Client(base_url=gw.base_url, timeout=30) as client:
+            for kind, call in calls.items():
+                began = time.monotonic()
+                response = call(client)
+                took = time.monotonic() - began
+                assert response.status_code in (200, 404), (kind, response.text)
+                assert took >= 0.3, f"{kind}: the answer ended before its row was recorded ({took:.3f} s)"
+                rids.append(response.headers["x-request-id"])
+        # The moment the last caller has its answer, the worker dies: no row may be missing.
+        os.kill(victim, signal.SIGKILL)
+        for rid in rids:
+            gw.fetch_row(rid, timeout_s=15)
+    finally:
+        gw.stop()
+
+
 # --- graceful drain --------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, unquote
 import msgspec
 from granian.rsgi import ProtocolClosed
 
-from . import content, families, media
+from . import content, families, media, promptcache
 from .content import Prompt
 from .families import Call, Plan, enc
 
@@ -27,7 +27,7 @@ dec = msgspec.json.decode
 
 SCENARIOS = ("ok", "slow", "hang", "error-400", "error-429", "error-500", "flaky", "conn-reset", "badjson",
              "nousage", "empty", "unicode", "huge", "keepalive", "customdone", "failed", "tools", "cache",
-             "reasoning", "error-401-echo", "error-401-masked", "stream-error-echo")
+             "reasoning", "error-401-echo", "error-401-masked", "stream-error-echo", "promptcache")
 # Longest first, so `-error-500` wins over a shorter suffix that also matches.
 _SUFFIXES = tuple(sorted((s for s in SCENARIOS if s != "ok"), key=len, reverse=True))
 # `-status-NNN`: answer that status (2xx to 5xx); a 3xx carries a Location back to this route.
@@ -376,6 +376,12 @@ class App:
                     _search_query(family, body, prompt))
         so = body.get("stream_options")
         call.include_usage = isinstance(so, dict) and so.get("include_usage") is True
+        if scenario == "promptcache":
+            if family == "anthropic":
+                call.prompt_cache = promptcache.anthropic(model, body)
+            elif family in ("openai", "openai_responses"):
+                items = "input" if family == "openai_responses" else "messages"
+                call.prompt_cache = promptcache.openai(model, body, items)
         stream_fn, full_fn = _SHAPES[family]
         if stream:
             plan = _bad_plan(family) if scenario == "badjson" else stream_fn(call)
@@ -587,6 +593,7 @@ class App:
     async def debug_clear(self, scope: Any, proto: Any) -> None:
         self.log.clear()
         self.flaky_counts.clear()
+        promptcache.reset()
         self.total = 0
         self.peak_in_flight = self.in_flight
         self.started_at = time.time()

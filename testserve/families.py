@@ -36,7 +36,7 @@ class Call:
     """One provider call, decided: who, which scenario, what to answer."""
 
     __slots__ = ("family", "model", "body", "scenario", "words", "input_tokens", "tool", "search_query",
-                 "include_usage", "seq", "created")
+                 "include_usage", "seq", "created", "prompt_cache")
 
     def __init__(self, family: str, model: str, body: dict[str, Any], scenario: str, words: list[str],
                  input_tokens: int, tool: tuple[str, str] | None, search_query: str | None) -> None:
@@ -51,6 +51,8 @@ class Call:
         self.include_usage = False
         self.seq = next(_ids)
         self.created = int(time.time())
+        # The `promptcache` scenario's emulated cache use (testserve.promptcache).
+        self.prompt_cache: Any = None
 
     @property
     def text(self) -> str:
@@ -98,6 +100,10 @@ def citations(text: str) -> list[dict[str, Any]]:
 # --- OpenAI chat completions (also Ollama's OpenAI-compatible route) ---------------------------
 
 def _openai_usage(c: Call, n: int) -> dict[str, Any]:
+    if c.prompt_cache is not None:
+        pc = c.prompt_cache
+        return {"prompt_tokens": pc.total, "completion_tokens": n, "total_tokens": pc.total + n,
+                "prompt_tokens_details": {"cached_tokens": pc.read}}
     if c.cache:
         # OpenAI counts cached tokens inside prompt_tokens.
         prompt = c.input_tokens + CACHE_READ_TOKENS
@@ -192,6 +198,13 @@ def _anthropic_citation(c: Call) -> dict[str, Any]:
 
 
 def _anthropic_cache(usage: dict[str, Any], c: Call) -> dict[str, Any]:
+    if c.prompt_cache is not None:
+        pc = c.prompt_cache
+        usage["input_tokens"] = pc.uncached
+        usage["cache_read_input_tokens"] = pc.read
+        usage["cache_creation_input_tokens"] = pc.write_5m + pc.write_1h
+        usage["cache_creation"] = {"ephemeral_5m_input_tokens": pc.write_5m, "ephemeral_1h_input_tokens": pc.write_1h}
+        return usage
     if c.cache:
         usage["cache_read_input_tokens"] = CACHE_READ_TOKENS
         usage["cache_creation_input_tokens"] = CACHE_WRITE_TOKENS
@@ -288,6 +301,8 @@ def anthropic_full(c: Call) -> bytes:
 def _responses_usage(c: Call, n: int) -> dict[str, Any]:
     cached = CACHE_READ_TOKENS if c.cache else 0
     prompt = c.input_tokens + cached  # Responses counts cached tokens inside input_tokens
+    if c.prompt_cache is not None:
+        prompt, cached = c.prompt_cache.total, c.prompt_cache.read
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": n,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + n}
 

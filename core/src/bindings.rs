@@ -236,8 +236,15 @@ impl PySegment {
         self.inner.push_row(row)
     }
 
-    fn pop_rows<'py>(&self, py: Python<'py>, max: usize) -> Vec<Bound<'py, PyBytes>> {
-        let rows = released(py, || self.inner.pop_rows(max));
+    #[pyo3(signature = (max, abandoned = false))]
+    fn pop_rows<'py>(&self, py: Python<'py>, max: usize, abandoned: bool) -> Vec<Bound<'py, PyBytes>> {
+        let rows = released(py, || {
+            if abandoned {
+                self.inner.pop_abandoned_rows(max)
+            } else {
+                self.inner.pop_rows(max)
+            }
+        });
         rows.iter().map(|row| PyBytes::new(py, row)).collect()
     }
 
@@ -531,7 +538,7 @@ impl PyCore {
     }
 
     /// The decision for a data-plane POST route; see the stub.
-    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None))]
+    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None, cache_shaping = true))]
     #[expect(
         clippy::too_many_arguments,
         reason = "one call per request with the raw request parts"
@@ -548,6 +555,7 @@ impl PyCore {
         now_ms: i64,
         model: Option<&str>,
         stream: Option<bool>,
+        cache_shaping: bool,
     ) -> PyResult<PyPrepared> {
         let _ = content_length; // NOTE: 413 and the byte-cost admission are Python's, before this call.
         let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
@@ -565,6 +573,7 @@ impl PyCore {
             query_string,
             body,
             now_ms,
+            cache_off: !cache_shaping,
         };
         Ok(PyPrepared {
             inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request),

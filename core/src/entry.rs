@@ -235,10 +235,14 @@ impl EntryStream {
                 Event::BlockStart {
                     block: crate::translate::stream::BlockKind::ToolCall { name, .. },
                     ..
-                } if self.tools_invoked.len() < crate::prepare::MAX_TOOLS_RECORDED
-                    && !self.tools_invoked.iter().any(|n| n == name) =>
-                {
-                    self.tools_invoked.push(name.clone());
+                } => {
+                    crate::prepare::record_tool_name(
+                        &mut self.tools_invoked,
+                        name,
+                        crate::prepare::INVOKED_NAME_BUDGET,
+                        String::as_str,
+                        |n| n,
+                    );
                 }
                 Event::Delta { delta, .. } => {
                     self.deltas += 1;
@@ -306,8 +310,8 @@ impl EntryStream {
     pub fn output_text(&self) -> &str {
         &self.output_text
     }
-    /// The tools the model called so far: each distinct name once, in order, at most
-    /// [`crate::prepare::MAX_TOOLS_RECORDED`].
+    /// The tools the model called so far: each distinct name once, in order, within
+    /// [`crate::prepare::INVOKED_NAME_BUDGET`] bytes of names.
     #[must_use]
     pub fn tools_invoked(&self) -> &[String] {
         &self.tools_invoked

@@ -75,6 +75,8 @@ pub struct Request<'a> {
     pub query_string: Option<&'a str>,
     pub body: &'a [u8],
     pub now_ms: i64,
+    /// The caller turned prompt-cache shaping off for this call (`X-Meshfast-Cache: off`).
+    pub cache_off: bool,
 }
 
 /// The rendered upstream call of an admitted request.
@@ -126,22 +128,66 @@ pub struct EntryPlan {
 
 /// The most declared or invoked tools a row records (the rest are counted in no rollup).
 pub const MAX_TOOLS_RECORDED: usize = 128;
+/// A row's declared tool names stop at this many bytes in all (about 40 typical names), the
+/// called ones at [`INVOKED_NAME_BUDGET`]: a row must fit one telemetry ring record (2 KB),
+/// or it goes to the worker's spool and that worker drains on its own event loop.
+pub const DECLARED_NAME_BUDGET: usize = 1024;
+pub const INVOKED_NAME_BUDGET: usize = 384;
+/// The providers' own limit on a tool name; a row keeps no more of one.
+const MAX_TOOL_NAME_BYTES: usize = 64;
+
+/// `name` as a row records it: at most [`MAX_TOOL_NAME_BYTES`], cut at a character boundary.
+#[must_use]
+pub fn recorded_tool_name(name: &str) -> &str {
+    if name.len() <= MAX_TOOL_NAME_BYTES {
+        return name;
+    }
+    let mut end = MAX_TOOL_NAME_BYTES;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+/// Adds `name` (as recorded) to `names` unless it is there already or `budget` bytes in all
+/// would be passed; false once the budget or [`MAX_TOOLS_RECORDED`] is reached.
+pub fn record_tool_name<T>(
+    names: &mut Vec<T>,
+    name: &str,
+    budget: usize,
+    key: impl Fn(&T) -> &str,
+    make: impl FnOnce(String) -> T,
+) -> bool {
+    let name = recorded_tool_name(name);
+    if names.iter().any(|n| key(n) == name) {
+        return true;
+    }
+    let used: usize = names.iter().map(|n| key(n).len()).sum();
+    if names.len() == MAX_TOOLS_RECORDED || used + name.len() > budget {
+        return false;
+    }
+    names.push(make(name.to_owned()));
+    true
+}
 
 /// The request's tools for the row, as [`EntryPlan::tools`] describes.
 fn declared_tools(tools: &[translate::Tool]) -> Vec<(String, u32)> {
     let mut out: Vec<(String, u32)> = Vec::with_capacity(tools.len().min(MAX_TOOLS_RECORDED));
     for tool in tools {
-        if out.len() == MAX_TOOLS_RECORDED {
-            break;
-        }
-        if out.iter().any(|(name, _)| *name == tool.name) {
-            continue;
-        }
         // {"name":"…","description":"…","parameters":…}: 25 bytes of keys and punctuation, 17 more
         // with a description.
         let bytes =
             25 + tool.name.len() + tool.description.as_ref().map_or(0, |d| 17 + d.len()) + json_len(&tool.parameters);
-        out.push((tool.name.clone(), u32::try_from(bytes).unwrap_or(u32::MAX)));
+        let size = u32::try_from(bytes).unwrap_or(u32::MAX);
+        if !record_tool_name(
+            &mut out,
+            &tool.name,
+            DECLARED_NAME_BUDGET,
+            |t| t.0.as_str(),
+            |name| (name, size),
+        ) {
+            break;
+        }
     }
     out
 }
@@ -674,17 +720,28 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     }
 
     // 7. Body, rendering; the next deployment's call too, so a failover needs no second decision.
-    let fallback = model
-        .deployments
-        .first()
-        .and_then(|d| render_fallback(snapshot, segment, req, model, d, decoded.as_ref()));
+    let fallback = model.deployments.first().and_then(|d| {
+        render_fallback(
+            snapshot,
+            segment,
+            req,
+            model,
+            d,
+            decoded.as_ref(),
+            p.principal_id.as_deref(),
+        )
+    });
     let upstream = match req.route {
         Route::Proxy => proxy(&mut p, req.body, model, provider),
         Route::Embeddings => embeddings(&mut p, req.body, model, provider),
         Route::Generate => generate(&mut p, req.body, model, provider),
         Route::OpenAiEmbeddings => openai_embeddings(&embedding_inputs, model, provider),
         Route::Entry(format) => match decoded {
-            Some(decoded) => entry(&mut p, format, decoded, model, provider),
+            Some(decoded) => {
+                let principal_id = p.principal_id.clone();
+                let cache = shaping(snapshot, req, principal_id.as_deref());
+                entry(&mut p, format, decoded, model, provider, cache)
+            }
             None => None,
         },
     };
@@ -868,6 +925,7 @@ fn render_fallback(
     model: &Model,
     deployment: &Deployment,
     decoded: Option<&translate::Decoded<translate::Request>>,
+    principal_id: Option<&str>,
 ) -> Option<Fallback> {
     let provider = &snapshot.providers[deployment.provider as usize];
     let mut served = model.clone();
@@ -878,7 +936,10 @@ fn render_fallback(
     let plan = &provider.plan;
     let upstream = match req.route {
         Route::Proxy if plan.chat.is_some() => proxy(&mut scratch, req.body, &served, provider),
-        Route::Entry(format) if plan.chat.is_some() => entry(&mut scratch, format, decoded?.clone(), &served, provider),
+        Route::Entry(format) if plan.chat.is_some() => {
+            let cache = shaping(snapshot, req, principal_id);
+            entry(&mut scratch, format, decoded?.clone(), &served, provider, cache)
+        }
         Route::Embeddings => embeddings(&mut scratch, req.body, &served, provider),
         Route::Generate if plan.generation.as_ref().is_some_and(|g| g.is_complete()) => {
             generate(&mut scratch, req.body, &served, provider)
@@ -949,14 +1010,27 @@ fn retry_plan(upstream: &mut Upstream, provider: &Provider) {
         .unwrap_or(100);
 }
 
+/// What prompt-cache shaping needs of a call: the snapshot (for the keyed hash) and the
+/// principal's id; None when the caller turned shaping off.
+type Shaping<'a> = Option<(&'a Snapshot, &'a str)>;
+
+fn shaping<'a>(snapshot: &'a Snapshot, req: &Request<'_>, principal_id: Option<&'a str>) -> Shaping<'a> {
+    if req.cache_off {
+        return None;
+    }
+    Some((snapshot, principal_id?))
+}
+
 /// An entry route's upstream call: the caller's request, decoded to the IR, encoded in the
-/// provider's format for the resolved model, always streamed and always asking for usage.
+/// provider's format for the resolved model, always streamed and always asking for usage, with
+/// the model's prompt-cache shaping unless the caller turned it off.
 fn entry(
     p: &mut Prepared,
     format: Format,
     decoded: translate::Decoded<translate::Request>,
     model: &Model,
     provider: &Provider,
+    cache: Shaping<'_>,
 ) -> Option<Upstream> {
     let translate::Decoded {
         value: mut request,
@@ -1010,6 +1084,17 @@ fn entry(
     request.max_tokens = Some(u64::try_from(max_tokens).unwrap_or(u64::MAX));
     request.stream = true;
     request.include_usage = true;
+    if let (Some((snapshot, principal_id)), true) = (cache, model.cache_shaping) {
+        request.cache_shaping = match upstream_format {
+            Format::Anthropic => Some(translate::CacheShaping::Breakpoints {
+                one_hour: model.cache_ttl_1h,
+            }),
+            Format::OpenAiChat | Format::OpenAiResponses => {
+                Some(translate::CacheShaping::Key(snapshot.cache_key(principal_id)))
+            }
+            Format::Gemini | Format::Ollama => None,
+        };
+    }
     let body = match translate::encode_request(upstream_format, &request) {
         Ok(body) => body,
         Err(e) => {
@@ -1412,6 +1497,15 @@ mod tests {
         );
         let many: Vec<_> = (0..300).map(|n| tool(&format!("t{n}"), None)).collect();
         assert_eq!(declared_tools(&many).len(), MAX_TOOLS_RECORDED);
+        // Names are cut to the providers' 64 bytes (at a character boundary), and the row's
+        // names stop at the byte budget.
+        let long: Vec<_> = (0..40)
+            .map(|n| tool(&format!("{n:02}{}", "é".repeat(40)), None))
+            .collect();
+        let recorded = declared_tools(&long);
+        assert!(recorded.iter().all(|(name, _)| name.len() <= 64 && name.len() >= 63));
+        assert_eq!(recorded.len(), DECLARED_NAME_BUDGET / 64);
+        assert!(recorded.iter().map(|(name, _)| name.len()).sum::<usize>() <= DECLARED_NAME_BUDGET);
     }
 
     fn req(route: Route, query: &str, body: &[u8]) -> Request<'static> {
@@ -1425,6 +1519,7 @@ mod tests {
             query_string: Some(Box::leak(query.to_owned().into_boxed_str())),
             body: Box::leak(body.to_vec().into_boxed_slice()),
             now_ms: NOON_WED,
+            cache_off: false,
         }
     }
 

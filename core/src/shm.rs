@@ -108,20 +108,24 @@ const STAMP_TIME_BITS: u32 = 40;
 const STAMP_TIME_MASK: u64 = (1 << STAMP_TIME_BITS) - 1;
 const STAMP_TAG_MASK: u64 = (1 << (64 - STAMP_TIME_BITS)) - 1;
 
-/// Which holding a stamp is for: the lap and the role (a tag seen again only 2^23 laps later),
-/// never 0 (a fresh record's words) in the first lap.
-fn holder_tag(pos: u64, role: u64) -> u64 {
-    (pos << 1 | role) + 1
+/// Which holding a stamp is for: the record's lap (`pos / capacity`) and the role, so word 2's
+/// 24 bits repeat only 2^23 laps later; never 0 (a fresh record's words) in the first lap.
+fn holder_tag(lap: u64, role: u64) -> u64 {
+    (lap << 1 | role) + 1
+}
+
+/// The ring's stall clock: milliseconds since boot (`CLOCK_BOOTTIME`), the same in every process
+/// and never stepped by a wall-clock change (which could condemn a live holder, or keep a dead
+/// one's record blocking the ring).
+fn stall_clock_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec, which lives on this stack frame.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
 }
 
 fn stamp_word(tag: u64, now: u64) -> u64 {
     (tag & STAMP_TAG_MASK) << STAMP_TIME_BITS | now & STAMP_TIME_MASK
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 const LEASE_FREE: u64 = 0;
@@ -770,10 +774,11 @@ impl Segment {
     /// word 2: tag and time). Word 1 is stored first and word 2 with Release, so a judge that
     /// reads a matching tag in word 2 with Acquire also sees this pid in word 1.
     fn stamp(&self, record: usize, pos: u64, role: u64) {
-        let tag = holder_tag(pos, role);
+        let tag = holder_tag(pos / self.ring_records as u64, role);
         self.record_word(record, 1)
             .store(u64::from(current_pid()) << 32 | (tag & 0xffff_ffff), Relaxed);
-        self.record_word(record, 2).store(stamp_word(tag, now_ms()), Release);
+        self.record_word(record, 2)
+            .store(stamp_word(tag, stall_clock_ms()), Release);
     }
 
     /// Whether the holder of `record` for lap `pos` in `role` died or has held it for over
@@ -781,12 +786,12 @@ impl Segment {
     /// is an earlier holder's, so the holder has not stamped yet (it may be a few instructions
     /// past its claim, or killed there), and the judge stamps its own first sighting instead.
     fn record_stalled(&self, record: usize, pos: u64, role: u64) -> bool {
-        let tag = holder_tag(pos, role);
+        let tag = holder_tag(pos / self.ring_records as u64, role);
         let (owner_word, time_word) = (self.record_word(record, 1), self.record_word(record, 2));
         let stamped = time_word.load(Acquire);
         if stamped >> STAMP_TIME_BITS != tag & STAMP_TAG_MASK {
             // Not stamped for this holding yet: the first sighting starts the clock.
-            let _ = time_word.compare_exchange(stamped, stamp_word(tag, now_ms()), AcqRel, Relaxed);
+            let _ = time_word.compare_exchange(stamped, stamp_word(tag, stall_clock_ms()), AcqRel, Relaxed);
             return false;
         }
         let owner = owner_word.load(Acquire);
@@ -796,13 +801,29 @@ impl Segment {
                 return true;
             }
         }
-        // Modulo 2^40 ms; a stamp "in the future" (the clock stepped back) is not stalled.
-        let age = (now_ms() & STAMP_TIME_MASK).wrapping_sub(stamped & STAMP_TIME_MASK) & STAMP_TIME_MASK;
-        age > RING_STALL_MS && age < STAMP_TIME_MASK / 2
+        // Modulo 2^40 ms; a stamp "in the future" (a segment from before a reboot) restarts the clock.
+        let now = stall_clock_ms();
+        let age = (now & STAMP_TIME_MASK).wrapping_sub(stamped & STAMP_TIME_MASK) & STAMP_TIME_MASK;
+        if age > STAMP_TIME_MASK / 2 {
+            let _ = time_word.compare_exchange(stamped, stamp_word(tag, now), AcqRel, Relaxed);
+            return false;
+        }
+        age > RING_STALL_MS
     }
 
     /// Takes up to `max` rows from the telemetry ring, oldest first.
     pub fn pop_rows(&self, max: usize) -> Vec<Vec<u8>> {
+        self.pop_rows_from(max, false)
+    }
+
+    /// [`pop_rows`](Self::pop_rows) from the segment of a run that is over (every process that
+    /// used it is dead): a record claimed and never published is skipped at once, not after
+    /// [`RING_STALL_MS`], so one writer killed mid-claim does not hide the rows behind it.
+    pub fn pop_abandoned_rows(&self, max: usize) -> Vec<Vec<u8>> {
+        self.pop_rows_from(max, true)
+    }
+
+    fn pop_rows_from(&self, max: usize, abandoned: bool) -> Vec<Vec<u8>> {
         let cap = self.ring_records as u64;
         let (enqueue, dequeue) = (self.header(10), self.header(11));
         let mut rows = Vec::new();
@@ -837,7 +858,7 @@ impl Segment {
                     break; // empty
                 }
                 // Claimed, not yet published: poison it if its writer died or stalled.
-                if !self.record_stalled(record, pos, HOLDER_WRITER)
+                if !(abandoned || self.record_stalled(record, pos, HOLDER_WRITER))
                     || seq_word.compare_exchange(seq, seq + 2, AcqRel, Relaxed).is_err()
                 {
                     break;
@@ -1646,14 +1667,14 @@ mod tests {
             for record in 0..4usize {
                 // Earlier holders' stamps: a dead pid, an hour-old time, every tag but the next.
                 let pos = lap * 4 + record as u64;
-                for (role, back) in [(HOLDER_CONSUMER, 4u64), (HOLDER_WRITER, 4), (HOLDER_CONSUMER, 0)] {
-                    let tag = holder_tag(pos.saturating_sub(back), role);
+                for (role, back) in [(HOLDER_CONSUMER, 1u64), (HOLDER_WRITER, 1), (HOLDER_CONSUMER, 0)] {
+                    let tag = holder_tag(lap.saturating_sub(back), role);
                     segment
                         .record_word(record, 1)
                         .store((dead as u64) << 32 | (tag & 0xffff_ffff), Relaxed);
                     segment
                         .record_word(record, 2)
-                        .store(stamp_word(tag, now_ms() - 3_600_000), Relaxed);
+                        .store(stamp_word(tag, stall_clock_ms().saturating_sub(3_600_000)), Relaxed);
                 }
                 // Claim as push_row does, then let consumers look before the stamp.
                 let enqueue = segment.header(10);
@@ -1686,12 +1707,23 @@ mod tests {
         let sighted = segment.record_word(0, 2).load(Acquire);
         assert_eq!(
             sighted >> STAMP_TIME_BITS,
-            holder_tag(pos, HOLDER_WRITER) & STAMP_TAG_MASK
+            holder_tag(pos / 4, HOLDER_WRITER) & STAMP_TAG_MASK
         );
         assert!(segment.pop_rows(10).is_empty(), "within the stall time");
-        let old = stamp_word(holder_tag(pos, HOLDER_WRITER), now_ms() - RING_STALL_MS - 1);
+        let old = stamp_word(holder_tag(pos / 4, HOLDER_WRITER), stall_clock_ms() - RING_STALL_MS - 1);
         segment.record_word(0, 2).store(old, Relaxed);
         assert_eq!(segment.pop_rows(10), vec![b"behind".to_vec()]);
+        // A rescue of a run that is over skips an unstamped claim at once.
+        segment.header(10).fetch_add(1, AcqRel);
+        assert!(segment.push_row(b"after"));
+        assert!(segment.pop_rows(10).is_empty(), "a live run waits for the claim");
+        assert_eq!(segment.pop_abandoned_rows(10), vec![b"after".to_vec()]);
+        // A stamp from the future (a segment older than this boot) restarts the clock.
+        let future = stamp_word(holder_tag(0, HOLDER_WRITER), stall_clock_ms() + 60_000);
+        segment.record_word(3, 2).store(future, Relaxed);
+        assert!(!segment.record_stalled(3, 0, HOLDER_WRITER));
+        let restamped = segment.record_word(3, 2).load(Acquire) & STAMP_TIME_MASK;
+        assert!(restamped <= stall_clock_ms() & STAMP_TIME_MASK);
         std::fs::remove_file(path).unwrap();
     }
 

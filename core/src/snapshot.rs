@@ -138,6 +138,11 @@ struct RawModel {
     supports_video_in: bool,
     #[serde(default)]
     supports_web_search: bool,
+    /// Prompt-cache shaping (on unless the registry turns it off) and its Anthropic TTL.
+    #[serde(default = "yes")]
+    cache_shaping: bool,
+    #[serde(default)]
+    cache_ttl: Option<String>,
     output_media_type: Option<String>,
     input_price_nano_per_1k: i64,
     output_price_nano_per_1k: i64,
@@ -397,6 +402,10 @@ pub struct Model {
     pub deployments: Vec<Deployment>,
     /// Who may use the model beyond their grant.
     pub restrictions: Option<crate::rules::Restrictions>,
+    /// Prompt-cache shaping for this model ([`crate::translate::cache`]); breakpoints with the
+    /// one-hour TTL when `cache_ttl_1h`.
+    pub cache_shaping: bool,
+    pub cache_ttl_1h: bool,
     /// The id as counter keys use it ([`id_bytes`]).
     pub key_bytes: [u8; 16],
 }
@@ -905,6 +914,15 @@ impl Snapshot {
                     supports_audio_in: m.supports_audio_in,
                     supports_video_in: m.supports_video_in,
                     supports_web_search: m.supports_web_search,
+                    cache_shaping: m.cache_shaping,
+                    cache_ttl_1h: match m.cache_ttl.as_deref() {
+                        None | Some("5m") => false,
+                        Some("1h") => true,
+                        Some(other) => {
+                            e.push(format!("{what}: cache_ttl {other:?} is not \"5m\" or \"1h\""));
+                            false
+                        }
+                    },
                     output_media_type: m.output_media_type,
                     prices,
                     long_context,
@@ -1135,6 +1153,23 @@ impl Snapshot {
     #[must_use]
     pub fn digest(&self, token: &[u8]) -> Digest {
         self.key_index.digest(token)
+    }
+
+    /// The principal's prompt-cache key for OpenAI upstreams (`prompt_cache_key`): 32 hex digits
+    /// of `SHA-256(pepper || "meshfast-prompt-cache" || 0 || id)`, opaque without the pepper, so
+    /// no identity leaves and another deployment's keys do not collide with this one's.
+    #[must_use]
+    pub fn cache_key(&self, principal_id: &str) -> String {
+        let mut input = Vec::with_capacity(22 + principal_id.len());
+        input.extend_from_slice(b"meshfast-prompt-cache\0");
+        input.extend_from_slice(principal_id.as_bytes());
+        let digest = self.key_index.digest(&input);
+        let mut out = String::with_capacity(32);
+        for byte in &digest.0[..16] {
+            out.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+            out.push(char::from(b"0123456789abcdef"[usize::from(byte & 15)]));
+        }
+        out
     }
 
     /// The index of the key behind `token` if it is issued and usable at `now_ms`: the key and

@@ -38,7 +38,7 @@ LIST_COLUMNS = (
     "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
     "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
     "os, device_type, count, business_unit, manager_id, tier, would_deny, tags, trace_id, tools_declared, "
-    "tools_declared_bytes, tools_invoked"
+    "tools_declared_bytes, tools_invoked, cache_write_1h_tokens"
 )
 # A tool definition's prompt cost is estimated from its JSON size at this many bytes per token.
 BYTES_PER_TOKEN = 4
@@ -219,6 +219,9 @@ _MEASURES = ("coalesce(sum(calls), 0) AS calls, coalesce(sum(tokens_in), 0) AS t
              "coalesce(sum(tokens_out), 0) AS tokens_out, coalesce(sum(input_cost + output_cost), 0) AS cost, "
              "coalesce(sum(input_cost), 0) AS input_cost, coalesce(sum(output_cost), 0) AS output_cost, "
              "coalesce(sum(latency_ms), 0) AS latency_ms, "
+             "coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens, "
+             "coalesce(sum(cache_write_tokens), 0) AS cache_write_tokens, "
+             "coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_1h_tokens, "
              # Mesh's error_calls: every answer with a status of 400 or more, denials included.
              "coalesce(sum(calls) FILTER (WHERE status_code >= 400), 0) AS failed")
 
@@ -306,8 +309,8 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
 
 
 def _tool_where(q: Query) -> tuple[str, list[Any]]:
-    """The user and model filters over tool_rollup_hourly ($1, $2 are the window). Tools are
-    recorded for calls that reached a model, so the status filter does not apply."""
+    """The user and model filters over tool_rollup_hourly ($1, $2 are the window). The rollup
+    counts successful calls only, so the status filter does not apply."""
     clauses, args = [], []
     for column, value in (("user_id", q.user_id), ("model_id", q.model_id)):
         if value is not None:
@@ -358,7 +361,6 @@ async def unused_tools(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     for user_id, tools in people.items():
         tools.sort(key=lambda t: (-t["estimated_tokens_per_request"] * t["declared_calls"], t["tool"]))
         users.append({"user_id": user_id, "tools": tools[:50],
-                      "estimated_tokens_per_request": sum(t["estimated_tokens_per_request"] for t in tools),
                       "estimated_tokens_in_window": sum(t["estimated_tokens_per_request"] * t["declared_calls"]
                                                         for t in tools)})
     users.sort(key=lambda u: (-u["estimated_tokens_in_window"], u["user_id"] or ""))
@@ -471,8 +473,14 @@ def _outcome_only(q: Query, first_param: int) -> tuple[str, list[Any]]:
 
 
 def _measures(r: asyncpg.Record, head: dict[str, Any]) -> dict[str, Any]:
+    read, write = int(r["cache_read_tokens"]), int(r["cache_write_tokens"])
+    prompt = int(r["tokens_in"]) + read + write
     return {**head, "calls": int(r["calls"]), "tokens_in": int(r["tokens_in"]), "tokens_out": int(r["tokens_out"]),
-            "cost_usd": _usd(r["cost"])}
+            "cost_usd": _usd(r["cost"]), "cache_read_tokens": read, "cache_write_tokens": write,
+            "cache_write_1h_tokens": int(r["cache_write_1h_tokens"]),
+            # Prompt tokens read from the provider's cache, of all prompt tokens (tokens_in counts neither
+            # cache class).
+            "cache_hit_rate": round(read / prompt, 4) if prompt else None}
 
 
 async def audit(conn: asyncpg.Connection, query_string: str | None) -> dict[str, Any]:
@@ -520,7 +528,8 @@ EXPORT_HEADER = (
     "id", "request_id", "created_at", "user_id", "user_email", "business_unit", "manager_id", "tier", "model_id",
     "model_name", "requested_model", "provider_id", "route", "outcome", "deny_reason", "would_deny", "status_code",
     "latency_ms", "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "count", "input_cost",
-    "output_cost", "cost", "tags", "source_ip", "user_agent",
+    "output_cost", "cost", "tags", "source_ip", "user_agent", "cache_write_1h_tokens", "tools_declared",
+    "tools_invoked",
 )
 _EXPORT_COLUMNS = ", ".join("(input_cost + output_cost) AS cost" if c == "cost" else c
                             for c in EXPORT_HEADER if c != "user_email")
@@ -542,7 +551,7 @@ def _csv_cell(value: Any) -> str:
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, list):
-        value = ";".join(value)
+        value = ";".join(str(v) for v in value)
     text = str(value)
     return "'" + text if text.startswith(_FORMULA_START) or text.lstrip().startswith(_FORMULA_START) else text
 

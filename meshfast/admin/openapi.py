@@ -92,11 +92,12 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
      "counts once per tag its model had). Costs are exact: cost_usd a JSON number with nine decimals, "
      "cost_nano_usd an integer; total_cost_nano_usd is the exact total. by_tool (context signals): [{tool, "
      "declared_calls, invoked_calls, invocation_rate, estimated_tokens_per_declaration}], the most declared "
-     "first (user and model filters apply; tools are recorded for calls that reached a model)", None, 200),
+     "first (user and model filters apply; successful calls are counted, and a tool counts as called only "
+     "where it was declared)", None, 200),
     ("GET", "/admin/logs/unused-tools", "Context signals: per person, the tools declared in the window "
      "(default the last 24 hours) that the model never called, with the prompt tokens per request removing "
      "them would save, estimated from their definitions' size at bytes_per_token: {from, to, bytes_per_token, "
-     "users: [{user_id, user_email, estimated_tokens_per_request, estimated_tokens_in_window, tools: [{tool, "
+     "users: [{user_id, user_email, estimated_tokens_in_window, tools: [{tool, "
      "declared_calls, estimated_tokens_per_request}]}]}", None, 200),
     ("GET", "/admin/logs/export.csv", "Every row /admin/logs lists for the same filters (no paging), as CSV: a "
      "header line, then one line per row, newest first (order=asc: oldest); costs as exact decimals; cells "

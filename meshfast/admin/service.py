@@ -11,7 +11,7 @@ import tomllib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import asyncpg
 import msgspec
@@ -238,6 +238,10 @@ class ModelCreate(msgspec.Struct, forbid_unknown_fields=True):
     supports_video_in: bool = False
     supports_web_search: bool = False
     output_media_type: Label | None = None
+    # Prompt-cache shaping (API.md): on by default; the TTL of the breakpoints it places for an
+    # Anthropic upstream.
+    cache_shaping: bool = True
+    cache_ttl: Literal["5m", "1h"] = "5m"
     verify: bool | None = None
 
 
@@ -515,7 +519,7 @@ def _model_args(body: ModelCreate) -> tuple[Any, ...]:
         body.long_context_threshold_tokens, None if long_context is None else json.dumps(long_context),
         prices["price_per_second"], body.max_output_tokens, aliases, tags,
         body.supports_image_in, body.supports_document_in, body.supports_audio_in, body.supports_video_in,
-        body.supports_web_search, body.output_media_type,
+        body.supports_web_search, body.output_media_type, body.cache_shaping, body.cache_ttl,
     )
 
 
@@ -838,7 +842,7 @@ def _stored_model(row: asyncpg.Record) -> tuple[Any, ...]:
         None if long_context is None else {k: _usd(v) for k, v in long_context.items()},
         _usd(row["price_per_second"]), row["max_output_tokens"], list(row["aliases"]), list(row["tags"]),
         row["supports_image_in"], row["supports_document_in"], row["supports_audio_in"], row["supports_video_in"],
-        row["supports_web_search"], row["output_media_type"],
+        row["supports_web_search"], row["output_media_type"], row["cache_shaping"], row["cache_ttl"],
     )
 
 
@@ -864,7 +868,7 @@ def _snapshot_model(body: ModelCreate) -> snapshot.Model:
         blocked=False, status="active", supports_image_in=body.supports_image_in,
         supports_document_in=body.supports_document_in, supports_audio_in=body.supports_audio_in,
         supports_video_in=body.supports_video_in, supports_web_search=body.supports_web_search,
-        output_media_type=body.output_media_type,
+        output_media_type=body.output_media_type, cache_shaping=body.cache_shaping, cache_ttl=body.cache_ttl,
         input_price_nano_per_1k=snapshot.usd_to_nanos(body.input_price_per_1k_tokens or 0),
         output_price_nano_per_1k=snapshot.usd_to_nanos(body.output_price_per_1k_tokens or 0),
     )

@@ -470,6 +470,9 @@
       ["denials", "Denied", num(t.denials), t.denials], ["tokens_in", "Tokens in", num(t.tokens_in), t.tokens_in],
       ["tokens_out", "Tokens out", num(t.tokens_out), t.tokens_out], ["cost_usd", "Spend (USD)", usd(t.cost_usd), t.cost_usd],
       ["avg_latency_ms", "Average latency", t.avg_latency_ms == null ? "—" : `${t.avg_latency_ms} ms`, t.avg_latency_ms],
+      ["cache_read_tokens", "Prompt tokens read from cache", num(t.cache_read_tokens || 0), t.cache_read_tokens],
+      ["cache_write_tokens", "Prompt tokens written to cache", num(t.cache_write_tokens || 0), t.cache_write_tokens],
+      ["cache_hit_rate", "Prompt cache hit rate", t.cache_hit_rate == null ? "—" : `${(t.cache_hit_rate * 100).toFixed(1)} %`, t.cache_hit_rate],
     ];
     const callsCol = [{ key: "calls", label: "Calls", num: true, render: (r) => num(r.calls) }];
     page("Overview",
@@ -832,6 +835,9 @@
       m ? field("Status", "status", { kind: "select", id: "model-status", value: m.status, options: MODEL_STATUSES.map((x) => [x, x]),
         hint: "Blocked and retired models answer callers as unknown ones" }) : null,
       h("fieldset", {}, h("legend", {}, "Capabilities"), CAPS.map(([k, label]) => field(label, k, { kind: "checkbox", id: `model-${k}`, value: m && m[k] }))),
+      h("fieldset", {}, h("legend", {}, "Prompt cache"),
+        field("Shape prompts for the provider's cache", "cache_shaping", { kind: "checkbox", id: "model-cache_shaping", value: m ? m.cache_shaping !== false : true }),
+        field("Breakpoint TTL (Anthropic)", "cache_ttl", { kind: "select", id: "model-cache_ttl", value: m ? (m.cache_ttl || "5m") : "5m", options: [["5m", "5 minutes"], ["1h", "1 hour"]] })),
       m ? null : field("Verify with a live call", "verify", { kind: "checkbox", id: "model-verify", value: true }),
       h("div", { class: "actions" }, h("button", { type: "submit", id: "model-submit" }, m ? "Save model" : "Create model"),
         m ? button("Cancel", () => { editingModel = null; rerender(); }, "secondary") : null));
@@ -844,6 +850,8 @@
         tags: d.tags ? d.tags.split(",").map((x) => x.trim()).filter(Boolean) : [] };
       for (const [k] of PRICES) if (d[k] !== "") body[k] = d[k];
       for (const [k] of CAPS) body[k] = d[k];
+      body.cache_shaping = d.cache_shaping;
+      body.cache_ttl = d.cache_ttl || "5m";
       if (d.output_media_type) body.output_media_type = d.output_media_type;
       if (m && d.status) body.status = d.status;
       if (!m) {

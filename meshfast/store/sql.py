@@ -44,7 +44,7 @@ SELECT id, provider_id, name, resolved_model, kind, created_at, blocked, status,
        supports_web_search, output_media_type,
        input_price_per_1k_tokens, output_price_per_1k_tokens, cache_read_price_per_1k_tokens,
        cache_write_price_per_1k_tokens, cache_write_1h_price_per_1k_tokens,
-       long_context_threshold_tokens, long_context_prices, aliases, tags, restrictions
+       long_context_threshold_tokens, long_context_prices, aliases, tags, restrictions, cache_shaping, cache_ttl
 FROM models ORDER BY id
 """
 SNAPSHOT_DEPLOYMENTS = """
@@ -215,17 +215,17 @@ m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_pe
 m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
 m.long_context_threshold_tokens, m.long_context_prices, m.price_per_second, m.max_output_tokens,
 m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio_in,
-m.supports_video_in, m.supports_web_search, m.output_media_type, m.restrictions, m.version, m.created_at,
-m.updated_at
+m.supports_video_in, m.supports_web_search, m.output_media_type, m.cache_shaping, m.cache_ttl, m.restrictions,
+m.version, m.created_at, m.updated_at
 """
 INSERT_MODEL = """
 INSERT INTO models (provider_id, name, resolved_model, kind, input_price_per_1k_tokens,
     output_price_per_1k_tokens, cache_read_price_per_1k_tokens, cache_write_price_per_1k_tokens,
     cache_write_1h_price_per_1k_tokens, long_context_threshold_tokens, long_context_prices,
     price_per_second, max_output_tokens, aliases, tags, supports_image_in, supports_document_in,
-    supports_audio_in, supports_video_in, supports_web_search, output_media_type)
+    supports_audio_in, supports_video_in, supports_web_search, output_media_type, cache_shaping, cache_ttl)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, $15, $16, $17, $18, $19,
-    $20, $21)
+    $20, $21, $22, $23)
 RETURNING id
 """
 LIST_MODELS = f"""
@@ -241,7 +241,8 @@ UPDATE models SET provider_id = $2, resolved_model = $3, kind = $4, input_price_
     long_context_threshold_tokens = $10, long_context_prices = $11::jsonb, price_per_second = $12,
     max_output_tokens = $13, aliases = $14, tags = $15, supports_image_in = $16,
     supports_document_in = $17, supports_audio_in = $18, supports_video_in = $19,
-    supports_web_search = $20, output_media_type = $21, version = version + 1, updated_at = now()
+    supports_web_search = $20, output_media_type = $21, cache_shaping = $22, cache_ttl = $23,
+    version = version + 1, updated_at = now()
 WHERE id = $1
 RETURNING id
 """

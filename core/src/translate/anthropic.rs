@@ -1,8 +1,9 @@
 //! Anthropic Messages (`/v1/messages`) ↔ IR.
 //!
-//! Anthropic's content blocks are the IR's, so little is lost: `cache_control` (the IR has no
-//! breakpoints; the raw-rewrite plan keeps them for Anthropic upstreams), tool results made of
-//! blocks other than text, and Gemini tool-call signatures travel in the tool-use id.
+//! Anthropic's content blocks are the IR's, so little is lost: `cache_control` breakpoints on
+//! tools, system parts and content blocks are kept as [`Request::cache_marks`] and written back
+//! for an Anthropic upstream (those inside a tool result's blocks are lost, as are tool results
+//! made of blocks other than text); Gemini tool-call signatures travel in the tool-use id.
 //!
 //! Request fields: `thinking` and `output_config.effort` map to [`Reasoning`]; another
 //! format's reasoning is sent as `thinking` with a budget under `max_tokens` (none when
@@ -18,6 +19,7 @@ use serde_json::{json, Map, Value};
 use super::stream::{write_sse, BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str, Drift};
 use super::{decode_call_id, encode_call_id, Block, Decoded, Image, Message, Request, Response, Role, StopReason};
+use super::{CacheMark, CachePoint};
 use super::{Effort, OutputFormat, Reasoning, Tool, ToolCall, ToolChoice, ToolResult, Usage};
 
 pub(crate) const MAPPED: &[&str] = &[
@@ -91,6 +93,8 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
             for block in array(blocks, "system")? {
                 let block = object(block, "system block")?;
                 drift.check("system[]", block, &[BLOCK_COMMON, &["text", "citations"]].concat());
+                let at = CachePoint::System(request.system.len());
+                keep_mark(&mut request, block, at);
                 request.system.push(req_str(block, "text")?.to_owned());
             }
         }
@@ -103,10 +107,18 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
             "assistant" => Role::Assistant,
             other => return Err(format!("unknown message role {other:?}")),
         };
+        let mut marks = Vec::new();
         let content = match message.get("content").unwrap_or(&Value::Null) {
             Value::String(s) => vec![Block::Text(s.clone())],
-            blocks => decode_blocks(array(blocks, "content")?, &mut drift)?,
+            blocks => decode_blocks(array(blocks, "content")?, &mut drift, &mut marks)?,
         };
+        let index = request.messages.len();
+        request
+            .cache_marks
+            .extend(marks.into_iter().map(|(block, control)| CacheMark {
+                at: CachePoint::Block { message: index, block },
+                control,
+            }));
         request.messages.push(Message { role, content });
     }
     if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
@@ -122,6 +134,8 @@ pub(crate) fn decode_request(value: &Value) -> Result<Decoded<Request>, String> 
                 drift.note(format!("tools[].type={}", req_str(tool, "type")?));
                 continue;
             }
+            let at = CachePoint::Tool(request.tools.len());
+            keep_mark(&mut request, tool, at);
             request.tools.push(Tool {
                 name: req_str(tool, "name")?.to_owned(),
                 description: opt_str(tool, "description")?.map(str::to_owned),
@@ -177,7 +191,19 @@ fn encode_thinking(reasoning: Reasoning, max_tokens: u64) -> Option<Value> {
     (budget >= MIN_THINKING_BUDGET).then(|| json!({"type": "enabled", "budget_tokens": budget}))
 }
 
-fn decode_blocks(blocks: &[Value], drift: &mut Drift) -> Result<Vec<Block>, String> {
+/// Keeps a caller's `cache_control` at `at` (an object; anything else is not a breakpoint).
+fn keep_mark(request: &mut Request, item: &Map<String, Value>, at: CachePoint) {
+    if let Some(control @ Value::Object(_)) = item.get("cache_control") {
+        request.cache_marks.push(CacheMark {
+            at,
+            control: control.clone(),
+        });
+    }
+}
+
+/// The blocks of a content array; `marks` gets `(IR block index, cache_control)` of each block
+/// carrying a breakpoint.
+fn decode_blocks(blocks: &[Value], drift: &mut Drift, marks: &mut Vec<(usize, Value)>) -> Result<Vec<Block>, String> {
     let mut out = Vec::with_capacity(blocks.len());
     for block in blocks {
         let block = object(block, "content block")?;
@@ -199,6 +225,9 @@ fn decode_blocks(blocks: &[Value], drift: &mut Drift) -> Result<Vec<Block>, Stri
             block,
             &[BLOCK_COMMON, known].concat(),
         );
+        if let Some(control @ Value::Object(_)) = block.get("cache_control") {
+            marks.push((out.len(), control.clone()));
+        }
         out.push(decode_block(kind, block)?);
     }
     Ok(out)
@@ -417,6 +446,7 @@ pub(crate) fn decode_response(value: &Value) -> Result<Response, String> {
         content: decode_blocks(
             array(body.get("content").unwrap_or(&Value::Null), "content")?,
             &mut ignored,
+            &mut Vec::new(),
         )?,
         stop_reason: opt_str(body, "stop_reason")?.map(decode_stop),
         usage: body

@@ -35,6 +35,7 @@
 //! writes the signature in Gemini's `extra_content.google.thought_signature` extension.
 
 mod anthropic;
+pub mod cache;
 mod gemini;
 mod ollama;
 mod openai_chat;
@@ -135,6 +136,38 @@ pub struct Request {
     pub output_format: Option<OutputFormat>,
     /// Fields only the caller's own format understands (see the module docs).
     pub passthrough: Passthrough,
+    /// Prompt-cache breakpoints the caller set (Anthropic `cache_control` on a tool, a system
+    /// part or a content block), written back for an Anthropic upstream.
+    pub cache_marks: Vec<CacheMark>,
+    /// The prompt-cache shaping the gateway applies to this call ([`cache`]).
+    pub cache_shaping: Option<CacheShaping>,
+}
+
+/// Where a prompt-cache breakpoint sits, by IR index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CachePoint {
+    Tool(usize),
+    System(usize),
+    Block { message: usize, block: usize },
+}
+
+/// A caller's breakpoint: its place and its `cache_control` object as sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheMark {
+    pub at: CachePoint,
+    pub control: Value,
+}
+
+/// Prompt-cache shaping (Cosmos §7, API.md "Prompt-cache shaping"), chosen per call by the
+/// gateway: breakpoints for an Anthropic upstream (when the caller set none), a cache key for
+/// an OpenAI one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheShaping {
+    /// Breakpoints on the last tool, the system prompt and the last stable message block, with
+    /// the one-hour TTL or Anthropic's default five minutes.
+    Breakpoints { one_hour: bool },
+    /// `prompt_cache_key`: an opaque keyed hash of the principal.
+    Key(String),
 }
 
 /// The reasoning a caller asked for, in whichever terms its format uses; each encoder converts
@@ -527,6 +560,7 @@ pub fn encode_request(format: Format, request: &Request) -> Result<Vec<u8>> {
     if request.passthrough.format == Some(format) {
         request.passthrough.apply(&mut value);
     }
+    cache::apply(format, &mut value, request);
     Ok(wire::to_vec(&value))
 }
 

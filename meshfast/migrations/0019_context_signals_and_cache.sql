@@ -8,11 +8,29 @@
 ALTER TABLE request_logs
     ADD COLUMN tools_declared text[],
     ADD COLUMN tools_declared_bytes integer[],
-    ADD COLUMN tools_invoked text[];
+    ADD COLUMN tools_invoked text[],
+    ADD COLUMN cache_write_1h_tokens bigint NOT NULL DEFAULT 0;
 ALTER TABLE request_logs_ingest
     ADD COLUMN tools_declared text[],
     ADD COLUMN tools_declared_bytes integer[],
-    ADD COLUMN tools_invoked text[];
+    ADD COLUMN tools_invoked text[],
+    ADD COLUMN cache_write_1h_tokens bigint NOT NULL DEFAULT 0;
+
+-- Prompt-cache shaping (issue "ecosystem", item 1): on by default per model; `cache_ttl` is the
+-- TTL of the breakpoints placed for an Anthropic upstream. A row keeps its one-hour cache writes
+-- apart (cache_write_tokens counts both TTLs), and the hourly rollups sum the cache classes, so
+-- summaries report reads, writes and the hit rate.
+ALTER TABLE models
+    ADD COLUMN cache_shaping boolean NOT NULL DEFAULT true,
+    ADD COLUMN cache_ttl text NOT NULL DEFAULT '5m' CHECK (cache_ttl IN ('5m', '1h'));
+ALTER TABLE request_rollup_hourly
+    ADD COLUMN cache_read_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN cache_write_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN cache_write_1h_tokens bigint NOT NULL DEFAULT 0;
+ALTER TABLE request_rollup_hourly_all
+    ADD COLUMN cache_read_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN cache_write_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN cache_write_1h_tokens bigint NOT NULL DEFAULT 0;
 
 -- Hour x user x model x tool: how many calls declared the tool, how many called it, and the
 -- definition bytes summed over the declaring calls (bytes / declared_calls: its average size).
@@ -35,7 +53,8 @@ CREATE POLICY admin_read ON tool_rollup_hourly FOR SELECT TO meshfast_admin USIN
 CREATE POLICY admin_delete ON tool_rollup_hourly FOR DELETE TO meshfast_admin USING (true);
 GRANT SELECT, DELETE ON tool_rollup_hourly TO meshfast_admin;
 
--- The ingest function of migration 0016, with the tools carried into tool_rollup_hourly.
+-- The ingest function of migration 0016, with the tools carried into tool_rollup_hourly and the
+-- cache classes into the hourly rollups.
 CREATE OR REPLACE FUNCTION meshfast_ingest_request_logs() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
 BEGIN
@@ -44,9 +63,12 @@ BEGIN
         INSERT INTO request_logs SELECT * FROM batch ON CONFLICT DO NOTHING
         RETURNING created_at, user_id, model_id, model_name, provider_id, route, outcome, status_code, deny_reason,
                   count, tokens_in, tokens_out, input_cost, output_cost, latency_ms,
-                  business_unit, manager_id, tier, tags, tools_declared, tools_declared_bytes, tools_invoked
+                  business_unit, manager_id, tier, tags, tools_declared, tools_declared_bytes, tools_invoked,
+                  cache_read_tokens, cache_write_tokens, cache_write_1h_tokens
     ), tools AS (
-        -- A call counts once per tool it declared and once per tool the model called.
+        -- A successful call counts once per tool it declared, and once more per declared tool the
+        -- model called (a failed call gave the model no chance; an undeclared name is not counted,
+        -- so invoked_calls <= declared_calls).
         INSERT INTO tool_rollup_hourly AS r
             (hour, user_id, model_id, tool, declared_calls, invoked_calls, definition_bytes)
         SELECT date_trunc('hour', created_at), user_id, model_id, tool, sum(declared), sum(invoked), sum(bytes)
@@ -54,10 +76,11 @@ BEGIN
             SELECT i.created_at, i.user_id, i.model_id, d.tool, 1 AS declared, 0 AS invoked,
                    coalesce(d.bytes, 0)::bigint AS bytes
             FROM inserted i CROSS JOIN LATERAL unnest(i.tools_declared, i.tools_declared_bytes) AS d (tool, bytes)
-            WHERE d.tool IS NOT NULL
+            WHERE d.tool IS NOT NULL AND i.outcome = 'success'
             UNION ALL
             SELECT i.created_at, i.user_id, i.model_id, v.tool, 0, 1, 0
             FROM inserted i CROSS JOIN LATERAL unnest(i.tools_invoked) AS v (tool)
+            WHERE i.outcome = 'success' AND v.tool = ANY (i.tools_declared)
         ) AS t
         GROUP BY 1, 2, 3, 4
         ON CONFLICT (hour, user_id, model_id, tool)
@@ -70,7 +93,8 @@ BEGIN
             (hour, user_id, model_id, model_name, provider_id, route, outcome, status_code, deny_reason,
              rows, calls, tokens_in, tokens_out, input_cost, output_cost, latency_ms,
              lat_100, lat_500, lat_1000, lat_5000, lat_30000, lat_slower,
-             business_unit, manager_id, tier, tags, org_key)
+             business_unit, manager_id, tier, tags, org_key, cache_read_tokens, cache_write_tokens,
+             cache_write_1h_tokens)
         SELECT date_trunc('hour', created_at), user_id, model_id, model_name, provider_id, route, outcome, status_code,
                deny_reason, count(*), sum(count), sum(tokens_in), sum(tokens_out), sum(input_cost), sum(output_cost),
            sum(latency_ms::bigint * count),
@@ -82,7 +106,8 @@ BEGIN
            coalesce(sum(count) FILTER (WHERE latency_ms >= 30000), 0),
            business_unit, manager_id, tier, tags,
            CASE WHEN business_unit IS NULL AND tier IS NULL AND tags IS NULL THEN NULL
-                ELSE md5(jsonb_build_array(business_unit, tier, tags)::text) END
+                ELSE md5(jsonb_build_array(business_unit, tier, tags)::text) END,
+           sum(cache_read_tokens), sum(cache_write_tokens), sum(cache_write_1h_tokens)
         FROM inserted
         GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, business_unit, manager_id, tier, tags
         ON CONFLICT (hour, user_id, model_id, model_name, provider_id, route, outcome, status_code, deny_reason,
@@ -93,10 +118,17 @@ BEGIN
                   latency_ms = r.latency_ms + EXCLUDED.latency_ms, lat_100 = r.lat_100 + EXCLUDED.lat_100,
                   lat_500 = r.lat_500 + EXCLUDED.lat_500, lat_1000 = r.lat_1000 + EXCLUDED.lat_1000,
                   lat_5000 = r.lat_5000 + EXCLUDED.lat_5000, lat_30000 = r.lat_30000 + EXCLUDED.lat_30000,
-                  lat_slower = r.lat_slower + EXCLUDED.lat_slower
+                  lat_slower = r.lat_slower + EXCLUDED.lat_slower,
+                  cache_read_tokens = r.cache_read_tokens + EXCLUDED.cache_read_tokens,
+                  cache_write_tokens = r.cache_write_tokens + EXCLUDED.cache_write_tokens,
+                  cache_write_1h_tokens = r.cache_write_1h_tokens + EXCLUDED.cache_write_1h_tokens
         RETURNING 1
     ), hourly_all AS (
         INSERT INTO request_rollup_hourly_all AS r
+            (hour, model_id, model_name, provider_id, route, outcome, status_code, deny_reason,
+             rows, calls, tokens_in, tokens_out, input_cost, output_cost, latency_ms,
+             lat_100, lat_500, lat_1000, lat_5000, lat_30000, lat_slower,
+             cache_read_tokens, cache_write_tokens, cache_write_1h_tokens)
         SELECT date_trunc('hour', created_at), model_id, model_name, provider_id, route, outcome, status_code,
                deny_reason, count(*), sum(count), sum(tokens_in), sum(tokens_out), sum(input_cost), sum(output_cost),
            sum(latency_ms::bigint * count),
@@ -105,7 +137,8 @@ BEGIN
            coalesce(sum(count) FILTER (WHERE latency_ms >= 500 AND latency_ms < 1000), 0),
            coalesce(sum(count) FILTER (WHERE latency_ms >= 1000 AND latency_ms < 5000), 0),
            coalesce(sum(count) FILTER (WHERE latency_ms >= 5000 AND latency_ms < 30000), 0),
-           coalesce(sum(count) FILTER (WHERE latency_ms >= 30000), 0)
+           coalesce(sum(count) FILTER (WHERE latency_ms >= 30000), 0),
+           sum(cache_read_tokens), sum(cache_write_tokens), sum(cache_write_1h_tokens)
         FROM inserted
         GROUP BY 1, 2, 3, 4, 5, 6, 7, 8
         ON CONFLICT (hour, model_id, model_name, provider_id, route, outcome, status_code, deny_reason)
@@ -115,7 +148,10 @@ BEGIN
                   latency_ms = r.latency_ms + EXCLUDED.latency_ms, lat_100 = r.lat_100 + EXCLUDED.lat_100,
                   lat_500 = r.lat_500 + EXCLUDED.lat_500, lat_1000 = r.lat_1000 + EXCLUDED.lat_1000,
                   lat_5000 = r.lat_5000 + EXCLUDED.lat_5000, lat_30000 = r.lat_30000 + EXCLUDED.lat_30000,
-                  lat_slower = r.lat_slower + EXCLUDED.lat_slower
+                  lat_slower = r.lat_slower + EXCLUDED.lat_slower,
+                  cache_read_tokens = r.cache_read_tokens + EXCLUDED.cache_read_tokens,
+                  cache_write_tokens = r.cache_write_tokens + EXCLUDED.cache_write_tokens,
+                  cache_write_1h_tokens = r.cache_write_1h_tokens + EXCLUDED.cache_write_1h_tokens
         RETURNING 1
     )
     INSERT INTO request_rollup_daily_user AS r
