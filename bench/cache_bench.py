@@ -165,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     turns = 6 if args.quick else args.turns
     work = Path(tempfile.mkdtemp(prefix="cache-bench-"))
-    doc: dict[str, Any] = {"bench": "cache", "started_at": dt.datetime.now(dt.UTC).isoformat(), "turns": turns,
-                           "prices_per_1k": PRICES, "arms": []}
+    started = dt.datetime.now(dt.UTC)
+    prov = mb.provenance(argparse.Namespace(meshfast_cmd=args.meshfast_cmd, only="meshfast"))
+    doc: dict[str, Any] = {**mb.run_header(argv, started, prov), "bench": "cache",
+                           "started_at": started.isoformat(), "turns": turns, "prices_per_1k": PRICES, "arms": []}
     st = pb.start_stack(args, work, forwarder=False, provision=_provision)
     try:
         for arm in ARMS:

@@ -244,18 +244,23 @@ class DataPlane:
             else:
                 await self._entry(p, held, row, started, route, body, governed)
         finally:
-            if metrics is not None:
-                metrics.phase("upstream", int((time.perf_counter() - admitted) * 1e9))
-            self.admission.release(p)
-            # Turns the budget reservation into the actual cost (0 when the call failed).
-            p.settle(row.input_cost_nano + row.output_cost_nano, row.tokens_in + row.tokens_out)
-            row.latency_ms = self._elapsed_ms(started)
-            self._events(p, row)
-            self._record(row, p.log_requests)
-            # Only now may the caller see the end of the answer.
-            # NOTE: a caller already gone must not mask the route's own exception (a cancellation).
-            with contextlib.suppress(Exception):
-                held.release()
+            try:
+                if metrics is not None:
+                    metrics.phase("upstream", int((time.perf_counter() - admitted) * 1e9))
+                self.admission.release(p)
+                try:
+                    # Turns the budget reservation into the actual cost (0 when the call failed).
+                    p.settle(row.input_cost_nano + row.output_cost_nano, row.tokens_in + row.tokens_out)
+                finally:
+                    # NOTE: a settle that fails (a full counter table) costs neither the row nor the answer.
+                    row.latency_ms = self._elapsed_ms(started)
+                    self._events(p, row)
+                    self._record(row, p.log_requests)
+            finally:
+                # Only now may the caller see the end of the answer.
+                # NOTE: a caller already gone must not mask the route's own exception (a cancellation).
+                with contextlib.suppress(Exception):
+                    held.release()
 
     @staticmethod
     def _error_body(route: str, exc: errors.MeshfastError) -> bytes:

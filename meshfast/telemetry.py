@@ -260,6 +260,21 @@ MAX_TOOLS = 128
 _INT4_MAX = 2**31 - 1
 
 
+def _fit_tools(row: Row, limit: int) -> bytes:
+    """``row`` encoded within ``limit`` bytes if dropping its last tool names can do it (the core
+    already bounds them; a long user agent or model name can still push a row over): a row that
+    fits a ring record never costs its worker a drain of its own."""
+    while True:
+        data = _encoder.encode(row)
+        if len(data) <= limit or not (row.tools_declared or row.tools_invoked):
+            return data
+        if row.tools_invoked and len(row.tools_invoked) * 2 > len(row.tools_declared):
+            row.tools_invoked = row.tools_invoked[: len(row.tools_invoked) // 2]
+        else:
+            keep = len(row.tools_declared) // 2
+            row.tools_declared, row.tools_declared_bytes = row.tools_declared[:keep], row.tools_declared_bytes[:keep]
+
+
 def _tools(row: Row) -> tuple[list[str] | None, list[int] | None, list[str] | None]:
     """The row's tool columns: distinct names as PostgreSQL text holds them (at most 128 each),
     the declared ones beside their definition sizes (0 where none was given)."""
@@ -609,7 +624,10 @@ class Telemetry:
         self._local: collections.deque[bytes] = collections.deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._half_ring = segment.stats()["ring_records"] // 2
+        stats = segment.stats()
+        self._half_ring = stats["ring_records"] // 2
+        # The longest row a ring record holds (its 32-byte header aside).
+        self._row_bytes = stats["record_bytes"] - 32
         # NOTE: one pop takes more than half the ring, so "more than half was waiting" needs no
         # extra call into shared memory: it is what the pop returned.
         self._pop_max = self._half_ring + 1
@@ -634,6 +652,8 @@ class Telemetry:
     def record(self, row: Row) -> None:
         """Hand one row over; never blocks and never waits on the database."""
         data = _encoder.encode(row)
+        if len(data) > self._row_bytes and (row.tools_declared or row.tools_invoked):
+            data = _fit_tools(row, self._row_bytes)
         if self._segment.push_row(data):
             self._pushed += 1
             # NOTE: while the database is away the drain keeps its interval: disk is not the

@@ -156,10 +156,14 @@ def test_openai_upstreams_get_an_opaque_key_per_principal(gateway: Gateway, test
     for person in (world["user"], world["other"]):
         for k in keys:
             assert person["id"].replace("-", "") not in k and person["email"] not in k
-    # The Responses API too, with the same key for the same person.
+    # The Responses API too: the same person gets another key at another provider (two providers
+    # cannot link a person by it), the same one on every call there.
     client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=world["user"]["key"], max_retries=0)
-    client.responses.create(model=_name(world, "gpt-responses"), input="hi")
-    assert _upstream_body(testserve, f"gptr-{tag}")["prompt_cache_key"] == keys[0]
+    responses_keys = []
+    for _ in range(2):
+        client.responses.create(model=_name(world, "gpt-responses"), input="hi")
+        responses_keys.append(_upstream_body(testserve, f"gptr-{tag}")["prompt_cache_key"])
+    assert re.fullmatch(r"[0-9a-f]{32}", responses_keys[0]) and responses_keys[0] == responses_keys[1] != keys[0]
 
 
 def test_model_cache_fields_are_validated_and_listed(gateway: Gateway, world: dict[str, Any]) -> None:

@@ -1085,14 +1085,17 @@ fn entry(
     request.stream = true;
     request.include_usage = true;
     if let (Some((snapshot, principal_id)), true) = (cache, model.cache_shaping) {
-        request.cache_shaping = match upstream_format {
-            Format::Anthropic => Some(translate::CacheShaping::Breakpoints {
+        // NOTE: by family, not format: Ollama's OpenAI-compatible route has no prompt cache key.
+        request.cache_shaping = match provider.plan.family {
+            crate::provider::Family::Anthropic => Some(translate::CacheShaping::Breakpoints {
                 one_hour: model.cache_ttl_1h,
             }),
-            Format::OpenAiChat | Format::OpenAiResponses => {
-                Some(translate::CacheShaping::Key(snapshot.cache_key(principal_id)))
+            crate::provider::Family::OpenAi | crate::provider::Family::OpenAiResponses => Some(
+                translate::CacheShaping::Key(snapshot.cache_key(principal_id, &provider.id)),
+            ),
+            crate::provider::Family::Gemini | crate::provider::Family::Ollama | crate::provider::Family::Generic => {
+                None
             }
-            Format::Gemini | Format::Ollama => None,
         };
     }
     let body = match translate::encode_request(upstream_format, &request) {

@@ -1155,13 +1155,16 @@ impl Snapshot {
         self.key_index.digest(token)
     }
 
-    /// The principal's prompt-cache key for OpenAI upstreams (`prompt_cache_key`): 32 hex digits
-    /// of `SHA-256(pepper || "meshfast-prompt-cache" || 0 || id)`, opaque without the pepper, so
-    /// no identity leaves and another deployment's keys do not collide with this one's.
+    /// The principal's prompt-cache key at one OpenAI provider (`prompt_cache_key`): 32 hex
+    /// digits of `SHA-256(pepper || "meshfast-prompt-cache" || 0 || provider || 0 || principal)`,
+    /// opaque without the pepper (no identity leaves), the same on every worker and instance, and
+    /// different at each provider (two providers cannot link a person by it).
     #[must_use]
-    pub fn cache_key(&self, principal_id: &str) -> String {
-        let mut input = Vec::with_capacity(22 + principal_id.len());
+    pub fn cache_key(&self, principal_id: &str, provider_id: &str) -> String {
+        let mut input = Vec::with_capacity(23 + provider_id.len() + principal_id.len());
         input.extend_from_slice(b"meshfast-prompt-cache\0");
+        input.extend_from_slice(provider_id.as_bytes());
+        input.push(0);
         input.extend_from_slice(principal_id.as_bytes());
         let digest = self.key_index.digest(&input);
         let mut out = String::with_capacity(32);

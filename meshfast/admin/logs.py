@@ -266,12 +266,12 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
                 by_set[g].append(r)
     assert totals is not None
 
-    def ranked(group: str, label: str, with_name: bool = False) -> list[dict[str, Any]]:
+    def ranked(group: str, label: str, with_name: bool = False, cache: bool = False) -> list[dict[str, Any]]:
         ordered = sorted(by_set[group], key=lambda r: -int(r["calls"]))[:100]
         return [_measures(r, {label: None if r[group] is None else str(r[group]),
                               # Mesh's by_model: errors (status >= 400) and latency too.
                               **({"model_name": r["model_name"], "errors": int(r["failed"]),
-                                  "avg_latency_ms": _average(r)} if with_name else {})}) for r in ordered]
+                                  "avg_latency_ms": _average(r)} if with_name else {})}, cache) for r in ordered]
 
     calls = int(totals["calls"])
     series = sorted(by_set["bucket"], key=lambda r: r["bucket"])
@@ -289,11 +289,12 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
         "total_output_cost": _usd(totals["output_cost"]),
         "time_series": [{"bucket": r["bucket"].isoformat(), "calls": int(r["calls"]), "errors": int(r["failed"]),
                          "avg_latency_ms": _average(r)} for r in series],
-        "totals": {**_measures(totals, {}), "errors": int(totals["errors"]), "denials": int(totals["denials"]),
+        "totals": {**_measures(totals, {}, cache=True), "errors": int(totals["errors"]),
+                   "denials": int(totals["denials"]),
                    "avg_latency_ms": round(int(totals["latency_ms"]) / calls, 1) if calls else None},
         "series": [_measures(r, {"bucket": r["bucket"].isoformat()}) for r in series],
-        "by_model": ranked("model_id", "model_id", with_name=True),
-        "by_provider": ranked("provider_id", "provider_id"),
+        "by_model": ranked("model_id", "model_id", with_name=True, cache=True),
+        "by_provider": ranked("provider_id", "provider_id", cache=True),
         "by_user": [{**u, "user_email": emails.get(u["user_id"], "Unknown")} for u in by_user],
         "by_status": ranked("outcome", "status"),
         "by_status_code": [{"status_code": int(r["status_code"]), "calls": int(r["calls"])}
@@ -472,15 +473,18 @@ def _outcome_only(q: Query, first_param: int) -> tuple[str, list[Any]]:
     return f"outcome = ${first_param}", [q.outcome]
 
 
-def _measures(r: asyncpg.Record, head: dict[str, Any]) -> dict[str, Any]:
-    read, write = int(r["cache_read_tokens"]), int(r["cache_write_tokens"])
-    prompt = int(r["tokens_in"]) + read + write
-    return {**head, "calls": int(r["calls"]), "tokens_in": int(r["tokens_in"]), "tokens_out": int(r["tokens_out"]),
-            "cost_usd": _usd(r["cost"]), "cache_read_tokens": read, "cache_write_tokens": write,
-            "cache_write_1h_tokens": int(r["cache_write_1h_tokens"]),
-            # Prompt tokens read from the provider's cache, of all prompt tokens (tokens_in counts neither
-            # cache class).
-            "cache_hit_rate": round(read / prompt, 4) if prompt else None}
+def _measures(r: asyncpg.Record, head: dict[str, Any], cache: bool = False) -> dict[str, Any]:
+    out = {**head, "calls": int(r["calls"]), "tokens_in": int(r["tokens_in"]), "tokens_out": int(r["tokens_out"]),
+           "cost_usd": _usd(r["cost"])}
+    if cache:
+        read, write = int(r["cache_read_tokens"]), int(r["cache_write_tokens"])
+        prompt = int(r["tokens_in"]) + read + write
+        out.update(cache_read_tokens=read, cache_write_tokens=write,
+                   cache_write_1h_tokens=int(r["cache_write_1h_tokens"]),
+                   # Prompt tokens read from the provider's cache, of all prompt tokens (tokens_in counts
+                   # neither cache class).
+                   cache_hit_rate=round(read / prompt, 4) if prompt else None)
+    return out
 
 
 async def audit(conn: asyncpg.Connection, query_string: str | None) -> dict[str, Any]:

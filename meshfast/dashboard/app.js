@@ -504,7 +504,7 @@
           summary.latency_buckets || [], { id: "latency-buckets", rowData: (r) => ({ label: String(r.le_ms ?? "slower"), value: String(r.calls) }) })),
       h("h2", {}, "Tools declared and called"),
       h("p", { class: "muted" }, "Tools callers declared and how often the model called them; a tool declared and never called costs its definition's tokens on every request."),
-      h("div", { class: "charts" },
+      h("div", {},
         table("Tools", [{ key: "tool", label: "Tool" }, { key: "declared_calls", label: "Declared in", num: true },
           { key: "invoked_calls", label: "Called in", num: true },
           { key: "invocation_rate", label: "Called", num: true, render: (r) => (r.invocation_rate === null ? "—" : `${(r.invocation_rate * 100).toFixed(1)} %`) },
