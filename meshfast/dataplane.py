@@ -69,12 +69,13 @@ class _Held:
     transport is dropped. So the caller never holds a complete answer whose row a SIGKILL of this
     worker could still lose: the row is pushed first (telemetry's promise)."""
 
-    __slots__ = ("_proto", "_answer", "_stream")
+    __slots__ = ("_proto", "_answer", "_stream", "_last")
 
     def __init__(self, proto: Any) -> None:
         self._proto = proto
         self._answer: tuple[int, list[tuple[str, str]], bytes] | None = None
         self._stream: Any = None
+        self._last: bytes | None = None
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         self._answer = (status, headers, body)
@@ -83,11 +84,20 @@ class _Held:
         self._stream = self._proto.response_stream(status, headers)
         return self._stream
 
+    def send_last(self, data: bytes) -> None:
+        """A stream's last bytes (its done line, its usage): sent by :meth:`release`, after the row,
+        so a caller that stops reading at the done line also never has it before the row is pushed."""
+        self._last = data
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._proto, name)
 
-    def release(self) -> None:
-        answer, self._answer, self._stream = self._answer, None, None
+    async def release(self) -> None:
+        answer, last, stream = self._answer, self._last, self._stream
+        self._answer = self._last = self._stream = None
+        if last and stream is not None:
+            with contextlib.suppress(Exception):  # the caller left
+                await stream.send_bytes(last)
         if answer is not None:
             self._proto.response_bytes(*answer)
 
@@ -260,7 +270,7 @@ class DataPlane:
                 # Only now may the caller see the end of the answer.
                 # NOTE: a caller already gone must not mask the route's own exception (a cancellation).
                 with contextlib.suppress(Exception):
-                    held.release()
+                    await held.release()
 
     @staticmethod
     def _error_body(route: str, exc: errors.MeshfastError) -> bytes:
@@ -371,10 +381,7 @@ class DataPlane:
             raise asyncio.CancelledError
         final = tail + stream.finish(incomplete)
         if not client_gone:
-            try:
-                await transport.send_bytes(final)
-            except Exception:
-                client_gone = True
+            proto.send_last(final)
 
     def _account_stream(self, p: Any, stream: Any, row: Row, request_body: bytes, sent: list[bytes],
                         cut_short: bool = False) -> None:
@@ -723,8 +730,7 @@ class DataPlane:
             raise asyncio.CancelledError
         if transport is not None:
             if final and not client_gone:
-                with contextlib.suppress(Exception):
-                    await transport.send_bytes(final)
+                proto.send_last(final)
             row.status_code = 200
             row.outcome = "upstream_error" if broken else "success"
             return

@@ -437,6 +437,16 @@ def test_the_row_enters_the_ring_before_the_caller_has_the_whole_answer(fresh_di
                 assert response.status_code in (200, 404), (kind, response.text)
                 assert took >= 0.3, f"{kind}: the answer ended before its row was recorded ({took:.3f} s)"
                 rids.append(response.headers["x-request-id"])
+            # A stream's done line too arrives only after the row (a caller may stop reading there).
+            began = time.monotonic()
+            with client.stream("POST", "/v1/proxy", params={"model": model}, json={"query": "hi"},
+                               headers=_bearer(key)) as streamed:
+                for line in streamed.iter_lines():
+                    if '"done":true' in line.replace(" ", ""):
+                        break
+                took = time.monotonic() - began
+                rids.append(streamed.headers["x-request-id"])
+            assert took >= 0.3, f"the done line came before the row was recorded ({took:.3f} s)"
         # The moment the last caller has its answer, the worker dies: no row may be missing.
         os.kill(victim, signal.SIGKILL)
         for rid in rids:
