@@ -174,18 +174,18 @@ pub fn record_tool_name<T>(
 fn declared_tools(tools: &[translate::Tool]) -> Vec<(String, u32)> {
     let mut out: Vec<(String, u32)> = Vec::with_capacity(tools.len().min(MAX_TOOLS_RECORDED));
     for tool in tools {
-        // {"name":"…","description":"…","parameters":…}: 25 bytes of keys and punctuation, 17 more
-        // with a description.
-        let bytes =
-            25 + tool.name.len() + tool.description.as_ref().map_or(0, |d| 17 + d.len()) + json_len(&tool.parameters);
-        let size = u32::try_from(bytes).unwrap_or(u32::MAX);
-        if !record_tool_name(
-            &mut out,
-            &tool.name,
-            DECLARED_NAME_BUDGET,
-            |t| t.0.as_str(),
-            |name| (name, size),
-        ) {
+        // NOTE: the size is walked only for a name recorded now (not for repeats of a name, nor
+        // past the budget), so a body of many copies of one tool costs no schema walk each.
+        let size = |name| {
+            // {"name":"…","description":"…","parameters":…}: 25 bytes of keys and punctuation, 17
+            // more with a description.
+            let bytes = 25
+                + tool.name.len()
+                + tool.description.as_ref().map_or(0, |d| 17 + d.len())
+                + json_len(&tool.parameters);
+            (name, u32::try_from(bytes).unwrap_or(u32::MAX))
+        };
+        if !record_tool_name(&mut out, &tool.name, DECLARED_NAME_BUDGET, |t| t.0.as_str(), size) {
             break;
         }
     }
