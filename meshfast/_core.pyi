@@ -219,6 +219,10 @@ class Segment:
         """Set the counter at ``key`` to ``value`` if it is 0 (one CAS); the value before (0:
         this call set it)."""
 
+    def raise_to(self, key: bytes, value: int) -> int:
+        """Raise the counter at ``key`` to ``value`` if it holds less (one atomic max); the value
+        after."""
+
     def get(self, key: bytes) -> int:
         """The counter at ``key``, 0 when absent."""
 

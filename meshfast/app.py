@@ -117,8 +117,13 @@ class ConfigFeed:
     """
 
     def __init__(self, core: Core, pool: asyncpg.Pool, listen_url: str, reconcile_s: int,
-                 master_key: bytes) -> None:
+                 master_key: bytes, segment: Segment | None = None) -> None:
         self._core = core
+        # This instance's highest known config seq, shared by its workers (counters.config_seq_key).
+        self._segment = segment
+        self._seq_key = counters.config_seq_key()
+        # Set (and replaced) each time this worker's snapshot moves to a later seq.
+        self._advanced = asyncio.Event()
         self._master_key = master_key
         self._pool = pool
         self._listen_url = listen_url
@@ -164,6 +169,7 @@ class ConfigFeed:
                 log.error("snapshot rejected, keeping seq %s: %s", self._core.seq, exc)
                 raise
             self.rebuilds += 1
+            self._moved()
             log.debug("snapshot seq %d loaded in %.1f ms", seq, (time.perf_counter() - started) * 1000)
             return seq
 
@@ -176,6 +182,11 @@ class ConfigFeed:
     def announce(self, seq: int, change: str = "") -> None:
         """Note a write (from its NOTIFY or from this worker) and wake the rebuild loop."""
         self._announced = max(self._announced, seq)
+        if self._segment is not None and seq > 0:
+            # NOTE: the instance's other workers learn of the write at once, not when their own
+            # NOTIFY arrives (see behind()).
+            with contextlib.suppress(Exception):
+                self._segment.raise_to(self._seq_key, seq)
         if change:
             self._changes[seq] = change
         self._dirty.set()
@@ -242,7 +253,33 @@ class ConfigFeed:
         else:
             raise ValueError(f"unknown change {kind!r}")
         self.patches += 1
+        self._moved()
         log.info("config seq %d patched (%s) in %.1f ms", seq, kind, (time.perf_counter() - started) * 1000)
+
+    def _moved(self) -> None:
+        self._advanced.set()
+        self._advanced = asyncio.Event()
+
+    def behind(self) -> int:
+        """The config seq this instance knows was written when this worker has not loaded it yet,
+        else 0. One read of shared memory: the data plane asks before it refuses a caller for
+        something the configuration decides (a key, a model, a grant)."""
+        if self._segment is None:
+            return 0
+        known = self._segment.get(self._seq_key)
+        return known if known > self._core.seq else 0
+
+    async def reach(self, seq: int, timeout_s: float) -> bool:
+        """Wait (up to ``timeout_s``) until this worker's snapshot covers ``seq``; the rebuild
+        loop does the work, this only waits for it. True when it did."""
+        deadline = time.monotonic() + timeout_s
+        while self._core.seq < seq:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._advanced.wait(), remaining)
+        return True
 
     def start(self) -> None:
         self._tasks = [background.start("config_rebuild", self._rebuild_loop),
@@ -406,7 +443,7 @@ class App:
             self.admin_pool = await database.create_pool(database_url, role=database.ADMIN_ROLE, min_size=0,
                                                          max_size=4)
         self.feed = ConfigFeed(self.core, self.gateway_pool, gateway_url, settings.reconcile_s,
-                               self.secrets.master_key)
+                               self.secrets.master_key, self.segment)
         await self.feed.rebuild()
         read_s, build_s, load_s = self.feed.last_rebuild
         clock.add("snapshot: read", read_s, database=True)
@@ -446,7 +483,8 @@ class App:
         admission = Admission(settings.admission_capacity, settings.inflight_ceiling, settings.memory_ceiling_bytes)
         self.tracing = Tracing.from_env()
         self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics,
-                              leases=self.leases, tracing=self.tracing, family=self._provider_family)
+                              leases=self.leases, tracing=self.tracing, family=self._provider_family,
+                              config=self.feed)
         feed = self.feed
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify,
                                dry_run=dry_run_hook(self.core, lambda: feed.config))

@@ -229,6 +229,13 @@ def seed_state_key() -> bytes:
     return counter_key(CLUSTER, ZERO_ID, "start-seed", 0)
 
 
+def config_seq_key() -> bytes:
+    """The highest config sequence any worker of this instance knows was written (a worker that
+    made a write, or heard its NOTIFY, raises it): a worker behind it waits briefly before it
+    refuses a key, a model or a grant it has not loaded yet."""
+    return counter_key(CLUSTER, ZERO_ID, "config-seq", 0)
+
+
 def seed_read_ms_key() -> bytes:
     return counter_key(CLUSTER, ZERO_ID, "start-seed", 1)
 

@@ -42,6 +42,12 @@ _json = msgspec.json.Encoder()
 EMBEDDING_PARALLEL = 8
 # Largest non-streamed upstream answer read (embeddings, generation).
 MAX_UPSTREAM_BODY = 300 * 1024 * 1024
+# How long a refusal the configuration decides waits for a write this instance already knows of
+# (DataPlane._caught_up); past it, the worker decides on what it has.
+CONFIG_CATCH_UP_S = 2.0
+# Refusals a later configuration may turn into admissions: an unknown key (401), a model not
+# granted or not allowed (403), an unknown model (404).
+_CONFIG_REFUSALS = frozenset({401, 403, 404})
 
 
 def client_ip(scope: Any) -> str | None:
@@ -105,8 +111,10 @@ class _Held:
 class DataPlane:
     def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings,
                  admission: Admission, metrics: Metrics | None = None, leases: Any = None,
-                 tracing: Any = None, family: Any = None) -> None:
+                 tracing: Any = None, family: Any = None, config: Any = None) -> None:
         self.core = core
+        # The worker's ConfigFeed: ``behind()`` and ``reach(seq, timeout_s)`` (see _caught_up).
+        self._config = config
         # OpenTelemetry (meshfast.otel) when configured: a span per authenticated request, by
         # request id until its row is recorded; ``family(provider_id)`` names its provider's family.
         self.tracing = tracing
@@ -123,6 +131,16 @@ class DataPlane:
         self.unclassified: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # --- entry --------------------------------------------------------------------------
+
+    async def _caught_up(self) -> bool:
+        """Before a refusal the configuration decides (an unknown key, model or grant): when this
+        instance knows of a write this worker has not loaded yet, wait for it (up to
+        CONFIG_CATCH_UP_S) and say so, so the caller decides again. A caller that gets a key or a
+        grant from one worker is never refused by another for the next moments."""
+        seq = self._config.behind() if self._config is not None else 0
+        if not seq:
+            return False
+        return bool(await self._config.reach(seq, CONFIG_CATCH_UP_S))
 
     async def handle(self, scope: Any, proto: Any, route: Route, read_body: Any, model: str | None = None,
                      stream: bool | None = None, busy: Any = None) -> None:
@@ -142,6 +160,8 @@ class DataPlane:
         received = started
         cache_shaping = True
         principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
+        if principal is None and await self._caught_up():
+            principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
         close = False
         if principal is None:
             # NOTE: a small body is drained (briefly) so the connection stays usable for the
@@ -174,6 +194,9 @@ class DataPlane:
                 return
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                               model, stream, cache_shaping)
+        if p.status in _CONFIG_REFUSALS and await self._caught_up():
+            p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
+                                  model, stream, cache_shaping)
         if p.status and self.leases is not None:
             # A cluster member holds only slices of each cap: out of room, it asks for another
             # (one round trip, rare far from a cap) and decides again.

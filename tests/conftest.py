@@ -241,9 +241,12 @@ class WorkerConnections:
             raise RuntimeError(f"reached workers {sorted(self.by_pid)}, wanted {sorted(wanted)}")
 
     @staticmethod
-    def _exchange(sock: socket.socket, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    def _exchange(sock: socket.socket, method: str, path: str, headers: dict[str, str],
+                  body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
         lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"] + [f"{k}: {v}" for k, v in headers.items()]
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        if body:
+            lines.append(f"Content-Length: {len(body)}")
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
         buf = b""
         while b"\r\n\r\n" not in buf:
             chunk = sock.recv(65536)
@@ -260,6 +263,11 @@ class WorkerConnections:
                 raise ConnectionError("connection closed")
             rest += chunk
         return int(status_line.split()[1]), parsed, rest[:length]
+
+    def post(self, pid: int, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        status, _, answer = self._exchange(self.by_pid[pid], "POST", path,
+                                           {"Content-Type": "application/json", **headers}, body)
+        return status, answer
 
     def get_all(self, path: str, headers: dict[str, str]) -> dict[int, tuple[int, bytes]]:
         return {pid: (lambda r: (r[0], r[2]))(self._exchange(sock, "GET", path, headers))

@@ -155,6 +155,10 @@ impl PySegment {
         self.inner.set_if_zero(key_from_bytes(key)?, value).map_err(to_py_err)
     }
 
+    fn raise_to(&self, key: &[u8], value: i64) -> PyResult<i64> {
+        self.inner.raise_to(key_from_bytes(key)?, value).map_err(to_py_err)
+    }
+
     fn get(&self, key: &[u8]) -> PyResult<i64> {
         Ok(self.inner.get(key_from_bytes(key)?))
     }

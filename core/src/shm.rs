@@ -426,7 +426,7 @@ fn split_key(key: u128) -> (u64, u64) {
 }
 
 fn current_pid() -> u32 {
-    std::process::id()
+    crate::ids::current_pid()
 }
 
 /// Field 22 of `/proc/<pid>/stat` (start time in clock ticks since boot), if readable.
@@ -906,6 +906,13 @@ impl Segment {
                 Ok(before) | Err(before) => before,
             },
         )
+    }
+
+    /// Raises the counter at `key` to `value` if it holds less (one atomic max); returns the value
+    /// after, so concurrent raisers never lower it and never overshoot the highest of them.
+    pub fn raise_to(&self, key: u128, value: i64) -> Result<i64> {
+        let slot = self.find_or_claim(key)?;
+        Ok(self.slot_value(slot).fetch_max(value, AcqRel).max(value))
     }
 
     /// Sets the counter at `key` to `new` if it holds `expected` (one CAS); returns the value
@@ -1444,6 +1451,27 @@ mod tests {
         let total: i64 = keys.iter().map(|&k| segment.get(k)).sum();
         assert_eq!(total, 4 * 2000);
         assert_eq!(segment.stats().slots_used, 8);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn test_forked_raisers_leave_the_highest_value() {
+        let path = temp_path("raise");
+        let segment = Segment::create(&path, 64, 16, 16).unwrap();
+        let key = counter_key(CALLS_HOUR, &[3; 16], &[4; 16], 0);
+        fork_children(4, |child| {
+            let mine = Segment::open(&path).unwrap();
+            for i in 0..2000i64 {
+                let value = i * 4 + child as i64;
+                assert!(mine.raise_to(key, value).unwrap() >= value);
+            }
+        });
+        assert_eq!(segment.get(key), 1999 * 4 + 3);
+        assert_eq!(
+            segment.raise_to(key, 5).unwrap(),
+            1999 * 4 + 3,
+            "a lower value never lowers it"
+        );
         std::fs::remove_file(path).unwrap();
     }
 
