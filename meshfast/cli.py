@@ -92,6 +92,23 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("--json", action="store_true")
     listing = user_commands.add_parser("list", help="list users")
     listing.add_argument("--json", action="store_true")
+    add_key = user_commands.add_parser("add-key", help="issue a user a named key and print it (shown once)")
+    add_key.add_argument("user_id")
+    add_key.add_argument("--name", required=True)
+    add_key.add_argument("--expires-at", help="RFC 3339 with its offset, e.g. 2027-01-31T00:00:00Z")
+    add_key.add_argument("--model", action="append", dest="models", metavar="MODEL_ID",
+                         help="limit the key to this model (repeat for several; none: every granted model)")
+    add_key.add_argument("--json", action="store_true")
+    keys = user_commands.add_parser("keys", help="list a user's keys (prefixes only)")
+    keys.add_argument("user_id")
+    keys.add_argument("--json", action="store_true")
+    rotate_one = user_commands.add_parser("rotate", help="replace one key; the old one works --overlap-s more")
+    rotate_one.add_argument("key_id")
+    rotate_one.add_argument("--overlap-s", type=int, default=0)
+    rotate_one.add_argument("--json", action="store_true")
+    revoke_key = user_commands.add_parser("revoke-key", help="revoke one key at once")
+    revoke_key.add_argument("key_id")
+    revoke_key.add_argument("--json", action="store_true")
     admins = commands.add_parser("admins", help="dashboard logins", formatter_class=fmt, epilog=_env_epilog())
     admin_commands = admins.add_subparsers(dest="admins_command", metavar="ACTION", required=True)
     make_admin = admin_commands.add_parser(
@@ -191,6 +208,17 @@ async def _users(args: argparse.Namespace) -> Any:
                 return await service.rotate_key("cli", args.user_id)
             if args.users_command == "revoke":
                 return await service.revoke_user("cli", args.user_id)
+            if args.users_command == "add-key":
+                key_body = validate.convert({"name": args.name, "expires_at": args.expires_at, "models": args.models},
+                                            svc.KeyCreate)
+                return await service.create_key("cli", args.user_id, key_body)
+            if args.users_command == "keys":
+                return await service.list_keys(args.user_id)
+            if args.users_command == "rotate":
+                return await service.rotate_key_by_id("cli", args.key_id,
+                                                      validate.convert({"overlap_s": args.overlap_s}, svc.KeyRotate))
+            if args.users_command == "revoke-key":
+                return await service.revoke_key("cli", args.key_id)
             return await service.list_users()
         except errors.MeshfastError as exc:
             raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None

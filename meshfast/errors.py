@@ -84,6 +84,11 @@ TooManyAttempts = _error("TooManyAttempts", 429, "too_many_attempts")
 CsrfFailed = _error("CsrfFailed", 403, "csrf_failed")
 AdminNotFound = _error("AdminNotFound", 404, "admin_not_found")
 TokenNotFound = _error("TokenNotFound", 404, "token_not_found")
+# Named keys (POST /admin/users/{id}/keys): an unknown key, a name the person's current keys
+# already use, and a revoked or already rotated key asked to rotate.
+KeyNotFound = _error("KeyNotFound", 404, "key_not_found")
+KeyNameExists = _error("KeyNameExists", 409, "key_name_exists")
+KeyNotCurrent = _error("KeyNotCurrent", 409, "key_not_current")
 CannotModifyOwn = _error("CannotModifyOwn", 400, "cannot_modify_own_account")
 # A manager change that would make the reporting chain loop.
 ManagerCycle = _error("ManagerCycle", 409, "manager_cycle")

@@ -49,6 +49,8 @@ class Key(msgspec.Struct):
     digest: bytes
     status: str
     expires_at_ms: int | None
+    # The model indexes this key may call (sorted); None: every model its principal is granted.
+    models: list[int] | None = None
 
 
 class GenericTemplates(msgspec.Struct, omit_defaults=True):
@@ -393,6 +395,14 @@ async def load_config(conn: asyncpg.Connection, master_key: bytes) -> Config:
     return build_config(await fetch_config(conn), master_key)
 
 
+def _key_models(ids: list[str] | None, model_index: dict[Any, int]) -> list[int] | None:
+    """A key's model subset as sorted model indexes; a model deleted since drops out (a key whose
+    every model is gone may call none)."""
+    if ids is None:
+        return None
+    return sorted({model_index[u] for u in map(uuid.UUID, ids) if u in model_index})
+
+
 async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
     """Every row the snapshot is built from, read in one REPEATABLE READ transaction."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -525,6 +535,7 @@ def _config(seq: int, kill_switch: bool, user_rows: list[asyncpg.Record], key_ro
                 digest=row["key_hash"],
                 status=row["status"],
                 expires_at_ms=_ms(row["expires_at"]),
+                models=_key_models(row.get("models"), model_index),
             )
             for row in key_rows
         ],

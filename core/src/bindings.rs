@@ -401,20 +401,29 @@ impl PyCore {
         view: View,
     ) -> (u16, Bound<'py, PyBytes>) {
         match self.resolve(sources, now_ms) {
-            Some((loaded, key)) => {
-                let principal = loaded.snapshot.keys[key as usize].principal;
-                (
-                    200,
-                    PyBytes::new(py, &view(&loaded.snapshot, principal, &self.segment, now_ms)),
-                )
-            }
+            Some((loaded, key)) => (
+                200,
+                PyBytes::new(py, &view(&loaded.snapshot, key, &self.segment, now_ms)),
+            ),
             None => (401, PyBytes::new(py, views::UNAUTHORIZED_BODY)),
         }
     }
 }
 
-/// A body renderer from [`views`], reading counters from the core's segment if it has one.
+/// A body renderer from [`views`] for the key at an index, reading counters from the core's
+/// segment if it has one.
 type View = fn(&Snapshot, u32, &Option<Arc<shm::Segment>>, i64) -> Vec<u8>;
+
+/// `GET /v1/models`: the key's principal's models, only those the key may call.
+fn models_view(snapshot: &Snapshot, key: u32, segment: &Option<Arc<shm::Segment>>, now_ms: i64) -> Vec<u8> {
+    let key = &snapshot.keys[key as usize];
+    views::models_json_of(snapshot, key.principal, key.models.as_deref(), segment, now_ms)
+}
+
+/// `GET /v1/usage`: the key's principal's spend (every model: spend is the person's).
+fn usage_view(snapshot: &Snapshot, key: u32, segment: &Option<Arc<shm::Segment>>, now_ms: i64) -> Vec<u8> {
+    views::usage_json(snapshot, snapshot.keys[key as usize].principal, segment, now_ms)
+}
 
 #[pymethods]
 impl PyCore {
@@ -716,7 +725,7 @@ impl PyCore {
             py,
             [authorization, x_api_key, x_goog_api_key, query],
             now_ms,
-            views::models_json,
+            models_view,
         )
     }
 
@@ -748,7 +757,7 @@ impl PyCore {
             py,
             [authorization, x_api_key, x_goog_api_key, query],
             now_ms,
-            views::usage_json,
+            usage_view,
         )
     }
 }

@@ -639,7 +639,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     let Some((grant_index, grant, model)) = grant_index
         .map(|i| (i, &snapshot.grants[i as usize]))
         .map(|(i, g)| (i, g, &snapshot.models[g.model as usize]))
-        .filter(|(_, _, m)| req.route.admits(m.kind))
+        .filter(|(_, g, m)| req.route.admits(m.kind) && key.allows(g.model))
     else {
         if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
             let known = snapshot.model_named(&p.requested_model).is_some();

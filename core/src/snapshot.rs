@@ -62,6 +62,8 @@ struct RawKey {
     digest: serde_bytes::ByteBuf,
     status: String,
     expires_at_ms: Option<i64>,
+    #[serde(default)]
+    models: Option<Vec<i64>>,
 }
 
 fn yes() -> bool {
@@ -291,6 +293,17 @@ pub struct Key {
     pub digest: Digest,
     pub active: bool,
     pub expires_at_ms: Option<i64>,
+    /// The models this key may call (sorted model indexes); `None`: every model its principal
+    /// is granted.
+    pub models: Option<Vec<u32>>,
+}
+
+impl Key {
+    /// Whether this key may call `model` (a model index), grants aside.
+    #[must_use]
+    pub fn allows(&self, model: u32) -> bool {
+        self.models.as_ref().is_none_or(|m| m.binary_search(&model).is_ok())
+    }
 }
 
 /// A provider credential: never printed, not even by `Debug`.
@@ -767,6 +780,7 @@ impl Snapshot {
         chains(e, &principals);
 
         let mut digests = std::collections::HashSet::new();
+        let model_count = raw.models.len();
         let keys: Vec<Key> = raw
             .keys
             .into_iter()
@@ -785,6 +799,16 @@ impl Snapshot {
                     digest: Digest(digest),
                     id: k.id,
                     expires_at_ms: k.expires_at_ms,
+                    models: k.models.map(|models| {
+                        let mut models: Vec<u32> = models
+                            .into_iter()
+                            .enumerate()
+                            .map(|(j, m)| index(e, format_args!("keys[{i}].models[{j}]"), m, model_count))
+                            .collect();
+                        models.sort_unstable();
+                        models.dedup();
+                        models
+                    }),
                 }
             })
             .collect();
@@ -1659,6 +1683,42 @@ mod tests {
             }
             proptest::prop_assert!(index.of(5).is_empty());
         }
+    }
+
+    #[test]
+    fn test_a_key_limited_to_models_allows_only_those() {
+        let mut config = config();
+        config["keys"][0]["models"] = serde_json::json!([2, 0, 2]);
+        let snapshot = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let key = &snapshot.keys[0];
+        assert_eq!(key.models.as_deref(), Some(&[0, 2][..]));
+        assert!(key.allows(0) && !key.allows(1) && key.allows(2));
+        assert!(snapshot.keys[1].allows(1), "no subset: every model");
+        let listed: serde_json::Value = serde_json::from_slice(&crate::views::models_json_of(
+            &snapshot,
+            0,
+            key.models.as_deref(),
+            &(),
+            0,
+        ))
+        .unwrap();
+        let names: Vec<&str> = listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["gpt-b"],
+            "gpt-a-image is granted but not this key's; gpt-old is retired"
+        );
+        config["keys"][0]["models"] = serde_json::json!([9]);
+        let err = Snapshot::from_msgpack(&encode(&config), PEPPER)
+            .err()
+            .expect("an out-of-range model index is refused")
+            .to_string();
+        assert!(err.contains("keys[0].models[0]: index 9 out of range"), "{err}");
     }
 
     #[test]

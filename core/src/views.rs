@@ -217,9 +217,23 @@ fn write_model_entry(out: &mut Vec<u8>, grant: &Grant, model: &Model, provider: 
 /// The `/v1/models` body for `principal`: OpenAI's `data` list and Mesh's `models` list.
 #[must_use]
 pub fn models_json(snapshot: &Snapshot, principal: u32, segment: &impl CounterRead, now_ms: i64) -> Vec<u8> {
+    models_json_of(snapshot, principal, None, segment, now_ms)
+}
+
+/// [`models_json`] for a key limited to `only` (sorted model indexes; `None`: no limit).
+#[must_use]
+pub fn models_json_of(
+    snapshot: &Snapshot,
+    principal: u32,
+    only: Option<&[u32]>,
+    segment: &impl CounterRead,
+    now_ms: i64,
+) -> Vec<u8> {
+    let allowed = |grant: &crate::snapshot::Grant| only.is_none_or(|m| m.binary_search(&grant.model).is_ok());
     let mut out = Vec::with_capacity(1024);
     out.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
-    for (i, (_, model, provider)) in snapshot.visible_grants(principal).enumerate() {
+    let visible = || snapshot.visible_grants(principal).filter(|(g, _, _)| allowed(g));
+    for (i, (_, model, provider)) in visible().enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -232,7 +246,7 @@ pub fn models_json(snapshot: &Snapshot, principal: u32, segment: &impl CounterRe
         out.push(b'}');
     }
     out.extend_from_slice(b"],\"models\":[");
-    for (i, (grant, model, provider)) in snapshot.visible_grants(principal).enumerate() {
+    for (i, (grant, model, provider)) in visible().enumerate() {
         if i > 0 {
             out.push(b',');
         }

@@ -34,8 +34,14 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/users/{id}/revoke", "Revoke a user's key", None, 200),
     ("PUT", "/admin/users/{id}/expiry", "Set or clear when the user's keys stop working (Mesh's route)",
      "ExpiryBody", 200),
-    ("PUT", "/admin/users/{id}/key/expiry", "Set or clear when the user's active key stops working",
+    ("PUT", "/admin/users/{id}/key/expiry", "Set or clear when the user's primary key stops working",
      "ExpiryBody", 200),
+    ("POST", "/admin/users/{id}/keys", "Issue a named key (optional expiry and model subset; the key shown once; "
+     "409 key_name_exists when a current key has the name)", "KeyCreate", 201),
+    ("GET", "/admin/users/{id}/keys", "A user's keys: prefix, name, models, expiry, status, never the key", None, 200),
+    ("POST", "/admin/keys/{id}/rotate", "Issue the key's successor (same name, models and expiry); the old key "
+     "works overlap_s more seconds, then 401 (409 key_not_current for a revoked or rotated key)", "KeyRotate", 200),
+    ("DELETE", "/admin/keys/{id}", "Revoke a key at once", None, 200),
     ("GET", "/admin/users/{id}/policies", "A user's policies", None, 200),
     ("PUT", "/admin/users/{id}/policies/{model}", "Set a user's policy on a model (upsert)", "PolicyBody", 200),
     ("POST", "/admin/providers", "Create a provider (its key is sealed, never returned)", "ProviderCreate", 201),

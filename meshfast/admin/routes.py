@@ -66,6 +66,12 @@ class AdminRouter:
             lambda a, b, id: self._ok(s.set_user_expiry(a.name, id, svc.decode(b, svc.ExpiryBody))))
         add("PUT", r"/admin/users/(?P<id>[^/]+)/key/expiry",
             lambda a, b, id: self._ok(s.set_key_expiry(a.name, id, svc.decode(b, svc.ExpiryBody))))
+        add("POST", r"/admin/users/(?P<id>[^/]+)/keys",
+            lambda a, b, id: self._created(s.create_key(a.name, id, svc.decode(b, svc.KeyCreate))))
+        add("GET", r"/admin/users/(?P<id>[^/]+)/keys", lambda a, b, id: self._ok(s.list_keys(id)))
+        add("POST", r"/admin/keys/(?P<id>[^/]+)/rotate",
+            lambda a, b, id: self._ok(s.rotate_key_by_id(a.name, id, svc.decode(b or b"{}", svc.KeyRotate))))
+        add("DELETE", r"/admin/keys/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.revoke_key(a.name, id)))
         add("GET", r"/admin/users/(?P<id>[^/]+)/policies", lambda a, b, id: self._ok(s.list_policies(id)))
         add("PUT", r"/admin/users/(?P<id>[^/]+)/policies/(?P<model>[^/]+)",
             lambda a, b, id, model: self._ok(s.put_policy(a.name, id, model, svc.decode(b, svc.PolicyBody))))

@@ -27,7 +27,7 @@ SELECT id, email, display_name, status, expires_at, manager_id, business_unit, t
 """
 SNAPSHOT_KEYS = """
 WITH principal AS (SELECT id, (row_number() OVER (ORDER BY id))::int - 1 AS i FROM users)
-SELECT k.id::text AS id, u.i AS principal, k.key_hash, k.status, k.expires_at
+SELECT k.id::text AS id, u.i AS principal, k.key_hash, k.status, k.expires_at, k.models::text[] AS models
 FROM mesh_api_keys k JOIN principal u ON u.id = k.user_id
 WHERE k.status = 'active'
 """
@@ -119,6 +119,40 @@ REVOKE_ACTIVE_KEYS = """
 UPDATE mesh_api_keys SET status = 'revoked', revoked_at = now()
 WHERE user_id = $1 AND status = 'active'
 """
+# The primary key and any it was rotated away from (POST /admin/users/{id}/rotate-key: the
+# previous key stops working at once); named keys are left as they are.
+REVOKE_PRIMARY_KEYS = """
+UPDATE mesh_api_keys SET status = 'revoked', revoked_at = now()
+WHERE user_id = $1 AND status = 'active' AND name IS NULL
+"""
+KEY_COLUMNS = """
+k.id, k.user_id, k.name, k.key_prefix, k.status, k.expires_at, k.models::text[] AS models, k.replaced_by,
+k.created_at, k.revoked_at
+"""
+INSERT_NAMED_KEY = f"""
+INSERT INTO mesh_api_keys AS k (user_id, key_hash, key_prefix, name, expires_at, models)
+VALUES ($1, $2, $3, $4, $5, $6::uuid[])
+RETURNING {KEY_COLUMNS}
+"""
+LIST_USER_KEYS = f"""
+SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.user_id = $1 ORDER BY k.created_at DESC, k.id
+"""
+KEY_FOR_UPDATE = f"SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.id = $1 FOR UPDATE"
+# A key rotated away from: replaced now; it works for the overlap (never past its own expiry),
+# or stops at once without one.
+RETIRE_KEY = """
+UPDATE mesh_api_keys SET replaced_by = $2,
+    status = CASE WHEN $3::timestamptz IS NULL THEN 'revoked' ELSE status END,
+    revoked_at = CASE WHEN $3::timestamptz IS NULL THEN now() ELSE revoked_at END,
+    expires_at = CASE WHEN $3::timestamptz IS NULL THEN expires_at
+                      ELSE LEAST(COALESCE(expires_at, $3::timestamptz), $3::timestamptz) END
+WHERE id = $1
+"""
+SET_REPLACED_BY = "UPDATE mesh_api_keys SET replaced_by = $2 WHERE id = $1"
+REVOKE_KEY = """
+UPDATE mesh_api_keys SET status = 'revoked', revoked_at = now() WHERE id = $1 AND status = 'active'
+"""
+MODELS_EXISTING = "SELECT id FROM models WHERE id = ANY($1::uuid[])"
 ACTIVATE_USER = "UPDATE users SET status = 'active' WHERE id = $1 RETURNING id"
 REVOKE_USER = "UPDATE users SET status = 'revoked' WHERE id = $1 RETURNING id"
 DELETE_USER = "DELETE FROM users WHERE id = $1 RETURNING id"
@@ -158,7 +192,8 @@ SET_USER_EXPIRY = """
 UPDATE users SET expires_at = $2, version = version + 1, updated_at = now() WHERE id = $1 RETURNING id
 """
 SET_KEY_EXPIRY = """
-UPDATE mesh_api_keys SET expires_at = $2 WHERE user_id = $1 AND status = 'active' RETURNING id
+UPDATE mesh_api_keys SET expires_at = $2
+WHERE user_id = $1 AND status = 'active' AND name IS NULL AND replaced_by IS NULL RETURNING id
 """
 LIST_USERS = f"""
 SELECT {USER_COLUMNS}
@@ -166,7 +201,7 @@ FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
     SELECT key_prefix, status, expires_at FROM mesh_api_keys
-    WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
+    WHERE user_id = u.id AND name IS NULL ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
 ) k ON true
 ORDER BY u.created_at DESC
 """
@@ -176,7 +211,7 @@ FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
     SELECT key_prefix, status, expires_at FROM mesh_api_keys
-    WHERE user_id = u.id ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
+    WHERE user_id = u.id AND name IS NULL ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
 ) k ON true
 WHERE u.id = $1
 """
