@@ -124,6 +124,9 @@ class ConfigFeed:
         self._seq_key = counters.config_seq_key()
         # Set (and replaced) each time this worker's snapshot moves to a later seq.
         self._advanced = asyncio.Event()
+        # The highest seq a refusal waited for in vain (a snapshot the core rejected, a rebuild
+        # that keeps failing): no later refusal waits for it again.
+        self._gave_up = 0
         self._master_key = master_key
         self._pool = pool
         self._listen_url = listen_url
@@ -176,17 +179,18 @@ class ConfigFeed:
     async def ensure(self, seq: int, change: str = "") -> None:
         """Return once this worker's snapshot covers config sequence ``seq`` (the worker that
         made a write, which knows what it changed)."""
+        if self._segment is not None and seq > 0:
+            # NOTE: the instance's other workers learn of the write at once, not when their own
+            # NOTIFY arrives (see behind()). Only a write this worker committed raises it: a
+            # NOTIFY's payload is anyone's to send.
+            with contextlib.suppress(Exception):
+                self._segment.raise_to(self._seq_key, seq)
         self.announce(seq, change)
         await self.catch_up()
 
     def announce(self, seq: int, change: str = "") -> None:
         """Note a write (from its NOTIFY or from this worker) and wake the rebuild loop."""
         self._announced = max(self._announced, seq)
-        if self._segment is not None and seq > 0:
-            # NOTE: the instance's other workers learn of the write at once, not when their own
-            # NOTIFY arrives (see behind()).
-            with contextlib.suppress(Exception):
-                self._segment.raise_to(self._seq_key, seq)
         if change:
             self._changes[seq] = change
         self._dirty.set()
@@ -267,18 +271,25 @@ class ConfigFeed:
         if self._segment is None:
             return 0
         known = self._segment.get(self._seq_key)
-        return known if known > self._core.seq else 0
+        return known if known > self._core.seq and known > self._gave_up else 0
 
     async def reach(self, seq: int, timeout_s: float) -> bool:
-        """Wait (up to ``timeout_s``) until this worker's snapshot covers ``seq``; the rebuild
-        loop does the work, this only waits for it. True when it did."""
-        deadline = time.monotonic() + timeout_s
+        """Wait (up to ``timeout_s``) until this worker's snapshot covers ``seq``. The rebuild
+        loop does the work: its NOTIFY normally arrives within milliseconds; past a quarter of
+        the wait without it (a notification lost), the loop is woken to rebuild. True when the
+        snapshot got there; a seq waited for in vain is never waited for again."""
+        started = time.monotonic()
+        deadline, nudge = started + timeout_s, started + timeout_s / 4
         while self._core.seq < seq:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if now >= deadline:
+                self._gave_up = max(self._gave_up, seq)
                 return False
+            if nudge and now >= nudge:
+                nudge = 0.0
+                self.announce(seq)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._advanced.wait(), remaining)
+                await asyncio.wait_for(self._advanced.wait(), (nudge or deadline) - now)
         return True
 
     def start(self) -> None:

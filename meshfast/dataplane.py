@@ -15,6 +15,7 @@ import base64
 import collections
 import contextlib
 import logging
+import re
 import sys
 import time
 from typing import Any, Literal, TypeAlias
@@ -160,7 +161,8 @@ class DataPlane:
         received = started
         cache_shaping = True
         principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
-        if principal is None and await self._caught_up():
+        if principal is None and _mesh_key_shaped(authorization, x_api_key, x_goog_api_key, query) \
+                and await self._caught_up():
             principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
         close = False
         if principal is None:
@@ -194,7 +196,7 @@ class DataPlane:
                 return
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                               model, stream, cache_shaping)
-        if p.status in _CONFIG_REFUSALS and await self._caught_up():
+        if principal is not None and p.status in _CONFIG_REFUSALS and await self._caught_up():
             p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                                   model, stream, cache_shaping)
         if p.status and self.leases is not None:
@@ -789,6 +791,13 @@ _GEMINI_METHODS = {"generateContent": False, "streamGenerateContent": True}
 
 
 _MESH = frozenset({"proxy", "embeddings", "generate"})
+_MESH_KEY = re.compile(r"mesh_live_[A-Za-z0-9_-]{43}")
+
+
+def _mesh_key_shaped(*sources: str | None) -> bool:
+    """Whether a credential source holds something shaped like an issued key (a refused one
+    may be one this worker has not loaded yet; anything else never will be)."""
+    return any(source is not None and _MESH_KEY.search(source) is not None for source in sources)
 
 
 def _shape(fmt: str) -> str:

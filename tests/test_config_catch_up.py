@@ -61,7 +61,7 @@ def test_a_new_key_and_grant_work_on_every_worker_at_once(fresh_dir: Path, tests
         time.sleep(2.0)
         for pid in conns.by_pid:
             began = time.monotonic()
-            status, body = conns.post(pid, "/v1/chat/completions", {"Authorization": "Bearer mesh_live_" + "x" * 40},
+            status, body = conns.post(pid, "/v1/chat/completions", {"Authorization": "Bearer mesh_live_" + "x" * 43},
                                       _chat("catch-model"))
             assert status == 401 and time.monotonic() - began < 0.5, (pid, status, body)
     finally:

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import EmulatedProviders, Gateway
+from conftest import EmulatedProviders, Gateway, until
 
 ROOT = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("MESHFAST_TEST_ARTIFACTS") or ROOT / "artifacts") / "dashboard"
@@ -519,6 +519,56 @@ def test_main_flow_works_with_the_keyboard_alone(tab: Tab, gateway: Gateway, tes
         page.keyboard.press("Enter")
     expect(row).to_be_visible()
     tab.screenshot("keyboard-logs")
+
+
+def test_named_keys_are_issued_rotated_and_revoked_from_the_ui(tab: Tab, gateway: Gateway,
+                                                               testserve: EmulatedProviders,
+                                                               admin: dict[str, str]) -> None:
+    """A user's keys: a named key limited to one model is issued (shown once) and works for that
+    model only, then rotated without overlap and revoked, all from the Users page."""
+    from playwright.sync_api import expect
+
+    page = tab.page
+    tag = secrets.token_hex(3)
+    provider = gateway.create_provider(f"ui-keys-{tag}", base_url=f"{testserve.base_url}/openai")
+    allowed = gateway.create_model(provider["id"], f"ui-keys-a-{tag}", resolved_model="dummy-chat")
+    other = gateway.create_model(provider["id"], f"ui-keys-b-{tag}", resolved_model="dummy-chat")
+    user = gateway.create_user(f"ui-keys-{tag}@example.com")
+    for model in (allowed, other):
+        gateway.grant(user["id"], model["id"])
+    tab.login(admin)
+    tab.go("users", "Users & keys")
+    page.get_by_role("button", name=f"Keys of {user['email']}").click()
+    form = page.locator("#key-create")
+    expect(page.get_by_label("Key name")).to_be_focused()
+    form.get_by_label("Key name").fill("ci")
+    form.get_by_label("Limit to models").select_option(label=allowed["name"])
+    form.get_by_role("button", name="Issue key").click()
+    key = page.locator("#new-secret").inner_text().strip()
+    assert key.startswith("mesh_live_")
+    page.get_by_role("button", name="I have saved it").click()
+    row = page.locator("#keys-table tr[data-name='ci']")
+    expect(row.locator("td[data-col='models']")).to_have_text(allowed["name"])
+
+    def chat(model: str) -> int:
+        return gateway.client.post("/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                                   json={"model": model, "messages": [{"role": "user", "content": "hi"}]}).status_code
+
+    until(lambda: chat(allowed["name"]) == 200, 2.0, "the new key")
+    assert chat(other["name"]) == 404
+    assert tab.axe() == []
+    tab.screenshot("11-keys")
+    page.get_by_role("button", name="Rotate key ci").click()
+    rotated = page.locator("#new-secret").inner_text().strip()
+    assert rotated.startswith("mesh_live_") and rotated != key
+    page.get_by_role("button", name="I have saved it").click()
+    until(lambda: chat(allowed["name"]) == 401, 2.0, "the old key refused")
+    current = page.locator("#keys-table tr[data-name='ci']").filter(has=page.get_by_role("button", name="Revoke key ci"))
+    expect(current).to_have_count(1)
+    page.get_by_role("button", name="Revoke key ci").click()
+    expect(page.get_by_role("button", name="Revoke key ci")).to_have_count(0)
+    keys = gateway.admin("GET", f"/admin/users/{user['id']}/keys").json()
+    assert sorted(k["status"] for k in keys if k["name"] == "ci") == ["revoked", "revoked"]
 
 
 def test_the_other_admin_writes_are_reachable_from_the_ui(tab: Tab, gateway: Gateway, testserve: EmulatedProviders,

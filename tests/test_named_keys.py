@@ -59,6 +59,8 @@ def test_a_named_key_calls_only_its_models_and_is_listed_without_the_key(gateway
     assert (mesh.status_code, mesh.json()["error"]) == (403, "model_not_permitted")
     listed = gateway.client.get("/v1/models", headers=_bearer(key)).json()
     assert [m["id"] for m in listed["data"]] == [models[0]["name"]]
+    usage = gateway.client.get("/v1/usage", headers=_bearer(key)).json()
+    assert [u["model"] for u in usage["usage"]] == [models[0]["name"]]
     # The primary key still reaches both granted models.
     assert _chat(gateway, user["key"], models[1]["name"]).status_code == 200
     keys = gateway.admin("GET", f"/admin/users/{user['id']}/keys").json()
@@ -122,6 +124,9 @@ def test_an_expired_key_is_refused(gateway: Gateway, people: dict) -> None:
     key = gateway.admin("POST", f"/admin/users/{user['id']}/keys", {"name": "short-lived", "expires_at": soon}).json()
     assert gateway.client.get("/v1/models", headers=_bearer(key["key"])).status_code == 200
     until(lambda: gateway.client.get("/v1/models", headers=_bearer(key["key"])).status_code == 401, 5.0, "expiry")
+    # An expired key has no successor to give.
+    rotated = gateway.admin("POST", f"/admin/keys/{key['id']}/rotate", {"overlap_s": 60})
+    assert (rotated.status_code, rotated.json()["error"]) == (409, "key_not_current")
 
 
 @pytest.mark.parametrize("body, status, code", [
@@ -135,6 +140,7 @@ def test_an_expired_key_is_refused(gateway: Gateway, people: dict) -> None:
     ({"name": "ok", "expires_at": "2020-01-01T00:00:00Z"}, 400, "invalid_request"),
     ({"name": "ok", "expires_at": "2099-01-01T00:00:00"}, 400, "invalid_request"),
     ({"name": "ok", "extra": 1}, 400, "invalid_request"),
+    ({"name": "ok", "models": []}, 400, "invalid_request"),
 ])
 def test_bad_key_bodies_are_400(gateway: Gateway, people: dict, body: dict, status: int, code: str) -> None:
     response = gateway.admin("POST", f"/admin/users/{people['user']['id']}/keys", body)

@@ -420,9 +420,10 @@ fn models_view(snapshot: &Snapshot, key: u32, segment: &Option<Arc<shm::Segment>
     views::models_json_of(snapshot, key.principal, key.models.as_deref(), segment, now_ms)
 }
 
-/// `GET /v1/usage`: the key's principal's spend (every model: spend is the person's).
+/// `GET /v1/usage`: the key's principal's spend on the models the key may call.
 fn usage_view(snapshot: &Snapshot, key: u32, segment: &Option<Arc<shm::Segment>>, now_ms: i64) -> Vec<u8> {
-    views::usage_json(snapshot, snapshot.keys[key as usize].principal, segment, now_ms)
+    let key = &snapshot.keys[key as usize];
+    views::usage_json_of(snapshot, key.principal, key.models.as_deref(), segment, now_ms)
 }
 
 #[pymethods]

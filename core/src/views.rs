@@ -270,9 +270,25 @@ fn write_limit(out: &mut Vec<u8>, id: &str, used: i64, limit: i64, reset_ms: i64
 /// The `/v1/usage` body for `principal`: spend, cap and limit utilisation per visible model.
 #[must_use]
 pub fn usage_json(snapshot: &Snapshot, principal: u32, segment: &impl CounterRead, now_ms: i64) -> Vec<u8> {
+    usage_json_of(snapshot, principal, None, segment, now_ms)
+}
+
+/// [`usage_json`] for a key limited to `only` (sorted model indexes; `None`: no limit): the
+/// models outside it are not shown to it.
+#[must_use]
+pub fn usage_json_of(
+    snapshot: &Snapshot,
+    principal: u32,
+    only: Option<&[u32]>,
+    segment: &impl CounterRead,
+    now_ms: i64,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(1024);
     out.extend_from_slice(b"{\"usage\":[");
-    for (i, (grant, model, provider)) in snapshot.visible_grants(principal).enumerate() {
+    let visible = snapshot
+        .visible_grants(principal)
+        .filter(|(g, _, _)| only.is_none_or(|m| m.binary_search(&g.model).is_ok()));
+    for (i, (grant, model, provider)) in visible.enumerate() {
         if i > 0 {
             out.push(b',');
         }

@@ -977,7 +977,7 @@ class AdminService:
         digest = self._secrets.hash_key(key)
 
         async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(sql.ACTIVATE_USER, uid) is None:
+            if await conn.fetchval(sql.LOCK_USER, uid) is None or await conn.fetchval(sql.ACTIVATE_USER, uid) is None:
                 raise errors.UserNotFound()
             # NOTE: the primary key only; the person's named keys stay as they are.
             await conn.execute(sql.REVOKE_PRIMARY_KEYS, uid)
@@ -1006,6 +1006,8 @@ class AdminService:
             raise errors.InvalidRequest("expires_at must be in the future")
         models = None
         if body.models is not None:
+            if not body.models:
+                raise errors.InvalidRequest("models lists at least one model id (leave it out for every model)")
             try:
                 models = sorted({uuid.UUID(m) for m in body.models})
             except ValueError:
@@ -1014,7 +1016,9 @@ class AdminService:
         digest = self._secrets.hash_key(key)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            if await conn.fetchval(sql.USER_EXISTS, uid) is None:
+            # NOTE: the person's row locked, as every key change does: changes to one person's
+            # keys take turns (the unique indexes then never see two at once).
+            if await conn.fetchval(sql.LOCK_USER, uid) is None:
                 raise errors.UserNotFound()
             if models:
                 found = {r["id"] for r in await conn.fetch(sql.MODELS_EXISTING, models)}
@@ -1044,10 +1048,15 @@ class AdminService:
         digest = self._secrets.hash_key(key)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            owner = await conn.fetchval(sql.KEY_OWNER, kid)
+            if owner is None:
+                raise errors.KeyNotFound()
+            await conn.fetchval(sql.LOCK_USER, owner)
             old = await conn.fetchrow(sql.KEY_FOR_UPDATE, kid)
             if old is None:
                 raise errors.KeyNotFound()
-            if old["status"] != "active" or old["replaced_by"] is not None:
+            expired = old["expires_at"] is not None and old["expires_at"] <= await conn.fetchval("SELECT now()")
+            if old["status"] != "active" or old["replaced_by"] is not None or expired:
                 raise errors.KeyNotCurrent()
             until = None
             if body.overlap_s:

@@ -615,6 +615,61 @@
   }
 
   let editingUser = null; // {entity, etag}
+  let keysUser = null; // {user, keys}: the user whose named keys are shown
+
+  // One user's keys: the primary one and named ones (prefix, models, expiry, status), a form for
+  // a named key (name, expiry, model subset), rotation with an overlap, revocation.
+  function keysPanel() {
+    const { user: u, keys } = keysUser;
+    const reload = async () => {
+      const out = await act(() => api("GET", `/admin/users/${u.id}/keys`));
+      if (out) keysUser = { user: u, keys: out.data };
+      await rerender();
+    };
+    const modelNames = new Map(state.models.map((m) => [m.id, m.name]));
+    const form = h("form", { class: "grid panel", id: "key-create", "aria-labelledby": "key-create-title" },
+      h("h3", { id: "key-create-title" }, "Issue a named key"),
+      field("Key name", "name", { required: true, id: "key-name", hint: "Up to 64 characters, unique among the user's keys." }),
+      field("Key expires at", "expires_at", { kind: "datetime-local", id: "key-expires", hint: "Your local time; empty: never." }),
+      h("div", { class: "field" }, h("label", { for: "key-models" }, "Limit to models"),
+        h("select", { id: "key-models", name: "models", multiple: true, size: Math.min(6, Math.max(2, state.models.length)),
+          "aria-describedby": "key-models-hint" }, state.models.map((m) => h("option", { value: m.id }, m.name))),
+        h("span", { id: "key-models-hint", class: "muted" }, "None selected: every model the user is granted.")),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "key-create-submit" }, "Issue key"),
+        button("Close keys", () => { keysUser = null; rerender(); }, "secondary")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const models = [...form.querySelector("#key-models").selectedOptions].map((o) => o.value);
+      const body = { name: d.name, expires_at: fromLocalInput(d.expires_at) };
+      if (models.length) body.models = models;
+      const out = await act(() => api("POST", `/admin/users/${u.id}/keys`, body), `Key ${d.name} issued.`);
+      if (out) { showSecret(`API key ${d.name} for ${u.email}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
+    });
+    const keyActions = (k) => (!k.current ? (k.status === "active" ? "Until its overlap ends" : "Revoked") : h("div", { class: "actions" },
+      h("label", { for: `overlap-${k.id}`, class: "sr-only" }, `Overlap in seconds for ${k.name || "primary key"}`),
+      h("input", { id: `overlap-${k.id}`, type: "number", min: 0, max: 2592000, value: 0, inputmode: "numeric", class: "narrow",
+        title: "Seconds the old key keeps working" }),
+      button("Rotate", async () => {
+        const overlap = Number(document.getElementById(`overlap-${k.id}`).value || 0);
+        const out = await act(() => api("POST", `/admin/keys/${k.id}/rotate`, { overlap_s: overlap }), `Key ${k.key_prefix} rotated.`);
+        if (out) { showSecret(`New API key ${k.name || ""} for ${u.email}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
+      }, "secondary", { "aria-label": `Rotate key ${k.name || k.key_prefix}` }),
+      button("Revoke", async () => {
+        if (!confirmed(`Revoke the key ${k.key_prefix}? It stops working at once.`)) return;
+        if (await act(() => api("DELETE", `/admin/keys/${k.id}`), `Key ${k.key_prefix} revoked.`)) await reload();
+      }, "danger", { "aria-label": `Revoke key ${k.name || k.key_prefix}` })));
+    return [h("h2", { id: "keys-title" }, `Keys of ${u.email}`), form,
+      table(`Keys of ${u.email}`, [
+        { key: "name", label: "Name", render: (k) => k.name || "primary" },
+        { key: "key_prefix", label: "Key", render: (k) => h("code", {}, k.key_prefix) },
+        { key: "models", label: "Models", render: (k) => (k.models ? k.models.map((m) => modelNames.get(m) || m).join(", ") || "none" : "all granted") },
+        { key: "expires_at", label: "Expires", render: (k) => (k.expires_at ? when(k.expires_at) : "never") },
+        { key: "status", label: "Status", render: (k) => h("span", { class: `badge ${k.current ? "ok" : "bad"}` }, k.current ? "current" : (k.status === "active" ? "rotated" : k.status)) },
+        { key: "created_at", label: "Created", render: (k) => when(k.created_at) },
+        { key: "actions", label: "Actions", render: keyActions },
+      ], keys, { id: "keys-table", rowData: (k) => ({ name: k.name || "primary", keyId: k.id }) })];
+  }
 
   // An RFC 3339 time as a datetime-local value in the browser's zone, and back (with its offset).
   const toLocalInput = (iso) => {
@@ -680,6 +735,13 @@
         await rerender();
         document.getElementById("user-edit-name").focus();
       }, "secondary", { "aria-label": `Edit ${u.email}` }),
+      button("Keys", async () => {
+        const out = await act(() => api("GET", `/admin/users/${u.id}/keys`));
+        if (!out) return;
+        keysUser = { user: u, keys: out.data };
+        await rerender();
+        document.getElementById("key-name").focus();
+      }, "secondary", { "aria-label": `Keys of ${u.email}` }),
       button("Rotate key", async () => {
         if (!confirmed(`Rotate the key of ${u.email}? The current key stops working at once.`)) return;
         const out = await act(() => api("POST", `/admin/users/${u.id}/rotate-key`), `Key of ${u.email} rotated.`);
@@ -696,6 +758,7 @@
     page("Users & keys",
       secretPanel(),
       editingUser ? [h("h2", { id: "user-edit-title" }, `Edit ${editingUser.entity.email}`), userEditForm()] : null,
+      keysUser ? keysPanel() : null,
       h("h2", {}, "Create a user"),
       form,
       h("h2", {}, "Users"),

@@ -13,6 +13,7 @@ import statistics
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,9 +31,10 @@ BASELINE_CALIBRATION_S = _BASELINE_DOC["calibration_s"]
 # Per gate, the reference workload's median and fastest run between that gate's rounds, recorded
 # with the baseline (see _interleaved).
 BASELINE_REFERENCE = _BASELINE_DOC["reference"]
+BASELINE_MEDIAN = _BASELINE_DOC["median_s"]
 # MESHFAST_RECORD_BASELINE=<path>: the gates record a new baseline there instead of judging.
 _RECORD = os.environ.get("MESHFAST_RECORD_BASELINE")
-_RECORDED: dict[str, dict[str, float]] = {"min_s": {}, "reference": {}}
+_RECORDED: dict[str, dict[str, Any]] = {"min_s": {}, "median_s": {}, "reference": {}}
 AUTHENTICATE_BUDGET_S = 2e-6
 MODELS_VIEW_BUDGET_S = 20e-6
 PEPPER = b"p" * 32
@@ -79,8 +81,8 @@ def test_authenticate_under_2us(benchmark, loaded) -> None:  # type: ignore[no-u
     core, tokens = loaded
     header = f"Bearer {tokens[1234]}"
     assert core.authenticate(header, None, None, None, 0) is not None
-    _gate(benchmark, "authenticate", lambda: core.authenticate(header, None, None, None, 0),
-          AUTHENTICATE_BUDGET_S, rounds=100_000, every=200)
+    _gate(benchmark, "authenticate", core.authenticate, AUTHENTICATE_BUDGET_S, rounds=100_000, every=200,
+          args=(header, None, None, None, 0))
 
 
 def test_models_view_under_budget(benchmark, loaded) -> None:  # type: ignore[no-untyped-def]
@@ -89,8 +91,8 @@ def test_models_view_under_budget(benchmark, loaded) -> None:  # type: ignore[no
     header = f"Bearer {tokens[42]}"
     status, _ = core.models_json(header, None, None, None, 1_764_000_000_000)
     assert status == 200
-    _gate(benchmark, "models_view", lambda: core.models_json(header, None, None, None, 1_764_000_000_000),
-          MODELS_VIEW_BUDGET_S, rounds=50_000, every=100)
+    _gate(benchmark, "models_view", core.models_json, MODELS_VIEW_BUDGET_S, rounds=50_000, every=100,
+          args=(header, None, None, None, 1_764_000_000_000))
 
 
 IN_PROCESS_PATH_BUDGET_S = 1e-3
@@ -226,48 +228,96 @@ class _Reference:
         return acc
 
 
-def _gate(benchmark, name: str, call, budget_s: float, rounds: int, every: int) -> None:  # type: ignore[no-untyped-def]
-    """Times ``call`` for ``rounds`` rounds with the reference workload run (and timed apart)
-    before every ``every``-th round. Two checks, each scaled by how much slower the reference ran
-    than when the baseline was recorded (never below 1: a faster machine gets no stricter
-    budget, and no looser one):
+# A gate judged out of bounds is measured again, up to this many times in all: a regression
+# fails every attempt, a minute of a noisy neighbour rarely spans three.
+GATE_ATTEMPTS = 3
 
-    - the budget: the median round under ``budget_s``;
-    - regression: the fastest round at most REGRESSION_BOUND times the baseline's fastest.
-    """
+
+def _measure(call, args: tuple, rounds: int, every: int, warmup: int,  # type: ignore[no-untyped-def]
+             benchmark=None) -> tuple[list[float], list[float]]:
+    """(round times, reference times): ``call(*args)`` timed round by round, the reference
+    workload run (and timed apart) before every ``every``-th round after the warm-up. Through
+    pytest-benchmark (its report) when ``benchmark`` is given."""
     reference = _Reference()
     samples: list[float] = []
     count = 0
 
     def between() -> None:
         nonlocal count
-        if count % every == 0:
+        if count >= warmup and count % every == 0:
             started = time.perf_counter()
             reference.run()
             samples.append(time.perf_counter() - started)
         count += 1
 
-    benchmark.pedantic(call, setup=between, rounds=rounds, iterations=1, warmup_rounds=min(rounds // 10, 500))
-    stats = benchmark.stats.stats
+    if benchmark is not None:
+        benchmark.pedantic(call, args=args, setup=between, rounds=rounds, iterations=1, warmup_rounds=warmup)
+        return list(benchmark.stats.stats.data), samples
+    clock = time.perf_counter
+    times: list[float] = []
+    for i in range(warmup + rounds):
+        between()
+        started = clock()
+        call(*args)
+        elapsed = clock() - started
+        if i >= warmup:
+            times.append(elapsed)
+    return times, samples
+
+
+def _judge(name: str, budget_s: float, times: list[float], samples: list[float]) -> list[str]:
+    """What is out of bounds in one attempt (nothing: it passes). Each bound is scaled by how much
+    slower the reference ran than when the baseline was recorded (at the machine's quietest; never
+    below 1, so a faster machine keeps the recorded bounds)."""
+    base = BASELINE_REFERENCE[name]
+    median, fastest_run = statistics.median(times), min(times)
+    typical = max(1.0, statistics.median(samples) / base["median_s"])
+    fastest = max(1.0, min(samples) / base["min_s"])
+    print(f"{name}: median {median * 1e6:.2f} us (budget {budget_s * typical * 1e6:.2f}), fastest "
+          f"{fastest_run * 1e6:.2f} us (bound {BASELINE[name] * REGRESSION_BOUND * fastest * 1e6:.2f}); reference "
+          f"median {statistics.median(samples) * 1e6:.1f} us, fastest {min(samples) * 1e6:.1f} us")
+    problems = []
+    if median >= budget_s * typical:
+        problems.append(f"median {median * 1e6:.2f} us over the budget {budget_s * 1e6:.2f} us (x{typical:.2f}: the "
+                        f"reference ran {statistics.median(samples) * 1e6:.1f} us, {base['median_s'] * 1e6:.1f} us in "
+                        f"the baseline)")
+    if median > BASELINE_MEDIAN[name] * REGRESSION_BOUND * typical:
+        problems.append(f"median {median * 1e6:.2f} us over {REGRESSION_BOUND}x the baseline's "
+                        f"{BASELINE_MEDIAN[name] * 1e6:.2f} us (x{typical:.2f})")
+    if fastest_run > BASELINE[name] * REGRESSION_BOUND * fastest:
+        problems.append(f"fastest round {fastest_run * 1e6:.2f} us over {REGRESSION_BOUND}x the baseline's "
+                        f"{BASELINE[name] * 1e6:.2f} us (x{fastest:.2f})")
+    return problems
+
+
+def _gate(benchmark, name: str, call, budget_s: float, rounds: int, every: int,  # type: ignore[no-untyped-def]
+          args: tuple = ()) -> None:
+    """Times ``call(*args)`` beside the reference workload (see _measure) and checks, each bound
+    scaled by the reference (see _judge):
+
+    - the budget: the median round under ``budget_s``;
+    - regression: the median round and the fastest one at most REGRESSION_BOUND times the
+      baseline's (a cost on most calls, or on every one).
+
+    Out of bounds, it measures again (GATE_ATTEMPTS in all); it fails when every attempt does.
+    """
+    warmup = min(rounds // 10, 500)
+    times, samples = _measure(call, args, rounds, every, warmup, benchmark)
     if _RECORD:
-        _RECORDED["min_s"][name] = stats.min
+        _RECORDED["min_s"][name] = min(times)
+        _RECORDED["median_s"][name] = statistics.median(times)
         _RECORDED["reference"][name] = {"median_s": statistics.median(samples), "min_s": min(samples)}
         Path(_RECORD).write_text(json.dumps(_RECORDED, indent=1) + "\n")
         return
-    base = BASELINE_REFERENCE[name]
-    typical = max(1.0, statistics.median(samples) / base["median_s"])
-    fastest = max(1.0, min(samples) / base["min_s"])
-    print(f"{name}: median {stats.median * 1e6:.2f} us (budget {budget_s * typical * 1e6:.2f}), fastest "
-          f"{stats.min * 1e6:.2f} us (bound {BASELINE[name] * REGRESSION_BOUND * fastest * 1e6:.2f}); reference "
-          f"median {statistics.median(samples) * 1e6:.1f} us, fastest {min(samples) * 1e6:.1f} us")
-    assert stats.median < budget_s * typical, (
-        f"{name}: median {stats.median * 1e6:.2f} us over the budget {budget_s * 1e6:.2f} us "
-        f"(x{typical:.2f}: the reference ran {statistics.median(samples) * 1e6:.1f} us, "
-        f"{base['median_s'] * 1e6:.1f} us in the baseline)")
-    bound = BASELINE[name] * REGRESSION_BOUND * fastest
-    assert stats.min <= bound, (
-        f"{name}: fastest run {stats.min * 1e6:.2f} us is over {REGRESSION_BOUND}x the baseline "
-        f"{BASELINE[name] * 1e6:.2f} us (x{fastest:.2f} for this machine's speed now)")
+    failures = []
+    for attempt in range(GATE_ATTEMPTS):
+        if attempt:
+            times, samples = _measure(call, args, rounds, every, warmup)
+        problems = _judge(name, budget_s, times, samples)
+        if not problems:
+            return
+        failures.append(f"attempt {attempt + 1}: " + "; ".join(problems))
+    raise AssertionError(f"{name}: out of bounds in every attempt:\n" + "\n".join(failures))
 
 
 _SLOWDOWN: list[float] = []
