@@ -36,6 +36,7 @@ from meshfast.dataplane import (
     Route,
     client_ip,
     gemini_call,
+    mesh_key_shaped,
     ollama_tags,
     openai_embeddings_call,
 )
@@ -270,7 +271,9 @@ class ConfigFeed:
         something the configuration decides (a key, a model, a grant)."""
         if self._segment is None:
             return 0
-        known = self._segment.get(self._seq_key)
+        # NOTE: this worker's own notifications count too (a write from the CLI or another
+        # instance reaches the instance only through them).
+        known = max(self._segment.get(self._seq_key), self._announced)
         return known if known > self._core.seq and known > self._gave_up else 0
 
     async def reach(self, seq: int, timeout_s: float) -> bool:
@@ -623,9 +626,9 @@ class App:
                 error = errors.ServerBusy(retry_after_s=1)
                 proto.response_bytes(error.status, [("content-type", JSON), ("retry-after", "1")], error.body())
             elif path == "/api/tags":
-                self._ollama_tags(scope, proto, method)
+                await self._ollama_tags(scope, proto, method)
             elif path == "/v1/models" or path == "/v1/usage":
-                self._data_view(scope, proto, path, method)
+                await self._data_view(scope, proto, path, method)
             elif path == "/admin/metrics":
                 await self._metrics(scope, proto, method)
             elif path == "/admin/openapi.json" and method == "GET":
@@ -658,36 +661,38 @@ class App:
         count: a body read is bounded by the body timeouts, and only authenticated callers get one."""
         return self._limit is not None and len(self._in_flight) - self._body.reading > self._limit
 
-    def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
+    async def _view(self, view: Any, scope: Any) -> tuple[int, bytes]:
+        """A read-only view for the caller's key (``core.models_json``, ``core.usage_json``); a
+        401 for a key this worker has not loaded yet waits for it, as the data plane does."""
+        h = scope.headers
+        sources = (h.get("authorization"), h.get("x-api-key"), h.get("x-goog-api-key"), scope.query_string)
+        status, body = view(*sources, time.time_ns() // 1_000_000)
+        if status == 401 and mesh_key_shaped(*sources) and await self.data.caught_up():  # type: ignore[union-attr]
+            status, body = view(*sources, time.time_ns() // 1_000_000)
+        return status, body
+
+    async def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
         rid = request_id()
         if method != "GET":
             error = errors.MethodNotAllowed
             proto.response_bytes(error.status, [("content-type", JSON), ("x-request-id", rid)],
                                  entry_error("ollama", error.status, error.code))
             return
-        h = scope.headers
-        status, body = self.core.models_json(  # type: ignore[union-attr]
-            h.get("authorization"), h.get("x-api-key"), h.get("x-goog-api-key"), scope.query_string,
-            time.time_ns() // 1_000_000,
-        )
+        status, body = await self._view(self.core.models_json, scope)  # type: ignore[union-attr]
         if status == 200:
             body = ollama_tags(body)
         else:
             body = entry_error("ollama", status, errors.InvalidKey.code)
         proto.response_bytes(status, [("content-type", JSON), ("x-request-id", rid)], body)
 
-    def _data_view(self, scope: Any, proto: Any, path: str, method: str) -> None:
+    async def _data_view(self, scope: Any, proto: Any, path: str, method: str) -> None:
         rid = request_id()
         if method != "GET":
             body = errors.MethodNotAllowed().body()
             proto.response_bytes(405, [("content-type", JSON), ("x-request-id", rid)], body)
             return
-        h = scope.headers
         view = self.core.models_json if path == "/v1/models" else self.core.usage_json  # type: ignore[union-attr]
-        status, body = view(
-            h.get("authorization"), h.get("x-api-key"), h.get("x-goog-api-key"), scope.query_string,
-            time.time_ns() // 1_000_000,
-        )
+        status, body = await self._view(view, scope)
         proto.response_bytes(status, [("content-type", JSON), ("x-request-id", rid)], body)
 
     async def _metrics(self, scope: Any, proto: Any, method: str) -> None:

@@ -44,7 +44,7 @@ EMBEDDING_PARALLEL = 8
 # Largest non-streamed upstream answer read (embeddings, generation).
 MAX_UPSTREAM_BODY = 300 * 1024 * 1024
 # How long a refusal the configuration decides waits for a write this instance already knows of
-# (DataPlane._caught_up); past it, the worker decides on what it has.
+# (DataPlane.caught_up); past it, the worker decides on what it has.
 CONFIG_CATCH_UP_S = 2.0
 # Refusals a later configuration may turn into admissions: an unknown key (401), a model not
 # granted or not allowed (403), an unknown model (404).
@@ -114,7 +114,7 @@ class DataPlane:
                  admission: Admission, metrics: Metrics | None = None, leases: Any = None,
                  tracing: Any = None, family: Any = None, config: Any = None) -> None:
         self.core = core
-        # The worker's ConfigFeed: ``behind()`` and ``reach(seq, timeout_s)`` (see _caught_up).
+        # The worker's ConfigFeed: ``behind()`` and ``reach(seq, timeout_s)`` (see caught_up).
         self._config = config
         # OpenTelemetry (meshfast.otel) when configured: a span per authenticated request, by
         # request id until its row is recorded; ``family(provider_id)`` names its provider's family.
@@ -133,7 +133,7 @@ class DataPlane:
 
     # --- entry --------------------------------------------------------------------------
 
-    async def _caught_up(self) -> bool:
+    async def caught_up(self) -> bool:
         """Before a refusal the configuration decides (an unknown key, model or grant): when this
         instance knows of a write this worker has not loaded yet, wait for it (up to
         CONFIG_CATCH_UP_S) and say so, so the caller decides again. A caller that gets a key or a
@@ -161,8 +161,8 @@ class DataPlane:
         received = started
         cache_shaping = True
         principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
-        if principal is None and _mesh_key_shaped(authorization, x_api_key, x_goog_api_key, query) \
-                and await self._caught_up():
+        if principal is None and mesh_key_shaped(authorization, x_api_key, x_goog_api_key, query) \
+                and await self.caught_up():
             principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
         close = False
         if principal is None:
@@ -196,7 +196,7 @@ class DataPlane:
                 return
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                               model, stream, cache_shaping)
-        if principal is not None and p.status in _CONFIG_REFUSALS and await self._caught_up():
+        if principal is not None and p.status in _CONFIG_REFUSALS and await self.caught_up():
             p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                                   model, stream, cache_shaping)
         if p.status and self.leases is not None:
@@ -791,10 +791,10 @@ _GEMINI_METHODS = {"generateContent": False, "streamGenerateContent": True}
 
 
 _MESH = frozenset({"proxy", "embeddings", "generate"})
-_MESH_KEY = re.compile(r"mesh_live_[A-Za-z0-9_-]{43}")
+_MESH_KEY = re.compile(r"(?<![A-Za-z0-9_-])mesh_live_[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
 
 
-def _mesh_key_shaped(*sources: str | None) -> bool:
+def mesh_key_shaped(*sources: str | None) -> bool:
     """Whether a credential source holds something shaped like an issued key (a refused one
     may be one this worker has not loaded yet; anything else never will be)."""
     return any(source is not None and _MESH_KEY.search(source) is not None for source in sources)

@@ -105,6 +105,40 @@ def test_rotation_keeps_the_old_key_for_its_overlap_then_refuses_it(gateway: Gat
         pinned.close()
 
 
+def test_the_official_sdks_with_a_rotated_key_within_and_after_its_overlap(gateway: Gateway, people: dict) -> None:
+    """openai and anthropic clients on a named key: both keys answer during the overlap; after
+    it, the old one is an AuthenticationError (401 invalid_or_revoked_key) and the new one works."""
+    import anthropic
+    import openai
+
+    user, model = people["user"], people["models"][0]["name"]
+    first = gateway.admin("POST", f"/admin/users/{user['id']}/keys", {"name": "sdk"}).json()
+    until(lambda: _chat(gateway, first["key"], model).status_code == 200, 1.0, "the new key")
+    second = gateway.admin("POST", f"/admin/keys/{first['id']}/rotate", {"overlap_s": 2}).json()
+    began = time.monotonic()
+
+    def both(key: str) -> None:
+        chat = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=key, max_retries=0).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}])
+        assert chat.choices[0].message.content
+        message = anthropic.Anthropic(base_url=gateway.base_url, api_key=key, max_retries=0).messages.create(
+            model=model, max_tokens=32, messages=[{"role": "user", "content": "hi"}])
+        assert message.content
+
+    both(second["key"])
+    both(first["key"])
+    assert time.monotonic() - began < 2.0, "the overlap calls took too long to show anything"
+    time.sleep(max(0.0, 2.5 - (time.monotonic() - began)))
+    with pytest.raises(openai.AuthenticationError) as refused:
+        openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=first["key"], max_retries=0).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.code == "invalid_or_revoked_key"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=gateway.base_url, api_key=first["key"], max_retries=0).messages.create(
+            model=model, max_tokens=32, messages=[{"role": "user", "content": "hi"}])
+    both(second["key"])
+
+
 def test_mesh_rotate_key_replaces_the_primary_key_only(gateway: Gateway, people: dict) -> None:
     user = gateway.create_user()
     gateway.grant(user["id"], people["models"][0]["id"])

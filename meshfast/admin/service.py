@@ -993,7 +993,8 @@ class AdminService:
         """A key as listed: never the key itself (only its prefix)."""
         out = row_json(row)
         out["primary"] = row["name"] is None
-        out["current"] = row["status"] == "active" and row["replaced_by"] is None
+        expired = row["expires_at"] is not None and row["expires_at"] <= dt.datetime.now(dt.UTC)
+        out["current"] = row["status"] == "active" and row["replaced_by"] is None and not expired
         return out
 
     async def create_key(self, actor: str, user_id: str, body: KeyCreate) -> dict[str, Any]:
@@ -1076,6 +1077,10 @@ class AdminService:
         kid = parse_uuid(key_id, errors.KeyNotFound)
 
         async def work(conn: asyncpg.Connection) -> None:
+            owner = await conn.fetchval(sql.KEY_OWNER, kid)
+            if owner is None:
+                raise errors.KeyNotFound()
+            await conn.fetchval(sql.LOCK_USER, owner)
             if await conn.fetchval(sql.KEY_FOR_UPDATE, kid) is None:
                 raise errors.KeyNotFound()
             await conn.execute(sql.REVOKE_KEY, kid)
@@ -1179,7 +1184,7 @@ class AdminService:
         moment = _moment(body.expires_at, "expires_at")
 
         async def work(conn: asyncpg.Connection) -> str:
-            if await conn.fetchval(sql.USER_EXISTS, uid) is None:
+            if await conn.fetchval(sql.LOCK_USER, uid) is None:
                 raise errors.UserNotFound()
             key_id = await conn.fetchval(sql.SET_KEY_EXPIRY, uid, moment)
             if key_id is None:

@@ -646,19 +646,19 @@
       const out = await act(() => api("POST", `/admin/users/${u.id}/keys`, body), `Key ${d.name} issued.`);
       if (out) { showSecret(`API key ${d.name} for ${u.email}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
     });
-    const keyActions = (k) => (!k.current ? (k.status === "active" ? "Until its overlap ends" : "Revoked") : h("div", { class: "actions" },
-      h("label", { for: `overlap-${k.id}`, class: "sr-only" }, `Overlap in seconds for ${k.name || "primary key"}`),
+    const keyActions = (k) => (k.status !== "active" ? "Revoked" : h("div", { class: "actions" },
+      k.current ? [h("label", { for: `overlap-${k.id}`, class: "sr-only" }, `Overlap in seconds for ${k.name || "primary key"}`),
       h("input", { id: `overlap-${k.id}`, type: "number", min: 0, max: 2592000, value: 0, inputmode: "numeric", class: "narrow",
         title: "Seconds the old key keeps working" }),
       button("Rotate", async () => {
         const overlap = Number(document.getElementById(`overlap-${k.id}`).value || 0);
         const out = await act(() => api("POST", `/admin/keys/${k.id}/rotate`, { overlap_s: overlap }), `Key ${k.key_prefix} rotated.`);
         if (out) { showSecret(`New API key ${k.name || ""} for ${u.email}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
-      }, "secondary", { "aria-label": `Rotate key ${k.name || k.key_prefix}` }),
+      }, "secondary", { "aria-label": `Rotate key ${k.name || k.key_prefix}` })] : null,
       button("Revoke", async () => {
         if (!confirmed(`Revoke the key ${k.key_prefix}? It stops working at once.`)) return;
         if (await act(() => api("DELETE", `/admin/keys/${k.id}`), `Key ${k.key_prefix} revoked.`)) await reload();
-      }, "danger", { "aria-label": `Revoke key ${k.name || k.key_prefix}` })));
+      }, "danger", { "aria-label": `Revoke key ${k.current ? (k.name || k.key_prefix) : k.key_prefix}` })));
     return [h("h2", { id: "keys-title" }, `Keys of ${u.email}`), form,
       table(`Keys of ${u.email}`, [
         { key: "name", label: "Name", render: (k) => k.name || "primary" },
@@ -745,15 +745,15 @@
       button("Rotate key", async () => {
         if (!confirmed(`Rotate the key of ${u.email}? The current key stops working at once.`)) return;
         const out = await act(() => api("POST", `/admin/users/${u.id}/rotate-key`), `Key of ${u.email} rotated.`);
-        if (out) { showSecret(`New API key for ${u.email}`, out.data.key); await renderUsers(); document.getElementById("copy-secret").focus(); }
+        if (out) { keysUser = null; showSecret(`New API key for ${u.email}`, out.data.key); await renderUsers(); document.getElementById("copy-secret").focus(); }
       }, "secondary", { "aria-label": `Rotate key of ${u.email}` }),
       button("Revoke", async () => {
         if (!confirmed(`Revoke ${u.email}? Their key stops working at once.`)) return;
-        if (await act(() => api("POST", `/admin/users/${u.id}/revoke`), `${u.email} revoked.`)) rerender();
+        if (await act(() => api("POST", `/admin/users/${u.id}/revoke`), `${u.email} revoked.`)) { keysUser = null; rerender(); }
       }, "danger", { "aria-label": `Revoke ${u.email}`, disabled: u.status !== "active" }),
       button("Delete", async () => {
         if (!confirmed(`Delete ${u.email} and their keys?`)) return;
-        if (await act(() => api("DELETE", `/admin/users/${u.id}`), `${u.email} deleted.`)) rerender();
+        if (await act(() => api("DELETE", `/admin/users/${u.id}`), `${u.email} deleted.`)) { keysUser = null; rerender(); }
       }, "danger", { "aria-label": `Delete ${u.email}` }));
     page("Users & keys",
       secretPanel(),

@@ -137,7 +137,9 @@ RETURNING {KEY_COLUMNS}
 LIST_USER_KEYS = f"""
 SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.user_id = $1 ORDER BY k.created_at DESC, k.id
 """
-LOCK_USER = "SELECT id FROM users WHERE id = $1 FOR UPDATE"
+# A person's row held while their keys change (NO KEY UPDATE: inserts that reference the person,
+# such as spend checkpoints, are not held up by it).
+LOCK_USER = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
 KEY_OWNER = "SELECT user_id FROM mesh_api_keys WHERE id = $1"
 KEY_FOR_UPDATE = f"SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.id = $1 FOR UPDATE"
 # A key rotated away from: replaced now; it works for the overlap (never past its own expiry),
