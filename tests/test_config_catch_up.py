@@ -57,6 +57,13 @@ def test_a_new_key_and_grant_work_on_every_worker_at_once(fresh_dir: Path, tests
         # the grant, and waited for them instead of refusing the new key.
         assert min(took.values()) < 1.0 and max(took.values()) >= 0.5, took
 
+        # The read-only views wait the same way: a fresh key lists its models on every worker.
+        other = gw.create_user()
+        gw.grant(other["id"], model["id"])
+        for pid in conns.by_pid:
+            status, body = conns.get_all("/v1/models", {"Authorization": f"Bearer {other['key']}"})[pid]
+            assert status == 200 and b"catch-model" in body, (pid, status, body)
+
         # Not behind: a wrong key is refused at once, without a wait, on every worker.
         time.sleep(2.0)
         for pid in conns.by_pid:
