@@ -302,8 +302,14 @@ impl Key {
     /// Whether this key may call `model` (a model index), grants aside.
     #[must_use]
     pub fn allows(&self, model: u32) -> bool {
-        self.models.as_ref().is_none_or(|m| m.binary_search(&model).is_ok())
+        within(self.models.as_deref(), model)
     }
+}
+
+/// Whether `model` is in `only` (sorted model indexes; `None`: every model).
+#[must_use]
+pub fn within(only: Option<&[u32]>, model: u32) -> bool {
+    only.is_none_or(|m| m.binary_search(&model).is_ok())
 }
 
 /// A provider credential: never printed, not even by `Debug`.
@@ -1349,6 +1355,16 @@ impl Snapshot {
     pub fn grant_by_name(&self, principal: u32, name: &str) -> Option<&Grant> {
         self.grant_index_by_name(principal, name)
             .map(|g| &self.grants[g as usize])
+    }
+
+    /// [`Snapshot::visible_grants`] of the models in `only` (a key's subset; `None`: all).
+    pub fn visible_grants_within<'a>(
+        &'a self,
+        principal: u32,
+        only: Option<&'a [u32]>,
+    ) -> impl Iterator<Item = (&'a Grant, &'a Model, &'a Provider)> + 'a {
+        self.visible_grants(principal)
+            .filter(move |(g, _, _)| within(only, g.model))
     }
 
     /// The grants a principal can see listed, sorted by model name: blocked and retired models,

@@ -229,10 +229,9 @@ pub fn models_json_of(
     segment: &impl CounterRead,
     now_ms: i64,
 ) -> Vec<u8> {
-    let allowed = |grant: &crate::snapshot::Grant| only.is_none_or(|m| m.binary_search(&grant.model).is_ok());
     let mut out = Vec::with_capacity(1024);
     out.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
-    let visible = || snapshot.visible_grants(principal).filter(|(g, _, _)| allowed(g));
+    let visible = || snapshot.visible_grants_within(principal, only);
     for (i, (_, model, provider)) in visible().enumerate() {
         if i > 0 {
             out.push(b',');
@@ -285,10 +284,7 @@ pub fn usage_json_of(
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(1024);
     out.extend_from_slice(b"{\"usage\":[");
-    let visible = snapshot
-        .visible_grants(principal)
-        .filter(|(g, _, _)| only.is_none_or(|m| m.binary_search(&g.model).is_ok()));
-    for (i, (grant, model, provider)) in visible.enumerate() {
+    for (i, (grant, model, provider)) in snapshot.visible_grants_within(principal, only).enumerate() {
         if i > 0 {
             out.push(b',');
         }
