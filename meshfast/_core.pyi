@@ -45,6 +45,7 @@ __all__ = [
     "encode_request",
     "redact_credentials",
     "forbidden_address",
+    "check_jwks",
     "Lease",
     "Principal",
     "Core",
@@ -336,8 +337,14 @@ class Principal:
     @property
     def display_name(self) -> str: ...
     @property
-    def key_id(self) -> str:
-        """The id of the key that authenticated."""
+    def key_id(self) -> str | None:
+        """The id of the key that authenticated (None for a platform token)."""
+    @property
+    def token_issuer(self) -> str | None:
+        """The platform token's issuer (``iss``), when one authenticated."""
+    @property
+    def token_subject(self) -> str | None:
+        """The platform token's subject (``sub``), when one authenticated."""
 
 @final
 class Core:
@@ -370,6 +377,23 @@ class Core:
 
     def hash_token(self, token: str) -> bytes:
         """``SHA-256(pepper || token)``, the 32-byte digest stored for an issued key."""
+
+    def verify_token(self, token: str, now_ms: int, cached: bool = True) -> tuple[str | None, str | None]:
+        """A platform token against the current snapshot: ``(principal_id, None)`` when it verifies,
+        ``(None, code)`` when refused; ``cached=False`` verifies from scratch."""
+
+    def token_refusal(
+        self,
+        authorization: str | None,
+        x_api_key: str | None,
+        x_goog_api_key: str | None,
+        query: str | None,
+        now_ms: int,
+    ) -> tuple[str, str | None, dict[str, str | None] | None] | None:
+        """Why the request's platform token is refused: None when the credential is not a token
+        or authenticates; else ``(code, issuer, provision)``: ``issuer`` for ``unknown_key``,
+        ``provision`` (``issuer_id, email, display_name, business_unit, manager_email, tier``)
+        for ``unknown_principal`` from an issuer that provisions just in time."""
 
     def authenticate(
         self,
@@ -548,6 +572,10 @@ class Prepared:
         """The Mesh error code of a denial."""
     @property
     def key_id(self) -> str | None: ...
+    @property
+    def token_issuer(self) -> str | None: ...
+    @property
+    def token_subject(self) -> str | None: ...
     @property
     def principal_id(self) -> str | None: ...
     @property
@@ -786,6 +814,10 @@ def redact_credentials(text: str, headers: list[tuple[str, str]], url: str) -> s
     """``text`` without the provider credentials the upstream request carried (the values of
     ``authorization``-like headers and credential-like query parameters of ``url``): whole,
     percent-encoded, masked (``sk-proj-****Ab3d``) or cut short, each becomes ``[redacted]``."""
+
+def check_jwks(text: str) -> tuple[list[tuple[str | None, str]], list[str]]:
+    """The usable keys of a JWK Set (JSON text) as ``[(kid, alg)]`` and why each other key was
+    left out. Raises ValueError when the text is not a JWK Set."""
 
 def forbidden_address(address: str) -> bool:
     """Whether a provider not marked local may not connect to ``address``: every IANA

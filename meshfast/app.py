@@ -20,9 +20,10 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import background, cluster, counters, dashboard, errors, rules, verify
+from meshfast import background, cluster, counters, dashboard, errors, rules, tokens, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import auth, openapi
+from meshfast.admin.issuers import KeySets
 from meshfast.admin.notifications import NotificationsAdmin
 from meshfast.admin.plane import AdminPlane
 from meshfast.admin.routes import AdminRouter, Stream
@@ -97,6 +98,9 @@ _SECURITY_HEADERS = [
 _DRAINING = b'{"status":"draining"}\n'
 _json = msgspec.json.Encoder()
 COUNTER_CHECKPOINT_S = 5.0
+# How often the leader looks for key sets due a fetch (a cheap query; MESHFAST_JWKS_REFRESH_S
+# sets each set's period, a worker's request for an early one waits at most this long).
+JWKS_POLL_S = 2.0
 COUNTER_PURGE_S = 600.0
 SATURATION_PUBLISH_S = 1.0
 _MESH_ROUTES: dict[str, Route] = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
@@ -355,6 +359,7 @@ class App:
         self.feed: ConfigFeed | None = None
         self.admin: AdminRouter | None = None
         self.leader: Leader | None = None
+        self.key_sets: KeySets | None = None
         self.instance_leader: Leader | None = None
         self.agent: cluster.Agent | None = None
         self.leases: cluster.Leases | None = None
@@ -468,12 +473,14 @@ class App:
         await self._await_seed(clock)
         self.feed.start()
         self.notifier = Notifier(self.gateway_pool, self.secrets.master_key)
+        self.key_sets = KeySets(self.admin_pool)
         # Cluster-wide chores on one worker of one instance; this instance's own (its counters,
         # its leases and shares) on one of its workers.
         self.leader = Leader(gateway_url, [
             ("log_partitions", 3600.0, ensure_log_partitions),
             ("retention", 3600.0, lambda conn: apply_retention(conn, max(1, settings.log_retention_days))),
             ("notify", self.notifier.settings.poll_s, self.notifier.tick),
+            ("jwks", JWKS_POLL_S, self.key_sets.tick),
         ])
         self.leader.start()
         self.instance_id = os.environ.get(cluster.ENV_INSTANCE_ID) or cluster.new_instance_id()
@@ -498,7 +505,7 @@ class App:
         self.tracing = Tracing.from_env()
         self.data = DataPlane(self.core, self.dispatcher, self.telemetry, settings, admission, self.metrics,
                               leases=self.leases, tracing=self.tracing, family=self._provider_family,
-                              config=self.feed)
+                              config=self.feed, identities=self.key_sets)
         feed = self.feed
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify,
                                dry_run=dry_run_hook(self.core, lambda: feed.config))
@@ -512,6 +519,7 @@ class App:
         self._load_task = background.start("saturation", self._publish_load_loop)
         self._admission = admission
         self._health = msgspec.json.encode({"status": "ok", "pid": os.getpid()}) + b"\n"
+        self._jwks = msgspec.json.encode(tokens.jwks(self.secrets.master_key))
         # NOTE: what start-up built (modules, pools, the first snapshot) lives as long as the worker:
         # out of the collector's sight, a full collection walks only what requests left, and no
         # longer stops the loop for tens of milliseconds.
@@ -639,6 +647,10 @@ class App:
                 self._dashboard(scope, proto, path, method)
             elif path == "/healthz":
                 proto.response_bytes(200, [("content-type", JSON)], self._health)
+            elif path == "/.well-known/jwks.json" and method == "GET":
+                # meshfast's own token keys (public; the same on every instance sharing the secrets).
+                proto.response_bytes(200, [("content-type", JSON), ("cache-control", "public, max-age=300")],
+                                     self._jwks)
             elif path == "/readyz":
                 await self._readyz(proto)
             else:

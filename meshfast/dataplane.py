@@ -112,8 +112,11 @@ class _Held:
 class DataPlane:
     def __init__(self, core: Core, dispatcher: Dispatcher, telemetry: Telemetry, settings: Settings,
                  admission: Admission, metrics: Metrics | None = None, leases: Any = None,
-                 tracing: Any = None, family: Any = None, config: Any = None) -> None:
+                 tracing: Any = None, family: Any = None, config: Any = None, identities: Any = None) -> None:
         self.core = core
+        # Platform tokens' side work (meshfast.admin.issuers.Identities): an early key set fetch,
+        # just-in-time provisioning.
+        self.identities = identities
         # The worker's ConfigFeed: ``behind()`` and ``reach(seq, timeout_s)`` (see caught_up).
         self._config = config
         # OpenTelemetry (meshfast.otel) when configured: a span per authenticated request, by
@@ -143,6 +146,31 @@ class DataPlane:
             return False
         return bool(await self._config.reach(seq, CONFIG_CATCH_UP_S))
 
+    async def _token_refused(self, authorization: str | None, x_api_key: str | None, x_goog_api_key: str | None,
+                             query: str | None, now_ms: int) -> Any:
+        """A platform token the core refused: a key it does not know asks for an early fetch of
+        its issuer's set (the caller's next try may pass); a person unknown to meshfast whose
+        issuer provisions just in time is created from the token's claims, once this worker has
+        them the call goes on (the principal, else None)."""
+        refusal = self.core.token_refusal(authorization, x_api_key, x_goog_api_key, query, now_ms)
+        if refusal is None:
+            return None
+        code, issuer, provision = refusal
+        if code == "unknown_key" and issuer is not None:
+            self.identities.ask(issuer)
+        elif code == "unknown_principal" and provision is not None:
+            try:
+                seq = await self.identities.provision(provision)
+            except Exception:  # noqa: BLE001 - the database is away: the 401 stands
+                log.warning("just-in-time provisioning failed", exc_info=True)
+                return None
+            if seq is not None and self._config is not None:
+                await self._config.reach(seq, CONFIG_CATCH_UP_S)
+            elif not await self.caught_up():
+                return None
+            return self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
+        return None
+
     async def handle(self, scope: Any, proto: Any, route: Route, read_body: Any, model: str | None = None,
                      stream: bool | None = None, busy: Any = None) -> None:
         """One data-plane POST: a Mesh route (``proxy``, ``embeddings``, ``generate``) or a standard
@@ -164,6 +192,8 @@ class DataPlane:
         if principal is None and mesh_key_shaped(authorization, x_api_key, x_goog_api_key, query) \
                 and await self.caught_up():
             principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
+        elif principal is None and self.identities is not None:
+            principal = await self._token_refused(authorization, x_api_key, x_goog_api_key, query, now_ms)
         close = False
         if principal is None:
             # NOTE: a small body is drained (briefly) so the connection stays usable for the
@@ -225,6 +255,8 @@ class DataPlane:
             model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
             source_ip=source_ip, user_agent=user_agent, business_unit=p.business_unit, manager_id=p.manager_id,
             tier=p.tier, would_deny=p.would_deny, tags=p.model_tags,
+            principal_kind="user" if p.principal_id is not None else None, token_issuer=p.token_issuer,
+            token_subject=p.token_subject,
         )
         if self.tracing is not None and principal is not None:
             # NOTE: an unknown key costs no span (unauthenticated work must cost almost nothing).
@@ -599,7 +631,9 @@ class DataPlane:
         self._record(Row(
             request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=error.status,
             deny_reason=error.code, latency_ms=self._elapsed_ms(started), mesh_key_id=principal.key_id,
-            user_id=principal.id, source_ip=client_ip(scope), user_agent=_header(scope.headers, "user-agent"),
+            user_id=principal.id, principal_kind="user", token_issuer=principal.token_issuer,
+            token_subject=principal.token_subject, source_ip=client_ip(scope),
+            user_agent=_header(scope.headers, "user-agent"),
             requested_model=_model_param(scope.query_string) if route in _MESH else model))
         if not isinstance(error, errors.ClientDisconnected):
             extra = [("retry-after", str(error.retry_after_s))] if error.retry_after_s else None

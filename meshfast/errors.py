@@ -87,6 +87,8 @@ TokenNotFound = _error("TokenNotFound", 404, "token_not_found")
 # Named keys (POST /admin/users/{id}/keys): an unknown key, a name the person's current keys
 # already use, and a revoked or already rotated key asked to rotate.
 KeyNotFound = _error("KeyNotFound", 404, "key_not_found")
+IssuerNotFound = _error("IssuerNotFound", 404, "issuer_not_found")
+IssuerExists = _error("IssuerExists", 409, "issuer_already_exists")
 KeyNameExists = _error("KeyNameExists", 409, "key_name_exists")
 KeyNotCurrent = _error("KeyNotCurrent", 409, "key_not_current")
 CannotModifyOwn = _error("CannotModifyOwn", 400, "cannot_modify_own_account")

@@ -21,7 +21,7 @@ import asyncpg
 import msgspec
 from cryptography.exceptions import InvalidTag
 
-from meshfast import rules
+from meshfast import rules, tokens
 from meshfast._core import Core, SnapshotError
 from meshfast.sealing import open_sealed
 from meshfast.store import sql
@@ -263,6 +263,24 @@ class GrantTable(msgspec.Struct):
         return GRANT_RECORD.iter_unpack(self.packed)
 
 
+class Issuer(msgspec.Struct):
+    """A platform token issuer (the core's ``jwt::RawIssuer``)."""
+
+    id: str
+    issuer: str
+    audiences: list[str]
+    algorithms: list[str]
+    clock_skew_s: int
+    # Which claim holds each attribute: email, and optionally display_name, business_unit,
+    # manager_email, tier, application.
+    claims: dict[str, str]
+    jit_provisioning: bool
+    # The JWK Set as JSON text (inline, or the last good fetch); "" when none yet.
+    jwks: str
+    # A fetched set is trusted until then (ms); None: inline, or not fetched yet.
+    good_until_ms: int | None = None
+
+
 class Config(msgspec.Struct):
     seq: int
     kill_switch: bool
@@ -278,6 +296,8 @@ class Config(msgspec.Struct):
     enforce_rules: bool = True
     # The IANA zone of the rules' daily, weekly and monthly windows (MESHFAST_CALENDAR_TZ).
     calendar_tz: str = "UTC"
+    # Platform token issuers, meshfast's own first.
+    issuers: list[Issuer] = []
 
     def grant_pairs(self) -> Iterator[tuple[int, int]]:
         """(principal, model) indexes of every grant, the list's and the table's."""
@@ -418,6 +438,7 @@ async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
             "grant_terms": await conn.fetch(sql.SNAPSHOT_GRANT_TERMS),
             "enforce_rules": bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES)),
             "rules": await conn.fetch(sql.SNAPSHOT_RULES),
+            "issuers": await conn.fetch(sql.SNAPSHOT_ISSUERS),
         }
 
 
@@ -431,7 +452,32 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
     principal_index = {p.id: i for i, p in enumerate(config.principals)}
     model_index = {m.name: i for i, m in enumerate(config.models)}
     config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rows["rules"]]
+    config.issuers = [Issuer(**tokens.own_issuer(master_key))]
+    config.issuers += [issuer_from_row(row) for row in rows.get("issuers", ())]
     return config
+
+
+def jwks_max_age_s() -> float:
+    """MESHFAST_JWKS_MAX_AGE_S (default a day): how long a fetched key set is trusted after the
+    fetch that last confirmed it; past it, the issuer's tokens fail closed."""
+    try:
+        return max(1.0, float(os.environ.get("MESHFAST_JWKS_MAX_AGE_S") or 86400))
+    except ValueError:
+        return 86400.0
+
+
+def issuer_from_row(row: Any) -> Issuer:
+    """An issuer row (SNAPSHOT_ISSUERS) as the core takes it."""
+    good_until_ms = None
+    if row["fetched"]:
+        published = row["published_at"]
+        # NOTE: never fetched: no keys, and a deadline already past (nothing to trust).
+        good_until_ms = 0 if published is None else int((published.timestamp() + jwks_max_age_s()) * 1000)
+    claims = json.loads(row["claims"]) if isinstance(row["claims"], str) else dict(row["claims"])
+    return Issuer(id=row["id"], issuer=row["issuer"], audiences=list(row["audiences"]),
+                  algorithms=list(row["algorithms"]), clock_skew_s=row["clock_skew_s"],
+                  claims={k: v for k, v in claims.items() if v is not None},
+                  jit_provisioning=row["jit_provisioning"], jwks=row["jwks"] or "", good_until_ms=good_until_ms)
 
 
 def _grant_table(packed: bytes, term_rows: list[asyncpg.Record], model_rows: list[asyncpg.Record],

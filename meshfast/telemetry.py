@@ -147,6 +147,10 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     tools_invoked: list[str] = []
     # Of cache_write_tokens, the one-hour writes (priced apart from five-minute ones).
     cache_write_1h_tokens: int = 0
+    # Who called: "user" (or, later, "application"); a platform token's issuer and subject.
+    principal_kind: str | None = None
+    token_issuer: str | None = None
+    token_subject: str | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -160,6 +164,7 @@ COLUMNS = (
     "browser", "browser_version", "os", "os_version", "device_type", "count",
     "business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id",
     "tools_declared", "tools_declared_bytes", "tools_invoked", "cache_write_1h_tokens",
+    "principal_kind", "token_issuer", "token_subject",
 )
 # What the outbox takes from a row's events (migration 0014), one array per column.
 INSERT_RULE_EVENTS = """
@@ -253,6 +258,8 @@ def to_record(row: Row) -> tuple[Any, ...]:
         safe_text(row.business_unit), _uuid(row.manager_id), safe_text(row.tier), safe_text(row.would_deny),
         _tags(row.tags) if row.tags else None, safe_text(row.trace_id, MAX_KEY_TEXT),
         *_tools(row), row.cache_write_1h_tokens,
+        safe_text(row.principal_kind, MAX_KEY_TEXT), safe_text(row.token_issuer, 512),
+        safe_text(row.token_subject, 512),
     )
 
 

@@ -16,7 +16,7 @@ use crate::keyindex::{extract_token, KeyIndex};
 use crate::outcome::{Outcome, Spec};
 use crate::prepare::{self, Route};
 use crate::redact::Credentials;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Caller, Snapshot};
 use crate::translate::Format;
 use crate::{entry, http1, ids, pricing, shm, stream, views};
 
@@ -305,13 +305,15 @@ impl PyLease {
     }
 }
 
-/// The principal behind an authenticated key.
+/// The principal behind an authenticated key or platform token.
 #[pyclass(frozen, get_all, name = "Principal", module = "meshfast._core")]
 struct PyPrincipal {
     id: String,
     email: String,
     display_name: String,
-    key_id: String,
+    key_id: Option<String>,
+    token_issuer: Option<String>,
+    token_subject: Option<String>,
 }
 
 #[pymethods]
@@ -384,13 +386,13 @@ struct PyCore {
 }
 
 impl PyCore {
-    /// The snapshot and key index for a request's credentials, if they authenticate.
-    fn resolve(&self, sources: [Option<&str>; 4], now_ms: i64) -> Option<(Arc<Loaded>, u32)> {
+    /// The snapshot and caller for a request's credentials, if they authenticate.
+    fn resolve(&self, sources: [Option<&str>; 4], now_ms: i64) -> Option<(Arc<Loaded>, Caller)> {
         let loaded = self.current.load_full()?;
         let [authorization, x_api_key, x_goog_api_key, query] = sources;
         let token = extract_token(authorization, x_api_key, x_goog_api_key, query)?;
-        let key = loaded.snapshot.authenticate(token, now_ms)?;
-        Some((loaded, key))
+        let caller = loaded.snapshot.identify(token, now_ms).ok()?;
+        Some((loaded, caller))
     }
 
     fn render<'py>(
@@ -401,29 +403,39 @@ impl PyCore {
         view: View,
     ) -> (u16, Bound<'py, PyBytes>) {
         match self.resolve(sources, now_ms) {
-            Some((loaded, key)) => (
+            Some((loaded, caller)) => (
                 200,
-                PyBytes::new(py, &view(&loaded.snapshot, key, &self.segment, now_ms)),
+                PyBytes::new(py, &view(&loaded.snapshot, &caller, &self.segment, now_ms)),
             ),
             None => (401, PyBytes::new(py, views::UNAUTHORIZED_BODY)),
         }
     }
 }
 
-/// A body renderer from [`views`] for the key at an index, reading counters from the core's
-/// segment if it has one.
-type View = fn(&Snapshot, u32, &Option<Arc<shm::Segment>>, i64) -> Vec<u8>;
+/// A body renderer from [`views`] for a caller, reading counters from the core's segment if it
+/// has one.
+type View = fn(&Snapshot, &Caller, &Option<Arc<shm::Segment>>, i64) -> Vec<u8>;
 
-/// `GET /v1/models`: the key's principal's models, only those the key may call.
-fn models_view(snapshot: &Snapshot, key: u32, segment: &Option<Arc<shm::Segment>>, now_ms: i64) -> Vec<u8> {
-    let key = &snapshot.keys[key as usize];
-    views::models_json_of(snapshot, key.principal, key.models.as_deref(), segment, now_ms)
+/// `GET /v1/models`: the caller's principal's models, only those its credential may call.
+fn models_view(snapshot: &Snapshot, caller: &Caller, segment: &Option<Arc<shm::Segment>>, now_ms: i64) -> Vec<u8> {
+    views::models_json_of(
+        snapshot,
+        caller.principal(snapshot),
+        caller.models(snapshot),
+        segment,
+        now_ms,
+    )
 }
 
-/// `GET /v1/usage`: the key's principal's spend on the models the key may call.
-fn usage_view(snapshot: &Snapshot, key: u32, segment: &Option<Arc<shm::Segment>>, now_ms: i64) -> Vec<u8> {
-    let key = &snapshot.keys[key as usize];
-    views::usage_json_of(snapshot, key.principal, key.models.as_deref(), segment, now_ms)
+/// `GET /v1/usage`: the caller's principal's spend on the models its credential may call.
+fn usage_view(snapshot: &Snapshot, caller: &Caller, segment: &Option<Arc<shm::Segment>>, now_ms: i64) -> Vec<u8> {
+    views::usage_json_of(
+        snapshot,
+        caller.principal(snapshot),
+        caller.models(snapshot),
+        segment,
+        now_ms,
+    )
 }
 
 #[pymethods]
@@ -453,7 +465,9 @@ impl PyCore {
                         id: principal.id.clone(),
                         email: principal.email.clone(),
                         display_name: principal.display_name.clone(),
-                        key_id: key.id.clone(),
+                        key_id: Some(key.id.clone()),
+                        token_issuer: None,
+                        token_subject: None,
                     },
                 )
             })
@@ -488,7 +502,9 @@ impl PyCore {
                         id: person.id.clone(),
                         email: person.email.clone(),
                         display_name: person.display_name.clone(),
-                        key_id: key.id.clone(),
+                        key_id: Some(key.id.clone()),
+                        token_issuer: None,
+                        token_subject: None,
                     },
                 )?;
             }
@@ -533,6 +549,74 @@ impl PyCore {
             .is_some_and(|loaded| loaded.snapshot.kill_switch)
     }
 
+    /// A platform token against the current snapshot: `(principal_id, None)` when it verifies,
+    /// `(None, code)` when refused. `cached=False` verifies from scratch (the gate's first sight).
+    #[pyo3(signature = (token, now_ms, cached = true))]
+    fn verify_token(&self, token: &str, now_ms: i64, cached: bool) -> PyResult<(Option<String>, Option<&'static str>)> {
+        let loaded = self
+            .current
+            .load_full()
+            .ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let snapshot = &loaded.snapshot;
+        let verdict = if cached {
+            snapshot.verify_token(token, now_ms)
+        } else {
+            snapshot.verify_token_uncached(token, now_ms)
+        };
+        Ok(match verdict {
+            Ok(identity) => (Some(snapshot.principals[identity.principal as usize].id.clone()), None),
+            Err(refused) => (None, Some(refused.outcome().code())),
+        })
+    }
+
+    /// Why a request's platform token is refused, for what the edge does about it: `None` when
+    /// the credential is not a token or authenticates; else `(code, issuer, provision)` where
+    /// `issuer` names the issuer whose key was unknown (`unknown_key`), and `provision` (for
+    /// `unknown_principal` from an issuer that provisions just in time) is
+    /// `{issuer_id, email, display_name, business_unit, manager_email, tier}`.
+    #[pyo3(signature = (authorization, x_api_key, x_goog_api_key, query, now_ms))]
+    #[expect(clippy::type_complexity, reason = "a tuple is what Python takes apart")]
+    fn token_refusal<'py>(
+        &self,
+        py: Python<'py>,
+        authorization: Option<&str>,
+        x_api_key: Option<&str>,
+        x_goog_api_key: Option<&str>,
+        query: Option<&str>,
+        now_ms: i64,
+    ) -> PyResult<Option<(&'static str, Option<String>, Option<Bound<'py, PyDict>>)>> {
+        let Some(loaded) = self.current.load_full() else {
+            return Ok(None);
+        };
+        let Some(token) =
+            extract_token(authorization, x_api_key, x_goog_api_key, query).filter(|t| crate::jwt::is_jwt_shaped(t))
+        else {
+            return Ok(None);
+        };
+        let snapshot = &loaded.snapshot;
+        let Err(refused) = snapshot.verify_token(token, now_ms) else {
+            return Ok(None);
+        };
+        let issuer = match &refused {
+            crate::jwt::TokenError::UnknownKey(i) => Some(snapshot.issuers[*i as usize].issuer.clone()),
+            _ => None,
+        };
+        let provision = match &refused {
+            crate::jwt::TokenError::UnknownPrincipal(Some(p)) => {
+                let d = PyDict::new(py);
+                d.set_item("issuer_id", &p.issuer_id)?;
+                d.set_item("email", &p.email)?;
+                d.set_item("display_name", &p.display_name)?;
+                d.set_item("business_unit", &p.business_unit)?;
+                d.set_item("manager_email", &p.manager_email)?;
+                d.set_item("tier", &p.tier)?;
+                Some(d)
+            }
+            _ => None,
+        };
+        Ok(Some((refused.outcome().code(), issuer, provision)))
+    }
+
     fn hash_token<'py>(&self, py: Python<'py>, token: &str) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.hasher.digest(token.as_bytes()).0)
     }
@@ -546,9 +630,28 @@ impl PyCore {
         x_goog_api_key: Option<&str>,
         query: Option<&str>,
         now_ms: i64,
-    ) -> Option<Py<PyPrincipal>> {
-        let (loaded, key) = self.resolve([authorization, x_api_key, x_goog_api_key, query], now_ms)?;
-        Some(loaded.principal_by_key[key as usize].clone_ref(py))
+    ) -> PyResult<Option<Py<PyPrincipal>>> {
+        let Some((loaded, caller)) = self.resolve([authorization, x_api_key, x_goog_api_key, query], now_ms) else {
+            return Ok(None);
+        };
+        match caller {
+            Caller::Key(key) => Ok(Some(loaded.principal_by_key[key as usize].clone_ref(py))),
+            Caller::Token(identity) => {
+                let person = &loaded.snapshot.principals[identity.principal as usize];
+                Py::new(
+                    py,
+                    PyPrincipal {
+                        id: person.id.clone(),
+                        email: person.email.clone(),
+                        display_name: person.display_name.clone(),
+                        key_id: None,
+                        token_issuer: Some(loaded.snapshot.issuers[identity.issuer as usize].issuer.clone()),
+                        token_subject: Some(identity.subject.to_string()),
+                    },
+                )
+                .map(Some)
+            }
+        }
     }
 
     /// The decision for a data-plane POST route; see the stub.
@@ -826,6 +929,14 @@ impl PyPrepared {
     #[getter]
     fn key_id(&self) -> Option<&str> {
         self.inner.key_id.as_deref()
+    }
+    #[getter]
+    fn token_issuer(&self) -> Option<&str> {
+        self.inner.token_issuer.as_deref()
+    }
+    #[getter]
+    fn token_subject(&self) -> Option<&str> {
+        self.inner.token_subject.as_deref()
     }
     #[getter]
     fn principal_id(&self) -> Option<&str> {
@@ -1372,6 +1483,15 @@ fn redact_credentials<'a>(text: &'a str, headers: Vec<(String, String)>, url: &s
     Credentials::from_request(&headers, url).redact(text)
 }
 
+/// The usable keys of a JWK Set (JSON text) as `[(kid, alg)]`, and why each other key was left
+/// out. Raises ValueError when the text is not a JWK Set.
+#[pyfunction]
+#[expect(clippy::type_complexity, reason = "a tuple is what Python takes apart")]
+fn check_jwks(text: &str) -> PyResult<(Vec<(Option<String>, &'static str)>, Vec<String>)> {
+    let (keys, skipped) = crate::jwt::parse_jwks(text).map_err(PyValueError::new_err)?;
+    Ok((keys.into_iter().map(|k| (k.kid, k.alg.as_str())).collect(), skipped))
+}
+
 /// Whether a provider not marked local may not connect to `address` (the SSRF guard's list).
 /// Raises ValueError when `address` is not an IP address (a name: resolve it, then ask).
 #[pyfunction]
@@ -1486,6 +1606,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_request, m)?)?;
     m.add_function(wrap_pyfunction!(redact_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(forbidden_address, m)?)?;
+    m.add_function(wrap_pyfunction!(check_jwks, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;
     m.add_function(wrap_pyfunction!(cluster_key, m)?)?;
     m.add_function(wrap_pyfunction!(ceiling_key, m)?)?;

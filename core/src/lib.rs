@@ -8,6 +8,7 @@ pub mod error;
 pub mod govern;
 pub mod http1;
 pub mod ids;
+pub mod jwt;
 pub mod keyindex;
 pub mod outcome;
 pub mod policy;

@@ -12,6 +12,15 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Outcome {
     InvalidOrRevokedKey,
+    /// A platform token that is malformed, badly signed or uses an algorithm not allowed.
+    InvalidToken,
+    TokenExpired,
+    UnknownIssuer,
+    /// No key of the issuer has the token's `kid` (or its key set is too old to trust).
+    UnknownKey,
+    WrongAudience,
+    /// A valid token for a person meshfast does not know (or no longer serves).
+    UnknownPrincipal,
     /// Not granted for the route's kind; on the Mesh-native routes unknown names too.
     ModelNotPermitted,
     /// A name no model has (the standard routes' rows tell it apart from [`Outcome::ModelNotPermitted`]).
@@ -114,8 +123,14 @@ pub const UNKNOWN_MESSAGE: &str = "The request could not be served.";
 
 impl Outcome {
     /// Every outcome, denials first in the order the metrics list them.
-    pub const ALL: [Outcome; 29] = [
+    pub const ALL: [Outcome; 35] = [
         Outcome::InvalidOrRevokedKey,
+        Outcome::InvalidToken,
+        Outcome::TokenExpired,
+        Outcome::UnknownIssuer,
+        Outcome::UnknownKey,
+        Outcome::WrongAudience,
+        Outcome::UnknownPrincipal,
         Outcome::ModelNotPermitted,
         Outcome::UnknownModel,
         Outcome::ModelBlocked,
@@ -156,6 +171,26 @@ impl Outcome {
                 401,
                 "The API key is missing, unknown, revoked or expired.",
             ),
+            O::InvalidToken => Spec::denial(
+                "invalid_token",
+                401,
+                "The token is malformed, its signature does not verify, or its algorithm is not allowed.",
+            )
+            .not_retryable(),
+            O::TokenExpired => Spec::denial("token_expired", 401, "The token has expired.").not_retryable(),
+            O::UnknownIssuer => {
+                Spec::denial("unknown_issuer", 401, "The token's issuer is not configured.").not_retryable()
+            }
+            O::UnknownKey => Spec::denial("unknown_key", 401, "The token's signing key is not known."),
+            O::WrongAudience => {
+                Spec::denial("wrong_audience", 401, "The token is not meant for this gateway.").not_retryable()
+            }
+            O::UnknownPrincipal => Spec::denial(
+                "unknown_principal",
+                401,
+                "The token names a person who is not known here.",
+            )
+            .not_retryable(),
             O::ModelNotPermitted => Spec::denial("model_not_permitted", 403, "The model is not granted to you."),
             O::UnknownModel => Spec::denial("unknown_model", 404, "No model has this name."),
             O::ModelBlocked => Spec::denial("model_blocked", 403, "The model is blocked by an administrator."),
@@ -297,7 +332,18 @@ mod tests {
 
     /// API.md's error lists: the Mesh-native routes' codes and statuses, and the standard routes'.
     const API_MD: &[(u16, &[&str])] = &[
-        (401, &["invalid_or_revoked_key"]),
+        (
+            401,
+            &[
+                "invalid_or_revoked_key",
+                "invalid_token",
+                "token_expired",
+                "unknown_issuer",
+                "unknown_key",
+                "wrong_audience",
+                "unknown_principal",
+            ],
+        ),
         (403, &["model_not_permitted", "model_blocked", "outside_allowed_hours"]),
         (
             429,

@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::content::{self, Block, BlockType, RawBlock};
 use crate::govern::{Holds, LeaseWant, ProviderLimits};
+use crate::jwt::TokenError;
 use crate::keyindex::extract_token;
 use crate::outcome::Outcome;
 use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
@@ -18,7 +19,7 @@ use crate::pricing;
 use crate::provider::Plan;
 use crate::rules::{self, Restricted};
 use crate::shm::{self, id_bytes, utc_day, utc_hour, Segment};
-use crate::snapshot::{Deployment, Grant, Model, ModelKind, Provider, Secret, Snapshot};
+use crate::snapshot::{Caller, Deployment, Grant, Model, ModelKind, Provider, Secret, Snapshot};
 use crate::template::Vars;
 use crate::translate::{self, Format};
 use crate::views::{self, write_int, write_str, write_time, write_usd};
@@ -252,6 +253,9 @@ pub struct Prepared {
     /// In a cluster, the budget lease the call was refused for want of (the caller asks the
     /// database for one and decides again).
     pub lease_wanted: Option<LeaseWant>,
+    /// A platform token's issuer (`iss`) and subject (`sub`), when one authenticated the call.
+    pub token_issuer: Option<String>,
+    pub token_subject: Option<String>,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -584,15 +588,32 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             .unwrap_or_default();
     }
 
-    // 1-2. Authentication, key and principal status.
+    // 1-2. Authentication: an issued key or a platform token, and the principal's status.
     let token = extract_token(req.authorization, req.x_api_key, req.x_goog_api_key, req.query_string);
-    let Some(key) = token.and_then(|t| snapshot.authenticate(t, req.now_ms)) else {
-        p.deny(Outcome::InvalidOrRevokedKey, None, |_| {});
-        return p;
+    let caller = match token.map(|t| snapshot.identify(t, req.now_ms)) {
+        Some(Ok(caller)) => caller,
+        Some(Err(Some(refused))) => {
+            if let TokenError::UnknownKey(issuer) = refused {
+                p.token_issuer = Some(snapshot.issuers[issuer as usize].issuer.clone());
+            }
+            p.deny(refused.outcome(), None, |_| {});
+            return p;
+        }
+        None | Some(Err(None)) => {
+            p.deny(Outcome::InvalidOrRevokedKey, None, |_| {});
+            return p;
+        }
     };
-    let key = &snapshot.keys[key as usize];
-    let person = &snapshot.principals[key.principal as usize];
-    p.key_id = Some(key.id.clone());
+    let principal = caller.principal(snapshot);
+    let allowed = caller.models(snapshot);
+    let person = &snapshot.principals[principal as usize];
+    match &caller {
+        Caller::Key(k) => p.key_id = Some(snapshot.keys[*k as usize].id.clone()),
+        Caller::Token(identity) => {
+            p.token_issuer = Some(snapshot.issuers[identity.issuer as usize].issuer.clone());
+            p.token_subject = Some(identity.subject.to_string());
+        }
+    }
     p.principal_id = Some(person.id.clone());
     p.business_unit.clone_from(&person.business_unit);
     p.tier.clone_from(&person.tier);
@@ -635,11 +656,11 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     }
 
     // 3. The grant for this route's kind; unknown names are the same 403 (404 on entry routes).
-    let grant_index = snapshot.grant_index_by_name(key.principal, &p.requested_model);
+    let grant_index = snapshot.grant_index_by_name(principal, &p.requested_model);
     let Some((grant_index, grant, model)) = grant_index
         .map(|i| (i, &snapshot.grants[i as usize]))
         .map(|(i, g)| (i, g, &snapshot.models[g.model as usize]))
-        .filter(|(_, g, m)| req.route.admits(m.kind) && key.allows(g.model))
+        .filter(|(_, g, m)| req.route.admits(m.kind) && crate::snapshot::within(allowed, g.model))
     else {
         if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
             let known = snapshot.model_named(&p.requested_model).is_some();
@@ -667,11 +688,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         p.deny(Outcome::ModelBlocked, None, |_| {});
         return p;
     }
-    if let Some(refused) = model
-        .restrictions
-        .as_ref()
-        .and_then(|r| r.refuses(snapshot, key.principal))
-    {
+    if let Some(refused) = model.restrictions.as_ref().and_then(|r| r.refuses(snapshot, principal)) {
         p.deny(
             match refused {
                 Restricted::Leader => Outcome::RestrictedByLeader,
@@ -796,7 +813,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     // Spend rules, after the per-user policy (the first block wins).
     let mut rule_limit = None;
     if let Some(segment) = segment {
-        let decision = rules::decide(snapshot, segment, key.principal, grant_index, worst, req.now_ms, mode);
+        let decision = rules::decide(snapshot, segment, principal, grant_index, worst, req.now_ms, mode);
         if decision.unavailable {
             // NOTE: a counter that cannot be read or written denies (fail closed).
             p.deny_busy();

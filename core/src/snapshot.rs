@@ -2,12 +2,13 @@
 //! msgspec encodes. Built once per config change; read lock-free by every request.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use chrono_tz::Tz;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::jwt::{Identity, Issuer, TokenCache, TokenError};
 use crate::keyindex::{Digest, KeyIndex};
 use crate::pricing::{LongContext, Prices};
 use crate::provider::{Family, GenericTemplates, Plan};
@@ -37,6 +38,9 @@ struct RawConfig {
     enforce_rules: bool,
     #[serde(default)]
     calendar_tz: Option<String>,
+    /// Platform token issuers, meshfast's own among them.
+    #[serde(default)]
+    issuers: Vec<crate::jwt::RawIssuer>,
 }
 
 #[derive(Deserialize)]
@@ -285,6 +289,35 @@ pub struct Principal {
     pub key_bytes: [u8; 16],
 }
 
+/// Who a call's credential names.
+#[derive(Clone, Debug)]
+pub enum Caller {
+    /// An issued key (its index in [`Snapshot::keys`]).
+    Key(u32),
+    /// A verified platform token.
+    Token(Identity),
+}
+
+impl Caller {
+    /// The principal's index in [`Snapshot::principals`].
+    #[must_use]
+    pub fn principal(&self, snapshot: &Snapshot) -> u32 {
+        match self {
+            Caller::Key(k) => snapshot.keys[*k as usize].principal,
+            Caller::Token(identity) => identity.principal,
+        }
+    }
+
+    /// The models the credential may call (`None`: every model granted).
+    #[must_use]
+    pub fn models<'a>(&self, snapshot: &'a Snapshot) -> Option<&'a [u32]> {
+        match self {
+            Caller::Key(k) => snapshot.keys[*k as usize].models.as_deref(),
+            Caller::Token(_) => None,
+        }
+    }
+}
+
 /// An issued key, stored only as its digest.
 #[derive(Clone, Debug)]
 pub struct Key {
@@ -486,6 +519,14 @@ pub struct Snapshot {
     /// Per principal, its grant indexes sorted by model name.
     grants_by_principal: Arc<GrantIndex>,
     key_index: Arc<KeyIndex>,
+    /// Platform token issuers, and their index by `iss`.
+    pub issuers: Arc<Vec<Issuer>>,
+    issuer_by_name: Arc<HashMap<String, u32>>,
+    /// Principals by lowercased email, built on the first token (a config without token callers
+    /// never pays for it).
+    by_email: Arc<OnceLock<HashMap<String, u32>>>,
+    /// Verified tokens; a new one with every change of people or issuers.
+    tokens: Arc<TokenCache>,
     model_by_id: Arc<HashMap<String, u32>>,
     /// Every model name and alias.
     model_by_name: Arc<HashMap<String, u32>>,
@@ -1056,6 +1097,20 @@ impl Snapshot {
             &models,
         );
 
+        let mut issuer_by_name = HashMap::new();
+        let issuers: Vec<Issuer> = raw
+            .issuers
+            .into_iter()
+            .enumerate()
+            .map(|(i, raw)| {
+                let what = format!("issuers[{i}] ({:?})", raw.issuer);
+                if issuer_by_name.insert(raw.issuer.clone(), i as u32).is_some() {
+                    e.push(format!("{what}: a second issuer with this name"));
+                }
+                Issuer::build(e, &what, raw)
+            })
+            .collect();
+
         if raw.seq < 0 {
             errors.push(format!("seq {} is negative", raw.seq));
         }
@@ -1097,6 +1152,10 @@ impl Snapshot {
             rules: Arc::new(rules),
             grants_by_principal: Arc::new(grants_by_principal),
             key_index: Arc::new(key_index),
+            issuers: Arc::new(issuers),
+            issuer_by_name: Arc::new(issuer_by_name),
+            by_email: Arc::default(),
+            tokens: Arc::default(),
         })
     }
 
@@ -1142,6 +1201,9 @@ impl Snapshot {
         Ok(Self {
             seq,
             principals: Arc::new(principals),
+            // NOTE: an email or status may have changed: no old verdict about a token survives.
+            by_email: Arc::default(),
+            tokens: Arc::default(),
             ..self.clone()
         })
     }
@@ -1214,6 +1276,56 @@ impl Snapshot {
         let principal = &self.principals[key.principal as usize];
         let live = |expires: Option<i64>| expires.is_none_or(|at| now_ms < at);
         (key.active && principal.active && live(key.expires_at_ms) && live(principal.expires_at_ms)).then_some(index)
+    }
+
+    /// Who `token` (an issued key or a platform token) names at `now_ms`: `Err(None)` for a key
+    /// that does not authenticate, `Err(Some(why))` for a token refused.
+    pub fn identify(&self, token: &str, now_ms: i64) -> std::result::Result<Caller, Option<TokenError>> {
+        if crate::jwt::is_jwt_shaped(token) {
+            return self.verify_token(token, now_ms).map(Caller::Token).map_err(Some);
+        }
+        self.authenticate(token, now_ms).map(Caller::Key).ok_or(None)
+    }
+
+    /// A platform token verified (or its verdict remembered), its person still active.
+    pub fn verify_token(&self, token: &str, now_ms: i64) -> std::result::Result<Identity, TokenError> {
+        let identity = self
+            .tokens
+            .get_or_verify(token, now_ms, || self.verify_signature_and_claims(token, now_ms))?;
+        self.still_valid(identity, now_ms)
+    }
+
+    /// [`Snapshot::verify_token`] without the cache (a first sight, every time).
+    pub fn verify_token_uncached(&self, token: &str, now_ms: i64) -> std::result::Result<Identity, TokenError> {
+        let identity = self.verify_signature_and_claims(token, now_ms)?;
+        self.still_valid(identity, now_ms)
+    }
+
+    fn verify_signature_and_claims(&self, token: &str, now_ms: i64) -> std::result::Result<Identity, TokenError> {
+        let by_email = self.by_email.get_or_init(|| {
+            self.principals
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.email.to_lowercase(), i as u32))
+                .collect()
+        });
+        crate::jwt::verify(&self.issuers, &self.issuer_by_name, token, now_ms, |email| {
+            by_email.get(email).copied()
+        })
+    }
+
+    fn still_valid(&self, identity: Identity, now_ms: i64) -> std::result::Result<Identity, TokenError> {
+        if self.issuers[identity.issuer as usize]
+            .good_until_ms
+            .is_some_and(|until| now_ms >= until)
+        {
+            return Err(TokenError::UnknownKey(identity.issuer));
+        }
+        let person = &self.principals[identity.principal as usize];
+        if !person.active || person.expires_at_ms.is_some_and(|at| now_ms >= at) {
+            return Err(TokenError::UnknownPrincipal(None));
+        }
+        Ok(identity)
     }
 
     /// The principal's leader chain: their manager, that manager's manager, and so on up to

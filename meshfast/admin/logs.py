@@ -38,7 +38,8 @@ LIST_COLUMNS = (
     "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
     "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
     "os, device_type, count, business_unit, manager_id, tier, would_deny, tags, trace_id, tools_declared, "
-    "tools_declared_bytes, tools_invoked, cache_write_1h_tokens"
+    "tools_declared_bytes, tools_invoked, cache_write_1h_tokens, principal_kind, mesh_key_id AS key_id, token_issuer, "
+    "token_subject"
 )
 # A tool definition's prompt cost is estimated from its JSON size at this many bytes per token.
 BYTES_PER_TOKEN = 4

@@ -10,8 +10,9 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import errors, rules
+from meshfast import errors, rules, tokens
 from meshfast.admin import service as svc
+from meshfast.admin.issuers import IssuerCreate, IssuerService
 from meshfast.admin.rules import RuleService
 from meshfast.secrets import Secrets
 
@@ -46,6 +47,13 @@ class Stream:
 
 
 Handler = Callable[..., Awaitable[Reply]]
+
+
+def _super(actor: Actor) -> Actor:
+    """Only a platform administrator may trust an issuer (its tokens can name anyone)."""
+    if not actor.is_super:
+        raise errors.Forbidden("only a platform administrator may change token issuers")
+    return actor
 
 
 class AdminRouter:
@@ -93,6 +101,13 @@ class AdminRouter:
         add("POST", r"/admin/access", lambda a, b: self._ok(s.grant(a.name, svc.decode(b, svc.AccessBody))))
         add("DELETE", r"/admin/access", lambda a, b: self._ok(s.revoke_grant(a.name, svc.decode(b, svc.AccessBody))))
         add("POST", r"/admin/kill-switch", self._kill_switch)
+        self.issuers = i = IssuerService(pool, service._write)
+        add("POST", r"/admin/issuers",
+            lambda a, b: self._created(i.create(_super(a).name, svc.decode(b, IssuerCreate))))
+        add("GET", r"/admin/issuers", lambda a, b: self._ok(i.list()))
+        add("GET", r"/admin/issuers/(?P<id>[^/]+)", lambda a, b, id: self._ok(i.get(id)))
+        add("DELETE", r"/admin/issuers/(?P<id>[^/]+)", lambda a, b, id: self._ok(i.delete(_super(a).name, id)))
+        add("POST", r"/admin/session-token", self._session_token)
         self.rules = r = RuleService(service)
         add("POST", r"/admin/rules/dry-run", lambda a, b: self._ok(r.dry_run(b)))
         add("POST", r"/admin/rules", lambda a, b: self._versioned(r.create(a.name, b), status=201))
@@ -102,6 +117,21 @@ class AdminRouter:
         add("GET", r"/admin/enforcement", lambda a, b: self._ok(r.enforcement()))
         add("PUT", r"/admin/enforcement",
             lambda a, b: self._ok(r.set_enforcement(a.name, svc.decode(b, rules.EnforcementBody))))
+
+    async def _session_token(self, actor: Actor, body: bytes | None) -> Reply:
+        """A short-lived data-plane token for the logged-in admin's own user (the user with the
+        admin's email): developer tools call the data plane with it instead of a long-lived key."""
+        if body and body.strip() not in (b"", b"{}"):
+            raise errors.InvalidRequest("POST /admin/session-token takes no body")
+        if not actor.id.startswith("admin:"):
+            raise errors.Forbidden("a session token is for a logged-in admin (an admin token has no user)")
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow("SELECT id, email, status FROM users WHERE email = $1", actor.name.lower())
+        if row is None or row["status"] != "active":
+            raise errors.UserNotFound("no active user has your email")
+        token, expires = tokens.mint(self._secrets.master_key, str(row["id"]), row["email"])
+        return Reply(201, {"token": token, "token_type": "Bearer", "expires_in": tokens.TOKEN_TTL_S,
+                           "expires_at": expires, "user_id": str(row["id"]), "issuer": tokens.issuer_name()})
 
     def _add(self, method: str, pattern: str, handler: Handler) -> None:
         self._routes.append((method, re.compile(pattern + r"/?\Z"), handler))
