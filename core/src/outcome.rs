@@ -175,22 +175,16 @@ impl Outcome {
                 "invalid_token",
                 401,
                 "The token is malformed, its signature does not verify, or its algorithm is not allowed.",
-            )
-            .not_retryable(),
-            O::TokenExpired => Spec::denial("token_expired", 401, "The token has expired.").not_retryable(),
-            O::UnknownIssuer => {
-                Spec::denial("unknown_issuer", 401, "The token's issuer is not configured.").not_retryable()
-            }
+            ),
+            O::TokenExpired => Spec::denial("token_expired", 401, "The token has expired."),
+            O::UnknownIssuer => Spec::denial("unknown_issuer", 401, "The token's issuer is not configured."),
             O::UnknownKey => Spec::denial("unknown_key", 401, "The token's signing key is not known."),
-            O::WrongAudience => {
-                Spec::denial("wrong_audience", 401, "The token is not meant for this gateway.").not_retryable()
-            }
+            O::WrongAudience => Spec::denial("wrong_audience", 401, "The token is not meant for this gateway."),
             O::UnknownPrincipal => Spec::denial(
                 "unknown_principal",
                 401,
                 "The token names a person who is not known here.",
-            )
-            .not_retryable(),
+            ),
             O::ModelNotPermitted => Spec::denial("model_not_permitted", 403, "The model is not granted to you."),
             O::UnknownModel => Spec::denial("unknown_model", 404, "No model has this name."),
             O::ModelBlocked => Spec::denial("model_blocked", 403, "The model is blocked by an administrator."),

@@ -14,13 +14,13 @@ from typing import Any
 import msgspec
 
 from meshfast import errors, rules, validate
-from meshfast.admin import auth, logs, notifications
+from meshfast.admin import auth, issuers, logs, notifications
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
     return (getattr(svc, name, None) or getattr(notifications, name, None) or getattr(rules, name, None)
-            or getattr(auth, name))
+            or getattr(issuers, name, None) or getattr(auth, name))
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -42,6 +42,13 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/keys/{id}/rotate", "Issue the key's successor (same name, models and expiry); the old key "
      "works overlap_s more seconds, then 401 (409 key_not_current for a revoked or rotated key)", "KeyRotate", 200),
     ("DELETE", "/admin/keys/{id}", "Revoke a key at once", None, 200),
+    ("POST", "/admin/issuers", "Trust a platform token issuer: an inline JWK Set or a jwks_url fetched in the "
+     "background (platform administrators only; 409 issuer_already_exists)", "IssuerCreate", 201),
+    ("GET", "/admin/issuers", "Platform token issuers, with their usable keys and the last fetch's outcome", None, 200),
+    ("GET", "/admin/issuers/{id}", "One platform token issuer", None, 200),
+    ("DELETE", "/admin/issuers/{id}", "Stop trusting an issuer: its tokens are refused (unknown_issuer)", None, 200),
+    ("POST", "/admin/session-token", "A short-lived data-plane token (EdDSA JWT) for the logged-in admin's own "
+     "user (the user with the admin's email); verified with GET /.well-known/jwks.json", None, 201),
     ("GET", "/admin/users/{id}/policies", "A user's policies", None, 200),
     ("PUT", "/admin/users/{id}/policies/{model}", "Set a user's policy on a model (upsert)", "PolicyBody", 200),
     ("POST", "/admin/providers", "Create a provider (its key is sealed, never returned)", "ProviderCreate", 201),
