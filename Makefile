@@ -102,6 +102,10 @@ bench-floor: setup bench-forwarder ## side by side on nginx: direct, compiled/Py
 bench-cache: setup ## prompt-cache shaping: a multi-turn agent trace with and without shaping, cost and hit rate (QUICK=1)
 	$(BIN)/python bench/cache_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
 
+.PHONY: bench-identity
+bench-identity: setup ## authentication cost: a key vs platform tokens (RS256/ES256/EdDSA) in process and on the proxy path (QUICK=1; needs nginx)
+	$(BIN)/python bench/identity_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
+
 .PHONY: bench-rules
 bench-rules: setup ## spend rules: oversubscription (no overshoot), decision cost, proxy with/without 100 rules, shm size (QUICK=1)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }

@@ -106,14 +106,19 @@ TOKEN_NOW_MS = 1_764_000_000_000
 
 @pytest.fixture(scope="module")
 def token_core(tmp_path_factory: pytest.TempPathFactory) -> tuple[Core, dict[str, str], str]:
+    return make_token_core(tmp_path_factory.mktemp("seg"))
+
+
+def make_token_core(directory: Path) -> tuple[Core, dict[str, str], str]:
     """The authenticate gate's 10 000 people and keys, plus an issuer with a key of each
-    algorithm: a token per algorithm for one of them, and that person's issued key."""
+    algorithm: a token per algorithm for one of them, and that person's issued key (also
+    bench/identity_bench.py's configuration)."""
     from jwtkit import Issuer as TestIssuer
     from jwtkit import jwks, new_key
 
     from meshfast.snapshot import Issuer
 
-    segment = Segment.create(str(tmp_path_factory.mktemp("seg") / "tokens.seg"))
+    segment = Segment.create(str(directory / "tokens.seg"))
     segment.register()
     core = Core(PEPPER, segment)
     config, keys = _config(10_000, core.hash_token)
