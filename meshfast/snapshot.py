@@ -452,8 +452,14 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
     principal_index = {p.id: i for i, p in enumerate(config.principals)}
     model_index = {m.name: i for i, m in enumerate(config.models)}
     config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rows["rules"]]
-    config.issuers = [Issuer(**tokens.own_issuer(master_key))]
-    config.issuers += [issuer_from_row(row) for row in rows.get("issuers", ())]
+    own = Issuer(**tokens.own_issuer(master_key))
+    config.issuers = [own]
+    for row in rows.get("issuers", ()):
+        if row["issuer"] == own.issuer:
+            # NOTE: MESHFAST_TOKEN_ISSUER changed to a configured issuer's name: meshfast's own wins.
+            log.warning("issuer %r is meshfast's own token issuer's name: left out", row["issuer"])
+            continue
+        config.issuers.append(issuer_from_row(row))
     return config
 
 

@@ -237,6 +237,12 @@ def test_a_person_is_provisioned_just_in_time_from_the_claims(gw: Gateway, model
     assert _chat(gw, model, token) == 200
     audit = gw.admin("GET", "/admin/audit?action=jit_provision_user").json()["entries"]
     assert any(e["target"] == email for e in audit)
+    # An email no person could be stored under (whitespace, a look-alike letter) provisions nobody.
+    for odd in (f"odd {email}", f"\u212a{email}"):
+        r = gw.client.post("/v1/proxy", params={"model": model["name"]}, json={"query": "hi"},
+                           headers={"authorization": f"Bearer {iss.token(odd, None, None, upn=odd, email=None)}"})
+        assert (r.status_code, r.json()["error"]) == (401, "unknown_principal"), r.text
+    assert not [u for u in gw.admin("GET", "/admin/users").json() if "odd" in u["email"] or "\u212a" in u["email"]]
     # Claims only seed: meshfast's records decide afterwards.
     assert gw.admin("PUT", f"/admin/users/{person['id']}", {"business_unit": "Risk"},
                     ).status_code in (200, 428)

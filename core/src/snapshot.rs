@@ -522,6 +522,8 @@ pub struct Snapshot {
     /// Platform token issuers, and their index by `iss`.
     pub issuers: Arc<Vec<Issuer>>,
     issuer_by_name: Arc<HashMap<String, u32>>,
+    /// Why each issuer left out of [`Snapshot::issuers`] was (the worker logs them).
+    pub issuer_problems: Arc<Vec<String>>,
     /// Principals by lowercased email, built on the first token (a config without token callers
     /// never pays for it).
     by_email: Arc<OnceLock<HashMap<String, u32>>>,
@@ -1098,16 +1100,26 @@ impl Snapshot {
         );
 
         let mut issuer_by_name = HashMap::new();
+        let mut issuer_problems = Vec::new();
         let issuers: Vec<Issuer> = raw
             .issuers
             .into_iter()
             .enumerate()
-            .map(|(i, raw)| {
-                let what = format!("issuers[{i}] ({:?})", raw.issuer);
-                if issuer_by_name.insert(raw.issuer.clone(), i as u32).is_some() {
-                    e.push(format!("{what}: a second issuer with this name"));
+            .filter_map(|(i, raw)| {
+                // NOTE: an issuer that cannot serve is left out (its tokens: unknown_issuer), never
+                // the reason the whole config is refused: a second one of a name (meshfast's own
+                // comes first), no usable algorithm, a set that is not JSON.
+                let mut problems = Vec::new();
+                let issuer = Issuer::build(&mut problems, &format!("issuers[{i}] ({:?})", raw.issuer), raw);
+                if issuer_by_name.contains_key(&issuer.issuer) {
+                    problems.push(format!("issuers[{i}]: a second issuer named {:?}", issuer.issuer));
                 }
-                Issuer::build(e, &what, raw)
+                if !problems.is_empty() {
+                    issuer_problems.extend(problems);
+                    return None;
+                }
+                issuer_by_name.insert(issuer.issuer.clone(), issuer_by_name.len() as u32);
+                Some(issuer)
             })
             .collect();
 
@@ -1154,6 +1166,7 @@ impl Snapshot {
             key_index: Arc::new(key_index),
             issuers: Arc::new(issuers),
             issuer_by_name: Arc::new(issuer_by_name),
+            issuer_problems: Arc::new(issuer_problems),
             by_email: Arc::default(),
             tokens: Arc::default(),
         })
@@ -1297,7 +1310,9 @@ impl Snapshot {
 
     /// [`Snapshot::verify_token`] without the cache (a first sight, every time).
     pub fn verify_token_uncached(&self, token: &str, now_ms: i64) -> std::result::Result<Identity, TokenError> {
-        let identity = self.verify_signature_and_claims(token, now_ms)?;
+        let identity = self
+            .verify_signature_and_claims(token, now_ms)
+            .map_err(TokenError::plain)?;
         self.still_valid(identity, now_ms)
     }
 
@@ -1306,7 +1321,7 @@ impl Snapshot {
             self.principals
                 .iter()
                 .enumerate()
-                .map(|(i, p)| (p.email.to_lowercase(), i as u32))
+                .filter_map(|(i, p)| crate::jwt::normal_email(&p.email).map(|e| (e, i as u32)))
                 .collect()
         });
         crate::jwt::verify(&self.issuers, &self.issuer_by_name, token, now_ms, |email| {

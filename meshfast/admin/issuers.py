@@ -41,6 +41,9 @@ ALGORITHMS = ("RS256", "ES256", "EdDSA")
 CLAIM_FIELDS = ("email", "display_name", "business_unit", "manager_email", "tier", "application")
 MAX_JWKS_BYTES = 256 * 1024
 MAX_ISSUERS = 64
+# Just-in-time provisioning per issuer and worker: a burst, then a steady rate (people a second).
+JIT_BURST = 20
+JIT_PER_S = 2.0
 _CLAIM_NAME = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
 
 IssuerExists = errors.IssuerExists
@@ -177,7 +180,7 @@ COUNT_ISSUERS = "SELECT count(*) FROM issuers"
 # What the leader fetches: due by age, or asked for by a worker since the last attempt, and never
 # twice within the minimum interval.
 DUE_ISSUERS = """
-SELECT id, issuer, jwks_url, local, fetched_jwks::text AS fetched_jwks, published_at
+SELECT id, issuer, jwks_url, local, algorithms, fetched_jwks::text AS fetched_jwks, published_at
 FROM issuers
 WHERE jwks_url IS NOT NULL
   AND (fetch_attempted_at IS NULL OR fetch_attempted_at < now() - make_interval(secs => $2))
@@ -265,6 +268,7 @@ class KeySets:
     def __init__(self, admin_pool: asyncpg.Pool) -> None:
         self._pool = admin_pool
         self._asked: dict[str, float] = {}
+        self._jit: dict[str, tuple[float, float]] = {}
 
     def ask(self, issuer: str) -> None:
         """A worker met a token whose key it does not know: ask the leader to fetch the issuer's
@@ -286,7 +290,19 @@ class KeySets:
             log.warning("could not ask for a key set fetch of %r: %s", issuer, type(exc).__name__)
 
     async def provision(self, claims: dict[str, Any]) -> int | None:
-        """Just-in-time provisioning (see :func:`provision`)."""
+        """Just-in-time provisioning (see :func:`provision`), at most JIT_BURST people per issuer
+        and worker at once, then JIT_PER_S a second: each one is a config change every worker of
+        every instance loads."""
+        issuer = str(claims.get("issuer_id"))
+        now = time.monotonic()
+        tokens, last = self._jit.get(issuer, (JIT_BURST, now))
+        tokens = min(JIT_BURST, tokens + (now - last) * JIT_PER_S)
+        if tokens < 1:
+            log.warning("just-in-time provisioning from issuer %s is over its rate; refused for now", issuer)
+            return None
+        if len(self._jit) > 1024:
+            self._jit.clear()
+        self._jit[issuer] = (tokens - 1, now)
         return await provision(self._pool, claims)
 
     async def tick(self, _conn: asyncpg.Connection | None = None) -> None:
@@ -300,7 +316,7 @@ class KeySets:
         async with self._pool.acquire() as conn:
             await conn.execute(MARK_ATTEMPT, row["id"])
         try:
-            text = await fetch_jwks(row["jwks_url"], local=row["local"])
+            text = await fetch_jwks(row["jwks_url"], local=row["local"], algorithms=list(row["algorithms"]))
         except Exception as exc:  # noqa: BLE001 - every failure keeps the last good set
             why = str(exc)[:300] or type(exc).__name__
             log.warning("key set of issuer %r not fetched: %s", row["issuer"], why)
@@ -322,9 +338,10 @@ class KeySets:
             log.info("key set of issuer %r changed: published", row["issuer"])
 
 
-async def fetch_jwks(url: str, *, local: bool, timeout_s: float = 10.0) -> str:
-    """The set at ``url`` as compact JSON text, checked; raises with the reason otherwise. Not
-    local: the address must be public, also once resolved (the providers' guarded resolver)."""
+async def fetch_jwks(url: str, *, local: bool, algorithms: list[str], timeout_s: float = 10.0) -> str:
+    """The set at ``url`` as compact JSON text, checked (a key for one of ``algorithms``); raises
+    with the reason otherwise. Not local: the address must be public, also once resolved (the
+    providers' guarded resolver)."""
     import aiohttp
 
     from meshfast.aiohttp_client import GuardedResolver
@@ -345,17 +362,23 @@ async def fetch_jwks(url: str, *, local: bool, timeout_s: float = 10.0) -> str:
         async with session.get(url, allow_redirects=False, headers={"accept": "application/json"}) as response:
             if response.status != 200:
                 raise ValueError(f"the key set's URL answered HTTP {response.status}")
-            body = await response.content.read(MAX_JWKS_BYTES + 1)
-    if len(body) > MAX_JWKS_BYTES:
-        raise ValueError(f"the key set is larger than {MAX_JWKS_BYTES} bytes")
+            chunks, size = [], 0
+            async for chunk in response.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > MAX_JWKS_BYTES:
+                    raise ValueError(f"the key set is larger than {MAX_JWKS_BYTES} bytes")
+                chunks.append(chunk)
+            body = b"".join(chunks)
     try:
         parsed = json.loads(body)
     except ValueError:
         raise ValueError("the key set is not JSON") from None
     text = json.dumps(parsed, separators=(",", ":"))
-    keys, _ = check_jwks(text)  # raises ValueError for a document that is not a set
-    if not keys:
-        raise ValueError("the key set holds no usable key")
+    problems = jwks_problems(text, algorithms)
+    if problems:
+        # NOTE: the last good set serves on (a set without a key for the issuer's algorithms
+        # would refuse every token).
+        raise ValueError("; ".join(problems))
     return text
 
 
@@ -373,8 +396,10 @@ async def provision(pool: asyncpg.Pool, claims: dict[str, Any]) -> int | None:
     """Creates the person a valid token names (its issuer provisions just in time) from what the
     claims say; returns the config seq that has them (None when someone else just did). Claims
     only seed the person: later changes are meshfast's own records."""
-    email = str(claims["email"]).strip().lower()[:320]
-    if "@" not in email or validate.text_problem(email) is not None:
+    # NOTE: the core's form (ASCII, lowercased, no whitespace): the person it will look up.
+    email = str(claims["email"])
+    if (len(email) > 320 or email != email.strip().lower() or email.count("@") != 1 or not email.isascii()
+            or any(c.isspace() for c in email) or validate.text_problem(email) is not None):
         return None
 
     def label(value: Any) -> str | None:
