@@ -109,6 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
     revoke_key = user_commands.add_parser("revoke-key", help="revoke one key at once")
     revoke_key.add_argument("key_id")
     revoke_key.add_argument("--json", action="store_true")
+    issuers = commands.add_parser("issuers", help="platform token (JWT) issuers the data plane trusts",
+                                  formatter_class=fmt, epilog=_env_epilog())
+    issuer_commands = issuers.add_subparsers(dest="issuers_command", metavar="ACTION", required=True)
+    add_issuer = issuer_commands.add_parser("add", help="trust an issuer (its key set inline or fetched from a URL)")
+    add_issuer.add_argument("--issuer", required=True, help="the tokens' iss")
+    add_issuer.add_argument("--audience", action="append", dest="audiences", required=True,
+                            help="an accepted aud (repeat for several)")
+    add_issuer.add_argument("--algorithm", action="append", dest="algorithms", required=True,
+                            choices=("RS256", "ES256", "EdDSA"), help="an allowed algorithm (repeat for several)")
+    source = add_issuer.add_mutually_exclusive_group(required=True)
+    source.add_argument("--jwks-url", help="fetched in the background (https; --local for a private address)")
+    source.add_argument("--jwks-file", help="a JWK Set file (public keys)")
+    add_issuer.add_argument("--claim", action="append", default=[], metavar="ATTRIBUTE=CLAIM",
+                            help="which claim holds email (default: email), display_name, business_unit, "
+                                 "manager_email, tier, application")
+    add_issuer.add_argument("--clock-skew-s", type=int, default=60)
+    add_issuer.add_argument("--jit", action="store_true", help="provision unknown people from their claims")
+    add_issuer.add_argument("--local", action="store_true", help="the JWKS URL may be a private address")
+    add_issuer.add_argument("--json", action="store_true")
+    issuer_list = issuer_commands.add_parser("list", help="list issuers and their keys")
+    issuer_list.add_argument("--json", action="store_true")
+    remove_issuer = issuer_commands.add_parser("remove", help="stop trusting an issuer")
+    remove_issuer.add_argument("issuer_id")
+    remove_issuer.add_argument("--json", action="store_true")
     admins = commands.add_parser("admins", help="dashboard logins", formatter_class=fmt, epilog=_env_epilog())
     admin_commands = admins.add_subparsers(dest="admins_command", metavar="ACTION", required=True)
     make_admin = admin_commands.add_parser(
@@ -224,6 +248,38 @@ async def _users(args: argparse.Namespace) -> Any:
             raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
 
 
+async def _issuers(args: argparse.Namespace) -> Any:
+    from meshfast import errors, validate
+    from meshfast.admin import issuers
+
+    async with _admin_service() as service:
+        trusted = issuers.IssuerService(service._pool, service._write)
+        try:
+            if args.issuers_command == "add":
+                claims = {"email": "email"}
+                for pair in args.claim:
+                    attribute, sep, claim = pair.partition("=")
+                    if not sep:
+                        raise SystemExit(f"meshfast: --claim {pair!r} is not ATTRIBUTE=CLAIM")
+                    claims[attribute.strip()] = claim.strip()
+                jwks = None
+                if args.jwks_file:
+                    try:
+                        jwks = json.loads(Path(args.jwks_file).read_text())
+                    except (OSError, ValueError) as exc:
+                        raise SystemExit(f"meshfast: cannot read {args.jwks_file}: {exc}") from None
+                body = validate.convert({
+                    "issuer": args.issuer, "audiences": args.audiences, "algorithms": args.algorithms,
+                    "claims": claims, "jwks_url": args.jwks_url, "jwks": jwks, "clock_skew_s": args.clock_skew_s,
+                    "jit_provisioning": args.jit, "local": args.local}, issuers.IssuerCreate)
+                return await trusted.create("cli", body)
+            if args.issuers_command == "remove":
+                return await trusted.delete("cli", args.issuer_id)
+            return await trusted.list()
+        except errors.MeshfastError as exc:
+            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+
+
 async def _admins(args: argparse.Namespace) -> Any:
     from meshfast import errors, validate
     from meshfast.admin import auth
@@ -277,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "admins":
         _print(asyncio.run(_admins(args)), args.json)
+        return 0
+    if args.command == "issuers":
+        _print(asyncio.run(_issuers(args)), args.json)
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

@@ -571,6 +571,53 @@ def test_named_keys_are_issued_rotated_and_revoked_from_the_ui(tab: Tab, gateway
     assert sorted(k["status"] for k in keys if k["name"] == "ci") == ["revoked", "revoked"]
 
 
+def test_token_issuers_and_a_session_token_from_the_ui(tab: Tab, gateway: Gateway, testserve: EmulatedProviders,
+                                                       admin: dict[str, str]) -> None:
+    """Identity providers: an issuer is trusted from the form (an inline JWK Set) and its tokens
+    call the data plane; the admin gets a short-lived token for their own user; the issuer is
+    removed and its tokens are refused."""
+    import json
+
+    from jwtkit import Issuer, jwks, new_key
+    from playwright.sync_api import expect
+
+    page = tab.page
+    tag = secrets.token_hex(3)
+    provider = gateway.create_provider(f"ui-idp-{tag}", base_url=f"{testserve.base_url}/openai")
+    model = gateway.create_model(provider["id"], f"ui-idp-{tag}", resolved_model="dummy-chat")
+    me = gateway.create_user(admin["email"])
+    gateway.grant(me["id"], model["id"])
+    iss = Issuer(f"https://ui-idp-{tag}.example.com", keys={"k": new_key("ES256", "k")})
+
+    def chat(token: str) -> int:
+        return gateway.client.post("/v1/chat/completions", headers={"authorization": f"Bearer {token}"},
+                                   json={"model": model["name"], "messages": [{"role": "user", "content": "hi"}]}
+                                   ).status_code
+
+    tab.login(admin)
+    tab.go("identity", "Identity providers")
+    form = page.locator("#issuer-create")
+    form.get_by_label("Issuer (iss)").fill(iss.name)
+    form.get_by_label("Audiences (aud)").fill(iss.audience)
+    form.get_by_label("Algorithms").fill("ES256")
+    form.get_by_label("JWK Set (JSON)").fill(json.dumps(jwks(*iss.keys.values())))
+    form.get_by_role("button", name="Trust issuer").click()
+    row = page.locator(f"#issuers-table tr[data-issuer='{iss.name}']")
+    expect(row.locator("td[data-col='keys']")).to_have_text("k ES256")
+    until(lambda: chat(iss.token(admin["email"])) == 200, 2.0, "the issuer's token")
+    page.get_by_role("button", name="Get a data-plane token").click()
+    token = page.locator("#new-secret").inner_text().strip()
+    assert token.count(".") == 2
+    until(lambda: chat(token) == 200, 2.0, "the session token")
+    assert tab.axe() == []
+    tab.screenshot("12-identity")
+    page.get_by_role("button", name="I have saved it").click()
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name=f"Remove issuer {iss.name}").click()
+    expect(page.locator(f"#issuers-table tr[data-issuer='{iss.name}']")).to_have_count(0)
+    until(lambda: chat(iss.token(admin["email"])) == 401, 2.0, "the removed issuer's token refused")
+
+
 def test_the_other_admin_writes_are_reachable_from_the_ui(tab: Tab, gateway: Gateway, testserve: EmulatedProviders,
                                                           admin: dict[str, str]) -> None:
     """Deployments, revoking a grant, deleting a user, a model and a provider, admins (create,

@@ -269,3 +269,30 @@ def test_meshfast_mints_short_lived_tokens_for_a_logged_in_admin(gw: Gateway, mo
     # An admin token has no user of its own.
     assert gw.admin("POST", "/admin/session-token").status_code == 403
     client.close()
+
+
+def test_the_cli_adds_lists_and_removes_issuers(gw: Gateway, model: dict, tmp_path: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args: str, ok: bool = True) -> Any:
+        result = subprocess.run([sys.executable, "-m", "meshfast.cli", "issuers", *args, "--json"],
+                                env=gw.env(), capture_output=True, text=True, timeout=60)
+        assert (result.returncode == 0) == ok, result.stderr
+        return json.loads(result.stdout) if ok else result.stderr
+
+    iss = Issuer(f"https://cli-{secrets.token_hex(3)}.example.com", keys={"k": new_key("ES256", "k")})
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(jwks(*iss.keys.values())))
+    made = cli("add", "--issuer", iss.name, "--audience", iss.audience, "--algorithm", "ES256", "--jwks-file",
+               str(path), "--claim", "email=mail")
+    assert made["claims"] == {"email": "mail"} and [k["kid"] for k in made["keys"]] == ["k"]
+    user = _person(gw, model)
+    token = iss.token(user["email"], None, None, mail=user["email"], email=None)
+    until(lambda: _chat(gw, model, token) == 200, 2.0, "the CLI's issuer on the data plane")
+    assert made["id"] in [i["id"] for i in cli("list")]
+    assert "invalid_request" in cli("add", "--issuer", iss.name + "/2", "--audience", "a", "--algorithm", "ES256",
+                                    "--jwks-url", "http://10.0.0.1/jwks", ok=False)
+    assert cli("remove", made["id"]) == {"status": "deleted"}
+    until(lambda: _chat(gw, model, token) == 401, 2.0, "removed")

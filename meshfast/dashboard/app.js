@@ -234,7 +234,7 @@
   const ROUTES = {
     overview: renderOverview, logs: renderLogs, users: renderUsers, providers: renderProviders, models: renderModels,
     access: renderAccess, rules: renderRules, notifications: renderNotifications, gateway: renderGateway,
-    audit: renderAudit, admins: renderAdmins,
+    audit: renderAudit, admins: renderAdmins, identity: renderIdentity,
   };
 
   let routing = 0;
@@ -1276,6 +1276,71 @@
       ], tokens, { id: "tokens-table", rowData: (t) => ({ name: t.name }) }),
       h("h3", {}, "Create a token"), tokenForm,
       h("h2", {}, "Your password"), pwForm);
+  }
+
+  // --- identity providers: platform token issuers, and a short-lived token for oneself --------
+
+  async function renderIdentity() {
+    const issuers = await get("/admin/issuers");
+    const isSuper = !!(state.me && state.me.is_super_admin);
+    const form = h("form", { class: "grid panel", id: "issuer-create", "aria-label": "Trust a token issuer" },
+      field("Issuer (iss)", "issuer", { required: true, id: "issuer-iss", placeholder: "https://login.example.com/" }),
+      field("Audiences (aud)", "audiences", { required: true, id: "issuer-aud", hint: "One or more, comma separated" }),
+      field("Algorithms", "algorithms", { id: "issuer-alg", value: "RS256", hint: "RS256, ES256, EdDSA; comma separated" }),
+      field("JWKS URL", "jwks_url", { id: "issuer-url", hint: "Fetched in the background; or paste a JWK Set below" }),
+      field("JWK Set (JSON)", "jwks", { kind: "textarea", rows: 4, id: "issuer-jwks" }),
+      field("Email claim", "email_claim", { id: "issuer-email", value: "email" }),
+      field("Business unit claim", "business_unit_claim", { id: "issuer-bu" }),
+      field("Tier claim", "tier_claim", { id: "issuer-tier" }),
+      field("Manager email claim", "manager_claim", { id: "issuer-manager" }),
+      field("Clock skew (s)", "clock_skew_s", { kind: "number", id: "issuer-skew", value: "60", min: 0 }),
+      field("Provision unknown people from their claims", "jit_provisioning", { kind: "checkbox", id: "issuer-jit" }),
+      field("The JWKS URL is a private address", "local", { kind: "checkbox", id: "issuer-local" }),
+      h("div", { class: "actions" }, h("button", { type: "submit" }, "Trust issuer")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const list = (v) => String(v || "").split(",").map((x) => x.trim()).filter(Boolean);
+      const claims = { email: d.email_claim || "email" };
+      if (d.business_unit_claim) claims.business_unit = d.business_unit_claim;
+      if (d.tier_claim) claims.tier = d.tier_claim;
+      if (d.manager_claim) claims.manager_email = d.manager_claim;
+      const body = { issuer: d.issuer, audiences: list(d.audiences), algorithms: list(d.algorithms), claims,
+        clock_skew_s: Number(d.clock_skew_s || 60), jit_provisioning: !!d.jit_provisioning, local: !!d.local };
+      if (d.jwks_url) body.jwks_url = d.jwks_url;
+      if (d.jwks) {
+        try { body.jwks = JSON.parse(d.jwks); } catch { toast("The JWK Set is not JSON.", true); return; }
+      }
+      if (await act(() => api("POST", "/admin/issuers", body), `Issuer ${d.issuer} trusted.`)) rerender();
+    });
+    const actions = (i) => (isSuper ? button("Remove", async () => {
+      if (!confirmed(`Stop trusting ${i.issuer}? Its tokens are refused at once.`)) return;
+      if (await act(() => api("DELETE", `/admin/issuers/${i.id}`), `Issuer ${i.issuer} removed.`)) rerender();
+    }, "danger", { "aria-label": `Remove issuer ${i.issuer}` }) : "—");
+    const mint = button("Get a data-plane token", async () => {
+      const out = await act(() => api("POST", "/admin/session-token"));
+      if (out) {
+        showSecret("Your data-plane token", out.data.token,
+          `Use it as Authorization: Bearer <token> (or as the SDK's API key) for ${Math.round(out.data.expires_in / 60)} minutes.`);
+        await renderIdentity();
+        document.getElementById("copy-secret").focus();
+      }
+    }, "", { id: "session-token" });
+    page("Identity providers",
+      secretPanel(),
+      h("p", {}, "Platform tokens (JWTs) from these issuers call the data plane; they are verified offline against the issuer's keys."),
+      table("Trusted token issuers", [
+        { key: "issuer", label: "Issuer" }, { key: "audiences", label: "Audiences", render: (i) => i.audiences.join(", ") },
+        { key: "algorithms", label: "Algorithms", render: (i) => i.algorithms.join(", ") },
+        { key: "keys", label: "Keys", render: (i) => (i.keys.length ? i.keys.map((k) => `${k.kid || "(no kid)"} ${k.alg}`).join(", ") : "none yet") },
+        { key: "source", label: "Key set", render: (i) => (i.jwks_url ? `${i.jwks_url}${i.fetch_error ? ` (last fetch failed: ${i.fetch_error})` : i.fetched_at ? ` (fetched ${when(i.fetched_at)})` : ""}` : "inline") },
+        { key: "jit", label: "Just in time", render: (i) => (i.jit_provisioning ? "yes" : "no") },
+        { key: "actions", label: "Actions", render: actions },
+      ], issuers, { id: "issuers-table", rowData: (i) => ({ issuer: i.issuer }) }),
+      isSuper ? h("h2", {}, "Trust an issuer") : null, isSuper ? form : null,
+      h("h2", {}, "A token for yourself"),
+      h("p", {}, "A short-lived token for the user with your email, for developer tools: no long-lived key needed."),
+      h("div", { class: "actions" }, mint));
   }
 
   // --- people lists: emails shown, user ids sent ---------------------------------------------
