@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-from meshfast import errors
+from meshfast import errors, tags
 from meshfast._core import Core, ShmError, UpstreamBodyError, entry_error, entry_stream_content_type, request_id
 from meshfast.admission import Admission
 from meshfast.dispatch import Dispatcher, UpstreamError, UpstreamResponse
@@ -188,6 +188,7 @@ class DataPlane:
         body = b""
         received = started
         cache_shaping = True
+        call_tags: dict[str, str] | None = None
         principal = self.core.authenticate(authorization, x_api_key, x_goog_api_key, query, now_ms)
         if principal is None and mesh_key_shaped(authorization, x_api_key, x_goog_api_key, query) \
                 and await self.caught_up():
@@ -208,12 +209,25 @@ class DataPlane:
                 cache = headers.get("x-meshfast-cache")
             except (UnicodeDecodeError, ValueError):
                 cache = "\ufffd"  # present but not text: refused below
+            if cache is None and "x-meshfast-cache" in headers:
+                cache = "\ufffd"  # NOTE: Granian answers None for a value that is not visible ASCII
             if cache is not None and failure is None:
                 # Prompt-cache shaping is on unless the caller turns it off for this call.
                 setting = cache.strip().lower()
                 if setting not in ("on", "off"):
                     failure = errors.InvalidRequest("X-Meshfast-Cache must be on or off")
                 cache_shaping = setting != "off"
+            try:
+                tag_header = headers.get("x-meshfast-tags")
+            except (UnicodeDecodeError, ValueError):
+                tag_header = "\x00"  # present but not text: refused below
+            if tag_header is None and "x-meshfast-tags" in headers:
+                tag_header = "\x00"  # NOTE: Granian answers None for a value that is not visible ASCII
+            if tag_header is not None and failure is None:
+                try:
+                    call_tags = tags.parse(tag_header, self.settings.tag_keys) or None
+                except errors.InvalidTags as exc:
+                    failure = exc
             if failure is None:
                 try:
                     body = await read_body(scope, proto, self.settings.max_body_bytes)
@@ -222,7 +236,7 @@ class DataPlane:
                         errors.InvalidRequest) as exc:
                     failure = exc
             if failure is not None:
-                self._refuse_unread(scope, proto, route, model, failure, principal, started, now_ms)
+                self._refuse_unread(scope, proto, route, model, failure, principal, started, now_ms, call_tags)
                 return
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                               model, stream, cache_shaping)
@@ -240,7 +254,7 @@ class DataPlane:
                 granted = await self.leases.acquire(wanted, p.principal_id, p.model_id, p.provider_id)
                 if granted is None:
                     self._refuse_unread(scope, proto, route, model, errors.ServerBusy(retry_after_s=1), principal,
-                                        started, now_ms)
+                                        started, now_ms, call_tags)
                     return
                 if not granted:
                     break
@@ -256,7 +270,7 @@ class DataPlane:
             source_ip=source_ip, user_agent=user_agent, business_unit=p.business_unit, manager_id=p.manager_id,
             tier=p.tier, would_deny=p.would_deny, tags=p.model_tags,
             principal_kind="user" if p.principal_id is not None else None, token_issuer=p.token_issuer,
-            token_subject=p.token_subject,
+            token_subject=p.token_subject, call_tags=call_tags,
         )
         if self.tracing is not None and principal is not None:
             # NOTE: an unknown key costs no span (unauthenticated work must cost almost nothing).
@@ -623,7 +637,7 @@ class DataPlane:
         row.outcome, row.status_code = "success", 200
 
     def _refuse_unread(self, scope: Any, proto: Any, route: str, model: str | None, error: errors.MeshfastError,
-                       principal: Any, started: float, now_ms: int) -> None:
+                       principal: Any, started: float, now_ms: int, call_tags: dict[str, str] | None = None) -> None:
         """An authenticated POST refused before its body was whole (the worker is past its limit,
         the body is too large, too slow, malformed in its framing, or its caller left): the answer
         in the route's shape (none when the caller left) and its row, which names the caller."""
@@ -632,7 +646,7 @@ class DataPlane:
             request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=error.status,
             deny_reason=error.code, latency_ms=self._elapsed_ms(started), mesh_key_id=principal.key_id,
             user_id=principal.id, principal_kind="user", token_issuer=principal.token_issuer,
-            token_subject=principal.token_subject, source_ip=client_ip(scope),
+            token_subject=principal.token_subject, call_tags=call_tags, source_ip=client_ip(scope),
             user_agent=_header(scope.headers, "user-agent"),
             requested_model=_model_param(scope.query_string) if route in _MESH else model))
         if not isinstance(error, errors.ClientDisconnected):

@@ -47,6 +47,7 @@ def _outcome(name: str, code: str) -> type[MeshfastError]:
 # The data plane's (and the admin plane's where the code is the same).
 InvalidRequest = _outcome("InvalidRequest", "invalid_request")
 InvalidKey = _outcome("InvalidKey", "invalid_or_revoked_key")
+InvalidTags = _outcome("InvalidTags", "invalid_tags")
 ModelNotFound = _outcome("ModelNotFound", "model_not_found")
 MethodNotAllowed = _outcome("MethodNotAllowed", "method_not_allowed")
 PayloadTooLarge = _outcome("PayloadTooLarge", "payload_too_large")

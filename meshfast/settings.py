@@ -6,6 +6,7 @@ Every variable is documented here and in ``meshfast --help``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,30 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_NOTIFY_GIVE_UP_S", "seconds after which an undelivered notification is marked failed (default 86400)"),
     ("MESHFAST_NOTIFY_TIMEOUT_S", "seconds one webhook or SMTP delivery attempt may take (default 10)"),
     ("MESHFAST_NOTIFY_DIGEST_S", "seconds between the leader's checks for leadership digests due (default 60)"),
+    ("MESHFAST_TAG_KEYS", "the keys callers may send in X-Meshfast-Tags, comma separated (default "
+                          "platform,workflow,harness; each 1-32 of a-z 0-9 _ -)"),
+    ("MESHFAST_JWKS_REFRESH_S", "seconds between fetches of a platform token issuer's jwks_url (default 300)"),
+    ("MESHFAST_JWKS_MIN_INTERVAL_S", "least seconds between two fetches of one issuer's key set (default 10)"),
+    ("MESHFAST_JWKS_MAX_AGE_S", "seconds a fetched key set is trusted after it was last confirmed; then its tokens "
+                                "fail closed (default 86400)"),
+    ("MESHFAST_TOKEN_ISSUER", "the iss of meshfast's own short-lived tokens (default meshfast)"),
 )
+
+# X-Meshfast-Tags: the keys callers may send unless MESHFAST_TAG_KEYS says otherwise.
+DEFAULT_TAG_KEYS = ("platform", "workflow", "harness")
+_TAG_KEY = re.compile(r"[a-z0-9_-]{1,32}\Z")
+
+
+def tag_keys_env() -> tuple[str, ...]:
+    """MESHFAST_TAG_KEYS as a tuple of keys (each once, in order); exits naming a bad one."""
+    raw = os.environ.get("MESHFAST_TAG_KEYS", "").strip()
+    if not raw:
+        return DEFAULT_TAG_KEYS
+    keys = tuple(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
+    bad = [k for k in keys if not _TAG_KEY.match(k)]
+    if bad or not keys or len(keys) > 16:
+        raise SystemExit(f"meshfast: MESHFAST_TAG_KEYS must list 1 to 16 keys of 1-32 of a-z 0-9 _ -, got {raw!r}")
+    return keys
 
 
 def _int_env(name: str, default: int) -> int:
@@ -158,6 +182,7 @@ class Settings:
     granian_runtime_mode: str = "auto"
     calendar_tz: str = "UTC"
     shm_slots: int = 1 << 20
+    tag_keys: tuple[str, ...] = DEFAULT_TAG_KEYS
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -195,6 +220,7 @@ class Settings:
             granian_runtime_mode=_choice_env("MESHFAST_RUNTIME_MODE"),
             calendar_tz=_zone_env("MESHFAST_CALENDAR_TZ"),
             shm_slots=_bounded_int_env("MESHFAST_SHM_SLOTS", 1 << 20, 1 << 12, 1 << 27),
+            tag_keys=tag_keys_env(),
         )
 
     @property

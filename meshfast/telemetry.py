@@ -35,6 +35,7 @@ import contextlib
 import datetime as dt
 import functools
 import ipaddress
+import json
 import logging
 import os
 import struct
@@ -151,6 +152,8 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     principal_kind: str | None = None
     token_issuer: str | None = None
     token_subject: str | None = None
+    # The caller's attribution tags (X-Meshfast-Tags), validated at the edge.
+    call_tags: dict[str, str] | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -164,7 +167,7 @@ COLUMNS = (
     "browser", "browser_version", "os", "os_version", "device_type", "count",
     "business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id",
     "tools_declared", "tools_declared_bytes", "tools_invoked", "cache_write_1h_tokens",
-    "principal_kind", "token_issuer", "token_subject",
+    "principal_kind", "token_issuer", "token_subject", "call_tags",
 )
 # What the outbox takes from a row's events (migration 0014), one array per column.
 INSERT_RULE_EVENTS = """
@@ -259,8 +262,17 @@ def to_record(row: Row) -> tuple[Any, ...]:
         _tags(row.tags) if row.tags else None, safe_text(row.trace_id, MAX_KEY_TEXT),
         *_tools(row), row.cache_write_1h_tokens,
         safe_text(row.principal_kind, MAX_KEY_TEXT), safe_text(row.token_issuer, 512),
-        safe_text(row.token_subject, 512),
+        safe_text(row.token_subject, 512), _call_tags(row.call_tags),
     )
+
+
+def _call_tags(value: dict[str, str] | None) -> str | None:
+    """The tags as jsonb text: keys and values are safe already (the edge checked their shape),
+    but a row that came any other way (a spool from an older build, a test) is kept, cut to shape."""
+    if not value:
+        return None
+    return json.dumps({safe_text(str(k), 32): safe_text(str(v), 64) for k, v in list(value.items())[:16]},
+                      sort_keys=True, separators=(",", ":"))
 
 
 MAX_TOOLS = 128

@@ -188,13 +188,14 @@ def test_summary_refuses_an_unknown_group_by(gateway: Gateway) -> None:
 
 def test_listing_shows_the_organisation_at_call_time(gateway: Gateway, organisation: dict[str, Any],
                                                      ingested: None) -> None:
-    """/admin/logs rows carry business_unit, manager_id, tier, would_deny and tags."""
+    """/admin/logs rows carry business_unit, manager_id, tier, would_deny and the model's tags (model_tags;
+    ``tags`` is the caller's attribution object)."""
     response = _admin_get(gateway, "/admin/logs", {**_window(), "user_id": organisation["mover"], "page_size": "500"})
     assert response.status_code == 200, response.text
     listed = {r["request_id"]: r for r in response.json()["logs"]}
     for row in organisation["rows"][:120]:
         got = listed[row.request_id]
-        assert (got["business_unit"], got["manager_id"], got["tier"], got["would_deny"], got["tags"]) == \
+        assert (got["business_unit"], got["manager_id"], got["tier"], got["would_deny"], got["model_tags"]) == \
             (row.business_unit, row.manager_id, row.tier, row.would_deny, row.tags)
 
 
@@ -226,7 +227,7 @@ def test_export_csv_matches_the_listing(gateway: Gateway, organisation: dict[str
         assert Decimal(e["cost"]) * NANO == row.input_cost_nano + row.output_cost_nano
         assert (e["business_unit"] or None, e["manager_id"] or None, e["tier"] or None, e["would_deny"] or None) == \
             (r["business_unit"], r["manager_id"], r["tier"], r["would_deny"])
-        assert e["tags"] == ";".join(row.tags) and e["outcome"] == r["outcome"]
+        assert e["model_tags"] == ";".join(row.tags) and e["outcome"] == r["outcome"]
         assert int(e["status_code"]) == r["status_code"] and e["user_id"] == (r["user_id"] or "")
     assert {e["user_email"] for e in exported} == {""}  # these users exist only in the rows
     oldest_first = _export(gateway, {**params, "order": "asc"})
@@ -253,7 +254,7 @@ def test_export_pages_through_many_rows_sharing_one_instant(gateway: Gateway,
     assert _admin_get(gateway, "/admin/logs", params).json()["total"] == len(rows)
     first = exported[0]
     assert first["user_agent"] == "'=HYPERLINK(\"http://x\")" and first["business_unit"] == "'+ops"
-    assert first["tier"] == "'@gold" and first["tags"] == "'-opus;fine" and first["user_email"] == user["email"]
+    assert first["tier"] == "'@gold" and first["model_tags"] == "'-opus;fine" and first["user_email"] == user["email"]
     assert sum(Decimal(e["cost"]) for e in exported) * NANO == sum(1 + i for i in range(2500))
 
 

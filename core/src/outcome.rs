@@ -45,6 +45,8 @@ pub enum Outcome {
     /// A wait for the provider's rate, concurrency or admission share ran out.
     ProviderBusy,
     InvalidRequest,
+    /// `X-Meshfast-Tags` names a key not allowed or a value out of shape.
+    InvalidTags,
     ContentTypeNotSupportedByModel,
     WebSearchNotSupportedByModel,
     EmbeddingsNotSupportedByProvider,
@@ -123,7 +125,7 @@ pub const UNKNOWN_MESSAGE: &str = "The request could not be served.";
 
 impl Outcome {
     /// Every outcome, denials first in the order the metrics list them.
-    pub const ALL: [Outcome; 35] = [
+    pub const ALL: [Outcome; 36] = [
         Outcome::InvalidOrRevokedKey,
         Outcome::InvalidToken,
         Outcome::TokenExpired,
@@ -146,6 +148,7 @@ impl Outcome {
         Outcome::ServerBusy,
         Outcome::ProviderBusy,
         Outcome::InvalidRequest,
+        Outcome::InvalidTags,
         Outcome::ContentTypeNotSupportedByModel,
         Outcome::WebSearchNotSupportedByModel,
         Outcome::EmbeddingsNotSupportedByProvider,
@@ -233,6 +236,11 @@ impl Outcome {
                 Spec::denial("provider_busy", 503, "The provider is at capacity; retry shortly.").retry_after()
             }
             O::InvalidRequest => Spec::denial("invalid_request", 400, "The request is not valid."),
+            O::InvalidTags => Spec::denial(
+                "invalid_tags",
+                400,
+                "X-Meshfast-Tags must be key=value pairs separated by ';' with allowed keys and values of at most 64 of A-Z a-z 0-9 . _ -.",
+            ),
             O::ContentTypeNotSupportedByModel => Spec::denial(
                 "content_type_not_supported_by_model",
                 400,
@@ -349,7 +357,10 @@ mod tests {
             ],
         ),
         (503, &["paused_by_admin", "server_busy", "provider_busy"]),
-        (400, &["invalid_request", "content_type_not_supported_by_model"]),
+        (
+            400,
+            &["invalid_request", "content_type_not_supported_by_model", "invalid_tags"],
+        ),
         (413, &["payload_too_large"]),
         (502, &["upstream_unavailable"]),
         (404, &["model_not_found"]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import json
 from collections.abc import AsyncGenerator
 from decimal import Decimal
 from typing import Any
@@ -22,7 +23,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 import msgspec
 
-from meshfast import errors, validate
+from meshfast import errors, settings, validate
 
 STATUS_OUTCOME = {"success": "success", "error": "upstream_error", "denied": "denied"}
 SORTS = {"created_at": "created_at", "latency_ms": "latency_ms", "cost": "(input_cost + output_cost)",
@@ -37,14 +38,19 @@ LIST_COLUMNS = (
     "id, request_id, created_at, user_id, mesh_key_id, provider_id, model_id, model_name, requested_model, route, "
     "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
     "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
-    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags, trace_id, tools_declared, "
+    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags AS model_tags, call_tags AS tags, "
+    "trace_id, tools_declared, "
     "tools_declared_bytes, tools_invoked, cache_write_1h_tokens, principal_kind, mesh_key_id AS key_id, token_issuer, "
     "token_subject"
 )
 # A tool definition's prompt cost is estimated from its JSON size at this many bytes per token.
 BYTES_PER_TOKEN = 4
-# group_by= of the summary: the row's own value at call time, as kept in request_rollup_hourly.
-GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag"}
+# group_by= of the summary: the row's own value at call time, as kept in request_rollup_hourly;
+# every attribution tag key (MESHFAST_TAG_KEYS) groups by the value callers sent under it.
+GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag",
+            "principal_kind": "principal_kind", "token_issuer": "token_issuer",
+            # NOTE: the keys are checked (a-z 0-9 _ -) by settings.tag_keys_env: safe in a literal.
+            **{key: f"call_tags->>'{key}'" for key in settings.tag_keys_env() if key not in ("tag", "manager")}}
 
 
 class Query:
@@ -205,6 +211,8 @@ async def _edge_count(conn: asyncpg.Connection, q: Query, inner_from: dt.datetim
 
 def _log(r: asyncpg.Record) -> dict[str, Any]:
     out = dict(r)
+    if isinstance(out.get("tags"), str):
+        out["tags"] = json.loads(out["tags"])
     for key in ("id", "user_id", "mesh_key_id", "provider_id", "model_id", "manager_id"):
         if out.get(key) is not None:
             out[key] = str(out[key])
@@ -533,11 +541,13 @@ EXPORT_HEADER = (
     "id", "request_id", "created_at", "user_id", "user_email", "business_unit", "manager_id", "tier", "model_id",
     "model_name", "requested_model", "provider_id", "route", "outcome", "deny_reason", "would_deny", "status_code",
     "latency_ms", "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "count", "input_cost",
-    "output_cost", "cost", "tags", "source_ip", "user_agent", "cache_write_1h_tokens", "tools_declared",
-    "tools_invoked",
+    "output_cost", "cost", "model_tags", "source_ip", "user_agent", "cache_write_1h_tokens", "tools_declared",
+    "tools_invoked", "tags", "principal_kind", "key_id", "token_issuer", "token_subject",
 )
-_EXPORT_COLUMNS = ", ".join("(input_cost + output_cost) AS cost" if c == "cost" else c
-                            for c in EXPORT_HEADER if c != "user_email")
+# The export's columns as the rows hold them (the API's names differ for three).
+_EXPORT_SQL = {"cost": "(input_cost + output_cost) AS cost", "model_tags": "tags AS model_tags",
+               "tags": "call_tags AS tags", "key_id": "mesh_key_id AS key_id"}
+_EXPORT_COLUMNS = ", ".join(_EXPORT_SQL.get(c, c) for c in EXPORT_HEADER if c != "user_email")
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection). Some read
 # a cell with its leading whitespace trimmed (LibreOffice's "trim spaces" import), and the
 # full-width forms as the ASCII ones.
@@ -557,8 +567,14 @@ def _csv_cell(value: Any) -> str:
         return value.isoformat()
     if isinstance(value, list):
         value = ";".join(str(v) for v in value)
+
     text = str(value)
     return "'" + text if text.startswith(_FORMULA_START) or text.lstrip().startswith(_FORMULA_START) else text
+
+
+def _tag_pairs(value: str | None) -> str | None:
+    """An attribution object (jsonb text) as the header spells it: ``k=v;k=v``."""
+    return None if not value else ";".join(f"{k}={v}" for k, v in sorted(json.loads(value).items()))
 
 
 def _csv_lines(rows: list[asyncpg.Record], emails: dict[str | None, str]) -> bytes:
@@ -566,7 +582,8 @@ def _csv_lines(rows: list[asyncpg.Record], emails: dict[str | None, str]) -> byt
     writer = csv.writer(out, lineterminator="\r\n")
     for r in rows:
         user_id = None if r["user_id"] is None else str(r["user_id"])
-        writer.writerow([_csv_cell(emails.get(user_id)) if c == "user_email" else _csv_cell(r[c])
+        writer.writerow([_csv_cell(emails.get(user_id)) if c == "user_email"
+                         else _csv_cell(_tag_pairs(r[c])) if c == "tags" else _csv_cell(r[c])
                          for c in EXPORT_HEADER])
     return out.getvalue().encode()
 
