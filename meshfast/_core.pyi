@@ -23,6 +23,7 @@ __all__ = [
     "RULE_OWN",
     "RULE_MINUTE_CALLS",
     "RULE_MINUTE_TOKENS",
+    "WORKFLOW_SPEND",
     "CALLS_HOUR",
     "PROVIDER_CALLS_HOUR",
     "PROVIDER_RATE",
@@ -72,6 +73,9 @@ RULE_MINUTE_CALLS: Final[int]
 """In a cluster: calls this instance counted under a rule entry's per-minute cap for one principal
 in one UTC minute (capped by its slices of the cap)."""
 RULE_MINUTE_TOKENS: Final[int]
+# nano-USD spent and reserved under a registered workflow's budget in one window instance (a zero,
+# b the workflow's uid, period the window's).
+WORKFLOW_SPEND: Final[int]
 """In a cluster: tokens this instance counted under a rule entry's per-minute cap for one principal
 in one UTC minute."""
 """Counter kind: nano-USD spent by a principal on a model in one UTC day (period = unix_ms // 86_400_000)."""
@@ -420,8 +424,14 @@ class Core:
         model: str | None = None,
         stream: bool | None = None,
         cache_shaping: bool = True,
+        workflow: str | None = None,
     ) -> Prepared:
         """The decision for a data-plane POST route, in Mesh's order.
+
+        ``workflow`` (the call's ``workflow`` tag) names a registered workflow: a principal it does
+        not list is 403 ``workflow_not_permitted``; otherwise the worst case is reserved against
+        its budget in its calendar window (429 ``budget_exceeded`` naming it when it does not
+        fit). An unregistered id changes nothing.
 
         ``cache_shaping`` False (the caller's ``X-Meshfast-Cache: off``) leaves the upstream body
         without the model's prompt-cache shaping: no Anthropic breakpoints beyond the caller's own,

@@ -133,6 +133,22 @@ def build_parser() -> argparse.ArgumentParser:
     remove_issuer = issuer_commands.add_parser("remove", help="stop trusting an issuer")
     remove_issuer.add_argument("issuer_id")
     remove_issuer.add_argument("--json", action="store_true")
+    workflows = commands.add_parser("workflows", help="workflow budgets (calls tagged workflow=<id>)",
+                                    formatter_class=fmt, epilog=_env_epilog())
+    workflow_commands = workflows.add_subparsers(dest="workflows_command", metavar="ACTION", required=True)
+    add_workflow = workflow_commands.add_parser("add", help="register a workflow budget")
+    add_workflow.add_argument("id", help="the workflow tag's value")
+    add_workflow.add_argument("--limit-usd", required=True)
+    add_workflow.add_argument("--window", required=True, choices=("daily", "weekly", "monthly"))
+    add_workflow.add_argument("--user", action="append", default=[], metavar="USER_ID",
+                              help="a person who may charge it (repeat; none of --user/--business-unit: anyone)")
+    add_workflow.add_argument("--business-unit", action="append", default=[], help="a business unit that may")
+    add_workflow.add_argument("--json", action="store_true")
+    workflow_list = workflow_commands.add_parser("list", help="list workflows and their spend")
+    workflow_list.add_argument("--json", action="store_true")
+    remove_workflow = workflow_commands.add_parser("remove", help="unregister a workflow")
+    remove_workflow.add_argument("id")
+    remove_workflow.add_argument("--json", action="store_true")
     admins = commands.add_parser("admins", help="dashboard logins", formatter_class=fmt, epilog=_env_epilog())
     admin_commands = admins.add_subparsers(dest="admins_command", metavar="ACTION", required=True)
     make_admin = admin_commands.add_parser(
@@ -280,6 +296,25 @@ async def _issuers(args: argparse.Namespace) -> Any:
             raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
 
 
+async def _workflows(args: argparse.Namespace) -> Any:
+    from meshfast import errors, validate
+    from meshfast.admin import workflows
+
+    async with _admin_service() as service:
+        budgets = workflows.WorkflowService(service._pool, service._write)
+        try:
+            if args.workflows_command == "add":
+                listed = [{"user_id": u} for u in args.user] + [{"business_unit": b} for b in args.business_unit]
+                body = validate.convert({"id": args.id, "limit_usd": args.limit_usd, "window": args.window,
+                                         "principals": listed or None}, workflows.WorkflowCreate)
+                return await budgets.create("cli", body)
+            if args.workflows_command == "remove":
+                return await budgets.delete("cli", args.id)
+            return await budgets.list()
+        except errors.MeshfastError as exc:
+            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+
+
 async def _admins(args: argparse.Namespace) -> Any:
     from meshfast import errors, validate
     from meshfast.admin import auth
@@ -336,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "issuers":
         _print(asyncio.run(_issuers(args)), args.json)
+        return 0
+    if args.command == "workflows":
+        _print(asyncio.run(_workflows(args)), args.json)
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

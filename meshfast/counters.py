@@ -28,6 +28,7 @@ from meshfast._core import (
     WINDOW_DAY,
     WINDOW_MONTH,
     WINDOW_WEEK,
+    WORKFLOW_SPEND,
     ceiling_key,
     cluster_key,
     counter_key,
@@ -91,6 +92,20 @@ SEED_CALENDAR_SUM = f"""
 SELECT {_PACKED.format(a="uuid_send(user_id)", b="uuid_send(model_id)", period="$3", value="spend")} FROM (
     SELECT user_id, model_id, sum(spend_nano_usd) AS spend FROM calendar_spend
     WHERE day >= $1 AND day <= $2 GROUP BY user_id, model_id) sums
+"""
+UPSERT_WORKFLOW_SPEND = """
+INSERT INTO workflow_spend (workflow_uid, "window", period, spend_nano_usd)
+SELECT $1, w."window", $2, $3 FROM workflows w WHERE w.uid = $1
+ON CONFLICT (workflow_uid, period)
+DO UPDATE SET spend_nano_usd = workflow_spend.spend_nano_usd + EXCLUDED.spend_nano_usd
+RETURNING spend_nano_usd
+"""
+# Each workflow's spend in its window's current instance ($1 day, $2 week, $3 month periods).
+SEED_WORKFLOW_SPEND = f"""
+SELECT {_PACKED.format(a=_ZERO_ID_BYTES, b="uuid_send(workflow_uid)", period="period", value="spend_nano_usd")}
+FROM workflow_spend
+WHERE ("window" = 'daily' AND period >= $1) OR ("window" = 'weekly' AND period >= $2)
+   OR ("window" = 'monthly' AND period >= $3)
 """
 SEED_PAUSES = """
 SELECT rule_id, entry, user_id, "window", window_start, (detail->>'started_at_ms')::bigint AS started_at_ms
@@ -164,17 +179,32 @@ def _periods_of(config: Config, now_ms: int) -> tuple[list[tuple[int, int]], lis
     return pairs, [(PROVIDER_CALLS_HOUR, p) for p in _periods(now_ms, HOUR_MS)]
 
 
+def workflow_period(window: str, date: dt.date) -> int:
+    return {"daily": day_period, "weekly": week_period}.get(window, month_period)(date)
+
+
+def _workflow_keys(config: Config, now_ms: int) -> Iterable[tuple[int, str, str, int]]:
+    """Each workflow's counter in its window's current instance and the one before (late settles)."""
+    today = local_date(now_ms, config.calendar_tz)
+    for wf in config.workflows:
+        current = workflow_period(wf.window, today)
+        for period in (current - 1, current):
+            yield WORKFLOW_SPEND, ZERO_ID, wf.uid, period
+
+
 async def _moved(segment: Any, config: Config, now_ms: int, core: Any) -> list[tuple[int, str, str, int, int]]:
     """(kind, a, b, period, delta) of every counter that moved since the last checkpoint. With the
     worker's core, one pass over the snapshot in Rust, off the event loop (a million grants);
     without, the same in Python (the supervisor's last checkpoint)."""
+    moved: list[tuple[int, str, str, int, int]] = []
+    keys: Iterable[tuple[int, str, str, int]] = _keys(config, now_ms)
     if core is not None:
         pairs, providers = _periods_of(config, now_ms)
-        return await asyncio.to_thread(core.counter_deltas, pairs, providers)
+        moved = list(await asyncio.to_thread(core.counter_deltas, pairs, providers))
+        keys = ()
     # Open budget reservations share the spend counters; only settled spend is pushed.
     reserved = segment.reserved()
-    moved = []
-    for kind, a, b, period in _keys(config, now_ms):
+    for kind, a, b, period in (*keys, *_workflow_keys(config, now_ms)):
         key = counter_key(kind, a, b, period)
         delta = segment.get(key) - reserved.get(key, 0) - segment.shadow(key)
         if delta:
@@ -194,6 +224,10 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
             total = await conn.fetchval(UPSERT_CALENDAR_SPEND, a, b, _day(period), delta)
         elif kind == CALLS_HOUR:
             total = await conn.fetchval(UPSERT_USER_HOURLY, a, b, _hour(period), delta)
+        elif kind == WORKFLOW_SPEND:
+            total = await conn.fetchval(UPSERT_WORKFLOW_SPEND, b, period, delta)
+            if total is None:
+                continue  # the workflow was deleted meanwhile: nothing to keep
         else:
             total = await conn.fetchval(UPSERT_PROVIDER_HOURLY, b, _hour(period), delta)
         segment.add_shadow(key, delta)
@@ -204,7 +238,7 @@ async def checkpoint(segment: Any, conn: asyncpg.Connection, config: Config, now
             # instance's slice rises with the counter, after it (never more room), and only if the
             # ceiling was there before the counter moved (one made since already counts it).
             mode = segment.get(cluster_key())
-            leased = mode and kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR) and segment.get(
+            leased = mode and kind in (SPEND_DAY, CALLS_HOUR, PROVIDER_CALLS_HOUR, WORKFLOW_SPEND) and segment.get(
                 ceiling_key(key, mode))
             segment.add(key, absorbed)
             segment.add_shadow(key, absorbed)
@@ -255,6 +289,9 @@ async def seed(segment: Any, conn: asyncpg.Connection, now_ms: int, timing: dict
                                (PROVIDER_CALLS_HOUR, SEED_PROVIDER_HOURLY, _hour(first_hour))):
         loaded += await _seed_packed(segment, kind, await conn.fetchval(query, since), True, timing)
     loaded += await seed_calendar(segment, conn, now_ms, timing)
+    today = local_date(now_ms)
+    packed = await conn.fetchval(SEED_WORKFLOW_SPEND, day_period(today), week_period(today), month_period(today))
+    loaded += await _seed_packed(segment, WORKFLOW_SPEND, packed, True, timing)
     return loaded
 
 

@@ -238,11 +238,12 @@ class DataPlane:
             if failure is not None:
                 self._refuse_unread(scope, proto, route, model, failure, principal, started, now_ms, call_tags)
                 return
+        workflow = call_tags.get("workflow") if call_tags else None
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
-                              model, stream, cache_shaping)
+                              model, stream, cache_shaping, workflow)
         if principal is not None and p.status in _CONFIG_REFUSALS and await self.caught_up():
             p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
-                                  model, stream, cache_shaping)
+                                  model, stream, cache_shaping, workflow)
         if p.status and self.leases is not None:
             # A cluster member holds only slices of each cap: out of room, it asks for another
             # (one round trip, rare far from a cap) and decides again.
@@ -259,7 +260,7 @@ class DataPlane:
                 if not granted:
                     break
                 p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body),
-                                      now_ms, model, stream, cache_shaping)
+                                      now_ms, model, stream, cache_shaping, workflow)
         user_agent = _header(headers, "user-agent")
         source_ip = client_ip(scope)
         mesh = route in _MESH

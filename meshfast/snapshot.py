@@ -281,6 +281,18 @@ class Issuer(msgspec.Struct):
     good_until_ms: int | None = None
 
 
+class Workflow(msgspec.Struct):
+    """A registered workflow's budget (the core's ``RawWorkflow``)."""
+
+    id: str
+    uid: str
+    limit_nano: int
+    window: str
+    # None: anyone may charge it; else these principal indexes and business units.
+    principals: list[int] | None = None
+    business_units: list[str] = []
+
+
 class Config(msgspec.Struct):
     seq: int
     kill_switch: bool
@@ -298,6 +310,7 @@ class Config(msgspec.Struct):
     calendar_tz: str = "UTC"
     # Platform token issuers, meshfast's own first.
     issuers: list[Issuer] = []
+    workflows: list[Workflow] = []
 
     def grant_pairs(self) -> Iterator[tuple[int, int]]:
         """(principal, model) indexes of every grant, the list's and the table's."""
@@ -439,6 +452,7 @@ async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
             "enforce_rules": bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES)),
             "rules": await conn.fetch(sql.SNAPSHOT_RULES),
             "issuers": await conn.fetch(sql.SNAPSHOT_ISSUERS),
+            "workflows": await conn.fetch(sql.SNAPSHOT_WORKFLOWS),
         }
 
 
@@ -452,6 +466,7 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
     principal_index = {p.id: i for i, p in enumerate(config.principals)}
     model_index = {m.name: i for i, m in enumerate(config.models)}
     config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rows["rules"]]
+    config.workflows = [workflow_from_row(row, principal_index) for row in rows.get("workflows", ())]
     own = Issuer(**tokens.own_issuer(master_key))
     config.issuers = [own]
     for row in rows.get("issuers", ()):
@@ -461,6 +476,20 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
             continue
         config.issuers.append(issuer_from_row(row))
     return config
+
+
+def workflow_from_row(row: Any, principal_index: dict[str, int]) -> Workflow:
+    """A workflow row (SNAPSHOT_WORKFLOWS) as the core takes it; a listed person deleted since
+    drops out of its principals."""
+    listed = json.loads(row["principals"]) if row["principals"] else None
+    people: list[int] | None = None
+    units: list[str] = []
+    if listed is not None:
+        people = sorted({principal_index[p["user_id"]] for p in listed
+                         if "user_id" in p and p["user_id"] in principal_index})
+        units = [p["business_unit"] for p in listed if "business_unit" in p]
+    return Workflow(id=row["id"], uid=row["uid"], limit_nano=int(row["limit_nano_usd"]), window=row["window"],
+                    principals=people, business_units=units)
 
 
 def jwks_max_age_s() -> float:

@@ -219,3 +219,50 @@ def test_a_busy_instance_gives_up_its_provider_share_to_one_that_waits(
         _fast(testserve)
     assert [r.status_code for r in answers] == [200] * 4, [(r.status_code, r.text[:80]) for r in answers]
     assert testserve.client.get("/_debug/stats").json()["peak_in_flight"] <= 2
+
+
+def test_a_workflow_budget_holds_across_instances(cluster: Cluster, testserve: EmulatedProviders) -> None:
+    """A workflow's budget (calls tagged workflow=<id>) is leased in slices like any cap: 4x
+    oversubscribed over three instances it admits at most what it fits, then exactly that."""
+    import asyncio
+
+    import httpx
+
+    fits = 10
+    caller = _caller(cluster, testserve)
+    admin = cluster.instances[0]
+    workflow = f"cl-{tag()}"
+    created = admin.admin("POST", "/admin/workflows", {"id": workflow, "limit_usd": str(fits * CALL_USD),
+                                                       "window": "daily"})
+    assert created.status_code == 201, created.text
+    headers = {**_bearer(caller["key"]), "x-meshfast-tags": f"workflow={workflow}"}
+    body = {"query": "hello", "max_tokens": 3}
+    time.sleep(1.5)  # the workflow on every worker of every instance (API: within 1 s)
+    day = clear_of_window_edge(86400, 60)
+
+    async def burst() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=4 * fits, max_keepalive_connections=4 * fits)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+            return await asyncio.gather(*(
+                client.post(f"{cluster.instances[n % 3].base_url}/v1/proxy", params={"model": caller["name"]},
+                            json=body, headers=headers) for n in range(4 * fits)))
+
+    _slow(testserve)
+    try:
+        responses = asyncio.run(burst())
+    finally:
+        _fast(testserve)
+    ok = [r for r in responses if r.status_code == 200]
+    assert 1 <= len(ok) <= fits, [r.status_code for r in responses]
+    for refused in (r for r in responses if r.status_code != 200):
+        assert (refused.status_code, refused.json()["error"], refused.json().get("workflow")) == (
+            429, "budget_exceeded", workflow), refused.text
+    time.sleep(7.0)  # unused slices go back
+    passed = 0
+    while (response := httpx.post(f"{cluster.instances[0].base_url}/v1/proxy", params={"model": caller["name"]},
+                                  json=body, headers=headers, timeout=30)).status_code == 200:
+        passed += 1
+        assert passed <= fits, "the workflow admitted more calls than it fits"
+    assert (response.status_code, response.json().get("workflow")) == (429, workflow), response.text
+    assert in_window(86400) == day, "the test ran past its day"
+    assert len(ok) + passed == fits, f"{len(ok)} in the burst + {passed} after: the budget fits exactly {fits}"

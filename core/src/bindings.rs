@@ -74,7 +74,7 @@ fn key_from_bytes(key: &[u8]) -> PyResult<u128> {
 /// `xxh3_128(kind ‖ id(a) ‖ id(b) ‖ period)` as 16 big-endian bytes.
 #[pyfunction]
 fn counter_key<'py>(py: Python<'py>, kind: u8, a: &str, b: &str, period: u32) -> PyResult<Bound<'py, PyBytes>> {
-    if !(shm::SPEND_DAY..=shm::RULE_MINUTE_TOKENS).contains(&kind) {
+    if !(shm::SPEND_DAY..=shm::WORKFLOW_SPEND).contains(&kind) {
         return Err(PyValueError::new_err(format!("unknown counter kind {kind}")));
     }
     let key = shm::counter_key(kind, &shm::id_bytes(a), &shm::id_bytes(b), period);
@@ -170,7 +170,7 @@ impl PySegment {
     /// Adds packed `a ‖ b ‖ period ‖ value` records to the counters of `kind` (and their
     /// shadows with `shadow`); how many records. Without the GIL.
     fn seed_packed(&self, py: Python<'_>, kind: u8, packed: &[u8], shadow: bool) -> PyResult<usize> {
-        if !(shm::SPEND_DAY..=shm::RULE_MINUTE_TOKENS).contains(&kind) {
+        if !(shm::SPEND_DAY..=shm::WORKFLOW_SPEND).contains(&kind) {
             return Err(PyValueError::new_err(format!("unknown counter kind {kind}")));
         }
         released(py, || self.inner.seed_packed(kind, packed, shadow)).map_err(to_py_err)
@@ -655,7 +655,7 @@ impl PyCore {
     }
 
     /// The decision for a data-plane POST route; see the stub.
-    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None, cache_shaping = true))]
+    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None, cache_shaping = true, workflow = None))]
     #[expect(
         clippy::too_many_arguments,
         reason = "one call per request with the raw request parts"
@@ -673,6 +673,7 @@ impl PyCore {
         model: Option<&str>,
         stream: Option<bool>,
         cache_shaping: bool,
+        workflow: Option<&str>,
     ) -> PyResult<PyPrepared> {
         let _ = content_length; // NOTE: 413 and the byte-cost admission are Python's, before this call.
         let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
@@ -691,6 +692,7 @@ impl PyCore {
             body,
             now_ms,
             cache_off: !cache_shaping,
+            workflow,
         };
         Ok(PyPrepared {
             inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request),
@@ -1587,6 +1589,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RULE_OWN", shm::RULE_OWN)?;
     m.add("RULE_MINUTE_CALLS", shm::RULE_MINUTE_CALLS)?;
     m.add("RULE_MINUTE_TOKENS", shm::RULE_MINUTE_TOKENS)?;
+    m.add("WORKFLOW_SPEND", shm::WORKFLOW_SPEND)?;
     m.add("CLUSTER", shm::CLUSTER)?;
     m.add("CLUSTER_LEASED", shm::CLUSTER_LEASED)?;
     m.add("CLUSTER_FENCED", shm::CLUSTER_FENCED)?;

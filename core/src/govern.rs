@@ -96,6 +96,8 @@ struct State {
     /// The limits `admit_provider` takes: the first provider's, a failover's after `switch_provider`.
     provider: ProviderLimits,
     budget: Option<Lease>,
+    /// The reservation against a registered workflow's budget, settled with the cost.
+    workflow: Option<Lease>,
     provider_slot: Option<Lease>,
     provider_share: Option<Lease>,
     provider_admitted: bool,
@@ -150,6 +152,11 @@ impl Holds {
     /// Keeps `lease` as the call's budget reservation.
     pub fn hold_budget(&self, lease: Lease) {
         self.state().budget = Some(lease);
+    }
+
+    /// Keeps `lease` as the call's reservation against its workflow's budget.
+    pub fn hold_workflow(&self, lease: Lease) {
+        self.state().workflow = Some(lease);
     }
 
     /// Keeps the spend rules' part of the call: pool reservations, the counters its cost and
@@ -384,7 +391,10 @@ impl Holds {
                     let _ = segment.add(key, tokens);
                 }
             }
-            for lease in std::mem::take(&mut state.rule_own) {
+            for lease in std::mem::take(&mut state.rule_own)
+                .into_iter()
+                .chain(state.workflow.take())
+            {
                 segment.settle(&lease, actual_nano.max(0));
             }
             for lease in std::mem::take(&mut state.rule_leases) {
@@ -415,6 +425,7 @@ impl Holds {
                 .into_iter()
                 .chain(std::mem::take(&mut state.rule_leases))
                 .chain(std::mem::take(&mut state.rule_own))
+                .chain(state.workflow.take())
             {
                 segment.release(&lease);
             }

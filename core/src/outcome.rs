@@ -26,6 +26,8 @@ pub enum Outcome {
     /// A name no model has (the standard routes' rows tell it apart from [`Outcome::ModelNotPermitted`]).
     UnknownModel,
     ModelBlocked,
+    /// The call names a registered workflow its principal may not charge.
+    WorkflowNotPermitted,
     OutsideAllowedHours,
     ProviderHourlyLimitReached,
     UserModelHourlyLimitReached,
@@ -125,7 +127,7 @@ pub const UNKNOWN_MESSAGE: &str = "The request could not be served.";
 
 impl Outcome {
     /// Every outcome, denials first in the order the metrics list them.
-    pub const ALL: [Outcome; 36] = [
+    pub const ALL: [Outcome; 37] = [
         Outcome::InvalidOrRevokedKey,
         Outcome::InvalidToken,
         Outcome::TokenExpired,
@@ -136,6 +138,7 @@ impl Outcome {
         Outcome::ModelNotPermitted,
         Outcome::UnknownModel,
         Outcome::ModelBlocked,
+        Outcome::WorkflowNotPermitted,
         Outcome::OutsideAllowedHours,
         Outcome::ProviderHourlyLimitReached,
         Outcome::UserModelHourlyLimitReached,
@@ -191,6 +194,11 @@ impl Outcome {
             O::ModelNotPermitted => Spec::denial("model_not_permitted", 403, "The model is not granted to you."),
             O::UnknownModel => Spec::denial("unknown_model", 404, "No model has this name."),
             O::ModelBlocked => Spec::denial("model_blocked", 403, "The model is blocked by an administrator."),
+            O::WorkflowNotPermitted => Spec::denial(
+                "workflow_not_permitted",
+                403,
+                "You may not charge calls to this workflow.",
+            ),
             O::OutsideAllowedHours => Spec::denial(
                 "outside_allowed_hours",
                 403,
@@ -346,7 +354,15 @@ mod tests {
                 "unknown_principal",
             ],
         ),
-        (403, &["model_not_permitted", "model_blocked", "outside_allowed_hours"]),
+        (
+            403,
+            &[
+                "model_not_permitted",
+                "model_blocked",
+                "outside_allowed_hours",
+                "workflow_not_permitted",
+            ],
+        ),
         (
             429,
             &[

@@ -78,6 +78,8 @@ pub struct Request<'a> {
     pub now_ms: i64,
     /// The caller turned prompt-cache shaping off for this call (`X-Meshfast-Cache: off`).
     pub cache_off: bool,
+    /// The call's `workflow` tag (X-Meshfast-Tags): a registered workflow's budget governs it.
+    pub workflow: Option<&'a str>,
 }
 
 /// The rendered upstream call of an admitted request.
@@ -700,6 +702,17 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         return p;
     }
 
+    // A registered workflow the call names: only its principals may charge it (an unregistered
+    // id is attribution only).
+    let workflow = req.workflow.and_then(|id| snapshot.workflow(id));
+    if let Some(wf) = workflow.filter(|wf| !wf.permits(snapshot, principal)) {
+        p.deny(Outcome::WorkflowNotPermitted, None, |out| {
+            out.extend_from_slice(b",\"workflow\":");
+            write_str(out, &wf.id);
+        });
+        return p;
+    }
+
     // 5. Provider capability (embeddings, generate).
     let plan = &provider.plan;
     match req.route {
@@ -810,6 +823,61 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             }
         }
     }
+    // The workflow's budget, reserved like the daily cap (its window in the rules' calendar).
+    let mut workflow_limit = None;
+    if let (Some(wf), Some(segment)) = (workflow, segment) {
+        let tz = snapshot.rules.tz;
+        let period = wf.window.period_of(rules::local_date(tz, req.now_ms));
+        let key = wf.key.at(period);
+        let (_, reset_at_ms) = wf.window.bounds(tz, period);
+        let leased = (mode != 0).then(|| segment.get(shm::ceiling_key(key, mode)));
+        let percent = |used: i64| (used as f64 * 100.0 / wf.limit_nano as f64 * 100.0).round() / 100.0;
+        match segment.reserve(key, worst, leased.map_or(wf.limit_nano, |c| c.min(wf.limit_nano))) {
+            Ok(Some(lease)) => {
+                holds.hold_workflow(lease);
+                workflow_limit = Some(Governing {
+                    id: Cow::Owned(format!("workflow:{}", wf.id)),
+                    utilization: percent(segment.get(key)),
+                    reset_at_ms,
+                });
+            }
+            Ok(None) => {
+                let spent = segment.get(key);
+                if leased.is_some() && spent.saturating_add(worst) <= wf.limit_nano {
+                    let mut want = LeaseWant::count(
+                        shm::WORKFLOW_SPEND,
+                        key,
+                        period,
+                        worst.max(1),
+                        wf.limit_nano,
+                        reset_at_ms,
+                    );
+                    want.base = spent;
+                    p.lease_wanted = Some(want);
+                }
+                p.limit = Some(Governing {
+                    id: Cow::Owned(format!("workflow:{}", wf.id)),
+                    utilization: percent(spent.saturating_add(worst)),
+                    reset_at_ms,
+                });
+                let detail = format!("the workflow {} is over its budget", wf.id);
+                p.deny(Outcome::BudgetExceeded, Some(&detail), |out| {
+                    out.extend_from_slice(b",\"workflow\":");
+                    write_str(out, &wf.id);
+                    out.extend_from_slice(b",\"cap\":");
+                    write_usd(out, wf.limit_nano);
+                    out.extend_from_slice(b",\"resume_at\":");
+                    write_time(out, reset_at_ms);
+                });
+                p.retry_after_s = Some(retry_after(reset_at_ms, req.now_ms));
+                return p;
+            }
+            Err(_) => {
+                p.deny_busy();
+                return p;
+            }
+        }
+    }
     // Spend rules, after the per-user policy (the first block wins).
     let mut rule_limit = None;
     if let Some(segment) = segment {
@@ -903,6 +971,11 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                     utilization: limit.utilization,
                     reset_at_ms: limit.reset_at_ms,
                 });
+            }
+        }
+        if let Some(limit) = workflow_limit {
+            if p.limit.as_ref().is_none_or(|l| limit.utilization > l.utilization) {
+                p.limit = Some(limit);
             }
         }
     }
@@ -1540,6 +1613,7 @@ mod tests {
             body: Box::leak(body.to_vec().into_boxed_slice()),
             now_ms: NOON_WED,
             cache_off: false,
+            workflow: None,
         }
     }
 

@@ -177,7 +177,8 @@ pub enum CalendarWindow {
 const EPOCH: NaiveDate = NaiveDate::from_ymd_opt(1970, 1, 1).expect("a valid date");
 
 impl CalendarWindow {
-    fn parse(name: &str) -> Option<Self> {
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
             "daily" => Self::Daily,
             "weekly" => Self::Weekly,

@@ -176,6 +176,9 @@ pub const RULE_OWN: u8 = 16;
 /// one principal in one UTC minute (period the minute): counters its slices of the cap bound.
 pub const RULE_MINUTE_CALLS: u8 = 17;
 pub const RULE_MINUTE_TOKENS: u8 = 18;
+/// nano-USD spent (and reserved) under one registered workflow's budget in one window instance
+/// (`a` zero, `b` the workflow's id bytes, period the window's, as [`crate::rules::CalendarWindow`]).
+pub const WORKFLOW_SPEND: u8 = 19;
 
 /// Slot kind: the instance's place in a cluster ([`cluster_key`]): `epoch << 8 | state`, state 0
 /// = alone (every cap is held whole; the whole value is then 0), [`CLUSTER_LEASED`] = caps are

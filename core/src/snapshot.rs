@@ -41,6 +41,50 @@ struct RawConfig {
     /// Platform token issuers, meshfast's own among them.
     #[serde(default)]
     issuers: Vec<crate::jwt::RawIssuer>,
+    /// Registered workflows (budgets of calls tagged `workflow=<id>`).
+    #[serde(default)]
+    workflows: Vec<RawWorkflow>,
+}
+
+#[derive(Deserialize)]
+struct RawWorkflow {
+    id: String,
+    /// The row's UUID: the counters' id bytes (a workflow re-registered under the same id starts
+    /// from nothing).
+    uid: String,
+    limit_nano: i64,
+    window: String,
+    /// `None`: anyone may charge it; else these principals (indexes) and business units.
+    #[serde(default)]
+    principals: Option<Vec<i64>>,
+    #[serde(default)]
+    business_units: Vec<String>,
+}
+
+/// A registered workflow's budget: calls tagged `workflow=<id>` reserve against it.
+#[derive(Debug)]
+pub struct Workflow {
+    pub id: String,
+    pub limit_nano: i64,
+    pub window: crate::rules::CalendarWindow,
+    /// Who may charge it (`None`: anyone): principal indexes (sorted) and business units.
+    pub principals: Option<(Vec<u32>, Vec<String>)>,
+    pub key: KeyTemplate,
+}
+
+impl Workflow {
+    /// Whether `principal` may charge this workflow.
+    #[must_use]
+    pub fn permits(&self, snapshot: &Snapshot, principal: u32) -> bool {
+        let Some((people, units)) = &self.principals else {
+            return true;
+        };
+        people.binary_search(&principal).is_ok()
+            || snapshot.principals[principal as usize]
+                .business_unit
+                .as_ref()
+                .is_some_and(|bu| units.iter().any(|u| u == bu))
+    }
 }
 
 #[derive(Deserialize)]
@@ -529,6 +573,9 @@ pub struct Snapshot {
     by_email: Arc<OnceLock<HashMap<String, u32>>>,
     /// Verified tokens; a new one with every change of people or issuers.
     tokens: Arc<TokenCache>,
+    /// Registered workflows, and their index by id.
+    pub workflows: Arc<Vec<Workflow>>,
+    workflow_by_id: Arc<HashMap<String, u32>>,
     model_by_id: Arc<HashMap<String, u32>>,
     /// Every model name and alias.
     model_by_name: Arc<HashMap<String, u32>>,
@@ -1123,6 +1170,42 @@ impl Snapshot {
             })
             .collect();
 
+        let mut workflow_by_id = HashMap::new();
+        let workflows: Vec<Workflow> = raw
+            .workflows
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let what = format!("workflows[{i}] ({:?})", w.id);
+                if workflow_by_id.insert(w.id.clone(), i as u32).is_some() {
+                    e.push(format!("{what}: a second workflow with this id"));
+                }
+                if w.limit_nano <= 0 {
+                    e.push(format!("{what}: limit must be positive"));
+                }
+                let window = crate::rules::CalendarWindow::parse(&w.window).unwrap_or_else(|| {
+                    e.push(format!("{what}: window {:?} is not daily, weekly or monthly", w.window));
+                    crate::rules::CalendarWindow::Daily
+                });
+                let principals = w.principals.map(|people| {
+                    let mut people: Vec<u32> = people
+                        .into_iter()
+                        .enumerate()
+                        .map(|(j, p)| index(e, format_args!("{what}.principals[{j}]"), p, principals.len()))
+                        .collect();
+                    people.sort_unstable();
+                    (people, w.business_units)
+                });
+                Workflow {
+                    key: KeyTemplate::new(crate::shm::WORKFLOW_SPEND, &[0; 16], &id_bytes(&w.uid)),
+                    id: w.id,
+                    limit_nano: w.limit_nano,
+                    window,
+                    principals,
+                }
+            })
+            .collect();
+
         if raw.seq < 0 {
             errors.push(format!("seq {} is negative", raw.seq));
         }
@@ -1169,7 +1252,15 @@ impl Snapshot {
             issuer_problems: Arc::new(issuer_problems),
             by_email: Arc::default(),
             tokens: Arc::default(),
+            workflows: Arc::new(workflows),
+            workflow_by_id: Arc::new(workflow_by_id),
         })
+    }
+
+    /// The registered workflow with this id.
+    #[must_use]
+    pub fn workflow(&self, id: &str) -> Option<&Workflow> {
+        self.workflow_by_id.get(id).map(|&i| &self.workflows[i as usize])
     }
 
     /// This snapshot with principal `index` replaced by `principal` (msgpack, the config's

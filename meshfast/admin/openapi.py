@@ -14,13 +14,13 @@ from typing import Any
 import msgspec
 
 from meshfast import errors, rules, validate
-from meshfast.admin import auth, issuers, logs, notifications
+from meshfast.admin import auth, issuers, logs, notifications, workflows
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
     return (getattr(svc, name, None) or getattr(notifications, name, None) or getattr(rules, name, None)
-            or getattr(issuers, name, None) or getattr(auth, name))
+            or getattr(issuers, name, None) or getattr(workflows, name, None) or getattr(auth, name))
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -47,6 +47,12 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/issuers", "Platform token issuers, with their usable keys and the last fetch's outcome", None, 200),
     ("GET", "/admin/issuers/{id}", "One platform token issuer", None, 200),
     ("DELETE", "/admin/issuers/{id}", "Stop trusting an issuer: its tokens are refused (unknown_issuer)", None, 200),
+    ("POST", "/admin/workflows", "Register a workflow budget: calls tagged workflow=<id> reserve against limit_usd per "
+     "window; principals (user_id, business_unit) limit who may charge it (409 workflow_already_exists)",
+     "WorkflowCreate", 201),
+    ("GET", "/admin/workflows", "Registered workflows with their spend in the current window", None, 200),
+    ("GET", "/admin/workflows/{id}", "One workflow", None, 200),
+    ("DELETE", "/admin/workflows/{id}", "Unregister a workflow (its id becomes attribution only)", None, 200),
     ("POST", "/admin/session-token", "A short-lived data-plane token (EdDSA JWT) for the logged-in admin's own "
      "user (the user with the admin's email); verified with GET /.well-known/jwks.json", None, 201),
     ("GET", "/admin/users/{id}/policies", "A user's policies", None, 200),

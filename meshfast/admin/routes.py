@@ -14,6 +14,7 @@ from meshfast import errors, rules, tokens
 from meshfast.admin import service as svc
 from meshfast.admin.issuers import IssuerCreate, IssuerService
 from meshfast.admin.rules import RuleService
+from meshfast.admin.workflows import WorkflowCreate, WorkflowService
 from meshfast.secrets import Secrets
 
 _json = msgspec.json.Encoder()
@@ -108,6 +109,11 @@ class AdminRouter:
         add("GET", r"/admin/issuers/(?P<id>[^/]+)", lambda a, b, id: self._ok(i.get(id)))
         add("DELETE", r"/admin/issuers/(?P<id>[^/]+)", lambda a, b, id: self._ok(i.delete(_super(a).name, id)))
         add("POST", r"/admin/session-token", self._session_token)
+        self.workflows = w = WorkflowService(pool, service._write)
+        add("POST", r"/admin/workflows", lambda a, b: self._created(w.create(a.name, svc.decode(b, WorkflowCreate))))
+        add("GET", r"/admin/workflows", lambda a, b: self._ok(w.list()))
+        add("GET", r"/admin/workflows/(?P<id>[^/]+)", lambda a, b, id: self._ok(w.get(id)))
+        add("DELETE", r"/admin/workflows/(?P<id>[^/]+)", lambda a, b, id: self._ok(w.delete(a.name, id)))
         self.rules = r = RuleService(service)
         add("POST", r"/admin/rules/dry-run", lambda a, b: self._ok(r.dry_run(b)))
         add("POST", r"/admin/rules", lambda a, b: self._versioned(r.create(a.name, b), status=201))

@@ -13,6 +13,9 @@ ZONE_KNOWN = "SELECT 1 FROM pg_timezone_names WHERE name = $1"
 SNAPSHOT_KILL_SWITCH = "SELECT kill_switch FROM gateway_state"
 SNAPSHOT_ENFORCE_RULES = "SELECT enforce_rules FROM gateway_state"
 SNAPSHOT_RULES = "SELECT id, body FROM rules ORDER BY id"
+SNAPSHOT_WORKFLOWS = """
+SELECT id, uid::text AS uid, limit_nano_usd, "window", principals::text AS principals FROM workflows ORDER BY id
+"""
 SNAPSHOT_ISSUERS = """
 SELECT id::text AS id, issuer, audiences, algorithms, clock_skew_s, claims::text AS claims, jit_provisioning,
        COALESCE(jwks, fetched_jwks)::text AS jwks, jwks_url IS NOT NULL AS fetched, published_at

@@ -1,0 +1,171 @@
+"""Workflow budgets (API.md "Identities"): ``POST /admin/workflows``, ``GET``, ``GET/DELETE
+/admin/workflows/{id}``.
+
+A registered workflow is a budget (``limit_usd`` per ``window``: daily, weekly or monthly, in
+MESHFAST_CALENDAR_TZ) that calls tagged ``workflow=<id>`` reserve their worst case against, like
+any cap (the core; no overshoot). When ``principals`` is given, only those may charge it: people
+(``user_id``) and business units (``business_unit``); anyone else naming it is 403
+``workflow_not_permitted``. A workflow id nobody registered is attribution only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
+
+import asyncpg
+import msgspec
+from msgspec import Meta
+
+from meshfast import counters, errors, validate
+
+WorkflowNotFound = errors.WorkflowNotFound
+WorkflowExists = errors.WorkflowExists
+_ID = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+WINDOWS = ("daily", "weekly", "monthly")
+MAX_PRINCIPALS = 1000
+MAX_LIMIT_USD = Decimal("10000000")
+NANOS = Decimal(1_000_000_000)
+
+
+class WorkflowCreate(msgspec.Struct, forbid_unknown_fields=True):
+    id: Annotated[str, Meta(max_length=64)]
+    limit_usd: Annotated[float, Meta(gt=0)] | Annotated[str, Meta(max_length=32)]
+    window: str
+    principals: Annotated[list[dict[str, str]], Meta(max_length=MAX_PRINCIPALS)] | None = None
+
+
+_COLUMNS = 'uid, id, limit_nano_usd, "window", principals::text AS principals, created_at'
+INSERT_WORKFLOW = f"""
+INSERT INTO workflows (id, limit_nano_usd, "window", principals) VALUES ($1, $2, $3, $4::jsonb)
+RETURNING {_COLUMNS}
+"""
+LIST_WORKFLOWS = f"SELECT {_COLUMNS} FROM workflows ORDER BY id"
+GET_WORKFLOW = f"SELECT {_COLUMNS} FROM workflows WHERE id = $1"
+DELETE_WORKFLOW = "DELETE FROM workflows WHERE id = $1 RETURNING uid"
+SPENT = "SELECT spend_nano_usd FROM workflow_spend WHERE workflow_uid = $1 AND period = $2"
+KNOWN_USERS = "SELECT id FROM users WHERE id = ANY($1::uuid[])"
+
+
+def _limit_nano(value: float | str) -> int:
+    try:
+        limit = Decimal(str(value))
+    except InvalidOperation:
+        raise errors.InvalidRequest("limit_usd must be a decimal number") from None
+    if not limit.is_finite() or limit <= 0 or limit >= MAX_LIMIT_USD:
+        raise errors.InvalidRequest(f"limit_usd must be above 0 and below {MAX_LIMIT_USD}")
+    nano = int(limit * NANOS)
+    if nano <= 0:
+        raise errors.InvalidRequest("limit_usd must be at least one nano-USD")
+    return nano
+
+
+def _principals(listed: list[dict[str, str]] | None, problems: list[str]) -> list[dict[str, str]] | None:
+    if listed is None:
+        return None
+    out: list[dict[str, str]] = []
+    for i, entry in enumerate(listed):
+        if len(entry) != 1 or next(iter(entry)) not in ("user_id", "application_id", "business_unit"):
+            problems.append(f"principals[{i}] must be one of {{user_id}}, {{application_id}}, {{business_unit}}")
+            continue
+        kind, value = next(iter(entry.items()))
+        if kind == "application_id":
+            problems.append(f"principals[{i}]: no application has the id {value[:40]!r}")
+        elif kind == "user_id":
+            try:
+                out.append({"user_id": str(uuid.UUID(value))})
+            except ValueError:
+                problems.append(f"principals[{i}].user_id must be a UUID")
+        else:
+            unit = value.strip()
+            problem = validate.text_problem(unit) if unit else "is empty"
+            if problem is not None or len(unit) > 200:
+                problems.append(f"principals[{i}].business_unit {problem or 'is longer than 200 characters'}")
+            else:
+                out.append({"business_unit": unit})
+    return out
+
+
+class WorkflowService:
+    """The admin routes' work; ``write`` is AdminService._write (the transaction, the config bump,
+    NOTIFY and the audit row)."""
+
+    def __init__(self, pool: asyncpg.Pool, write: Callable[..., Awaitable[Any]]) -> None:
+        self._pool = pool
+        self._write = write
+
+    async def create(self, actor: str, body: WorkflowCreate) -> dict[str, Any]:
+        problems: list[str] = []
+        if not _ID.match(body.id):
+            problems.append("id must be 1 to 64 of A-Z a-z 0-9 . _ - (the workflow tag's value)")
+        if body.window not in WINDOWS:
+            problems.append("window must be daily, weekly or monthly")
+        try:
+            limit = _limit_nano(body.limit_usd)
+        except errors.MeshfastError as exc:
+            problems.append(str(exc.detail))
+            limit = 0
+        principals = _principals(body.principals, problems)
+        if problems:
+            raise errors.InvalidRequest("; ".join(problems), errors=problems)
+
+        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+            people = [uuid.UUID(p["user_id"]) for p in principals or () if "user_id" in p]
+            if people:
+                known = {r["id"] for r in await conn.fetch(KNOWN_USERS, people)}
+                missing = [str(p) for p in people if p not in known]
+                if missing:
+                    raise errors.InvalidRequest(f"principals name users that do not exist: {', '.join(missing[:5])}",
+                                                errors=[f"no user {m}" for m in missing])
+            try:
+                return await conn.fetchrow(INSERT_WORKFLOW, body.id, limit, body.window,
+                                           None if principals is None else json.dumps(principals))
+            except asyncpg.UniqueViolationError:
+                raise WorkflowExists() from None
+
+        row = await self._write(actor, "create_workflow", body.id, {"limit_nano_usd": limit, "window": body.window},
+                                work)
+        return await self._json(row)
+
+    async def list(self) -> list[dict[str, Any]]:
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(LIST_WORKFLOWS)
+            return [await self._json(r, conn) for r in rows]
+
+    async def get(self, workflow_id: str) -> dict[str, Any]:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(GET_WORKFLOW, workflow_id[:64])
+            if row is None:
+                raise WorkflowNotFound()
+            return await self._json(row, conn)
+
+    async def delete(self, actor: str, workflow_id: str) -> dict[str, Any]:
+        async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(DELETE_WORKFLOW, workflow_id[:64]) is None:
+                raise WorkflowNotFound()
+
+        await self._write(actor, "delete_workflow", workflow_id[:64], {}, work)
+        return {"status": "deleted"}
+
+    async def _json(self, row: asyncpg.Record, conn: asyncpg.Connection | None = None) -> dict[str, Any]:
+        """The workflow with its spend in the current window (as last checkpointed, a few seconds
+        behind the shared-memory counter the calls reserve against)."""
+        today = counters.local_date(int(dt.datetime.now(dt.UTC).timestamp() * 1000))
+        period = counters.workflow_period(row["window"], today)
+        if conn is None:
+            async with self._pool.acquire() as c:
+                spent = await c.fetchval(SPENT, row["uid"], period)
+        else:
+            spent = await conn.fetchval(SPENT, row["uid"], period)
+        limit = int(row["limit_nano_usd"])
+        return {
+            "id": row["id"], "limit_usd": float(Decimal(limit) / NANOS), "window": row["window"],
+            "principals": None if row["principals"] is None else json.loads(row["principals"]),
+            "spent_usd": float(Decimal(spent or 0) / NANOS),
+            "created_at": row["created_at"].astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+        }
