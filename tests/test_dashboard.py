@@ -618,6 +618,46 @@ def test_token_issuers_and_a_session_token_from_the_ui(tab: Tab, gateway: Gatewa
     until(lambda: chat(iss.token(admin["email"])) == 401, 2.0, "the removed issuer's token refused")
 
 
+def test_workflow_budgets_from_the_ui(tab: Tab, gateway: Gateway, testserve: EmulatedProviders,
+                                     admin: dict[str, str]) -> None:
+    """A workflow budget registered from the form, limited to one person, governs that person's
+    tagged calls and refuses another's; it is listed with its spend and unregistered."""
+    from playwright.sync_api import expect
+
+    page = tab.page
+    tag = secrets.token_hex(3)
+    provider = gateway.create_provider(f"ui-wf-{tag}", base_url=f"{testserve.base_url}/openai")
+    model = gateway.create_model(provider["id"], f"ui-wf-{tag}", resolved_model="dummy-chat")
+    member, other = gateway.create_user(f"ui-wf-a-{tag}@example.com"), gateway.create_user(f"ui-wf-b-{tag}@example.com")
+    for person in (member, other):
+        gateway.grant(person["id"], model["id"])
+    workflow = f"ui-{tag}"
+    tab.login(admin)
+    tab.go("workflows", "Workflows")
+    form = page.locator("#workflow-create")
+    form.get_by_label("Workflow id").fill(workflow)
+    form.get_by_label("Limit (USD)").fill("5")
+    form.get_by_label("Window").select_option("weekly")
+    form.get_by_label("People who may charge it").fill(member["email"])
+    form.get_by_role("button", name="Register workflow").click()
+    row = page.locator(f"#workflows-table tr[data-workflow='{workflow}']")
+    expect(row.locator("td[data-col='who']")).to_have_text(member["email"])
+
+    def call(person: dict[str, Any]) -> int:
+        return gateway.client.post("/v1/proxy", params={"model": model["name"]}, json={"query": "hi"},
+                                   headers={"authorization": f"Bearer {person['key']}",
+                                            "x-meshfast-tags": f"workflow={workflow}"}).status_code
+
+    until(lambda: call(member) == 200, 2.0, "the member charges the workflow")
+    assert call(other) == 403
+    assert tab.axe() == []
+    tab.screenshot("13-workflows")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name=f"Unregister workflow {workflow}").click()
+    expect(page.locator(f"#workflows-table tr[data-workflow='{workflow}']")).to_have_count(0)
+    until(lambda: call(other) == 200, 2.0, "unregistered: attribution only")
+
+
 def test_the_other_admin_writes_are_reachable_from_the_ui(tab: Tab, gateway: Gateway, testserve: EmulatedProviders,
                                                           admin: dict[str, str]) -> None:
     """Deployments, revoking a grant, deleting a user, a model and a provider, admins (create,

@@ -234,7 +234,7 @@
   const ROUTES = {
     overview: renderOverview, logs: renderLogs, users: renderUsers, providers: renderProviders, models: renderModels,
     access: renderAccess, rules: renderRules, notifications: renderNotifications, gateway: renderGateway,
-    audit: renderAudit, admins: renderAdmins, identity: renderIdentity,
+    audit: renderAudit, admins: renderAdmins, identity: renderIdentity, workflows: renderWorkflows,
   };
 
   let routing = 0;
@@ -1341,6 +1341,40 @@
       h("h2", {}, "A token for yourself"),
       h("p", {}, "A short-lived token for the user with your email, for developer tools: no long-lived key needed."),
       h("div", { class: "actions" }, mint));
+  }
+
+  // --- workflow budgets: calls tagged workflow=<id> reserve against them ----------------------
+
+  async function renderWorkflows() {
+    const [workflows] = await Promise.all([get("/admin/workflows"), loadRegistry()]);
+    const form = h("form", { class: "grid panel", id: "workflow-create", "aria-label": "Register a workflow budget" },
+      field("Workflow id", "id", { required: true, id: "workflow-id", hint: "The value callers send as workflow=<id> in X-Meshfast-Tags" }),
+      field("Limit (USD)", "limit_usd", { required: true, id: "workflow-limit", inputmode: "decimal" }),
+      field("Window", "window", { kind: "select", id: "workflow-window", options: [["daily", "Daily"], ["weekly", "Weekly"], ["monthly", "Monthly"]] }),
+      field("People who may charge it", "people", { kind: "textarea", rows: 2, id: "workflow-people", hint: "Emails, one a line; empty with no business unit: anyone" }),
+      field("Business units who may charge it", "units", { id: "workflow-units", hint: "Comma separated" }),
+      h("div", { class: "actions" }, h("button", { type: "submit" }, "Register workflow")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const principals = [...peopleIds(d.people).map((id) => ({ user_id: id })), ...labelList(d.units).map((bu) => ({ business_unit: bu }))];
+      const body = { id: d.id, limit_usd: d.limit_usd, window: d.window };
+      if (principals.length) body.principals = principals;
+      if (await act(() => api("POST", "/admin/workflows", body), `Workflow ${d.id} registered.`)) rerender();
+    });
+    const who = (w) => (w.principals === null ? "anyone" : w.principals.map((p) => (p.user_id ? userLabel(p.user_id) : p.business_unit)).join(", "));
+    page("Workflows",
+      h("p", {}, "Calls tagged workflow=<id> (X-Meshfast-Tags) are reserved against a registered workflow's budget like any cap; an id nobody registered is attribution only."),
+      table("Workflow budgets", [
+        { key: "id", label: "Workflow" }, { key: "window", label: "Window" },
+        { key: "spent", label: "Spent / limit", render: (w) => `${usd(w.spent_usd)} / ${usd(w.limit_usd)}` },
+        { key: "who", label: "May charge it", render: who },
+        { key: "actions", label: "Actions", render: (w) => button("Unregister", async () => {
+          if (!confirmed(`Unregister ${w.id}? Its calls become attribution only.`)) return;
+          if (await act(() => api("DELETE", `/admin/workflows/${encodeURIComponent(w.id)}`), `Workflow ${w.id} unregistered.`)) rerender();
+        }, "danger", { "aria-label": `Unregister workflow ${w.id}` }) },
+      ], workflows, { id: "workflows-table", rowData: (w) => ({ workflow: w.id }) }),
+      h("h2", {}, "Register a workflow"), form);
   }
 
   // --- people lists: emails shown, user ids sent ---------------------------------------------
