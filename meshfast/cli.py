@@ -261,7 +261,12 @@ async def _users(args: argparse.Namespace) -> Any:
                 return await service.revoke_key("cli", args.key_id)
             return await service.list_users()
         except errors.MeshfastError as exc:
-            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+            raise _refused(exc) from None
+
+
+def _refused(exc: Any) -> SystemExit:
+    """An admin service's refusal as the CLI's exit: the code and its detail."""
+    return SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else ""))
 
 
 async def _issuers(args: argparse.Namespace) -> Any:
@@ -293,7 +298,7 @@ async def _issuers(args: argparse.Namespace) -> Any:
                 return await trusted.delete("cli", args.issuer_id)
             return await trusted.list()
         except errors.MeshfastError as exc:
-            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+            raise _refused(exc) from None
 
 
 async def _workflows(args: argparse.Namespace) -> Any:
@@ -312,7 +317,7 @@ async def _workflows(args: argparse.Namespace) -> Any:
                 return await budgets.delete("cli", args.id)
             return await budgets.list()
         except errors.MeshfastError as exc:
-            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+            raise _refused(exc) from None
 
 
 async def _admins(args: argparse.Namespace) -> Any:
@@ -329,7 +334,7 @@ async def _admins(args: argparse.Namespace) -> Any:
                 return await logins.create_admin("cli", True, body)
             return await logins.list_admins()
         except errors.MeshfastError as exc:
-            raise SystemExit(f"meshfast: {exc.code}" + (f": {exc.detail}" if exc.detail else "")) from None
+            raise _refused(exc) from None
 
 
 def main(argv: list[str] | None = None) -> int:

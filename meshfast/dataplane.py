@@ -205,24 +205,14 @@ class DataPlane:
             # NOTE: the limit is checked after authentication, so bad keys are always 401 (never
             # throttled into another status) and cost no slot.
             failure: errors.MeshfastError | None = errors.ServerBusy(retry_after_s=1) if busy and busy() else None
-            try:
-                cache = headers.get("x-meshfast-cache")
-            except (UnicodeDecodeError, ValueError):
-                cache = "\ufffd"  # present but not text: refused below
-            if cache is None and "x-meshfast-cache" in headers:
-                cache = "\ufffd"  # NOTE: Granian answers None for a value that is not visible ASCII
+            cache = _caller_header(headers, "x-meshfast-cache")
             if cache is not None and failure is None:
                 # Prompt-cache shaping is on unless the caller turns it off for this call.
                 setting = cache.strip().lower()
                 if setting not in ("on", "off"):
                     failure = errors.InvalidRequest("X-Meshfast-Cache must be on or off")
                 cache_shaping = setting != "off"
-            try:
-                tag_header = headers.get("x-meshfast-tags")
-            except (UnicodeDecodeError, ValueError):
-                tag_header = "\x00"  # present but not text: refused below
-            if tag_header is None and "x-meshfast-tags" in headers:
-                tag_header = "\x00"  # NOTE: Granian answers None for a value that is not visible ASCII
+            tag_header = _caller_header(headers, "x-meshfast-tags")
             if tag_header is not None and failure is None:
                 try:
                     call_tags = tags.parse(tag_header, self.settings.tag_keys) or None
@@ -841,6 +831,22 @@ _GEMINI_METHODS = {"generateContent": False, "streamGenerateContent": True}
 
 _MESH = frozenset({"proxy", "embeddings", "generate"})
 _MESH_KEY = re.compile(r"(?<![A-Za-z0-9_-])mesh_live_[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
+
+
+# A caller's header that is there but is not text: what its parser then refuses.
+_NOT_TEXT = "\x00"
+
+
+def _caller_header(headers: Any, name: str) -> str | None:
+    """A meshfast header a caller sent, as text; None when absent; ``_NOT_TEXT`` when present but
+    not visible ASCII (Granian answers None for such a value, so presence is asked apart)."""
+    try:
+        value = headers.get(name)
+    except (UnicodeDecodeError, ValueError):
+        return _NOT_TEXT
+    if value is None and name in headers:
+        return _NOT_TEXT
+    return value
 
 
 def mesh_key_shaped(*sources: str | None) -> bool:
