@@ -44,7 +44,7 @@ run: setup ## set up and run the gateway on $(PORT) with $(WORKERS) workers
 test: setup ## set up and run every test: Rust unit tests, Python tests, benchmark gates
 	cargo test --locked -p meshfast-core
 	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
-	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests
+	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q --durations=30 tests
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
 	$(MAKE) instructions
 	$(MAKE) fuzz-quick
@@ -55,7 +55,7 @@ test-rust: ## Rust unit and property tests only
 
 .PHONY: test-py
 test-py: ## Python tests only (assumes `make setup`)
-	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests
+	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q --durations=30 tests
 
 .PHONY: bench-gates
 bench-gates: ## pytest-benchmark gates on the in-process path
