@@ -449,6 +449,9 @@ class App:
         database_url = os.environ[ENV_DATABASE_URL]
         gateway_url = os.environ.get(ENV_GATEWAY_DATABASE_URL) or database_url
         self.settings = settings
+        if "workflow" not in settings.tag_keys:
+            log.warning("MESHFAST_TAG_KEYS has no workflow key: calls cannot name a workflow, so registered workflow "
+                        "budgets are never charged")
         self.secrets = load_or_create(settings.secrets_path)
         self.segment = Segment.open(os.environ[ENV_SHM_PATH])
         # NOTE: read here, in the worker: the module (and this object) is imported by the

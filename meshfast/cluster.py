@@ -49,6 +49,7 @@ from meshfast._core import (
     RULE_MINUTE_CALLS,
     RULE_MINUTE_TOKENS,
     RULE_OWN,
+    WORKFLOW_SPEND,
     ceiling_key,
     cluster_key,
     counter_key,
@@ -301,6 +302,9 @@ class Leases:
         key, kind, period, need, cap, base, expires_ms, models, from_day, to_day = wanted
         first, last = EPOCH_DATE + dt.timedelta(days=from_day), EPOCH_DATE + dt.timedelta(days=to_day)
         a, b = (ZERO_ID, provider_id or ZERO_ID) if kind == PROVIDER_CALLS_HOUR else (user_id, model_id)
+        if kind == WORKFLOW_SPEND:
+            # The workflow's uid rides in ``models``: the allowance starts from its checkpointed spend.
+            a, b, models = ZERO_ID, models[0], []
         # Kept past the window's end (a day; two minutes for a minute's): a late call's settle
         # still finds its slice.
         keep_s = 120 if kind in (RULE_MINUTE_CALLS, RULE_MINUTE_TOKENS) else 86_400

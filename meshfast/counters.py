@@ -369,7 +369,20 @@ async def purge_with_core(core: Any, segment: Any, config: Config, now_ms: int) 
     removed = int(await asyncio.to_thread(core.remove_counters, pairs, providers))
     for kind, (_, last) in spans.items():
         _PURGED[kind] = max(_PURGED.get(kind, last), last)
+    removed += _purge_workflows(segment, config, local)
     await asyncio.to_thread(segment.sweep)
+    return removed
+
+
+def _purge_workflows(segment: Any, config: Config, local: dt.date) -> int:
+    """Each workflow's counters of window instances before the previous one (that one's last
+    settles are still checkpointed): a daily workflow's look-back is PURGE_DAYS."""
+    removed = 0
+    for wf in config.workflows:
+        current = workflow_period(wf.window, local)
+        first = current - (PURGE_DAYS if wf.window == "daily" else 3)
+        for period in range(first, current - 1):
+            removed += segment.remove(counter_key(WORKFLOW_SPEND, ZERO_ID, wf.uid, period))
     return removed
 
 
@@ -404,5 +417,6 @@ def purge(segment: Any, config: Config, now_ms: int) -> int:
             drop(CALLS_HOUR, a, b, period)
         for provider in config.providers:
             drop(PROVIDER_CALLS_HOUR, ZERO_ID, provider.id, period)
+    removed += _purge_workflows(segment, config, local)
     segment.sweep()
     return removed

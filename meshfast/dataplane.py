@@ -205,6 +205,13 @@ class DataPlane:
             # NOTE: the limit is checked after authentication, so bad keys are always 401 (never
             # throttled into another status) and cost no slot.
             failure: errors.MeshfastError | None = errors.ServerBusy(retry_after_s=1) if busy and busy() else None
+            # NOTE: the tags first: a call refused for another reason still lands in its workflow's rows.
+            tag_header = _caller_header(headers, "x-meshfast-tags")
+            if tag_header is not None:
+                try:
+                    call_tags = tags.parse(tag_header, self.settings.tag_keys) or None
+                except errors.InvalidTags as exc:
+                    failure = failure or exc
             cache = _caller_header(headers, "x-meshfast-cache")
             if cache is not None and failure is None:
                 # Prompt-cache shaping is on unless the caller turns it off for this call.
@@ -212,12 +219,6 @@ class DataPlane:
                 if setting not in ("on", "off"):
                     failure = errors.InvalidRequest("X-Meshfast-Cache must be on or off")
                 cache_shaping = setting != "off"
-            tag_header = _caller_header(headers, "x-meshfast-tags")
-            if tag_header is not None and failure is None:
-                try:
-                    call_tags = tags.parse(tag_header, self.settings.tag_keys) or None
-                except errors.InvalidTags as exc:
-                    failure = exc
             if failure is None:
                 try:
                     body = await read_body(scope, proto, self.settings.max_body_bytes)

@@ -69,6 +69,8 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
 # X-Meshfast-Tags: the keys callers may send unless MESHFAST_TAG_KEYS says otherwise.
 DEFAULT_TAG_KEYS = ("platform", "workflow", "harness")
 _TAG_KEY = re.compile(r"[a-z0-9_-]{1,32}\Z")
+# The summaries' own group_by names: a tag key may not shadow one.
+RESERVED_TAG_KEYS = frozenset({"business_unit", "manager", "tier", "tag", "principal_kind", "token_issuer"})
 
 
 def tag_keys_env() -> tuple[str, ...]:
@@ -77,6 +79,10 @@ def tag_keys_env() -> tuple[str, ...]:
     if not raw:
         return DEFAULT_TAG_KEYS
     keys = tuple(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
+    reserved = [k for k in keys if k in RESERVED_TAG_KEYS]
+    if reserved:
+        raise SystemExit(f"meshfast: MESHFAST_TAG_KEYS may not use {', '.join(reserved)}: the summaries group by "
+                         "the row's own field of that name")
     bad = [k for k in keys if not _TAG_KEY.match(k)]
     if bad or not keys or len(keys) > 16:
         raise SystemExit(f"meshfast: MESHFAST_TAG_KEYS must list 1 to 16 keys of 1-32 of a-z 0-9 _ -, got {raw!r}")

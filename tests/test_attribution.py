@@ -96,3 +96,18 @@ def test_tags_out_of_shape_are_refused_in_the_routes_own_shape(gateway: Gateway,
     bad = gateway.client.post("/v1/proxy", params={"model": model["name"]}, json={"query": "hi"},
                               headers={**auth, "authorization": "Bearer mesh_live_" + "A" * 43})
     assert bad.status_code == 401
+
+
+def test_tag_keys_may_not_shadow_the_summaries_own_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshfast import settings
+
+    for keys in ("platform,business_unit", "tier", "workflow,token_issuer"):
+        monkeypatch.setenv("MESHFAST_TAG_KEYS", keys)
+        with pytest.raises(SystemExit, match="may not use"):
+            settings.tag_keys_env()
+    for keys in ("Platform", "a b", ",".join(f"k{i}" for i in range(17))):
+        monkeypatch.setenv("MESHFAST_TAG_KEYS", keys)
+        with pytest.raises(SystemExit):
+            settings.tag_keys_env()
+    monkeypatch.setenv("MESHFAST_TAG_KEYS", "team, workflow ,team")
+    assert settings.tag_keys_env() == ("team", "workflow")

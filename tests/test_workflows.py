@@ -154,6 +154,10 @@ def test_workflows_are_validated(gateway: Gateway) -> None:
                          ).status_code == 409
     assert made["id"] in [w["id"] for w in gateway.admin("GET", "/admin/workflows").json()]
     assert gateway.admin("DELETE", "/admin/workflows/nope-nope").status_code == 404
+    # A path id no workflow could have (too long, odd characters) names none: not a prefix of one.
+    assert gateway.admin("GET", f"/admin/workflows/{made['id']}{'x' * 64}").status_code == 404
+    assert gateway.admin("DELETE", f"/admin/workflows/{made['id']}%20").status_code == 404
+    assert gateway.admin("GET", f"/admin/workflows/{made['id']}").status_code == 200
 
 
 def test_the_cli_registers_lists_and_removes_workflows(gateway: Gateway) -> None:

@@ -30,6 +30,8 @@ pub struct LeaseWant {
     /// When the window ended (unix ms): the allowance is dropped after.
     pub expires_ms: i64,
     /// A rule threshold's models in scope the principal holds grants to (ids) and the window's
+    /// days; for a workflow's budget ([`crate::shm::WORKFLOW_SPEND`]), the workflow's uid alone
+    /// (the database's first count of it is its checkpointed spend).
     /// first and last local days (days since 1970-01-01): the database's spend there is the base.
     pub models: Vec<String>,
     pub from_day: i32,

@@ -853,6 +853,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                         reset_at_ms,
                     );
                     want.base = spent;
+                    want.models = vec![wf.uid.clone()];
                     p.lease_wanted = Some(want);
                 }
                 p.limit = Some(Governing {

@@ -65,6 +65,8 @@ struct RawWorkflow {
 #[derive(Debug)]
 pub struct Workflow {
     pub id: String,
+    /// The row's UUID (the counters' and the database's name for it).
+    pub uid: String,
     pub limit_nano: i64,
     pub window: crate::rules::CalendarWindow,
     /// Who may charge it (`None`: anyone): principal indexes (sorted) and business units.
@@ -1198,6 +1200,7 @@ impl Snapshot {
                 });
                 Workflow {
                     key: KeyTemplate::new(crate::shm::WORKFLOW_SPEND, &[0; 16], &id_bytes(&w.uid)),
+                    uid: w.uid,
                     id: w.id,
                     limit_nano: w.limit_nano,
                     window,

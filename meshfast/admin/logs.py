@@ -50,7 +50,7 @@ BYTES_PER_TOKEN = 4
 GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag",
             "principal_kind": "principal_kind", "token_issuer": "token_issuer",
             # NOTE: the keys are checked (a-z 0-9 _ -) by settings.tag_keys_env: safe in a literal.
-            **{key: f"call_tags->>'{key}'" for key in settings.tag_keys_env() if key not in ("tag", "manager")}}
+            **{key: f"call_tags->>'{key}'" for key in settings.tag_keys_env()}}
 
 
 class Query:

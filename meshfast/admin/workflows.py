@@ -91,6 +91,12 @@ def _principals(listed: list[dict[str, str]] | None, problems: list[str]) -> lis
     return out
 
 
+def _path_id(workflow_id: str) -> None:
+    """A path's workflow id: one no workflow could have is simply not found."""
+    if not _ID.match(workflow_id):
+        raise WorkflowNotFound()
+
+
 class WorkflowService:
     """The admin routes' work; ``write`` is AdminService._write (the transaction, the config bump,
     NOTIFY and the audit row)."""
@@ -138,18 +144,21 @@ class WorkflowService:
             return [await self._json(r, conn) for r in rows]
 
     async def get(self, workflow_id: str) -> dict[str, Any]:
+        _path_id(workflow_id)
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(GET_WORKFLOW, workflow_id[:64])
+            row = await conn.fetchrow(GET_WORKFLOW, workflow_id)
             if row is None:
                 raise WorkflowNotFound()
             return await self._json(row, conn)
 
     async def delete(self, actor: str, workflow_id: str) -> dict[str, Any]:
+        _path_id(workflow_id)
+
         async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(DELETE_WORKFLOW, workflow_id[:64]) is None:
+            if await conn.fetchval(DELETE_WORKFLOW, workflow_id) is None:
                 raise WorkflowNotFound()
 
-        await self._write(actor, "delete_workflow", workflow_id[:64], {}, work)
+        await self._write(actor, "delete_workflow", workflow_id, {}, work)
         return {"status": "deleted"}
 
     async def _json(self, row: asyncpg.Record, conn: asyncpg.Connection | None = None) -> dict[str, Any]:
