@@ -174,8 +174,16 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.blocks, args.block_calls, args.b2b_duration, args.b2b_rounds = 4, 500, 1.0, 2
-    doc: dict = {"bench": "identity", "started": dt.datetime.now(dt.UTC).isoformat(), "note": NOTE,
-                 "args": {k: str(v) for k, v in vars(args).items()}}
+    started = dt.datetime.now(dt.UTC)
+    doc: dict = {
+        "benchmark": "identity",
+        "description": "authentication cost: an issued key vs platform tokens, in process and on the proxy path",
+        **mb.run_header(sys.argv[1:], started, fb.provenance(argparse.Namespace(
+            **{**vars(args), "loop": None, "only": None, "forwarder_rs": fb.FORWARDER_RS}))),
+        "config": {k: str(v) for k, v in vars(args).items() if k != "out"},
+        "note": NOTE,
+        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+    }
     if "in_process" not in args.skip:
         doc["in_process"] = phase_in_process(args)
         print(json.dumps(doc["in_process"]["us"], indent=1))
