@@ -139,6 +139,29 @@ build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for 
 	MATURIN_PEP517_ARGS="--profile bench-release" MESHFAST_BUILD_PROFILE=bench-release \
 		$(BIN)/pip install -q --no-deps --force-reinstall .
 
+# The release's wheels: one abi3 wheel (CPython 3.11 and later) per target, manylinux_2_28, cross
+# built with zig (no container); the tools at pinned versions.
+WHEEL_TARGETS ?= x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu
+WHEEL_TOOLS = ziglang==0.17.1 auditwheel==6.8.2 twine==7.0.0
+
+.PHONY: wheel
+wheel: $(BIN)/python ## dist/: an abi3 manylinux_2_28 wheel per WHEEL_TARGETS (x86_64, aarch64; maturin + zig) and the sdist, checked by auditwheel and twine
+	$(BIN)/pip install -q $(WHEEL_TOOLS)
+	rm -rf dist
+	for target in $(WHEEL_TARGETS); do \
+		rustup target list --installed 2>/dev/null | grep -qx $$target || rustup target add $$target; \
+		PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/maturin build --release --zig --compatibility manylinux_2_28 --target $$target \
+			-F python,pyo3/abi3-py311 -o dist || exit 1; \
+	done
+	$(BIN)/maturin sdist -o dist
+	for wheel in dist/*.whl; do $(BIN)/auditwheel show $$wheel || exit 1; done
+	$(BIN)/twine check dist/*
+
+.PHONY: wheel-smoke
+wheel-smoke: ## the x86_64 wheel (built here) in a clean virtualenv outside the repository: install, serve the demo, one call (CI)
+	$(MAKE) --no-print-directory wheel WHEEL_TARGETS=x86_64-unknown-linux-gnu
+	$(BIN)/python server/wheel_smoke.py dist/meshfast-*-manylinux_2_28_x86_64.whl
+
 .PHONY: lint
 lint: ## ruff, mypy (the package, strict; pyproject.toml), cargo fmt --check, clippy and the stub check (CI runs it)
 	$(BIN)/ruff check meshfast testserve tests bench paper
