@@ -337,9 +337,14 @@ class Principal:
     @property
     def id(self) -> str: ...
     @property
-    def email(self) -> str: ...
+    def kind(self) -> str:
+        """``user`` or ``application``."""
     @property
-    def display_name(self) -> str: ...
+    def email(self) -> str:
+        """Empty for an application."""
+    @property
+    def display_name(self) -> str:
+        """A person's name, or an application's name."""
     @property
     def key_id(self) -> str | None:
         """The id of the key that authenticated (None for a platform token)."""
@@ -588,6 +593,9 @@ class Prepared:
     def token_subject(self) -> str | None: ...
     @property
     def principal_id(self) -> str | None: ...
+    @property
+    def principal_kind(self) -> str | None:
+        """``user`` or ``application``, once the caller is known."""
     @property
     def model_id(self) -> str | None:
         """Set once the model is found among the principal's grants."""

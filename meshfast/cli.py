@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_workflow.add_argument("--window", required=True, choices=("daily", "weekly", "monthly"))
     add_workflow.add_argument("--user", action="append", default=[], metavar="USER_ID",
                               help="a person who may charge it (repeat; none of --user/--business-unit: anyone)")
+    add_workflow.add_argument("--application", action="append", default=[], metavar="APPLICATION_ID",
+                              help="an application that may (repeat)")
     add_workflow.add_argument("--business-unit", action="append", default=[], help="a business unit that may")
     add_workflow.add_argument("--json", action="store_true")
     workflow_list = workflow_commands.add_parser("list", help="list workflows and their spend")
@@ -149,6 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     remove_workflow = workflow_commands.add_parser("remove", help="unregister a workflow")
     remove_workflow.add_argument("id")
     remove_workflow.add_argument("--json", action="store_true")
+    applications = commands.add_parser("applications", help="applications: principals with their own keys",
+                                       formatter_class=fmt, epilog=_env_epilog())
+    application_commands = applications.add_subparsers(dest="applications_command", metavar="ACTION", required=True)
+    add_application = application_commands.add_parser("add", help="register an application (prints its key once)")
+    add_application.add_argument("name")
+    add_application.add_argument("--owner", required=True, help="the owner's email or user id")
+    add_application.add_argument("--business-unit")
+    add_application.add_argument("--json", action="store_true")
+    application_list = application_commands.add_parser("list", help="list applications")
+    application_list.add_argument("--json", action="store_true")
+    grant_application = application_commands.add_parser("grant", help="grant an application a model")
+    grant_application.add_argument("application", help="its name or id")
+    grant_application.add_argument("model_id")
+    grant_application.add_argument("--json", action="store_true")
+    remove_application = application_commands.add_parser("remove", help="delete an application and its keys")
+    remove_application.add_argument("application", help="its name or id")
+    remove_application.add_argument("--json", action="store_true")
     admins = commands.add_parser("admins", help="dashboard logins", formatter_class=fmt, epilog=_env_epilog())
     admin_commands = admins.add_subparsers(dest="admins_command", metavar="ACTION", required=True)
     make_admin = admin_commands.add_parser(
@@ -309,13 +328,48 @@ async def _workflows(args: argparse.Namespace) -> Any:
         budgets = workflows.WorkflowService(service._pool, service._write)
         try:
             if args.workflows_command == "add":
-                listed = [{"user_id": u} for u in args.user] + [{"business_unit": b} for b in args.business_unit]
+                listed = ([{"user_id": u} for u in args.user] + [{"application_id": a} for a in args.application]
+                          + [{"business_unit": b} for b in args.business_unit])
                 body = validate.convert({"id": args.id, "limit_usd": args.limit_usd, "window": args.window,
                                          "principals": listed or None}, workflows.WorkflowCreate)
                 return await budgets.create("cli", body)
             if args.workflows_command == "remove":
                 return await budgets.delete("cli", args.id)
             return await budgets.list()
+        except errors.MeshfastError as exc:
+            raise _refused(exc) from None
+
+
+async def _applications(args: argparse.Namespace) -> Any:
+    from meshfast import errors, validate
+    from meshfast.admin import applications
+    from meshfast.admin import service as svc
+
+    async with _admin_service() as service:
+        apps = applications.ApplicationService(service._pool, service._secrets, service._write, svc.label)
+        try:
+            if args.applications_command == "add":
+                owner = args.owner
+                if "@" in owner:
+                    async with service._pool.acquire() as conn:
+                        found = await conn.fetchval("SELECT id::text FROM users WHERE email = $1 AND kind = 'user'",
+                                                    owner.strip().lower())
+                    if found is None:
+                        raise SystemExit(f"meshfast: no user has the email {owner}")
+                    owner = found
+                body = validate.convert({"name": args.name, "owner_id": owner, "business_unit": args.business_unit},
+                                        applications.ApplicationCreate)
+                return await apps.create("cli", body)
+            if args.applications_command == "list":
+                return await apps.list()
+            wanted = args.application.strip().lower()
+            app = next((a for a in await apps.list() if wanted in (a["id"], a["name"].lower())), None)
+            if app is None:
+                raise SystemExit(f"meshfast: no application is named {args.application}")
+            if args.applications_command == "grant":
+                grant = validate.convert({"application_id": app["id"], "model_id": args.model_id}, svc.AccessBody)
+                return await service.grant("cli", grant)
+            return await apps.delete("cli", app["id"])
         except errors.MeshfastError as exc:
             raise _refused(exc) from None
 
@@ -379,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "workflows":
         _print(asyncio.run(_workflows(args)), args.json)
+        return 0
+    if args.command == "applications":
+        _print(asyncio.run(_applications(args)), args.json)
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

@@ -261,7 +261,7 @@ class DataPlane:
             model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
             source_ip=source_ip, user_agent=user_agent, business_unit=p.business_unit, manager_id=p.manager_id,
             tier=p.tier, would_deny=p.would_deny, tags=p.model_tags,
-            principal_kind="user" if p.principal_id is not None else None, token_issuer=p.token_issuer,
+            principal_kind=p.principal_kind, token_issuer=p.token_issuer,
             token_subject=p.token_subject, call_tags=call_tags,
         )
         if self.tracing is not None and principal is not None:
@@ -637,7 +637,7 @@ class DataPlane:
         self._record(Row(
             request_id=rid, created_ms=now_ms, route=route, outcome="denied", status_code=error.status,
             deny_reason=error.code, latency_ms=self._elapsed_ms(started), mesh_key_id=principal.key_id,
-            user_id=principal.id, principal_kind="user", token_issuer=principal.token_issuer,
+            user_id=principal.id, principal_kind=principal.kind, token_issuer=principal.token_issuer,
             token_subject=principal.token_subject, call_tags=call_tags, source_ip=client_ip(scope),
             user_agent=_header(scope.headers, "user-agent"),
             requested_model=_model_param(scope.query_string) if route in _MESH else model))

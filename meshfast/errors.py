@@ -93,6 +93,11 @@ IssuerExists = _error("IssuerExists", 409, "issuer_already_exists")
 WorkflowNotFound = _error("WorkflowNotFound", 404, "workflow_not_found")
 WorkflowExists = _error("WorkflowExists", 409, "workflow_already_exists")
 KeyNameExists = _error("KeyNameExists", 409, "key_name_exists")
+# Applications (POST /admin/applications): an unknown one, a name another already has (names are
+# unique whatever their case), and a person deleted while they still own one.
+ApplicationNotFound = _error("ApplicationNotFound", 404, "application_not_found")
+ApplicationExists = _error("ApplicationExists", 409, "application_already_exists")
+OwnsApplications = _error("OwnsApplications", 409, "user_owns_applications")
 KeyNotCurrent = _error("KeyNotCurrent", 409, "key_not_current")
 CannotModifyOwn = _error("CannotModifyOwn", 400, "cannot_modify_own_account")
 # A manager change that would make the reporting chain loop.

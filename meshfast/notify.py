@@ -127,7 +127,11 @@ WHERE e.id = due.id
 RETURNING e.id, e.delivery_id, e.rule_id, e.entry, e.user_id, e.action, e.channel, e."window",
           e.window_start, e.threshold_nano, e.spend_nano, e.detail::text AS detail, e.attempts, e.created_at
 """
-_USERS = "SELECT id, email, display_name, business_unit FROM users WHERE id = ANY($1::uuid[])"
+# An application's notices go to its owner.
+_USERS = """
+SELECT u.id, COALESCE(u.email, o.email) AS email, u.display_name, u.business_unit
+FROM users u LEFT JOIN users o ON o.id = u.owner_id WHERE u.id = ANY($1::uuid[])
+"""
 _MARK_DELIVERED = """
 UPDATE rule_events SET status = 'delivered', delivered_at = now(), last_error = NULL
 WHERE id = $1 AND status = 'pending'

@@ -43,6 +43,10 @@ def entry_config(entry: dict[str, Any], principal_index: dict[str, int],
     if gone:
         return None
     exempt, _ = _indexes(population.get("exempt_users"), principal_index)
+    # Applications deleted since: the entry holds to those left, and to nobody when none is.
+    applications, gone = _indexes(population.get("applications"), principal_index)
+    if gone:
+        return None
     scope = entry.get("scope") or {}
     model = None
     if scope.get("model") is not None:
@@ -63,6 +67,7 @@ def entry_config(entry: dict[str, Any], principal_index: dict[str, int],
         leaders=leaders,
         business_units=list(population.get("business_units") or []),
         exempt=exempt,
+        applications=applications,
         tag=scope.get("tag"),
         model=model,
         threshold_nano=None if threshold is None else snapshot.usd_to_nanos(threshold),
@@ -108,7 +113,10 @@ READ_ONLY = ("version", "created_at", "updated_at")
 
 RULE_FIELDS = ("id", "weight", "mode", "entries")
 ENTRY_FIELDS = ("population", "scope", "window", "threshold_usd", "calls_per_minute", "tokens_per_minute", "actions")
-POPULATION_FIELDS = ("tiers", "leaders", "business_units", "exempt_users")
+POPULATION_FIELDS = ("tiers", "leaders", "business_units", "exempt_users", "applications")
+# How a set of known principals marks an application's id (people are bare ids): a leader or an
+# exempt user must be a person, an entry of `applications` an application.
+APPLICATION_MARK = "application:"
 ACTION_FIELDS = {"block": ("type",), "pause": ("type", "hours"), "warn": ("type", "text"),
                  "notify": ("type", "channels", "template")}
 # Rank of a window's length: a shorter window's block threshold may not exceed a longer one's.
@@ -260,12 +268,34 @@ def _population(value: Any, where: str, known_users: set[str] | None, problems: 
         problems.add(f"{where}: must be an object, not {_kind(value)}")
         return {}
     _unknown(value, POPULATION_FIELDS, where, problems)
-    return {
+    out = {
         "tiers": _labels(value.get("tiers"), f"{where}.tiers", problems),
         "leaders": _people(value.get("leaders"), f"{where}.leaders", known_users, problems),
         "business_units": _labels(value.get("business_units"), f"{where}.business_units", problems),
         "exempt_users": _people(value.get("exempt_users"), f"{where}.exempt_users", known_users, problems),
     }
+    # NOTE: only when given, so every rule stored before applications keeps its exact shape.
+    if value.get("applications"):
+        out["applications"] = _applications(value["applications"], f"{where}.applications", known_users, problems)
+    return out
+
+
+def _applications(value: Any, where: str, known: set[str] | None, problems: _Problems) -> list[str]:
+    items = _list(value, where, problems)
+    out: list[str] = []
+    for i, item in enumerate(items or ()):
+        try:
+            app_id = str(uuid.UUID(item)) if isinstance(item, str) and len(item) <= 64 else ""
+        except ValueError:
+            app_id = ""
+        if not app_id:
+            problems.add(f"{where}[{i}]: {shown(item) if isinstance(item, str) else _kind(item)} is not an "
+                         "application id")
+        elif known is not None and APPLICATION_MARK + app_id not in known:
+            problems.add(f"{where}[{i}]: unknown application {shown(item)}")
+        elif app_id not in out:
+            out.append(app_id)
+    return out
 
 
 def _scope(value: Any, where: str, models: Mapping[str, str] | None, problems: _Problems) -> dict[str, str] | None:
@@ -493,7 +523,7 @@ def referenced_users(body: Any) -> list[str]:
             stack.extend((v, k, depth + 1) for k, v in value.items())
         elif isinstance(value, list):
             for item in value:
-                if key in ("leaders", "exempt_users", *RESTRICTION_PEOPLE) and isinstance(item, str):
+                if key in ("leaders", "exempt_users", "applications", *RESTRICTION_PEOPLE) and isinstance(item, str):
                     try:
                         out.add(str(uuid.UUID(item)))
                     except ValueError:
@@ -557,6 +587,8 @@ class PopulationBody(msgspec.Struct, forbid_unknown_fields=True):
     leaders: People = []
     business_units: Labels = []
     exempt_users: People = []
+    # Application ids: the entry holds to these applications only.
+    applications: People = []
 
 
 class ScopeBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -70,7 +70,8 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
 DEFAULT_TAG_KEYS = ("platform", "workflow", "harness")
 _TAG_KEY = re.compile(r"[a-z0-9_-]{1,32}\Z")
 # The summaries' own group_by names: a tag key may not shadow one.
-RESERVED_TAG_KEYS = frozenset({"business_unit", "manager", "tier", "tag", "principal_kind", "token_issuer"})
+RESERVED_TAG_KEYS = frozenset({"business_unit", "manager", "tier", "tag", "principal_kind", "token_issuer",
+                               "application_id"})
 
 
 def tag_keys_env() -> tuple[str, ...]:

@@ -41,6 +41,8 @@ class Principal(msgspec.Struct):
     manager: int | None = None
     business_unit: str | None = None
     tier: str | None = None
+    # An application (kind 'application'): its name is display_name, its email is empty.
+    application: bool = False
 
 
 class Key(msgspec.Struct):
@@ -202,6 +204,8 @@ class RuleEntry(msgspec.Struct, omit_defaults=True):
     leaders: list[int] = []
     business_units: list[str] = []
     exempt: list[int] = []
+    # Applications (principal indexes) the entry holds to; empty: no restriction.
+    applications: list[int] = []
     tag: str | None = None
     model: int | None = None
     threshold_nano: int | None = None
@@ -342,13 +346,14 @@ def principal_from_row(row: Any, manager: int | None) -> Principal:
     as an index."""
     return Principal(
         id=str(row["id"]),
-        email=row["email"],
+        email=row["email"] or "",
         display_name=row["display_name"],
         status=row["status"],
         expires_at_ms=_ms(row["expires_at"]),
         manager=manager,
         business_unit=row["business_unit"],
         tier=row["tier"],
+        application=row["kind"] == "application",
     )
 
 
@@ -479,14 +484,14 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
 
 
 def workflow_from_row(row: Any, principal_index: dict[str, int]) -> Workflow:
-    """A workflow row (SNAPSHOT_WORKFLOWS) as the core takes it; a listed person deleted since
-    drops out of its principals."""
+    """A workflow row (SNAPSHOT_WORKFLOWS) as the core takes it; a listed person or application
+    deleted since drops out of its principals."""
     listed = json.loads(row["principals"]) if row["principals"] else None
     people: list[int] | None = None
     units: list[str] = []
     if listed is not None:
-        people = sorted({principal_index[p["user_id"]] for p in listed
-                         if "user_id" in p and p["user_id"] in principal_index})
+        ids = [p.get("user_id") or p.get("application_id") for p in listed]
+        people = sorted({principal_index[i] for i in ids if i is not None and i in principal_index})
         units = [p["business_unit"] for p in listed if "business_unit" in p]
     return Workflow(id=row["id"], uid=row["uid"], limit_nano=int(row["limit_nano_usd"]), window=row["window"],
                     principals=people, business_units=units)

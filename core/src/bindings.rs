@@ -309,6 +309,8 @@ impl PyLease {
 #[pyclass(frozen, get_all, name = "Principal", module = "meshfast._core")]
 struct PyPrincipal {
     id: String,
+    /// `user` or `application`.
+    kind: &'static str,
     email: String,
     display_name: String,
     key_id: Option<String>,
@@ -463,6 +465,7 @@ impl PyCore {
                     py,
                     PyPrincipal {
                         id: principal.id.clone(),
+                        kind: if principal.application { "application" } else { "user" },
                         email: principal.email.clone(),
                         display_name: principal.display_name.clone(),
                         key_id: Some(key.id.clone()),
@@ -500,6 +503,7 @@ impl PyCore {
                     py,
                     PyPrincipal {
                         id: person.id.clone(),
+                        kind: if person.application { "application" } else { "user" },
                         email: person.email.clone(),
                         display_name: person.display_name.clone(),
                         key_id: Some(key.id.clone()),
@@ -642,6 +646,7 @@ impl PyCore {
                     py,
                     PyPrincipal {
                         id: person.id.clone(),
+                        kind: if person.application { "application" } else { "user" },
                         email: person.email.clone(),
                         display_name: person.display_name.clone(),
                         key_id: None,
@@ -943,6 +948,10 @@ impl PyPrepared {
     #[getter]
     fn principal_id(&self) -> Option<&str> {
         self.inner.principal_id.as_deref()
+    }
+    #[getter]
+    fn principal_kind(&self) -> Option<&'static str> {
+        self.inner.principal_kind
     }
     #[getter]
     fn model_id(&self) -> Option<&str> {

@@ -423,8 +423,17 @@ fn claim_time_ms(claims: &serde_json::Map<String, serde_json::Value>, name: &str
     }
 }
 
-/// Verifies `token` against `issuers` at `now_ms`; `lookup` finds a person by email (as
-/// [`normal_email`] gives it). The order matters: the signature is checked before any claim but
+/// Whom a verified token's claims name: a person by email (as [`normal_email`] gives it), or an
+/// application by its id or name (the issuer's `application` claim, when it maps one and the
+/// token carries it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Who<'a> {
+    Email(&'a str),
+    Application(&'a str),
+}
+
+/// Verifies `token` against `issuers` at `now_ms`; `lookup` finds the principal its claims name
+/// ([`Who`]). The order matters: the signature is checked before any claim but
 /// `iss` (which picks the keys) is trusted. A refusal reached after the signature held comes
 /// marked [`TokenError::Signed`] (what [`TokenCache`] may remember); [`TokenError::plain`] drops it.
 pub fn verify(
@@ -432,7 +441,7 @@ pub fn verify(
     by_issuer: &HashMap<String, u32>,
     token: &str,
     now_ms: i64,
-    lookup: impl Fn(&str) -> Option<u32>,
+    lookup: impl Fn(Who<'_>) -> Option<u32>,
 ) -> Result<Identity, TokenError> {
     if token.len() > MAX_TOKEN_BYTES {
         return Err(TokenError::Invalid);
@@ -514,10 +523,23 @@ pub fn verify(
         Some(serde_json::Value::String(s)) if s.chars().count() <= MAX_SUBJECT_CHARS => s.as_str(),
         Some(_) => return Err(TokenError::Invalid),
     };
+    // An application's token (a service calling on its own behalf) names the application; it is
+    // never provisioned from claims: applications are registered.
+    if let Some(application) = issuer.claims.application.as_deref().and_then(|c| claim_str(&claims, c)) {
+        return match lookup(Who::Application(application)) {
+            Some(principal) => Ok(Identity {
+                principal,
+                issuer: index,
+                subject: Arc::from(subject),
+                until_ms,
+            }),
+            None => Err(remember(TokenError::UnknownPrincipal(None))),
+        };
+    }
     let Some(email) = claim_str(&claims, &issuer.claims.email).and_then(normal_email) else {
         return Err(remember(TokenError::UnknownPrincipal(None)));
     };
-    match lookup(&email) {
+    match lookup(Who::Email(&email)) {
         Some(principal) => Ok(Identity {
             principal,
             issuer: index,
@@ -746,8 +768,11 @@ mod tests {
                "exp": NOW_S + 600})
     }
 
-    fn known(email: &str) -> Option<u32> {
-        (email == "known@example.com").then_some(7)
+    fn known(who: Who<'_>) -> Option<u32> {
+        match who {
+            Who::Email(email) => (email == "known@example.com").then_some(7),
+            Who::Application(app) => (app == "billing-bot").then_some(9),
+        }
     }
 
     fn check(signer: &Signer, token: &str) -> Result<Identity, TokenError> {
@@ -961,6 +986,7 @@ mod tests {
             Just(Some(json!(null))),
             "[a-zA-Z0-9@. -]{1,12}".prop_map(|s| Some(json!(s))),
             Just(Some(json!("Known@example.COM"))),
+            Just(Some(json!("billing-bot"))),
         ]
     }
 
@@ -972,11 +998,12 @@ mod tests {
         fn prop_claim_mapping_follows_the_issuers_map(
             email in claim_name(), bu in proptest::option::of(claim_name()), tier in proptest::option::of(claim_name()),
             manager in proptest::option::of(claim_name()), name in proptest::option::of(claim_name()),
+            app in proptest::option::of(claim_name()),
             values in proptest::collection::vec((claim_name(), claim_value()), 0..8), jit: bool,
         ) {
             let signer = Signer::new();
             let map = ClaimMap { email: email.clone(), display_name: name.clone(), business_unit: bu.clone(),
-                                 manager_email: manager.clone(), tier: tier.clone(), application: None };
+                                 manager_email: manager.clone(), tier: tier.clone(), application: app.clone() };
             let (issuers, by) = issuer(&signer, map, jit, &["EdDSA"]);
             let mut claims = json!({"iss": "https://idp.test", "aud": "aud-2", "exp": NOW_S + 60});
             for (k, v) in &values {
@@ -995,11 +1022,15 @@ mod tests {
                 (e.len() <= 320 && e.chars().all(|c| c.is_ascii_graphic()) && e.matches('@').count() == 1
                     && at != Some(0) && at != Some(e.len() - 1)).then(|| e.to_ascii_lowercase())
             };
-            let expected = match read(&Some(email)).and_then(stored) {
-                None => Err(TokenError::UnknownPrincipal(None)),
-                Some(e) if e == "known@example.com" =>
+            // A token naming an application (when the issuer maps the claim) is that application's,
+            // found by name or refused, never provisioned; else the person's, by email.
+            let expected = match (read(&app), read(&Some(email)).and_then(stored)) {
+                (Some(a), _) if a == "billing-bot" =>
+                    Ok(Identity { principal: 9, issuer: 0, subject: Arc::from(""), until_ms: (NOW_S + 90) * 1000 }),
+                (Some(_), _) | (None, None) => Err(TokenError::UnknownPrincipal(None)),
+                (None, Some(e)) if e == "known@example.com" =>
                     Ok(Identity { principal: 7, issuer: 0, subject: Arc::from(""), until_ms: (NOW_S + 90) * 1000 }),
-                Some(e) => Err(TokenError::UnknownPrincipal(jit.then(|| Arc::new(Provision {
+                (None, Some(e)) => Err(TokenError::UnknownPrincipal(jit.then(|| Arc::new(Provision {
                     issuer_id: "iss-id".into(), email: e, display_name: read(&name), business_unit: read(&bu),
                     manager_email: read(&manager), tier: read(&tier),
                 })))),

@@ -258,6 +258,8 @@ pub struct Prepared {
     /// A platform token's issuer (`iss`) and subject (`sub`), when one authenticated the call.
     pub token_issuer: Option<String>,
     pub token_subject: Option<String>,
+    /// `user` or `application`, once the caller is known.
+    pub principal_kind: Option<&'static str>,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -617,6 +619,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         }
     }
     p.principal_id = Some(person.id.clone());
+    p.principal_kind = Some(if person.application { "application" } else { "user" });
     p.business_unit.clone_from(&person.business_unit);
     p.tier.clone_from(&person.tier);
     p.manager_id = person.manager.map(|m| snapshot.principals[m as usize].id.clone());

@@ -50,6 +50,9 @@ pub(crate) struct RawEntry {
     business_units: Vec<String>,
     #[serde(default)]
     exempt: Vec<i64>,
+    /// Applications (principal indexes) the entry holds to; empty: no restriction.
+    #[serde(default)]
+    applications: Vec<i64>,
     #[serde(default)]
     tag: Option<String>,
     #[serde(default)]
@@ -317,6 +320,8 @@ pub struct Entry {
     pub leaders: Vec<u32>,
     pub business_units: Vec<String>,
     pub exempt: Vec<u32>,
+    /// Applications the population is held to (principal indexes); empty: no restriction.
+    pub applications: Vec<u32>,
     pub scope: Scope,
     /// Bit `m` set when the scope covers model `m`.
     covers: Vec<u64>,
@@ -357,7 +362,8 @@ impl Entry {
         let listed = |list: &[String], value: &Option<String>| {
             list.is_empty() || value.as_ref().is_some_and(|v| list.iter().any(|x| x == v))
         };
-        listed(&self.tiers, &person.tier)
+        (self.applications.is_empty() || self.applications.contains(&principal))
+            && listed(&self.tiers, &person.tier)
             && listed(&self.business_units, &person.business_unit)
             && (self.leaders.is_empty() || self.leaders.iter().any(|&l| snapshot.in_organisation_of(principal, l)))
     }
@@ -478,6 +484,7 @@ fn build_entry(
         leaders: people(errors, &format!("{what}.leaders"), &raw.leaders, principals),
         business_units: raw.business_units,
         exempt: people(errors, &format!("{what}.exempt"), &raw.exempt, principals),
+        applications: people(errors, &format!("{what}.applications"), &raw.applications, principals),
         scope,
         covers,
         window,

@@ -103,6 +103,9 @@ struct RawPrincipal {
     business_unit: Option<String>,
     #[serde(default)]
     tier: Option<String>,
+    /// An application rather than a person (no email, manager or tier).
+    #[serde(default)]
+    application: bool,
 }
 
 #[derive(Deserialize)]
@@ -331,6 +334,9 @@ pub struct Principal {
     pub manager: Option<u32>,
     pub business_unit: Option<String>,
     pub tier: Option<String>,
+    /// An application (a registered service with its own keys) rather than a person; its
+    /// `display_name` is its name and its `email` is empty.
+    pub application: bool,
     /// The id as counter keys use it ([`id_bytes`]).
     pub key_bytes: [u8; 16],
 }
@@ -573,6 +579,8 @@ pub struct Snapshot {
     /// Principals by lowercased email, built on the first token (a config without token callers
     /// never pays for it).
     by_email: Arc<OnceLock<HashMap<String, u32>>>,
+    /// Applications by id and by lowercased name, built on the first application token.
+    by_application: Arc<OnceLock<HashMap<String, u32>>>,
     /// Verified tokens; a new one with every change of people or issuers.
     tokens: Arc<TokenCache>,
     /// Registered workflows, and their index by id.
@@ -873,6 +881,7 @@ impl Snapshot {
                 expires_at_ms: p.expires_at_ms,
                 business_unit: p.business_unit,
                 tier: p.tier,
+                application: p.application,
             })
             .collect();
         chains(e, &principals);
@@ -1254,6 +1263,7 @@ impl Snapshot {
             issuer_by_name: Arc::new(issuer_by_name),
             issuer_problems: Arc::new(issuer_problems),
             by_email: Arc::default(),
+            by_application: Arc::default(),
             tokens: Arc::default(),
             workflows: Arc::new(workflows),
             workflow_by_id: Arc::new(workflow_by_id),
@@ -1300,6 +1310,7 @@ impl Snapshot {
             expires_at_ms: raw.expires_at_ms,
             business_unit: raw.business_unit,
             tier: raw.tier,
+            application: raw.application,
         };
         chains(&mut errors, &principals);
         if !errors.is_empty() {
@@ -1310,6 +1321,7 @@ impl Snapshot {
             principals: Arc::new(principals),
             // NOTE: an email or status may have changed: no old verdict about a token survives.
             by_email: Arc::default(),
+            by_application: Arc::default(),
             tokens: Arc::default(),
             ..self.clone()
         })
@@ -1415,11 +1427,26 @@ impl Snapshot {
             self.principals
                 .iter()
                 .enumerate()
+                .filter(|(_, p)| !p.application)
                 .filter_map(|(i, p)| crate::jwt::normal_email(&p.email).map(|e| (e, i as u32)))
                 .collect()
         });
-        crate::jwt::verify(&self.issuers, &self.issuer_by_name, token, now_ms, |email| {
-            by_email.get(email).copied()
+        crate::jwt::verify(&self.issuers, &self.issuer_by_name, token, now_ms, |who| match who {
+            crate::jwt::Who::Email(email) => by_email.get(email).copied(),
+            crate::jwt::Who::Application(name) => {
+                let by_application = self.by_application.get_or_init(|| {
+                    let mut map = HashMap::new();
+                    for (i, p) in self.principals.iter().enumerate().filter(|(_, p)| p.application) {
+                        map.insert(p.id.clone(), i as u32);
+                        map.insert(p.display_name.to_ascii_lowercase(), i as u32);
+                    }
+                    map
+                });
+                by_application
+                    .get(name)
+                    .or_else(|| by_application.get(&name.to_ascii_lowercase()))
+                    .copied()
+            }
         })
     }
 

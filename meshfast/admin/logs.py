@@ -41,7 +41,7 @@ LIST_COLUMNS = (
     "os, device_type, count, business_unit, manager_id, tier, would_deny, tags AS model_tags, call_tags AS tags, "
     "trace_id, tools_declared, "
     "tools_declared_bytes, tools_invoked, cache_write_1h_tokens, principal_kind, mesh_key_id AS key_id, token_issuer, "
-    "token_subject"
+    "token_subject, CASE WHEN principal_kind = 'application' THEN user_id END AS application_id"
 )
 # A tool definition's prompt cost is estimated from its JSON size at this many bytes per token.
 BYTES_PER_TOKEN = 4
@@ -49,6 +49,7 @@ BYTES_PER_TOKEN = 4
 # every attribution tag key (MESHFAST_TAG_KEYS) groups by the value callers sent under it.
 GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag",
             "principal_kind": "principal_kind", "token_issuer": "token_issuer",
+            "application_id": "CASE WHEN principal_kind = 'application' THEN user_id::text END",
             # NOTE: the keys are checked (a-z 0-9 _ -) by settings.tag_keys_env: safe in a literal.
             **{key: f"call_tags->>'{key}'" for key in settings.tag_keys_env()}}
 
@@ -435,7 +436,9 @@ async def _emails(conn: asyncpg.Connection, user_ids: list[str | None]) -> dict[
     ids = [uid for uid in user_ids if uid is not None]
     if not ids:
         return {}
-    rows = await conn.fetch("SELECT id::text AS id, email FROM users WHERE id = ANY($1::uuid[])", ids)
+    # An application has no email: it shows as "application: <name>".
+    rows = await conn.fetch("SELECT id::text AS id, COALESCE(email, 'application: ' || display_name) AS email "
+                            "FROM users WHERE id = ANY($1::uuid[])", ids)
     return {r["id"]: r["email"] for r in rows}
 
 
@@ -542,11 +545,12 @@ EXPORT_HEADER = (
     "model_name", "requested_model", "provider_id", "route", "outcome", "deny_reason", "would_deny", "status_code",
     "latency_ms", "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "count", "input_cost",
     "output_cost", "cost", "model_tags", "source_ip", "user_agent", "cache_write_1h_tokens", "tools_declared",
-    "tools_invoked", "tags", "principal_kind", "key_id", "token_issuer", "token_subject",
+    "tools_invoked", "tags", "principal_kind", "key_id", "token_issuer", "token_subject", "application_id",
 )
 # The export's columns as the rows hold them (the API's names differ for three).
 _EXPORT_SQL = {"cost": "(input_cost + output_cost) AS cost", "model_tags": "tags AS model_tags",
-               "tags": "call_tags AS tags", "key_id": "mesh_key_id AS key_id"}
+               "tags": "call_tags AS tags", "key_id": "mesh_key_id AS key_id",
+               "application_id": "CASE WHEN principal_kind = 'application' THEN user_id END AS application_id"}
 _EXPORT_COLUMNS = ", ".join(_EXPORT_SQL.get(c, c) for c in EXPORT_HEADER if c != "user_email")
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection). Some read
 # a cell with its leading whitespace trimmed (LibreOffice's "trim spaces" import), and the

@@ -17,6 +17,7 @@ import msgspec
 from meshfast import errors
 from meshfast.admin import auth, logs, notifications
 from meshfast.admin import service as svc
+from meshfast.admin.applications import ApplicationUpdate
 from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream
 
 Handler = Callable[..., Awaitable[Reply]]
@@ -89,6 +90,8 @@ class AdminPlane:
             service.update_model(a.name, id, svc.decode_model_update(b), h.get("if-match"))))
         add("PUT", r"/admin/users/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_user(a.name, id, svc.decode(b, svc.UserUpdate), h.get("if-match"))))
+        add("PUT", r"/admin/applications/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            router.applications.update(a.name, id, svc.decode(b, ApplicationUpdate), h.get("if-match"))))
         add("PUT", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             router.rules.update(a.name, id, b, h.get("if-match"))))
 

@@ -38,7 +38,11 @@ UPDATE rules SET body = $2::jsonb, version = version + 1, updated_at = now() WHE
 RETURNING id, body, version, created_at, updated_at
 """
 DELETE_RULE = "DELETE FROM rules WHERE id = $1 RETURNING id"
-KNOWN_USERS = "SELECT id::text FROM users WHERE id = ANY($1::uuid[])"
+# People as their ids, applications marked (rules.APPLICATION_MARK): a leader must be a person.
+KNOWN_USERS = """
+SELECT CASE WHEN kind = 'application' THEN 'application:' || id::text ELSE id::text END
+FROM users WHERE id = ANY($1::uuid[])
+"""
 MODEL_NAMES = "SELECT name, aliases, tags FROM models"
 GET_ENFORCEMENT = "SELECT enforce_rules FROM gateway_state"
 SET_ENFORCEMENT = "UPDATE gateway_state SET enforce_rules = $1, updated_at = now() RETURNING enforce_rules"
@@ -284,7 +288,7 @@ async def set_restrictions(conn: asyncpg.Connection, model_id: uuid.UUID,
 
 # --- registry files ------------------------------------------------------------------------------
 
-USER_EMAILS = "SELECT email, id::text FROM users"
+USER_EMAILS = "SELECT email, id::text FROM users WHERE kind = 'user'"
 RESTRICTIONS_BY_NAME = "SELECT id, name, restrictions FROM models WHERE name = ANY($1::text[])"
 
 

@@ -307,8 +307,26 @@ def _status_columns(status: str) -> tuple[str, bool]:
 
 
 class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
-    user_id: Id
+    """A grant: ``{user_id, model_id}`` or ``{application_id, model_id}``."""
+
     model_id: Id
+    user_id: Id | None = None
+    application_id: Id | None = None
+
+
+def _access_principal(body: AccessBody) -> tuple[uuid.UUID, str]:
+    """The grant's principal and its kind: exactly one of user_id and application_id."""
+    if (body.user_id is None) == (body.application_id is None):
+        raise errors.InvalidRequest("give user_id or application_id, not both")
+    if body.user_id is not None:
+        return _body_uuid(body.user_id, "user_id"), "user"
+    assert body.application_id is not None
+    return _body_uuid(body.application_id, "application_id"), "application"
+
+
+def _missing(kind: str) -> type[errors.MeshfastError]:
+    """The 404 of a principal of ``kind`` that does not exist."""
+    return errors.ApplicationNotFound if kind == "application" else errors.UserNotFound
 
 
 class PolicyBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -372,6 +390,11 @@ def _email(value: str, field: str = "email") -> str:
     if "@" not in value or len(value) > 320 or any(c.isspace() for c in value):
         raise errors.InvalidRequest(f"{field} is not a valid address")
     return value
+
+
+def label(value: str | None, field: str) -> str | None:
+    """A business unit or tier as stored (see ``_label``)."""
+    return _label(value, field)
 
 
 def _label(value: str | None, field: str) -> str | None:
@@ -997,8 +1020,10 @@ class AdminService:
         out["current"] = row["status"] == "active" and row["replaced_by"] is None and not expired
         return out
 
-    async def create_key(self, actor: str, user_id: str, body: KeyCreate) -> dict[str, Any]:
-        uid = parse_uuid(user_id, errors.UserNotFound)
+    async def create_key(self, actor: str, user_id: str, body: KeyCreate, kind: str = "user") -> dict[str, Any]:
+        """``POST /admin/users/{id}/keys`` (``kind`` user) or ``/admin/applications/{id}/keys``."""
+        missing = _missing(kind)
+        uid = parse_uuid(user_id, missing)
         name = body.name.strip()
         if not name:
             raise errors.InvalidRequest("name is required")
@@ -1019,8 +1044,8 @@ class AdminService:
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
             # NOTE: the person's row locked, as every key change does: changes to one person's
             # keys take turns (the unique indexes then never see two at once).
-            if await conn.fetchval(sql.LOCK_USER, uid) is None:
-                raise errors.UserNotFound()
+            if await conn.fetchval(sql.LOCK_PRINCIPAL, uid, kind) is None:
+                raise missing()
             if models:
                 found = {r["id"] for r in await conn.fetch(sql.MODELS_EXISTING, models)}
                 unknown = [str(m) for m in models if m not in found]
@@ -1034,11 +1059,12 @@ class AdminService:
         row = await self._write(actor, "create_key", str(uid), {"name": name}, work)
         return {**self._key_json(row), "key": key}
 
-    async def list_keys(self, user_id: str) -> list[dict[str, Any]]:
-        uid = parse_uuid(user_id, errors.UserNotFound)
+    async def list_keys(self, user_id: str, kind: str = "user") -> list[dict[str, Any]]:
+        missing = _missing(kind)
+        uid = parse_uuid(user_id, missing)
         async with self._pool.acquire() as conn:
-            if await conn.fetchval(sql.USER_EXISTS, uid) is None:
-                raise errors.UserNotFound()
+            if await conn.fetchval(sql.PRINCIPAL_EXISTS, uid, kind) is None:
+                raise missing()
             return [self._key_json(r) for r in await conn.fetch(sql.LIST_USER_KEYS, uid)]
 
     async def rotate_key_by_id(self, actor: str, key_id: str, body: KeyRotate) -> dict[str, Any]:
@@ -1103,7 +1129,12 @@ class AdminService:
         uid = parse_uuid(user_id, errors.UserNotFound)
 
         async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(sql.DELETE_USER, uid) is None:
+            try:
+                deleted = await conn.fetchval(sql.DELETE_USER, uid)
+            except asyncpg.ForeignKeyViolationError:
+                raise errors.OwnsApplications("the user owns applications: delete them or give them another owner "
+                                              "first") from None
+            if deleted is None:
                 raise errors.UserNotFound()
 
         await self._write(actor, "delete_user", str(uid), {}, work)
@@ -1184,7 +1215,7 @@ class AdminService:
         moment = _moment(body.expires_at, "expires_at")
 
         async def work(conn: asyncpg.Connection) -> str:
-            if await conn.fetchval(sql.LOCK_USER, uid) is None:
+            if await conn.fetchval(sql.LOCK_PRINCIPAL, uid, "user") is None:
                 raise errors.UserNotFound()
             key_id = await conn.fetchval(sql.SET_KEY_EXPIRY, uid, moment)
             if key_id is None:
@@ -1574,24 +1605,28 @@ class AdminService:
 
     # access and policies
 
-    async def _check_pair(self, conn: asyncpg.Connection, user_id: uuid.UUID, model_id: uuid.UUID) -> None:
-        if await conn.fetchval(sql.USER_EXISTS, user_id) is None:
-            raise errors.UserNotFound()
+    async def _check_pair(self, conn: asyncpg.Connection, user_id: uuid.UUID, model_id: uuid.UUID,
+                          kind: str = "user") -> None:
+        if await conn.fetchval(sql.PRINCIPAL_EXISTS, user_id, kind) is None:
+            raise _missing(kind)()
         if await conn.fetchval(sql.MODEL_EXISTS, model_id) is None:
             raise errors.ModelNotFound()
 
     async def grant(self, actor: str, body: AccessBody) -> dict[str, Any]:
-        uid, mid = _body_uuid(body.user_id, "user_id"), _body_uuid(body.model_id, "model_id")
+        """``POST /admin/access`` with ``{user_id, model_id}`` or ``{application_id, model_id}``."""
+        uid, kind = _access_principal(body)
+        mid = _body_uuid(body.model_id, "model_id")
 
         async def work(conn: asyncpg.Connection) -> None:
-            await self._check_pair(conn, uid, mid)
+            await self._check_pair(conn, uid, mid, kind)
             await conn.execute(sql.GRANT_ACCESS, uid, mid)
 
         await self._write(actor, "grant_access", f"{uid}:{mid}", {}, work)
         return {"status": "ok"}
 
     async def revoke_grant(self, actor: str, body: AccessBody) -> dict[str, Any]:
-        uid, mid = _body_uuid(body.user_id, "user_id"), _body_uuid(body.model_id, "model_id")
+        uid, _ = _access_principal(body)
+        mid = _body_uuid(body.model_id, "model_id")
 
         async def work(conn: asyncpg.Connection) -> None:
             await conn.execute(sql.REVOKE_ACCESS, uid, mid)
@@ -1604,8 +1639,9 @@ class AdminService:
         async with self._pool.acquire() as conn:
             return [row_json(r) for r in await conn.fetch(sql.LIST_ACCESS, uid)]
 
-    async def put_policy(self, actor: str, user_id: str, model_id: str, body: PolicyBody) -> dict[str, Any]:
-        uid = parse_uuid(user_id, errors.UserNotFound)
+    async def put_policy(self, actor: str, user_id: str, model_id: str, body: PolicyBody,
+                         kind: str = "user") -> dict[str, Any]:
+        uid = parse_uuid(user_id, _missing(kind))
         mid = parse_uuid(model_id, errors.ModelNotFound)
         cap = _price(body.daily_cap_usd, "daily_cap_usd")
         if body.max_calls_per_hour is not None and body.max_calls_per_hour < 1:
@@ -1620,18 +1656,19 @@ class AdminService:
             timezone = validate.timezone(body.timezone, "timezone", await validate.load_timezones(conn))
 
         async def work(conn: asyncpg.Connection) -> None:
-            await self._check_pair(conn, uid, mid)
+            await self._check_pair(conn, uid, mid, kind)
             await conn.execute(sql.UPSERT_POLICY, uid, mid, cap, body.max_calls_per_hour, allowed_from,
                                allowed_to, timezone, sorted(set(body.active_days)), body.always_open)
 
         await self._write(actor, "update_policy", f"{uid}:{mid}", {}, work)
         return {"status": "ok"}
 
-    async def list_policies(self, user_id: str) -> list[dict[str, Any]]:
-        uid = parse_uuid(user_id, errors.UserNotFound)
+    async def list_policies(self, user_id: str, kind: str = "user") -> list[dict[str, Any]]:
+        missing = _missing(kind)
+        uid = parse_uuid(user_id, missing)
         async with self._pool.acquire() as conn:
-            if await conn.fetchval(sql.USER_EXISTS, uid) is None:
-                raise errors.UserNotFound()
+            if await conn.fetchval(sql.PRINCIPAL_EXISTS, uid, kind) is None:
+                raise missing()
             return [row_json(r) for r in await conn.fetch(sql.LIST_POLICIES, uid)]
 
     async def set_kill_switch(self, actor: str, body: KillSwitchBody) -> dict[str, Any]:

@@ -4,8 +4,8 @@
 A registered workflow is a budget (``limit_usd`` per ``window``: daily, weekly or monthly, in
 MESHFAST_CALENDAR_TZ) that calls tagged ``workflow=<id>`` reserve their worst case against, like
 any cap (the core; no overshoot). When ``principals`` is given, only those may charge it: people
-(``user_id``) and business units (``business_unit``); anyone else naming it is 403
-``workflow_not_permitted``. A workflow id nobody registered is attribution only.
+(``user_id``), applications (``application_id``) and business units (``business_unit``); anyone
+else naming it is 403 ``workflow_not_permitted``. A workflow id nobody registered is attribution only.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ LIST_WORKFLOWS = f"SELECT {_COLUMNS} FROM workflows ORDER BY id"
 GET_WORKFLOW = f"SELECT {_COLUMNS} FROM workflows WHERE id = $1"
 DELETE_WORKFLOW = "DELETE FROM workflows WHERE id = $1 RETURNING uid"
 SPENT = "SELECT spend_nano_usd FROM workflow_spend WHERE workflow_uid = $1 AND period = $2"
-KNOWN_USERS = "SELECT id FROM users WHERE id = ANY($1::uuid[])"
+KNOWN_PRINCIPALS = "SELECT id FROM users WHERE id = ANY($1::uuid[]) AND kind = $2"
 
 
 def _limit_nano(value: float | str) -> int:
@@ -74,13 +74,11 @@ def _principals(listed: list[dict[str, str]] | None, problems: list[str]) -> lis
             problems.append(f"principals[{i}] must be one of {{user_id}}, {{application_id}}, {{business_unit}}")
             continue
         kind, value = next(iter(entry.items()))
-        if kind == "application_id":
-            problems.append(f"principals[{i}]: no application has the id {value[:40]!r}")
-        elif kind == "user_id":
+        if kind in ("user_id", "application_id"):
             try:
-                out.append({"user_id": str(uuid.UUID(value))})
+                out.append({kind: str(uuid.UUID(value))})
             except ValueError:
-                problems.append(f"principals[{i}].user_id must be a UUID")
+                problems.append(f"principals[{i}].{kind} must be a UUID")
         else:
             unit = value.strip()
             problem = validate.text_problem(unit) if unit else "is empty"
@@ -121,13 +119,15 @@ class WorkflowService:
             raise errors.InvalidRequest("; ".join(problems), errors=problems)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            people = [uuid.UUID(p["user_id"]) for p in principals or () if "user_id" in p]
-            if people:
-                known = {r["id"] for r in await conn.fetch(KNOWN_USERS, people)}
-                missing = [str(p) for p in people if p not in known]
+            for field, kind in (("user_id", "user"), ("application_id", "application")):
+                listed = [uuid.UUID(p[field]) for p in principals or () if field in p]
+                if not listed:
+                    continue
+                known = {r["id"] for r in await conn.fetch(KNOWN_PRINCIPALS, listed, kind)}
+                missing = [str(p) for p in listed if p not in known]
                 if missing:
-                    raise errors.InvalidRequest(f"principals name users that do not exist: {', '.join(missing[:5])}",
-                                                errors=[f"no user {m}" for m in missing])
+                    raise errors.InvalidRequest(f"principals name {kind}s that do not exist: {', '.join(missing[:5])}",
+                                                errors=[f"no {kind} {m}" for m in missing])
             try:
                 return await conn.fetchrow(INSERT_WORKFLOW, body.id, limit, body.window,
                                            None if principals is None else json.dumps(principals))

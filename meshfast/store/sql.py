@@ -26,12 +26,12 @@ FROM issuers ORDER BY issuer
 SNAPSHOT_PRINCIPALS = """
 WITH principal AS (SELECT id, (row_number() OVER (ORDER BY id))::int - 1 AS i FROM users)
 SELECT u.id::text AS id, u.email, u.display_name, u.status, u.expires_at, u.manager_id, m.i AS manager,
-       u.business_unit, u.tier
+       u.business_unit, u.tier, u.kind
 FROM users u LEFT JOIN principal m ON m.id = u.manager_id
 ORDER BY u.id
 """
 SNAPSHOT_PRINCIPAL = """
-SELECT id, email, display_name, status, expires_at, manager_id, business_unit, tier FROM users WHERE id = $1
+SELECT id, email, display_name, status, expires_at, manager_id, business_unit, tier, kind FROM users WHERE id = $1
 """
 SNAPSHOT_KEYS = """
 WITH principal AS (SELECT id, (row_number() OVER (ORDER BY id))::int - 1 AS i FROM users)
@@ -148,6 +148,8 @@ SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.user_id = $1 ORDER BY k.create
 # A person's row held while their keys change (NO KEY UPDATE: inserts that reference the person,
 # such as spend checkpoints, are not held up by it).
 LOCK_USER = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
+# The same, of a principal of one kind ($2: 'user' or 'application').
+LOCK_PRINCIPAL = "SELECT id FROM users WHERE id = $1 AND kind = $2 FOR NO KEY UPDATE"
 KEY_OWNER = "SELECT user_id FROM mesh_api_keys WHERE id = $1"
 KEY_FOR_UPDATE = f"SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.id = $1 FOR UPDATE"
 # A key rotated away from: replaced now; it works for the overlap (never past its own expiry),
@@ -165,15 +167,16 @@ REVOKE_KEY = """
 UPDATE mesh_api_keys SET status = 'revoked', revoked_at = now() WHERE id = $1 AND status = 'active'
 """
 MODELS_EXISTING = "SELECT id FROM models WHERE id = ANY($1::uuid[])"
-ACTIVATE_USER = "UPDATE users SET status = 'active' WHERE id = $1 RETURNING id"
-REVOKE_USER = "UPDATE users SET status = 'revoked' WHERE id = $1 RETURNING id"
-DELETE_USER = "DELETE FROM users WHERE id = $1 RETURNING id"
+ACTIVATE_USER = "UPDATE users SET status = 'active' WHERE id = $1 AND kind = 'user' RETURNING id"
+REVOKE_USER = "UPDATE users SET status = 'revoked' WHERE id = $1 AND kind = 'user' RETURNING id"
+DELETE_USER = "DELETE FROM users WHERE id = $1 AND kind = 'user' RETURNING id"
 # Manager changes run one at a time (an advisory lock held to commit), so the chain each one
 # checks for a loop is the chain it commits: two changes cannot each pass and loop together.
 LOCK_ORGANISATION = "SELECT pg_advisory_xact_lock(7164805235869627512)"
 USER_ID_BY_EMAIL = "SELECT id FROM users WHERE email = $1"
 USER_FOR_UPDATE = """
-SELECT version, display_name, manager_id, business_unit, tier, expires_at FROM users WHERE id = $1 FOR UPDATE
+SELECT version, display_name, manager_id, business_unit, tier, expires_at FROM users WHERE id = $1 AND kind = 'user'
+FOR UPDATE
 """
 # True when `$2` (a would-be manager) is `$1` or reports to `$1`: making `$2` the manager of
 # `$1` would close a loop. UNION (not UNION ALL) ends the walk at a repeat, loop or not.
@@ -185,7 +188,7 @@ WITH RECURSIVE chain (id) AS (
 )
 SELECT EXISTS (SELECT 1 FROM chain WHERE id = $1)
 """
-ORGANISATION = "SELECT id, email, manager_id, business_unit, tier FROM users"
+ORGANISATION = "SELECT id, email, manager_id, business_unit, tier FROM users WHERE kind = 'user'"
 UPDATE_USER_ORGANISATION = """
 UPDATE users SET manager_id = $2, business_unit = $3, tier = $4, version = version + 1, updated_at = now()
 WHERE id = $1
@@ -201,7 +204,8 @@ u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS k
 k.expires_at AS key_expires_at
 """
 SET_USER_EXPIRY = """
-UPDATE users SET expires_at = $2, version = version + 1, updated_at = now() WHERE id = $1 RETURNING id
+UPDATE users SET expires_at = $2, version = version + 1, updated_at = now() WHERE id = $1 AND kind = 'user'
+RETURNING id
 """
 SET_KEY_EXPIRY = """
 UPDATE mesh_api_keys SET expires_at = $2
@@ -215,6 +219,7 @@ LEFT JOIN LATERAL (
     SELECT key_prefix, status, expires_at FROM mesh_api_keys
     WHERE user_id = u.id AND name IS NULL ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
 ) k ON true
+WHERE u.kind = 'user'
 ORDER BY u.created_at DESC
 """
 GET_USER = f"""
@@ -225,7 +230,7 @@ LEFT JOIN LATERAL (
     SELECT key_prefix, status, expires_at FROM mesh_api_keys
     WHERE user_id = u.id AND name IS NULL ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
 ) k ON true
-WHERE u.id = $1
+WHERE u.id = $1 AND u.kind = 'user'
 """
 
 # --- providers and models --------------------------------------------------------------------
@@ -349,7 +354,8 @@ SELECT m.id AS model_id, m.name AS model_name, p.name AS provider_name, a.grante
 FROM user_model_access a JOIN models m ON m.id = a.model_id JOIN providers p ON p.id = m.provider_id
 WHERE a.user_id = $1 ORDER BY m.name
 """
-USER_EXISTS = "SELECT 1 FROM users WHERE id = $1"
+USER_EXISTS = "SELECT 1 FROM users WHERE id = $1 AND kind = 'user'"
+PRINCIPAL_EXISTS = "SELECT 1 FROM users WHERE id = $1 AND kind = $2"
 MODEL_EXISTS = "SELECT 1 FROM models WHERE id = $1"
 UPSERT_POLICY = """
 INSERT INTO user_model_policies (user_id, model_id, daily_cap_usd, max_calls_per_hour, allowed_from,
