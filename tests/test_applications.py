@@ -292,3 +292,43 @@ def test_the_cli_adds_grants_lists_and_removes_applications(gateway: Gateway, mo
     assert cli("remove", made["id"]) == {"status": "deleted"}
     assert "no application" in cli("remove", name, ok=False)
     assert "no user" in cli("add", "other", "--owner", "nobody@example.com", ok=False)
+
+
+def test_a_registry_file_registers_applications_and_their_grants(gateway: Gateway, model: dict,
+                                                                 fresh_dir: Any) -> None:
+    """`meshfast apply` with `applications`: created without a key (one is issued through the API),
+    granted the models listed, updated by name in any case, idempotent; an unknown owner or model
+    refuses the whole file."""
+    owner, other = gateway.create_user(), gateway.create_user()
+    name = f"File App {_tag()}"
+    path = fresh_dir / "apps.json"
+
+    def apply(entries: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+        path.write_text(json.dumps({"applications": entries}))
+        return subprocess.run([sys.executable, "-m", "meshfast.cli", "apply", str(path), "--json"],
+                              env=dict(gateway.env(), DATABASE_URL=gateway.database_url), capture_output=True,
+                              text=True, timeout=120)
+
+    done = apply([{"name": name, "owner_email": owner["email"], "business_unit": "risk", "models": [model["name"]]}])
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(done.stdout)["created"]) == sorted([f"application {name}",
+                                                                 f"grant {name} -> {model['name']}"])
+    app = next(a for a in gateway.admin("GET", "/admin/applications").json() if a["name"] == name)
+    assert (app["owner_id"], app["business_unit"], app["key_prefix"]) == (owner["id"], "risk", None)
+    key = gateway.admin("POST", f"/admin/applications/{app['id']}/keys", {"name": "svc"}).json()["key"]
+    until(lambda: _call(gateway, key, model).status_code == 200, 3.0, "the file's grant")
+
+    again = apply([{"name": name.upper(), "owner_email": owner["email"], "models": [model["name"]]}])
+    assert json.loads(again.stdout)["created"] == [] and json.loads(again.stdout)["updated"] == []
+    moved = apply([{"name": name.lower(), "owner_email": other["email"], "business_unit": None}])
+    assert json.loads(moved.stdout)["updated"] == [f"application {name.lower()}"]
+    got = gateway.admin("GET", f"/admin/applications/{app['id']}").json()
+    assert (got["name"], got["owner_id"], got["business_unit"]) == (name, other["id"], None)
+
+    refused = apply([{"name": f"x {_tag()}", "owner_email": "nobody@example.com", "models": ["no-such-model"]},
+                     {"name": "bad\u0000name", "owner_email": owner["email"]}])
+    assert refused.returncode == 1 and "nothing applied" in refused.stderr
+    assert "applications[1]" in refused.stderr, refused.stderr
+    refused = apply([{"name": f"x {_tag()}", "owner_email": "nobody@example.com", "models": ["no-such-model"]}])
+    assert refused.returncode == 1
+    assert "is not a registered user" in refused.stderr and "no-such-model" in refused.stderr, refused.stderr

@@ -81,7 +81,8 @@ WHERE id = $1
 DELETE = "DELETE FROM users WHERE id = $1 AND kind = 'application' RETURNING id"
 
 
-def _name(value: str) -> str:
+def application_name(value: str) -> str:
+    """An application's name as stored (400 when it cannot be one)."""
     name = value.strip()
     if not _NAME.match(name):
         raise errors.InvalidRequest(
@@ -145,7 +146,7 @@ class ApplicationService:
         self._label = label
 
     async def create(self, actor: str, body: ApplicationCreate) -> dict[str, Any]:
-        name = _name(body.name)
+        name = application_name(body.name)
         owner = _uuid(body.owner_id, "owner_id")
         unit = self._label(body.business_unit, "business_unit")
         key, prefix = new_mesh_key()
@@ -188,7 +189,7 @@ class ApplicationService:
         uid = _path(app_id)
         changes: dict[str, Any] = {}
         if body.name is not UNSET:
-            changes["display_name"] = _name(body.name)
+            changes["display_name"] = application_name(body.name)
         if body.owner_id is not UNSET:
             changes["owner_id"] = _uuid(body.owner_id, "owner_id")
         if body.business_unit is not UNSET:

@@ -14,13 +14,14 @@ from typing import Any
 import msgspec
 
 from meshfast import errors, rules, validate
-from meshfast.admin import auth, issuers, logs, notifications, workflows
+from meshfast.admin import applications, auth, issuers, logs, notifications, workflows
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
     return (getattr(svc, name, None) or getattr(notifications, name, None) or getattr(rules, name, None)
-            or getattr(issuers, name, None) or getattr(workflows, name, None) or getattr(auth, name))
+            or getattr(issuers, name, None) or getattr(workflows, name, None) or getattr(applications, name, None)
+            or getattr(auth, name))
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -47,8 +48,22 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/issuers", "Platform token issuers, with their usable keys and the last fetch's outcome", None, 200),
     ("GET", "/admin/issuers/{id}", "One platform token issuer", None, 200),
     ("DELETE", "/admin/issuers/{id}", "Stop trusting an issuer: its tokens are refused (unknown_issuer)", None, 200),
+    ("POST", "/admin/applications", "Register an application (a principal with its own keys, grants, policies and "
+     "spend rules) and its first key (shown once); 409 application_already_exists", "ApplicationCreate", 201),
+    ("GET", "/admin/applications", "List applications with their owner, business unit and key prefix", None, 200),
+    ("GET", "/admin/applications/{id}", "One application, with its ETag", None, 200),
+    ("PUT", "/admin/applications/{id}", "Rename an application, change its owner or business unit, or revoke "
+     "(status) it (If-Match optional; null clears the business unit)", "ApplicationUpdate", 200),
+    ("DELETE", "/admin/applications/{id}", "Delete an application, its keys, grants and policies (rows stay)", None,
+     200),
+    ("POST", "/admin/applications/{id}/keys", "Issue an application a named key (as a user's)", "KeyCreate", 201),
+    ("GET", "/admin/applications/{id}/keys", "An application's keys, never the key", None, 200),
+    ("GET", "/admin/applications/{id}/policies", "An application's policies", None, 200),
+    ("PUT", "/admin/applications/{id}/policies/{model}", "Set an application's policy on a model (upsert)",
+     "PolicyBody", 200),
     ("POST", "/admin/workflows", "Register a workflow budget: calls tagged workflow=<id> reserve against limit_usd per "
-     "window; principals (user_id, business_unit) limit who may charge it (409 workflow_already_exists)",
+     "window; principals (user_id, application_id, business_unit) limit who may charge it "
+     "(409 workflow_already_exists)",
      "WorkflowCreate", 201),
     ("GET", "/admin/workflows", "Registered workflows with their spend in the current window", None, 200),
     ("GET", "/admin/workflows/{id}", "One workflow", None, 200),
@@ -68,7 +83,7 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/models/{id}/deployments", "Add a deployment to a model", "DeploymentCreate", 201),
     ("GET", "/admin/models/{id}/deployments", "A model's deployments", None, 200),
     ("DELETE", "/admin/models/{id}/deployments/{deployment}", "Remove a deployment", None, 200),
-    ("POST", "/admin/access", "Grant a user a model", "AccessBody", 200),
+    ("POST", "/admin/access", "Grant a user or an application a model", "AccessBody", 200),
     ("DELETE", "/admin/access", "Revoke a grant", "AccessBody", 200),
     ("POST", "/admin/kill-switch", "Trip or reset the kill switch (super admin)", "KillSwitchBody", 200),
     ("PUT", "/admin/providers/{id}", "Update a provider (If-Match; an empty api_key keeps the key)", "ProviderCreate",

@@ -111,17 +111,17 @@ class AdminRouter:
         add("DELETE", r"/admin/issuers/(?P<id>[^/]+)", lambda a, b, id: self._ok(i.delete(_super(a).name, id)))
         add("POST", r"/admin/session-token", self._session_token)
         self.applications = ap = ApplicationService(pool, secrets, service._write, svc.label)
-        app_id = r"/admin/applications/(?P<id>[^/]+)"
         add("POST", r"/admin/applications",
             lambda a, b: self._created(ap.create(a.name, svc.decode(b, ApplicationCreate))))
         add("GET", r"/admin/applications", lambda a, b: self._ok(ap.list()))
-        add("GET", app_id, lambda a, b, id: self._versioned(ap.get(id)))
-        add("DELETE", app_id, lambda a, b, id: self._ok(ap.delete(a.name, id)))
-        add("POST", app_id + "/keys",
+        add("GET", r"/admin/applications/(?P<id>[^/]+)", lambda a, b, id: self._versioned(ap.get(id)))
+        add("DELETE", r"/admin/applications/(?P<id>[^/]+)", lambda a, b, id: self._ok(ap.delete(a.name, id)))
+        add("POST", r"/admin/applications/(?P<id>[^/]+)/keys",
             lambda a, b, id: self._created(s.create_key(a.name, id, svc.decode(b, svc.KeyCreate), "application")))
-        add("GET", app_id + "/keys", lambda a, b, id: self._ok(s.list_keys(id, "application")))
-        add("GET", app_id + "/policies", lambda a, b, id: self._ok(s.list_policies(id, "application")))
-        add("PUT", app_id + "/policies/(?P<model>[^/]+)", lambda a, b, id, model: self._ok(
+        add("GET", r"/admin/applications/(?P<id>[^/]+)/keys", lambda a, b, id: self._ok(s.list_keys(id, "application")))
+        add("GET", r"/admin/applications/(?P<id>[^/]+)/policies",
+            lambda a, b, id: self._ok(s.list_policies(id, "application")))
+        add("PUT", r"/admin/applications/(?P<id>[^/]+)/policies/(?P<model>[^/]+)", lambda a, b, id, model: self._ok(
             s.put_policy(a.name, id, model, svc.decode(b, svc.PolicyBody), "application")))
         self.workflows = w = WorkflowService(pool, service._write)
         add("POST", r"/admin/workflows", lambda a, b: self._created(w.create(a.name, svc.decode(b, WorkflowCreate))))

@@ -641,10 +641,23 @@ class RegistryUser(msgspec.Struct, forbid_unknown_fields=True):
     tier: Label | None | UnsetType = UNSET
 
 
+class RegistryApplication(msgspec.Struct, forbid_unknown_fields=True):
+    """An application, by name (any case): created when missing, with no key (issue one through
+    the API or the CLI, or call with a platform token that names it), its owner (by email) and
+    business unit set (left out: kept; ``null`` clears it); the ``models`` it lists (names) are
+    granted, and grants it does not list are left alone."""
+
+    name: Annotated[str, Meta(max_length=64)]
+    owner_email: Email
+    business_unit: Label | None | UnsetType = UNSET
+    models: Annotated[list[Annotated[str, Meta(max_length=200)]], Meta(max_length=10_000)] = []
+
+
 class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
     providers: list[dict[str, Any]] = []
     models: list[dict[str, Any]] = []
     users: list[dict[str, Any]] = []
+    applications: list[dict[str, Any]] = []
     # Spend rules as the API takes them (meshfast.rules), and the global enforcement switch.
     rules: list[Any] = []
     enforce_rules: bool | None = None
@@ -679,6 +692,7 @@ class Registry:
     models: list[_ModelEntry] = dataclasses.field(default_factory=list)
     # Emails and labels normalised as stored.
     users: list[RegistryUser] = dataclasses.field(default_factory=list)
+    applications: list[RegistryApplication] = dataclasses.field(default_factory=list)
     # Spend rules as authored (checked against people and models when applied); None: the
     # switch is left alone.
     rules: list[Any] = dataclasses.field(default_factory=list)
@@ -744,11 +758,90 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
             problems.append(f"{label}: a user of that email is listed twice")
         names.add(user.email)
         out.users.append(user)
+    names = set()
+    for i, entry in enumerate(registry.applications):
+        label = f"applications[{i}] ({entry.get('name')!r})"
+        try:
+            app = _application_entry(entry)
+        except errors.MeshfastError as exc:
+            problems.extend(f"{label}: {p}" for p in exc.extra.get("errors", [exc.detail]))
+            continue
+        if app.name.lower() in names:
+            problems.append(f"{label}: an application of that name is listed twice")
+        names.add(app.name.lower())
+        out.applications.append(app)
     problems.extend(rule_admin.parse_file_rules(registry.rules))
     out.rules, out.enforce_rules = registry.rules, registry.enforce_rules
     if problems:
         raise _invalid(problems)
     return out
+
+
+def _application_entry(entry: dict[str, Any]) -> RegistryApplication:
+    from meshfast.admin.applications import application_name
+
+    try:
+        app = msgspec.convert(entry, RegistryApplication)
+    except msgspec.ValidationError as exc:
+        raise errors.InvalidRequest(str(exc)) from None
+    problems: list[str] = []
+    for field, normalise in (("name", lambda v, f: application_name(v)), ("owner_email", _email),
+                             ("business_unit", _label)):
+        value = getattr(app, field)
+        if value is UNSET or value is None:
+            continue
+        try:
+            setattr(app, field, normalise(value, field))
+        except errors.InvalidRequest as exc:
+            problems.append(str(exc.detail))
+    app.models = sorted({m.strip() for m in app.models})
+    if problems:
+        raise _invalid(problems)
+    return app
+
+
+async def _apply_applications(conn: asyncpg.Connection, entries: list[RegistryApplication],
+                              summary: dict[str, list[str]]) -> list[str]:
+    """A registry file's applications (see :class:`RegistryApplication`); the problems found
+    (an owner or a model nobody registered), in which case nothing was changed."""
+    owners = {r["email"]: r["id"] for r in await conn.fetch(
+        "SELECT email, id FROM users WHERE kind = 'user' AND email = ANY($1::text[])",
+        [a.owner_email for a in entries])}
+    wanted_models = sorted({m for a in entries for m in a.models})
+    models = {r["name"]: r["id"] for r in await conn.fetch(
+        "SELECT name, id FROM models WHERE name = ANY($1::text[])", wanted_models)}
+    problems = [f"application {a.name!r}: owner {a.owner_email!r} is not a registered user" for a in entries
+                if a.owner_email not in owners]
+    problems += [f"application {a.name!r}: model {m!r} is neither in the file nor registered" for a in entries
+                 for m in a.models if m not in models]
+    if problems:
+        return problems
+    stored = {r["key"]: r for r in await conn.fetch(
+        "SELECT lower(display_name) AS key, id, owner_id, business_unit FROM users WHERE kind = 'application' "
+        "AND lower(display_name) = ANY($1::text[])", [a.name.lower() for a in entries])}
+    for a in entries:
+        row = stored.get(a.name.lower())
+        owner = owners[a.owner_email]
+        if row is None:
+            unit = None if a.business_unit is UNSET else a.business_unit
+            app_id = await conn.fetchval(
+                "INSERT INTO users (kind, display_name, owner_id, business_unit) VALUES ('application', $1, $2, $3) "
+                "RETURNING id", a.name, owner, unit)
+            summary["created"].append(f"application {a.name}")
+        else:
+            app_id = row["id"]
+            unit = row["business_unit"] if a.business_unit is UNSET else a.business_unit
+            if (row["owner_id"], row["business_unit"]) != (owner, unit):
+                await conn.execute("UPDATE users SET owner_id = $2, business_unit = $3, version = version + 1, "
+                                   "updated_at = now() WHERE id = $1", app_id, owner, unit)
+                summary["updated"].append(f"application {a.name}")
+            else:
+                summary["unchanged"].append(f"application {a.name}")
+        for m in a.models:
+            if await conn.fetchval("INSERT INTO user_model_access (user_id, model_id) VALUES ($1, $2) "
+                                   "ON CONFLICT DO NOTHING RETURNING 1", app_id, models[m]):
+                summary["created"].append(f"grant {a.name} -> {m}")
+    return []
 
 
 def _user_entry(entry: dict[str, Any]) -> RegistryUser:
@@ -1523,6 +1616,11 @@ class AdminService:
                 await self._apply_model(conn, m, ids, models.get(m.name), deployments, summary)
             if registry.users:
                 await _apply_users(conn, registry.users, users, summary)
+            if registry.applications:
+                # NOTE: after the models: an application may be granted a model this file creates.
+                found = await _apply_applications(conn, registry.applications, summary)
+                if found:
+                    raise _invalid(found)
             if plan is not None or registry.enforce_rules is not None:
                 await rule_admin.apply_plan(conn, plan or rule_admin.RegistryPlan(), registry.enforce_rules, summary)
             if not (summary["created"] or summary["updated"] or summary["deleted"]):
