@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from meshfast import background, cluster, counters, dashboard, errors, rules, tokens, verify
+from meshfast import background, cluster, counters, dashboard, errors, realtime, rules, tokens, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import auth, openapi
 from meshfast.admin.issuers import KeySets
@@ -373,6 +373,9 @@ class App:
         self.data: DataPlane | None = None
         self._draining = False
         self._in_flight: set[asyncio.Task[Any]] = set()
+        # Open realtime sessions (meshfast.realtime): drained on their own, longer, bound.
+        self._sessions: set[realtime.Session] = set()
+        self._stop_pending = False
         self._limit: int | None = None
         self._body = BodyReader(idle_s=10.0, total_s=120.0)
         self._saturation: Saturation | None = None
@@ -394,10 +397,21 @@ class App:
     def _watch_stop_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bound the drain: Granian, told to stop, waits for in-flight requests with no limit.
 
-        NOTE: chained in front of the handler Granian installed (asyncio's, which only wakes the
-        loop through its wakeup fd, so Granian still sees the signal).
+        Granian's stop is held back while realtime sessions are open: it does not wait for upgraded
+        connections (its runtime stops under them), so the worker goes on serving, not ready, until
+        its sessions end or are told to reconnect (``MESHFAST_REALTIME_DRAIN_S``), then passes the
+        stop on. This takes the handler Granian registered on the event loop (asyncio's
+        ``_signal_handlers``); on a loop without them, sessions end with the worker.
+
+        NOTE: on such a loop, a Python-level handler is chained in front of the one the loop installed
+        (which only wakes the loop through its wakeup fd, so the loop still sees the signal).
         """
+        registered = getattr(loop, "_signal_handlers", None)
         for signum in (signal.SIGTERM, signal.SIGINT):
+            granian = registered.get(signum) if isinstance(registered, dict) else None
+            if granian is not None:
+                loop.add_signal_handler(signum, self._stop_requested, loop, granian)
+                continue
             previous = signal.getsignal(signum)
 
             def handler(num: int, frame: Any, previous: Any = previous) -> None:
@@ -407,10 +421,42 @@ class App:
 
             signal.signal(signum, handler)
 
-    def _begin_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _stop_requested(self, loop: asyncio.AbstractEventLoop, granian: asyncio.Handle) -> None:
+        """SIGTERM or SIGINT: Granian's stop, once the realtime sessions are done."""
+        if self._stop_pending or self.settings is None:
+            return
+        self._stop_pending = True
+        self._begin_drain(loop, stopping=not self._sessions)
+        if not self._sessions:
+            granian._run()
+            return
+
+        async def after_sessions() -> None:
+            assert self.settings is not None
+            # The sessions are told to reconnect at the bound; a second more for their rows.
+            deadline = time.monotonic() + self.settings.realtime_drain_s + 2
+            while self._sessions and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            self._schedule_cut(loop)
+            granian._run()
+
+        loop.create_task(after_sessions())
+
+    def _begin_drain(self, loop: asyncio.AbstractEventLoop, stopping: bool = True) -> None:
+        """Not ready any more (readiness 503, no new realtime session); open sessions get their
+        bound. ``stopping``: Granian stops now, so in-flight calls get theirs."""
         if self._draining or self.settings is None:
             return
         self._draining = True
+        if stopping:
+            self._schedule_cut(loop)
+        if self._sessions:
+            log.info("worker %d draining: %d realtime sessions have %.0f s", os.getpid(), len(self._sessions),
+                     self.settings.realtime_drain_s)
+        realtime.drain_later(self._sessions, self.settings.realtime_drain_s, loop, loop.create_task)
+
+    def _schedule_cut(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self.settings is not None
         timeout_s = self.settings.drain_timeout_s
         log.info("worker %d draining: in-flight calls have %.0f s to finish", os.getpid(), timeout_s)
         loop.call_later(timeout_s, lambda: loop.create_task(self._cut_in_flight()))
@@ -587,6 +633,12 @@ class App:
                 log.info("purged %d counters of past periods", removed)
 
     async def shutdown(self) -> None:
+        if self._sessions and self.settings is not None:
+            # NOTE: Granian does not wait for upgraded connections: realtime sessions drain here,
+            # until they end or their bound tells them to reconnect (meshfast.realtime).
+            deadline = time.monotonic() + self.settings.realtime_drain_s + 5
+            while self._sessions and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
         was_leader = self.instance_leader is not None and self.instance_leader.is_leader
         if self._load_task is not None:
             self._load_task.cancel()
@@ -615,6 +667,9 @@ class App:
     # --- requests -------------------------------------------------------------------------
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        if scope.proto == "ws":
+            await self._websocket(scope, proto)
+            return
         if scope.proto != "http":
             return
         path = scope.path
@@ -669,6 +724,22 @@ class App:
                 self._error(proto, errors.MeshfastError())
         finally:
             self._in_flight.discard(task)
+
+    async def _websocket(self, scope: Any, proto: Any) -> None:
+        """``GET /v1/realtime`` (meshfast.realtime); any other WebSocket is a 404."""
+        if scope.path != "/v1/realtime" or self.data is None:
+            proto.close(404)
+            return
+        if self._draining:
+            # NOTE: a new session goes to another worker or instance.
+            proto.close(503)
+            return
+        try:
+            await realtime.serve(self.data, scope, proto, self._sessions)
+        except Exception:
+            log.exception("unhandled error in a realtime session")
+            with contextlib.suppress(Exception):
+                proto.close(500)
 
     def _busy(self) -> bool:
         """Past the worker's request limit, so the next request gets a quick 503 ``server_busy``

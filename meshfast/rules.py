@@ -272,12 +272,23 @@ def _population(value: Any, where: str, known_users: set[str] | None, problems: 
         "tiers": _labels(value.get("tiers"), f"{where}.tiers", problems),
         "leaders": _people(value.get("leaders"), f"{where}.leaders", known_users, problems),
         "business_units": _labels(value.get("business_units"), f"{where}.business_units", problems),
-        "exempt_users": _people(value.get("exempt_users"), f"{where}.exempt_users", known_users, problems),
+        # An application may be exempted as a person is.
+        "exempt_users": _people(value.get("exempt_users"), f"{where}.exempt_users", _with_applications(known_users),
+                                problems),
     }
-    # NOTE: only when given, so every rule stored before applications keeps its exact shape.
-    if value.get("applications"):
-        out["applications"] = _applications(value["applications"], f"{where}.applications", known_users, problems)
+    # NOTE: kept only when it names some, so every rule stored before applications keeps its shape.
+    if value.get("applications") is not None:
+        listed = _applications(value["applications"], f"{where}.applications", known_users, problems)
+        if listed:
+            out["applications"] = listed
     return out
+
+
+def _with_applications(known: set[str] | None) -> set[str] | None:
+    """``known`` with its applications' ids bare (as people's are): a list either may name."""
+    if known is None:
+        return None
+    return known | {k[len(APPLICATION_MARK):] for k in known if k.startswith(APPLICATION_MARK)}
 
 
 def _applications(value: Any, where: str, known: set[str] | None, problems: _Problems) -> list[str]:

@@ -70,6 +70,8 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
 DEFAULT_TAG_KEYS = ("platform", "workflow", "harness")
 _TAG_KEY = re.compile(r"[a-z0-9_-]{1,32}\Z")
 # The summaries' own group_by names: a tag key may not shadow one.
+# Realtime sessions drain for at most 30 minutes (the longest voice call served).
+MAX_REALTIME_DRAIN_S = 1800.0
 RESERVED_TAG_KEYS = frozenset({"business_unit", "manager", "tier", "tag", "principal_kind", "token_issuer",
                                "application_id"})
 
@@ -178,6 +180,8 @@ class Settings:
     telemetry_ring_rows: int
     drain_timeout_s: float
     header_timeout_s: float
+    # How long open realtime sessions go on after SIGTERM (then they are told to reconnect).
+    realtime_drain_s: float
     body_idle_timeout_s: float
     body_timeout_s: float
     max_admin_body_bytes: int
@@ -214,6 +218,7 @@ class Settings:
             # NOTE: the core takes 1..2^24 records and rounds up to a power of two.
             telemetry_ring_rows=min(1 << 24, max(16, _int_env("MESHFAST_TELEMETRY_RING_ROWS", 8192))),
             drain_timeout_s=_float_env("MESHFAST_DRAIN_TIMEOUT_S", 30.0),
+            realtime_drain_s=min(MAX_REALTIME_DRAIN_S, max(0.0, _float_env("MESHFAST_REALTIME_DRAIN_S", 300.0))),
             # NOTE: Granian takes 1 ms to 60 s.
             header_timeout_s=min(60.0, _float_env("MESHFAST_HEADER_TIMEOUT_S", 30.0)),
             body_idle_timeout_s=_float_env("MESHFAST_BODY_IDLE_TIMEOUT_S", 10.0),

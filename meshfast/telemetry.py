@@ -148,7 +148,7 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     tools_invoked: list[str] = []
     # Of cache_write_tokens, the one-hour writes (priced apart from five-minute ones).
     cache_write_1h_tokens: int = 0
-    # Who called: "user" (or, later, "application"); a platform token's issuer and subject.
+    # Who called: "user" or "application"; a platform token's issuer and subject.
     principal_kind: str | None = None
     token_issuer: str | None = None
     token_subject: str | None = None

@@ -150,13 +150,13 @@ class Gateway:
 
         import asyncpg
 
-        assert column in ("model_name", "requested_model", "request_id"), column
+        assert column in ("model_name", "requested_model", "request_id", "user_id"), column
 
         async def query() -> list[dict[str, Any]]:
             conn = await asyncpg.connect(self.database_url)
             try:
                 rows = await conn.fetch(
-                    f"SELECT * FROM request_logs WHERE {column} = ANY($1::text[]) ORDER BY request_id", values)
+                    f"SELECT * FROM request_logs WHERE {column}::text = ANY($1::text[]) ORDER BY request_id", values)
                 return [dict(r) for r in rows]
             finally:
                 await conn.close()

@@ -177,6 +177,15 @@ def test_bad_applications_get_a_clear_400_and_owners_cannot_vanish(gateway: Gate
     assert gateway.admin("POST", "/admin/access", {"user_id": app["id"], "model_id": model["id"]}).status_code == 404
     assert gateway.admin("POST", "/admin/access", {"application_id": owner["id"], "model_id": model["id"]}
                          ).json()["error"] == "application_not_found"
+    # A revocation names the grant's principal by its kind too.
+    gateway.grant(owner["id"], model["id"])
+    _grant(gateway, app, model)
+    assert gateway.admin("DELETE", "/admin/access", {"application_id": owner["id"], "model_id": model["id"]}
+                         ).json()["error"] == "application_not_found"
+    assert gateway.admin("DELETE", "/admin/access", {"user_id": app["id"], "model_id": model["id"]}
+                         ).json()["error"] == "user_not_found"
+    assert gateway.admin("DELETE", "/admin/access", {"application_id": app["id"], "model_id": model["id"]}
+                         ).status_code == 200
     refused = gateway.admin("DELETE", f"/admin/users/{owner['id']}")
     assert refused.status_code == 409 and refused.json()["error"] == "user_owns_applications"
     other = gateway.create_user()
@@ -213,8 +222,14 @@ def test_an_applications_policy_caps_it_and_spend_rules_select_it(gateway: Gatew
     statuses = [_call(gateway, app["key"], model).status_code for _ in range(4)]
     assert statuses == [200, 200, 429, 429], statuses
     assert all(_call(gateway, person["key"], model).status_code == 200 for _ in range(3))
-    # A population's applications are applications; a leader is a person.
-    for population in ({"applications": [person["id"]]}, {"leaders": [app["id"]]}, {"applications": ["x"]}):
+    # A population's applications are applications; a leader is a person; an application may be
+    # exempted as a person is.
+    exempt = gateway.admin("POST", "/admin/rules", {"id": f"ex-{_tag()}", "mode": "shadow", "entries": [
+        {**entry, "population": {"business_units": ["nobody"], "exempt_users": [app["id"], person["id"]]}}]})
+    assert exempt.status_code == 201, exempt.text
+    gateway.admin("DELETE", f"/admin/rules/{exempt.json()['id']}")
+    for population in ({"applications": [person["id"]]}, {"leaders": [app["id"]]}, {"applications": ["x"]},
+                       {"applications": {}}, {"applications": ""}, {"applications": 0}, {"applications": False}):
         bad = gateway.admin("POST", "/admin/rules", {"id": f"bad-{_tag()}", "entries": [{**entry,
                                                                                        "population": population}]})
         assert bad.status_code == 400, (population, bad.text)
@@ -270,6 +285,15 @@ def test_a_platform_token_names_an_application_by_its_claim(gateway: Gateway, mo
     response = until(lambda: (r := _call(gateway, app_issuer.token(person["email"]), model)).status_code == 200 and r,
                      3.0, "the person's token")
     assert gateway.fetch_row(response.headers["x-request-id"])["principal_kind"] == "user"
+    # A person's token that also carries the claim (identity providers put the client's id in
+    # people's tokens) stays the person's: they never spend as the application.
+    both = _call(gateway, app_issuer.token(person["email"], None, None, client_app=app["name"]), model)
+    row = gateway.fetch_row(both.headers["x-request-id"])
+    assert (both.status_code, str(row["user_id"]), row["principal_kind"]) == (200, person["id"], "user")
+    same = gateway.admin("POST", "/admin/issuers", {
+        "issuer": f"https://same-{_tag()}.example.com", "audiences": ["a"], "algorithms": ["EdDSA"],
+        "jwks": jwks(new_key("EdDSA", "k")), "claims": {"email": "sub", "application": "sub"}})
+    assert same.status_code == 400 and "claims.application" in same.text, same.text
 
 
 def test_the_cli_adds_grants_lists_and_removes_applications(gateway: Gateway, model: dict) -> None:

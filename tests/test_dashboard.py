@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent
 ARTIFACTS = Path(os.environ.get("MESHFAST_TEST_ARTIFACTS") or ROOT / "artifacts") / "dashboard"
 AXE_JS = ROOT / "node" / "node_modules" / "axe-core" / "axe.min.js"
 PASSWORD = "dashboard-pass-" + secrets.token_hex(4)
-PAGES = ["overview", "logs", "users", "providers", "models", "access", "rules", "notifications", "gateway", "audit",
-         "admins"]
+PAGES = ["overview", "logs", "users", "applications", "providers", "models", "access", "rules", "notifications",
+         "gateway", "audit", "admins"]
 TIMEOUT_MS = 15_000
 
 
@@ -388,15 +388,20 @@ def test_operator_creates_provider_model_user_and_sees_the_call_in_logs_and_char
 
 @pytest.fixture(scope="module")
 def seeded(gateway: Gateway, testserve: EmulatedProviders) -> dict[str, Any]:
-    """A provider, model, user, grant, admin token and one call, so every page has content."""
+    """A provider, model, user, grant, application (granted the model), admin token and one call,
+    so every page has content."""
     tag = secrets.token_hex(3)
     provider = gateway.create_provider(f"axe-ts-{tag}", base_url=f"{testserve.base_url}/openai")
     model = gateway.create_model(provider["id"], f"axe-chat-{tag}", resolved_model="dummy-chat")
     user = gateway.create_user(f"axe-user-{tag}@example.com")
     gateway.grant(user["id"], model["id"])
+    application = gateway.admin("POST", "/admin/applications", {"name": f"axe app {tag}", "owner_id": user["id"]})
+    assert application.status_code == 201, application.text
+    granted = gateway.admin("POST", "/admin/access", {"application_id": application.json()["id"], "model_id": model["id"]})
+    assert granted.status_code == 200, granted.text
     assert gateway.admin("POST", "/admin/tokens", {"name": f"axe-{tag}"}).status_code == 201
     request_id, row = call(gateway, user["key"], model["name"])
-    return {"model": model, "user": user, "request_id": request_id, "row": row}
+    return {"model": model, "user": user, "application": application.json(), "request_id": request_id, "row": row}
 
 
 def test_every_page_has_no_serious_or_critical_axe_findings(tab: Tab, admin: dict[str, str],
@@ -408,7 +413,8 @@ def test_every_page_has_no_serious_or_critical_axe_findings(tab: Tab, admin: dic
     tab.heading("Log in to meshfast")
     findings = {"login": tab.axe()}
     tab.login(admin)
-    headings = {"overview": "Overview", "logs": "Logs", "users": "Users & keys", "providers": "Providers",
+    headings = {"overview": "Overview", "logs": "Logs", "users": "Users & keys", "applications": "Applications",
+                "providers": "Providers",
                 "models": "Models", "access": "Access & policies", "rules": "Spend rules",
                 "notifications": "Notifications", "gateway": "Gateway", "audit": "Audit log",
                 "admins": "Admins & tokens"}
@@ -425,6 +431,12 @@ def test_every_page_has_no_serious_or_critical_axe_findings(tab: Tab, admin: dic
     page.get_by_label("User", exact=True).select_option(label=seeded["user"]["email"])
     page.get_by_role("button", name=f"Edit policy for {seeded['model']['name']}").click()
     findings["access-policy-form"] = tab.axe()
+    tab.go("applications", "Applications")
+    page.get_by_role("button", name=f"Grants & keys of {seeded['application']['name']}").click()
+    page.get_by_role("button", name=f"Edit policy for {seeded['model']['name']}").click()
+    tab.page.locator("#policy-form").wait_for()
+    findings["application-detail"] = tab.axe()
+    tab.screenshot("axe-application-detail")
     tab.go("admins", "Admins & tokens")
     page.get_by_label("Token name").fill("axe-shown-once")
     page.get_by_role("button", name="Create token").click()
@@ -656,6 +668,96 @@ def test_workflow_budgets_from_the_ui(tab: Tab, gateway: Gateway, testserve: Emu
     page.get_by_role("button", name=f"Unregister workflow {workflow}").click()
     expect(page.locator(f"#workflows-table tr[data-workflow='{workflow}']")).to_have_count(0)
     until(lambda: call(other) == 200, 2.0, "unregistered: attribution only")
+
+
+def test_applications_from_the_ui(tab: Tab, gateway: Gateway, testserve: EmulatedProviders,
+                                  admin: dict[str, str]) -> None:
+    """An application created from the form (its owner picked from the people) shows its key once;
+    a duplicate name is refused in the page; granted a model from the page, its key calls the data
+    plane; a named key is issued (shown once); revoked, its keys are refused within seconds and
+    reactivated they work again; deleted after a confirmation, it is gone."""
+    from playwright.sync_api import expect
+
+    page = tab.page
+    tag = secrets.token_hex(3)
+    provider = gateway.create_provider(f"ui-app-{tag}", base_url=f"{testserve.base_url}/openai")
+    model = gateway.create_model(provider["id"], f"ui-app-{tag}", resolved_model="dummy-chat")
+    owner = gateway.create_user(f"ui-app-owner-{tag}@example.com")
+    name = f"ui app {tag}"
+    # The Tab accepts every dialog; this records what was asked.
+    asked: list[str] = []
+    page.on("dialog", lambda dialog: asked.append(dialog.message))
+
+    def proxy(key: str) -> int:
+        return gateway.client.post("/v1/proxy", params={"model": model["name"]},
+                                   json={"query": "hello", "max_tokens": 3},
+                                   headers={"authorization": f"Bearer {key}"}).status_code
+
+    tab.login(admin)
+    tab.go("applications", "Applications")
+    form = page.locator("#application-create")
+    form.get_by_label("Application name").fill(name)
+    form.get_by_label("Owner").select_option(label=owner["email"])
+    form.get_by_label("Business unit").fill("payments")
+    form.get_by_role("button", name="Create application and key").click()
+    secret = page.locator("#new-secret")
+    expect(secret).to_be_visible()
+    key = secret.inner_text().strip()
+    assert re.fullmatch(r"mesh_live_[A-Za-z0-9_-]{43}", key), key
+    expect(page.locator("#copy-secret")).to_be_focused()
+    row = page.locator(f"#applications-table tr[data-name='{name}']")
+    expect(row.locator("td[data-col='owner_email']")).to_have_text(owner["email"])
+    expect(row.locator("td[data-col='business_unit']")).to_have_text("payments")
+    expect(row.locator("td[data-col='status']")).to_have_text("active")
+    expect(row.locator("td[data-col='key_prefix']")).to_have_text(key[:16] + "...")
+    app_id = row.get_attribute("data-application-id")
+    page.get_by_role("button", name="I have saved it").click()
+    expect(secret).to_have_count(0)
+
+    # The same name again: the API's 409 shows in the page.
+    form.get_by_label("Application name").fill(name)
+    form.get_by_label("Owner").select_option(label=owner["email"])
+    form.get_by_role("button", name="Create application and key").click()
+    expect(page.locator("#application-problems")).to_contain_text("application_already_exists")
+    # Chromium logs the refused request itself as a console error: that one was expected.
+    expected = [e for e in tab.errors if "status of 409" in e]
+    assert len(expected) == 1, tab.errors
+    tab.errors.remove(expected[0])
+
+    # A model granted from the page: the shown key calls the data plane.
+    page.get_by_role("button", name=f"Grants & keys of {name}").click()
+    expect(page.locator("#application-detail-title")).to_be_focused()
+    page.locator("#app-grant-form").get_by_label("Model").select_option(label=model["name"])
+    page.get_by_role("button", name="Grant access").click()
+    expect(page.locator(f"#app-policies-table tr[data-name='{model['name']}']")).to_be_visible()
+    until(lambda: proxy(key) == 200, 2.0, "the application's key")
+
+    # A named key, shown once.
+    keys = page.locator("#key-create")
+    keys.get_by_label("Key name").fill("ci")
+    keys.get_by_role("button", name="Issue key").click()
+    named = page.locator("#new-secret").inner_text().strip()
+    assert named.startswith("mesh_live_") and named != key
+    expect(page.locator("#keys-table tr[data-name='ci']")).to_be_visible()
+    until(lambda: proxy(named) == 200, 2.0, "the named key")
+    assert tab.axe() == []
+    tab.screenshot("14-applications")
+    page.get_by_role("button", name="I have saved it").click()
+
+    # Revoked: every key refused; reactivated: served again.
+    page.get_by_role("button", name=f"Revoke application {name}").click()
+    expect(row.locator("td[data-col='status']")).to_have_text("revoked")
+    until(lambda: proxy(key) == 401, 2.0, "the revoked application's key refused")
+    assert proxy(named) == 401
+    page.get_by_role("button", name=f"Reactivate application {name}").click()
+    expect(row.locator("td[data-col='status']")).to_have_text("active")
+    until(lambda: proxy(key) == 200, 2.0, "the reactivated application's key")
+
+    page.get_by_role("button", name=f"Delete application {name}").click()
+    expect(row).to_have_count(0)
+    assert any(message.startswith(f"Delete {name}") for message in asked), asked
+    assert app_id not in {a["id"] for a in gateway.admin("GET", "/admin/applications").json()}
+    until(lambda: proxy(key) == 401, 2.0, "the deleted application's key refused")
 
 
 def test_the_other_admin_writes_are_reachable_from_the_ui(tab: Tab, gateway: Gateway, testserve: EmulatedProviders,

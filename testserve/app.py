@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, unquote
 import msgspec
 from granian.rsgi import ProtocolClosed
 
-from . import content, families, media, promptcache
+from . import content, families, media, promptcache, realtime
 from .content import Prompt
 from .families import Call, Plan, enc
 
@@ -184,6 +184,12 @@ class App:
     # --- dispatch ---------------------------------------------------------------------------------
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        if scope.proto == "ws":
+            if scope.path == "/openai/v1/realtime":
+                await realtime.session(self, scope, proto)
+            else:
+                proto.close(404)
+            return
         if scope.proto != "http":
             return
         path = scope.path

@@ -523,10 +523,13 @@ pub fn verify(
         Some(serde_json::Value::String(s)) if s.chars().count() <= MAX_SUBJECT_CHARS => s.as_str(),
         Some(_) => return Err(TokenError::Invalid),
     };
-    // An application's token (a service calling on its own behalf) names the application; it is
-    // never provisioned from claims: applications are registered.
-    if let Some(application) = issuer.claims.application.as_deref().and_then(|c| claim_str(&claims, c)) {
-        return match lookup(Who::Application(application)) {
+    // A token with an email is a person's, whatever else it carries (identity providers put the
+    // client's id in people's tokens too). One without names an application (a service calling
+    // on its own behalf) by the issuer's application claim; applications are registered, never
+    // provisioned from claims.
+    let Some(email_claim) = claim_str(&claims, &issuer.claims.email) else {
+        let application = issuer.claims.application.as_deref().and_then(|c| claim_str(&claims, c));
+        return match application.and_then(|a| lookup(Who::Application(a))) {
             Some(principal) => Ok(Identity {
                 principal,
                 issuer: index,
@@ -535,8 +538,8 @@ pub fn verify(
             }),
             None => Err(remember(TokenError::UnknownPrincipal(None))),
         };
-    }
-    let Some(email) = claim_str(&claims, &issuer.claims.email).and_then(normal_email) else {
+    };
+    let Some(email) = normal_email(email_claim) else {
         return Err(remember(TokenError::UnknownPrincipal(None)));
     };
     match lookup(Who::Email(&email)) {
@@ -1022,18 +1025,21 @@ mod tests {
                 (e.len() <= 320 && e.chars().all(|c| c.is_ascii_graphic()) && e.matches('@').count() == 1
                     && at != Some(0) && at != Some(e.len() - 1)).then(|| e.to_ascii_lowercase())
             };
-            // A token naming an application (when the issuer maps the claim) is that application's,
-            // found by name or refused, never provisioned; else the person's, by email.
-            let expected = match (read(&app), read(&Some(email)).and_then(stored)) {
-                (Some(a), _) if a == "billing-bot" =>
+            // A token with an email claim is the person's (by email); one without names an
+            // application (when the issuer maps the claim), found by name or refused, never provisioned.
+            let expected = match (read(&Some(email)), read(&app)) {
+                (None, Some(a)) if a == "billing-bot" =>
                     Ok(Identity { principal: 9, issuer: 0, subject: Arc::from(""), until_ms: (NOW_S + 90) * 1000 }),
-                (Some(_), _) | (None, None) => Err(TokenError::UnknownPrincipal(None)),
-                (None, Some(e)) if e == "known@example.com" =>
+                (None, _) => Err(TokenError::UnknownPrincipal(None)),
+                (Some(raw), _) => match stored(raw) {
+                None => Err(TokenError::UnknownPrincipal(None)),
+                Some(e) if e == "known@example.com" =>
                     Ok(Identity { principal: 7, issuer: 0, subject: Arc::from(""), until_ms: (NOW_S + 90) * 1000 }),
-                (None, Some(e)) => Err(TokenError::UnknownPrincipal(jit.then(|| Arc::new(Provision {
+                Some(e) => Err(TokenError::UnknownPrincipal(jit.then(|| Arc::new(Provision {
                     issuer_id: "iss-id".into(), email: e, display_name: read(&name), business_unit: read(&bu),
                     manager_email: read(&manager), tier: read(&tier),
                 })))),
+                },
             };
             prop_assert_eq!(got, expected);
         }

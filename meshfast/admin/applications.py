@@ -64,7 +64,8 @@ LEFT JOIN LATERAL (
 """
 LIST = f"SELECT {_COLUMNS} {_FROM} WHERE a.kind = 'application' ORDER BY lower(a.display_name)"
 GET = f"SELECT {_COLUMNS} {_FROM} WHERE a.id = $1 AND a.kind = 'application'"
-OWNER_EXISTS = "SELECT 1 FROM users WHERE id = $1 AND kind = 'user'"
+# The owner held (FOR KEY SHARE) until the write commits, so it cannot be deleted meanwhile.
+OWNER_EXISTS = "SELECT 1 FROM users WHERE id = $1 AND kind = 'user' FOR KEY SHARE"
 INSERT = """
 INSERT INTO users (kind, display_name, owner_id, business_unit) VALUES ('application', $1, $2, $3) RETURNING id
 """

@@ -114,6 +114,10 @@ def check(body: IssuerCreate) -> tuple[str, list[str], list[str], dict[str, str]
     for field, name in claims.items():
         if not _CLAIM_NAME.match(name):
             problems.append(f"claims.{field} must be a claim name (1-128 of A-Z a-z 0-9 _ . : / -)")
+    if claims.get("application") is not None and claims.get("application") == claims.get("email"):
+        # NOTE: a token with an email is a person's; the application claim names the application
+        # of a token without one (a service's own), so the two must differ.
+        problems.append("claims.application must name another claim than claims.email")
     if (body.jwks_url is None) == (body.jwks is None):
         problems.append("give exactly one of jwks_url and jwks")
     url = None

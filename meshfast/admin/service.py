@@ -824,9 +824,12 @@ async def _apply_applications(conn: asyncpg.Connection, entries: list[RegistryAp
         owner = owners[a.owner_email]
         if row is None:
             unit = None if a.business_unit is UNSET else a.business_unit
-            app_id = await conn.fetchval(
-                "INSERT INTO users (kind, display_name, owner_id, business_unit) VALUES ('application', $1, $2, $3) "
-                "RETURNING id", a.name, owner, unit)
+            try:
+                app_id = await conn.fetchval(
+                    "INSERT INTO users (kind, display_name, owner_id, business_unit) VALUES ('application', $1, $2, "
+                    "$3) RETURNING id", a.name, owner, unit)
+            except asyncpg.UniqueViolationError:
+                return [f"application {a.name!r} was created meanwhile: apply the file again"]
             summary["created"].append(f"application {a.name}")
         else:
             app_id = row["id"]
@@ -1723,10 +1726,12 @@ class AdminService:
         return {"status": "ok"}
 
     async def revoke_grant(self, actor: str, body: AccessBody) -> dict[str, Any]:
-        uid, _ = _access_principal(body)
+        uid, kind = _access_principal(body)
         mid = _body_uuid(body.model_id, "model_id")
 
         async def work(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(sql.PRINCIPAL_EXISTS, uid, kind) is None:
+                raise _missing(kind)()
             await conn.execute(sql.REVOKE_ACCESS, uid, mid)
 
         await self._write(actor, "revoke_access", f"{uid}:{mid}", {}, work)

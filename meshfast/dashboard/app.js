@@ -235,6 +235,7 @@
     overview: renderOverview, logs: renderLogs, users: renderUsers, providers: renderProviders, models: renderModels,
     access: renderAccess, rules: renderRules, notifications: renderNotifications, gateway: renderGateway,
     audit: renderAudit, admins: renderAdmins, identity: renderIdentity, workflows: renderWorkflows,
+    applications: renderApplications,
   };
 
   let routing = 0;
@@ -617,34 +618,30 @@
   let editingUser = null; // {entity, etag}
   let keysUser = null; // {user, keys}: the user whose named keys are shown
 
-  // One user's keys: the primary one and named ones (prefix, models, expiry, status), a form for
-  // a named key (name, expiry, model subset), rotation with an overlap, revocation.
-  function keysPanel() {
-    const { user: u, keys } = keysUser;
-    const reload = async () => {
-      const out = await act(() => api("GET", `/admin/users/${u.id}/keys`));
-      if (out) keysUser = { user: u, keys: out.data };
-      await rerender();
-    };
+  // One principal's keys (a user's or an application's): the primary one and named ones (prefix,
+  // models, expiry, status), a form for a named key (name, expiry, model subset), rotation with an
+  // overlap, revocation. holder: {label, path, grantee, keys, reload(), close(), closeLabel?}.
+  function keysPanel(holder) {
+    const { label, path, keys, reload } = holder;
     const modelNames = new Map(state.models.map((m) => [m.id, m.name]));
     const form = h("form", { class: "grid panel", id: "key-create", "aria-labelledby": "key-create-title" },
       h("h3", { id: "key-create-title" }, "Issue a named key"),
-      field("Key name", "name", { required: true, id: "key-name", hint: "Up to 64 characters, unique among the user's keys." }),
+      field("Key name", "name", { required: true, id: "key-name", hint: `Up to 64 characters, unique among ${holder.grantee}'s keys.` }),
       field("Key expires at", "expires_at", { kind: "datetime-local", id: "key-expires", hint: "Your local time; empty: never." }),
       h("div", { class: "field" }, h("label", { for: "key-models" }, "Limit to models"),
         h("select", { id: "key-models", name: "models", multiple: true, size: Math.min(6, Math.max(2, state.models.length)),
           "aria-describedby": "key-models-hint" }, state.models.map((m) => h("option", { value: m.id }, m.name))),
-        h("span", { id: "key-models-hint", class: "muted" }, "None selected: every model the user is granted.")),
+        h("span", { id: "key-models-hint", class: "muted" }, `None selected: every model ${holder.grantee} is granted.`)),
       h("div", { class: "actions" }, h("button", { type: "submit", id: "key-create-submit" }, "Issue key"),
-        button("Close keys", () => { keysUser = null; rerender(); }, "secondary")));
+        button(holder.closeLabel || "Close keys", holder.close, "secondary")));
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const d = formData(form);
       const models = [...form.querySelector("#key-models").selectedOptions].map((o) => o.value);
       const body = { name: d.name, expires_at: fromLocalInput(d.expires_at) };
       if (models.length) body.models = models;
-      const out = await act(() => api("POST", `/admin/users/${u.id}/keys`, body), `Key ${d.name} issued.`);
-      if (out) { showSecret(`API key ${d.name} for ${u.email}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
+      const out = await act(() => api("POST", `${path}/keys`, body), `Key ${d.name} issued.`);
+      if (out) { showSecret(`API key ${d.name} for ${label}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
     });
     const keyActions = (k) => (k.status !== "active" ? "Revoked" : h("div", { class: "actions" },
       k.current ? [h("label", { for: `overlap-${k.id}`, class: "sr-only" }, `Overlap in seconds for ${k.name || "primary key"}`),
@@ -653,14 +650,14 @@
       button("Rotate", async () => {
         const overlap = Number(document.getElementById(`overlap-${k.id}`).value || 0);
         const out = await act(() => api("POST", `/admin/keys/${k.id}/rotate`, { overlap_s: overlap }), `Key ${k.key_prefix} rotated.`);
-        if (out) { showSecret(`New API key ${k.name || ""} for ${u.email}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
+        if (out) { showSecret(`New API key ${k.name || ""} for ${label}`, out.data.key); await reload(); document.getElementById("copy-secret").focus(); }
       }, "secondary", { "aria-label": `Rotate key ${k.name || k.key_prefix}` })] : null,
       button("Revoke", async () => {
         if (!confirmed(`Revoke the key ${k.key_prefix}? It stops working at once.`)) return;
         if (await act(() => api("DELETE", `/admin/keys/${k.id}`), `Key ${k.key_prefix} revoked.`)) await reload();
       }, "danger", { "aria-label": `Revoke key ${k.current ? (k.name || k.key_prefix) : k.key_prefix}` })));
-    return [h("h2", { id: "keys-title" }, `Keys of ${u.email}`), form,
-      table(`Keys of ${u.email}`, [
+    return [h("h2", { id: "keys-title" }, `Keys of ${label}`), form,
+      table(`Keys of ${label}`, [
         { key: "name", label: "Name", render: (k) => k.name || "primary" },
         { key: "key_prefix", label: "Key", render: (k) => h("code", {}, k.key_prefix) },
         { key: "models", label: "Models", render: (k) => (k.models ? k.models.map((m) => modelNames.get(m) || m).join(", ") || "none" : "all granted") },
@@ -669,6 +666,19 @@
         { key: "created_at", label: "Created", render: (k) => when(k.created_at) },
         { key: "actions", label: "Actions", render: keyActions },
       ], keys, { id: "keys-table", rowData: (k) => ({ name: k.name || "primary", keyId: k.id }) })];
+  }
+
+  function userKeysHolder() {
+    const { user: u, keys } = keysUser;
+    return {
+      label: u.email, path: `/admin/users/${u.id}`, grantee: "the user", keys,
+      reload: async () => {
+        const out = await act(() => api("GET", `/admin/users/${u.id}/keys`));
+        if (out) keysUser = { user: u, keys: out.data };
+        await rerender();
+      },
+      close: () => { keysUser = null; rerender(); },
+    };
   }
 
   // An RFC 3339 time as a datetime-local value in the browser's zone, and back (with its offset).
@@ -758,7 +768,7 @@
     page("Users & keys",
       secretPanel(),
       editingUser ? [h("h2", { id: "user-edit-title" }, `Edit ${editingUser.entity.email}`), userEditForm()] : null,
-      keysUser ? keysPanel() : null,
+      keysUser ? keysPanel(userKeysHolder()) : null,
       h("h2", {}, "Create a user"),
       form,
       h("h2", {}, "Users"),
@@ -1063,7 +1073,9 @@
   let accessUser = "";
   let editingPolicy = null; // model_id
 
-  function policyForm(userId, p) {
+  // One grant's policy; path: the principal's (/admin/users/{id} or /admin/applications/{id});
+  // done(): after saving or cancelling (closes the form and renders again).
+  function policyForm(path, p, done) {
     const days = new Set(p.active_days || [0, 1, 2, 3, 4, 5, 6]);
     const hhmm = (v) => (v ? String(v).slice(0, 5) : "");
     const form = h("form", { class: "grid panel", id: "policy-form", "aria-labelledby": "policy-title" },
@@ -1077,7 +1089,7 @@
         DAYS.map((d, i) => field(d, `day-${i}`, { kind: "checkbox", id: `policy-day-${i}`, value: days.has(i) })))),
       field("Always open (ignore days and hours)", "always_open", { kind: "checkbox", id: "policy-always", value: p.always_open }),
       h("div", { class: "actions" }, h("button", { type: "submit", id: "policy-submit" }, "Save policy"),
-        button("Cancel", () => { editingPolicy = null; rerender(); }, "secondary")));
+        button("Cancel", done, "secondary")));
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const d = formData(form);
@@ -1086,13 +1098,14 @@
         allowed_from: d.allowed_from || null, allowed_to: d.allowed_to || null, timezone: d.timezone || "UTC",
         active_days: DAYS.map((_, i) => i).filter((i) => d[`day-${i}`]), always_open: d.always_open,
       };
-      if (await act(() => api("PUT", `/admin/users/${userId}/policies/${p.model_id}`, body), `Policy for ${p.model_name} saved.`)) {
-        editingPolicy = null;
-        rerender();
-      }
+      if (await act(() => api("PUT", `${path}/policies/${p.model_id}`, body), `Policy for ${p.model_name} saved.`)) done();
     });
     return form;
   }
+
+  const policyDays = (p) => ((p.active_days || []).length === 7 ? "Every day" : (p.active_days || []).map((d) => DAYS[d]).join(", ") || "None");
+  const policyWindow = (p) => (p.always_open ? "Always open" : p.allowed_from && p.allowed_to
+    ? `${String(p.allowed_from).slice(0, 5)}–${String(p.allowed_to).slice(0, 5)} ${p.timezone}` : `Any hour (${p.timezone})`);
 
   async function renderAccess() {
     await loadRegistry();
@@ -1110,8 +1123,6 @@
       const model_id = grantForm.elements.model_id.value;
       if (await act(() => api("POST", "/admin/access", { user_id: accessUser, model_id }), "Access granted.")) rerender();
     });
-    const days = (p) => (p.active_days || []).length === 7 ? "Every day" : (p.active_days || []).map((d) => DAYS[d]).join(", ") || "None";
-    const window_ = (p) => (p.always_open ? "Always open" : p.allowed_from && p.allowed_to ? `${String(p.allowed_from).slice(0, 5)}–${String(p.allowed_to).slice(0, 5)} ${p.timezone}` : `Any hour (${p.timezone})`);
     const rowActions = (p) => h("div", { class: "actions" },
       button("Edit policy", async () => { editingPolicy = p.model_id; await rerender(); document.getElementById("policy-cap").focus(); }, "secondary", { "aria-label": `Edit policy for ${p.model_name}` }),
       button("Revoke access", async () => {
@@ -1123,14 +1134,14 @@
       state.users.length === 0 ? h("p", {}, "Create a user first: ", h("a", { href: "#/users" }, "Users & keys"), ".") : [
         h("div", { class: "toolbar" }, h("div", { class: "field" }, h("label", { for: "access-user" }, "User"), userSelect)),
         h("h2", {}, "Grant a model"), grantForm,
-        editing ? policyForm(accessUser, editing) : null,
+        editing ? policyForm(`/admin/users/${accessUser}`, editing, () => { editingPolicy = null; rerender(); }) : null,
         h("h2", {}, "Granted models and their policies"),
         table("Grants and policies", [
           { key: "model_name", label: "Model" },
           { key: "daily_cap_usd", label: "Daily cap (USD)", num: true },
           { key: "max_calls_per_hour", label: "Calls/hour", num: true, render: (p) => p.max_calls_per_hour ?? "No cap" },
-          { key: "window", label: "Hours", render: window_ },
-          { key: "days", label: "Days", render: days },
+          { key: "window", label: "Hours", render: policyWindow },
+          { key: "days", label: "Days", render: policyDays },
           { key: "actions", label: "Actions", render: rowActions },
         ], policies, { id: "policies-table", empty: "No models granted.", rowData: (p) => ({ modelId: p.model_id, name: p.model_name }) }),
       ]);
@@ -1377,6 +1388,128 @@
       h("h2", {}, "Register a workflow"), form);
   }
 
+  // --- applications: services calling on their own behalf, with an owner, keys, grants, policies --
+
+  let openApplication = null; // the id of the application whose grants and keys are shown
+  let editingAppPolicy = null; // model_id
+
+  // One application's grants (with their policies) and keys.
+  function applicationDetail(a, keys, policies) {
+    const path = `/admin/applications/${a.id}`;
+    const close = () => { openApplication = null; editingAppPolicy = null; rerender(); };
+    const granted = new Set(policies.map((p) => p.model_id));
+    const grantable = state.models.filter((m) => !granted.has(m.id));
+    const grantForm = h("form", { class: "toolbar", id: "app-grant-form", "aria-label": `Grant ${a.name} a model` },
+      field("Model", "model_id", { kind: "select", id: "app-grant-model", options: grantable.map((m) => [m.id, m.name]),
+        hint: grantable.length ? null : "Every model is granted already." }),
+      h("button", { type: "submit", id: "app-grant-submit", disabled: grantable.length === 0 }, "Grant access"));
+    grantForm.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const model_id = grantForm.elements.model_id.value;
+      if (!model_id) return;
+      if (await act(() => api("POST", "/admin/access", { application_id: a.id, model_id }), `Access granted to ${a.name}.`)) rerender();
+    });
+    const rowActions = (p) => h("div", { class: "actions" },
+      button("Edit policy", async () => { editingAppPolicy = p.model_id; await rerender(); document.getElementById("policy-cap").focus(); },
+        "secondary", { "aria-label": `Edit policy for ${p.model_name}` }),
+      button("Revoke access", async () => {
+        if (!confirmed(`Revoke the access of ${a.name} to ${p.model_name}?`)) return;
+        if (await act(() => api("DELETE", "/admin/access", { application_id: a.id, model_id: p.model_id }), "Access revoked.")) rerender();
+      }, "danger", { "aria-label": `Revoke access to ${p.model_name}` }));
+    const editing = policies.find((p) => p.model_id === editingAppPolicy);
+    return h("section", { class: "panel", id: "application-detail", "aria-labelledby": "application-detail-title" },
+      h("h2", { id: "application-detail-title", tabindex: "-1" }, `Grants and keys of ${a.name}`),
+      a.status === "active" ? null
+        : h("p", { class: "error-text" }, "This application is revoked: its keys and tokens are refused until it is reactivated."),
+      h("h3", {}, "Grant a model"), grantForm,
+      editing ? policyForm(path, editing, () => { editingAppPolicy = null; rerender(); }) : null,
+      table(`Models granted to ${a.name} and their policies`, [
+        { key: "model_name", label: "Model" },
+        { key: "daily_cap_usd", label: "Daily cap (USD)", num: true },
+        { key: "max_calls_per_hour", label: "Calls/hour", num: true, render: (p) => p.max_calls_per_hour ?? "No cap" },
+        { key: "window", label: "Hours", render: policyWindow },
+        { key: "days", label: "Days", render: policyDays },
+        { key: "actions", label: "Actions", render: rowActions },
+      ], policies, { id: "app-policies-table", empty: "No models granted.", rowData: (p) => ({ modelId: p.model_id, name: p.model_name }) }),
+      keysPanel({ label: a.name, path, grantee: "the application", keys, reload: rerender, close, closeLabel: "Close the application" }));
+  }
+
+  async function renderApplications() {
+    const [apps] = await Promise.all([get("/admin/applications"), loadRegistry()]);
+    const list = apps || [];
+    const open = list.find((a) => a.id === openApplication) || null;
+    if (!open) { openApplication = null; editingAppPolicy = null; }
+    const [keys, policies] = open
+      ? await Promise.all([get(`/admin/applications/${open.id}/keys`), get(`/admin/applications/${open.id}/policies`)]) : [[], []];
+
+    const problemsBox = h("div", { id: "application-problems", role: "alert", tabindex: "-1", hidden: true });
+    const form = h("form", { class: "grid panel", id: "application-create", "aria-labelledby": "application-create-title" },
+      field("Application name", "name", { required: true, id: "application-name", hint: "Up to 64 of letters, digits, spaces and . _ -; unique" }),
+      field("Owner", "owner_id", { kind: "select", required: true, id: "application-owner", hint: "The person who answers for it",
+        options: [["", "Choose a person…"], ...state.users.map((u) => [u.id, u.email])] }),
+      field("Business unit", "business_unit", { id: "application-bu", hint: "Optional" }),
+      h("div", { class: "actions" }, h("button", { type: "submit", id: "application-create-submit" }, "Create application and key")));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { name: d.name, owner_id: d.owner_id };
+      if (d.business_unit) body.business_unit = d.business_unit;
+      let out;
+      try {
+        out = await api("POST", "/admin/applications", body);
+      } catch (err) {
+        if (err.status === 401) return;
+        problemList(problemsBox, problemsOf(err), `The application was refused (${err.code}):`);
+        problemsBox.focus();
+        return;
+      }
+      toast(`Application ${out.data.name} created.`);
+      showSecret(`API key for application ${out.data.name}`, out.data.key,
+        "Copy it now: it is shown only once and cannot be retrieved later. The application calls with it as Authorization: Bearer <key>.");
+      await renderApplications();
+      document.getElementById("copy-secret").focus();
+    });
+
+    const setStatus = (a, status) => api("PUT", `/admin/applications/${a.id}`, { status }, { "if-match": `"${a.version}"` });
+    const rowActions = (a) => h("div", { class: "actions" },
+      button("Grants & keys", async () => {
+        openApplication = a.id;
+        editingAppPolicy = null;
+        await rerender();
+        document.getElementById("application-detail-title").focus();
+      }, "secondary", { "aria-label": `Grants & keys of ${a.name}` }),
+      a.status === "active"
+        ? button("Revoke", async () => {
+          if (!confirmed(`Revoke ${a.name}? Its keys and tokens are refused at once, until it is reactivated.`)) return;
+          if (await act(() => setStatus(a, "revoked"), `${a.name} revoked.`)) rerender();
+        }, "danger", { "aria-label": `Revoke application ${a.name}` })
+        : button("Reactivate", async () => {
+          if (await act(() => setStatus(a, "active"), `${a.name} reactivated.`)) rerender();
+        }, "secondary", { "aria-label": `Reactivate application ${a.name}` }),
+      button("Delete", async () => {
+        if (!confirmed(`Delete ${a.name} with its keys, grants and policies? Its keys are refused at once.`)) return;
+        if (await act(() => api("DELETE", `/admin/applications/${a.id}`), `${a.name} deleted.`)) rerender();
+      }, "danger", { "aria-label": `Delete application ${a.name}` }));
+
+    page("Applications",
+      secretPanel(),
+      h("p", {}, "Services that call the data plane on their own behalf. Each has an owner who answers for it, and its own keys, grants and per-model policies; its calls are attributed to it, not to a person."),
+      table("Applications", [
+        { key: "name", label: "Name" },
+        { key: "owner_email", label: "Owner" },
+        { key: "business_unit", label: "Business unit" },
+        { key: "status", label: "Status", render: (a) => h("span", { class: `badge ${a.status === "active" ? "ok" : "bad"}` }, a.status) },
+        { key: "key_prefix", label: "Key", render: (a) => (a.key_prefix ? h("code", {}, a.key_prefix) : "—") },
+        { key: "created_at", label: "Created", render: (a) => when(a.created_at) },
+        { key: "actions", label: "Actions", render: rowActions },
+      ], list, { id: "applications-table", empty: "No applications yet.", rowData: (a) => ({ applicationId: a.id, name: a.name, status: a.status }) }),
+      open ? applicationDetail(open, keys || [], policies || []) : null,
+      h("h2", { id: "application-create-title" }, "Create an application"),
+      state.users.length === 0
+        ? h("p", {}, "An application needs an owner: create a user first in ", h("a", { href: "#/users" }, "Users & keys"), ".")
+        : [form, problemsBox]);
+  }
+
   // --- people lists: emails shown, user ids sent ---------------------------------------------
 
   // Emails (or user ids) as typed, one a line or comma separated -> user ids. Anything that names
@@ -1428,6 +1561,7 @@
     if ((p.tiers || []).length) parts.push(`tier ${p.tiers.join(" or ")}`);
     if ((p.leaders || []).length) parts.push(`the organisation of ${p.leaders.map(userLabel).join(" or ")}`);
     if ((p.business_units || []).length) parts.push(`business unit ${p.business_units.join(" or ")}`);
+    if ((p.applications || []).length) parts.push(`application ${p.applications.join(" or ")}`);
     let text = parts.length ? parts.join(" and ") : "everyone";
     if ((p.exempt_users || []).length) text += `, except ${p.exempt_users.map(userLabel).join(", ")}`;
     return text;
@@ -1522,7 +1656,13 @@
     const current = parseRuleJson(textarea.value).rule || {};
     const rest = Array.isArray(current.entries) ? current.entries.slice(1) : [];
     const weight = d.weight === "" ? 0 : Number(d.weight);
-    const rule = { ...current, id: d.id, weight: Number.isFinite(weight) ? weight : d.weight, mode: d.mode, entries: [entryFromForm(d), ...rest] };
+    const entry = entryFromForm(d);
+    // The form has no field for the applications a population holds to: kept as the JSON has them
+    // (dropping them would widen the entry to everyone).
+    const first = Array.isArray(current.entries) && current.entries[0] && typeof current.entries[0] === "object" ? current.entries[0] : {};
+    const apps = first.population && first.population.applications;
+    if (apps !== undefined && apps !== null) entry.population.applications = apps;
+    const rule = { ...current, id: d.id, weight: Number.isFinite(weight) ? weight : d.weight, mode: d.mode, entries: [entry, ...rest] };
     textarea.value = JSON.stringify(authored(rule), null, 2);
     ruleEditor.text = textarea.value;
   }
@@ -1563,8 +1703,10 @@
     el.notify_email.checked = notify ? (notify.channels || []).includes("email") : false;
     set("notify_template", notify ? notify.template : "");
     el.id.readOnly = !!ruleEditor.editing;
-    note.textContent = entries.length > 1
-      ? `This rule has ${entries.length} entries: the form shows the first; edit the others in the JSON.` : "";
+    const notes = [];
+    if (entries.length > 1) notes.push(`This rule has ${entries.length} entries: the form shows the first; edit the others in the JSON.`);
+    if ((p.applications || []).length) notes.push("Its first entry holds to the applications listed in the JSON (population.applications); edit them there.");
+    note.textContent = notes.join(" ");
     return [];
   }
 
