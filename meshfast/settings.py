@@ -30,6 +30,8 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_SHM_DIR", "where the shared-memory segment lives (default /dev/shm)"),
     ("MESHFAST_TELEMETRY_RING_ROWS", "request rows the shared-memory ring holds before the spool (default 8192)"),
     ("MESHFAST_DRAIN_TIMEOUT_S", "seconds SIGTERM lets in-flight calls finish before cutting them (default 30)"),
+    ("MESHFAST_REALTIME_DRAIN_S", "seconds SIGTERM lets open realtime sessions go on before telling them to "
+     "reconnect (default 300, at most 1800)"),
     ("MESHFAST_HEADER_TIMEOUT_S", "seconds a client has to send its request headers (default 30)"),
     ("MESHFAST_BODY_IDLE_TIMEOUT_S", "seconds a request body may pause between reads before a 408 (default 10)"),
     ("MESHFAST_BODY_TIMEOUT_S", "seconds a client has to send its whole request body before a 408 (default 120)"),

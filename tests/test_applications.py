@@ -356,3 +356,48 @@ def test_a_registry_file_registers_applications_and_their_grants(gateway: Gatewa
     refused = apply([{"name": f"x {_tag()}", "owner_email": "nobody@example.com", "models": ["no-such-model"]}])
     assert refused.returncode == 1
     assert "is not a registered user" in refused.stderr and "no-such-model" in refused.stderr, refused.stderr
+
+
+def test_a_registry_file_registers_issuers_and_workflows(gateway: Gateway, model: dict, fresh_dir: Any) -> None:
+    """`issuers` and `workflows` in a registry file: created, updated in place by their issuer or
+    id, unchanged on a second apply; a bad entry refuses the whole file with its problems."""
+    app = _app(gateway)
+    _grant(gateway, app, model)
+    iss = Issuer(f"https://file-{_tag()}.example.com")
+    iss.keys["ed-1"] = new_key("EdDSA", "ed-1")
+    workflow = f"file-wf-{_tag()}"
+    path = fresh_dir / "identity.json"
+    issuer_entry = {"issuer": iss.name, "audiences": [iss.audience], "algorithms": ["EdDSA"],
+                    "jwks": jwks(*iss.keys.values()), "claims": {"email": "email", "application": "client_app"}}
+    workflow_entry = {"id": workflow, "limit_usd": "0.006", "window": "daily",
+                      "principals": [{"application_id": app["id"]}]}
+
+    def apply(body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        path.write_text(json.dumps(body))
+        return subprocess.run([sys.executable, "-m", "meshfast.cli", "apply", str(path), "--json"],
+                              env=dict(gateway.env(), DATABASE_URL=gateway.database_url), capture_output=True,
+                              text=True, timeout=120)
+
+    done = apply({"issuers": [issuer_entry], "workflows": [workflow_entry]})
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(done.stdout)["created"]) == [f"issuer {iss.name}", f"workflow {workflow}"]
+    token = iss.token("", None, None, email=None, client_app=app["name"])
+    tags = f"workflow={workflow}"
+    until(lambda: _call(gateway, token, model, tags).status_code == 200, 3.0, "the file's issuer")
+    assert _call(gateway, token, model, tags).status_code == 200
+    over = _call(gateway, token, model, tags)
+    assert over.status_code == 429 and over.json()["workflow"] == workflow, over.text
+
+    again = apply({"issuers": [issuer_entry], "workflows": [workflow_entry]})
+    assert json.loads(again.stdout)["unchanged"] == [f"issuer {iss.name}", f"workflow {workflow}"]
+    raised = apply({"workflows": [{**workflow_entry, "limit_usd": "1"}]})
+    assert json.loads(raised.stdout)["updated"] == [f"workflow {workflow}"]
+    until(lambda: _call(gateway, token, model, tags).status_code == 200, 3.0, "the raised limit")
+    listed = {w["id"]: w for w in gateway.admin("GET", "/admin/workflows").json()}
+    assert listed[workflow]["limit_usd"] == 1.0
+
+    refused = apply({"issuers": [{**issuer_entry, "algorithms": ["HS256"]}],
+                     "workflows": [{**workflow_entry, "window": "hourly"}, {"id": "x", "limit_usd": "1"}]})
+    assert refused.returncode == 1 and "nothing applied" in refused.stderr
+    for needle in ("issuers[0]", "HS256", "workflows[0]", "window", "workflows[1]"):
+        assert needle in refused.stderr, (needle, refused.stderr)

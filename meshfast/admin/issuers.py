@@ -206,6 +206,45 @@ WHERE issuer = $1 AND jwks_url IS NOT NULL
 """
 
 
+STORED_ISSUER = """
+SELECT audiences, algorithms, claims::text AS claims, jwks_url, jwks::text AS jwks, clock_skew_s, jit_provisioning,
+       local
+FROM issuers WHERE issuer = $1
+"""
+UPDATE_ISSUER = """
+UPDATE issuers SET audiences = $2, algorithms = $3, claims = $4::jsonb, jwks_url = $5, jwks = $6::jsonb,
+                   clock_skew_s = $7, jit_provisioning = $8, local = $9,
+                   fetched_jwks = CASE WHEN jwks_url IS DISTINCT FROM $5 THEN NULL ELSE fetched_jwks END
+WHERE issuer = $1
+"""
+
+
+async def apply_file_issuer(conn: asyncpg.Connection, body: IssuerCreate, summary: dict[str, list[str]]) -> None:
+    """One issuer of a registry file, by its ``issuer``: created, updated or unchanged. A changed
+    ``jwks_url`` forgets the keys fetched from the old one."""
+    issuer, audiences, algorithms, claims, url, jwks_text = check(body)
+    row = await conn.fetchrow(STORED_ISSUER, issuer)
+    values = (audiences, algorithms, claims, url, None if jwks_text is None else json.loads(jwks_text),
+              body.clock_skew_s, body.jit_provisioning, body.local)
+    if row is None:
+        if await conn.fetchval(COUNT_ISSUERS) >= MAX_ISSUERS:
+            raise errors.InvalidRequest(f"at most {MAX_ISSUERS} issuers")
+        await conn.fetchrow(INSERT_ISSUER, issuer, audiences, algorithms, json.dumps(claims), url, jwks_text,
+                            body.clock_skew_s, body.jit_provisioning, body.local)
+        summary["created"].append(f"issuer {issuer}")
+    elif (list(row["audiences"]), list(row["algorithms"]), json.loads(row["claims"]), row["jwks_url"],
+          None if row["jwks"] is None else json.loads(row["jwks"]), row["clock_skew_s"], row["jit_provisioning"],
+          row["local"]) == values:
+        summary["unchanged"].append(f"issuer {issuer}")
+    else:
+        await conn.execute(UPDATE_ISSUER, issuer, audiences, algorithms, json.dumps(claims), url, jwks_text,
+                           body.clock_skew_s, body.jit_provisioning, body.local)
+        summary["updated"].append(f"issuer {issuer}")
+    if url is not None:
+        # The first fetch, soon: the leader picks the request up at its next tick.
+        await conn.execute(REQUEST_FETCH, issuer, 0.0)
+
+
 class IssuerService:
     """The admin routes' work: ``write`` is AdminService._write (the transaction, the config
     bump, NOTIFY and the audit row)."""

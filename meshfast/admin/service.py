@@ -18,7 +18,9 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from meshfast import errors, rules, snapshot, validate
+from meshfast.admin import issuers as issuer_admin
 from meshfast.admin import rules as rule_admin
+from meshfast.admin import workflows as workflow_admin
 from meshfast.sealing import open_sealed, seal
 from meshfast.secrets import Secrets, new_mesh_key
 from meshfast.store import sql
@@ -658,6 +660,9 @@ class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
     models: list[dict[str, Any]] = []
     users: list[dict[str, Any]] = []
     applications: list[dict[str, Any]] = []
+    # Platform token issuers and workflow budgets, as their admin routes take them.
+    issuers: list[dict[str, Any]] = []
+    workflows: list[dict[str, Any]] = []
     # Spend rules as the API takes them (meshfast.rules), and the global enforcement switch.
     rules: list[Any] = []
     enforce_rules: bool | None = None
@@ -693,6 +698,8 @@ class Registry:
     # Emails and labels normalised as stored.
     users: list[RegistryUser] = dataclasses.field(default_factory=list)
     applications: list[RegistryApplication] = dataclasses.field(default_factory=list)
+    issuers: list[Any] = dataclasses.field(default_factory=list)
+    workflows: list[Any] = dataclasses.field(default_factory=list)
     # Spend rules as authored (checked against people and models when applied); None: the
     # switch is left alone.
     rules: list[Any] = dataclasses.field(default_factory=list)
@@ -770,6 +777,27 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
             problems.append(f"{label}: an application of that name is listed twice")
         names.add(app.name.lower())
         out.applications.append(app)
+    sections: tuple[tuple[str, type[msgspec.Struct], Callable[[Any], Any], str], ...] = (
+        ("issuers", issuer_admin.IssuerCreate, issuer_admin.check, "issuer"),
+        ("workflows", workflow_admin.WorkflowCreate, workflow_admin.check, "id"))
+    for section, struct, check, key in sections:
+        names = set()
+        for i, entry in enumerate(getattr(registry, section)):
+            label = f"{section}[{i}] ({entry.get(key)!r})"
+            try:
+                body = msgspec.convert(entry, struct)
+                check(body)
+            except msgspec.ValidationError as exc:
+                problems.append(f"{label}: {exc}")
+                continue
+            except errors.MeshfastError as exc:
+                problems.extend(f"{label}: {p}" for p in exc.extra.get("errors", [exc.detail]))
+                continue
+            name = getattr(body, key).strip()
+            if name in names:
+                problems.append(f"{label}: listed twice")
+            names.add(name)
+            getattr(out, section).append(body)
     problems.extend(rule_admin.parse_file_rules(registry.rules))
     out.rules, out.enforce_rules = registry.rules, registry.enforce_rules
     if problems:
@@ -1624,6 +1652,10 @@ class AdminService:
                 found = await _apply_applications(conn, registry.applications, summary)
                 if found:
                     raise _invalid(found)
+            for issuer in registry.issuers:
+                await issuer_admin.apply_file_issuer(conn, issuer, summary)
+            for workflow in registry.workflows:
+                await workflow_admin.apply_file_workflow(conn, workflow, summary)
             if plan is not None or registry.enforce_rules is not None:
                 await rule_admin.apply_plan(conn, plan or rule_admin.RegistryPlan(), registry.enforce_rules, summary)
             if not (summary["created"] or summary["updated"] or summary["deleted"]):

@@ -89,6 +89,61 @@ def _principals(listed: list[dict[str, str]] | None, problems: list[str]) -> lis
     return out
 
 
+def check(body: WorkflowCreate) -> tuple[int, list[dict[str, str]] | None]:
+    """The workflow's limit (nano-USD) and principals as stored; 400 listing every problem."""
+    problems: list[str] = []
+    if not _ID.match(body.id):
+        problems.append("id must be 1 to 64 of A-Z a-z 0-9 . _ - (the workflow tag's value)")
+    if body.window not in WINDOWS:
+        problems.append("window must be daily, weekly or monthly")
+    try:
+        limit = _limit_nano(body.limit_usd)
+    except errors.MeshfastError as exc:
+        problems.append(str(exc.detail))
+        limit = 0
+    principals = _principals(body.principals, problems)
+    if problems:
+        raise errors.InvalidRequest("; ".join(problems), errors=problems)
+    return limit, principals
+
+
+async def check_principals(conn: asyncpg.Connection, principals: list[dict[str, str]] | None) -> None:
+    """400 when a listed person or application does not exist."""
+    for field, kind in (("user_id", "user"), ("application_id", "application")):
+        listed = [uuid.UUID(p[field]) for p in principals or () if field in p]
+        if not listed:
+            continue
+        known = {r["id"] for r in await conn.fetch(KNOWN_PRINCIPALS, listed, kind)}
+        missing = [str(p) for p in listed if p not in known]
+        if missing:
+            raise errors.InvalidRequest(f"principals name {kind}s that do not exist: {', '.join(missing[:5])}",
+                                        errors=[f"no {kind} {m}" for m in missing])
+
+
+# A registry file's workflow (meshfast.admin.service): created, or updated in place by id.
+STORED_WORKFLOW = 'SELECT limit_nano_usd, "window", principals::text AS principals FROM workflows WHERE id = $1'
+UPDATE_WORKFLOW = """
+UPDATE workflows SET limit_nano_usd = $2, "window" = $3, principals = $4::jsonb WHERE id = $1
+"""
+
+
+async def apply_file_workflow(conn: asyncpg.Connection, body: WorkflowCreate, summary: dict[str, list[str]]) -> None:
+    """One workflow of a registry file (already ``check``-ed): created, updated or unchanged."""
+    limit, principals = check(body)
+    await check_principals(conn, principals)
+    wanted = None if principals is None else json.dumps(principals)
+    row = await conn.fetchrow(STORED_WORKFLOW, body.id)
+    if row is None:
+        await conn.fetchrow(INSERT_WORKFLOW, body.id, limit, body.window, wanted)
+        summary["created"].append(f"workflow {body.id}")
+    elif (int(row["limit_nano_usd"]), row["window"],
+          None if row["principals"] is None else json.loads(row["principals"])) == (limit, body.window, principals):
+        summary["unchanged"].append(f"workflow {body.id}")
+    else:
+        await conn.execute(UPDATE_WORKFLOW, body.id, limit, body.window, wanted)
+        summary["updated"].append(f"workflow {body.id}")
+
+
 def _path_id(workflow_id: str) -> None:
     """A path's workflow id: one no workflow could have is simply not found."""
     if not _ID.match(workflow_id):
@@ -104,30 +159,10 @@ class WorkflowService:
         self._write = write
 
     async def create(self, actor: str, body: WorkflowCreate) -> dict[str, Any]:
-        problems: list[str] = []
-        if not _ID.match(body.id):
-            problems.append("id must be 1 to 64 of A-Z a-z 0-9 . _ - (the workflow tag's value)")
-        if body.window not in WINDOWS:
-            problems.append("window must be daily, weekly or monthly")
-        try:
-            limit = _limit_nano(body.limit_usd)
-        except errors.MeshfastError as exc:
-            problems.append(str(exc.detail))
-            limit = 0
-        principals = _principals(body.principals, problems)
-        if problems:
-            raise errors.InvalidRequest("; ".join(problems), errors=problems)
+        limit, principals = check(body)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            for field, kind in (("user_id", "user"), ("application_id", "application")):
-                listed = [uuid.UUID(p[field]) for p in principals or () if field in p]
-                if not listed:
-                    continue
-                known = {r["id"] for r in await conn.fetch(KNOWN_PRINCIPALS, listed, kind)}
-                missing = [str(p) for p in listed if p not in known]
-                if missing:
-                    raise errors.InvalidRequest(f"principals name {kind}s that do not exist: {', '.join(missing[:5])}",
-                                                errors=[f"no {kind} {m}" for m in missing])
+            await check_principals(conn, principals)
             try:
                 return await conn.fetchrow(INSERT_WORKFLOW, body.id, limit, body.window,
                                            None if principals is None else json.dumps(principals))
