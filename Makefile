@@ -106,6 +106,10 @@ bench-cache: setup ## prompt-cache shaping: a multi-turn agent trace with and wi
 bench-identity: setup ## authentication cost: a key vs platform tokens (RS256/ES256/EdDSA) in process and on the proxy path (QUICK=1; needs nginx)
 	$(BIN)/python bench/identity_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
 
+.PHONY: bench-realtime
+bench-realtime: setup ## realtime sessions: a response's time direct to testserve vs through meshfast's relay, and session set-up (QUICK=1)
+	$(BIN)/python bench/realtime_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
+
 .PHONY: bench-rules
 bench-rules: setup ## spend rules: oversubscription (no overshoot), decision cost, proxy with/without 100 rules, shm size (QUICK=1)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
