@@ -85,12 +85,15 @@ def _limit(value: Any) -> int | None:
 class _Turn:
     """One governed response: its decision (and reservation) and its row."""
 
-    __slots__ = ("p", "row", "started", "response_id", "admitted")
+    __slots__ = ("p", "row", "started", "response_id", "admitted", "text", "audio_chars")
 
     def __init__(self, p: Any, row: Row) -> None:
         self.p, self.row, self.started = p, row, time.perf_counter()
         self.response_id: str | None = None
         self.admitted = False
+        # What it carried to the client so far: charged when the response never ends.
+        self.text: list[str] = []
+        self.audio_chars = 0
 
 
 class Session:
@@ -120,6 +123,9 @@ class Session:
         self.pending: deque[_Turn] = deque()
         self.by_response: dict[str, _Turn] = {}
         self.closing: str | None = None
+        # Which side ended the session ("client" or "upstream"), once one has.
+        self.ended_by: str | None = None
+        self.current: _Turn | None = None
         self.started_ms = time.time_ns() // 1_000_000
         self.started = time.perf_counter()
         self.first: Any = None
@@ -261,13 +267,18 @@ class Session:
         to_upstream = asyncio.create_task(self._client_to_upstream())
         to_client = asyncio.create_task(self._upstream_to_client())
         try:
-            await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
+            self.ended_by = "client" if to_upstream in done else "upstream"
         finally:
             for task in (to_upstream, to_client):
                 task.cancel()
             for task in (to_upstream, to_client):
-                with contextlib.suppress(BaseException):
+                try:
                     await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:
+                    log.exception("realtime session for %s failed", self.model)
 
     async def _client_to_upstream(self) -> None:
         while self.closing is None:
@@ -315,7 +326,13 @@ class Session:
             self.added += 8 + math.ceil(len(text.encode()) / 3)
 
     async def _govern(self, data: str) -> bool:
-        """A client's ``response.create``: decided and reserved before it is forwarded."""
+        """A client's ``response.create``: decided and reserved before it is forwarded. One response
+        at a time (as the provider answers in a conversation): another is refused here, so every
+        reservation has its response."""
+        if self.pending or self.by_response:
+            await self._refuse_event("conversation_already_has_active_response",
+                                     "a response is in progress; wait for its response.done")
+            return False
         output = self.max_output
         try:
             event = json.loads(data)
@@ -363,7 +380,9 @@ class Session:
                     await self.transport.send_bytes(data)
                     continue
                 kind = _kind(data)
-                if kind == "response.created":
+                if kind.endswith(".delta") and self.current is not None:
+                    self._carried(self.current, kind, data)
+                elif kind == "response.created":
                     if not await self._claim(data):
                         return
                 elif kind == "response.done":
@@ -389,7 +408,22 @@ class Session:
         turn.response_id = response_id
         if response_id:
             self.by_response[response_id] = turn
+        self.current = turn
         return True
+
+    @staticmethod
+    def _carried(turn: _Turn, kind: str, data: str) -> None:
+        """A delta relayed: kept (text) or counted (audio) for a response that never ends."""
+        try:
+            delta = json.loads(data).get("delta")
+        except (ValueError, AttributeError):
+            return
+        if not isinstance(delta, str):
+            return
+        if "audio" in kind and "transcript" not in kind:
+            turn.audio_chars += len(delta)
+        else:
+            turn.text.append(delta)
 
     def _settle(self, data: str) -> None:
         """``response.done``: the response's usage priced into its row, its reservation settled."""
@@ -417,6 +451,8 @@ class Session:
         if status not in (None, "completed"):
             row.outcome = "success" if status in ("cancelled", "incomplete") else "error"
         self.last_input, self.added = tokens_in + tokens_out, 0
+        if self.current is turn:
+            self.current = None
         self._finish(turn)
 
     def _finish(self, turn: _Turn) -> None:
@@ -453,8 +489,17 @@ class Session:
         with contextlib.suppress(Exception):
             await self.upstream.close()
         for turn in [*self.pending, *self.by_response.values()]:
-            turn.row.outcome, turn.row.status_code, turn.row.deny_reason = "error", 499, "session_closed"
-            turn.row.usage_estimated = True
+            # A response that never ended is charged what it carried (as a stream cut short is):
+            # the input the reservation assumed and the output relayed, estimated.
+            row = turn.row
+            row.outcome = "upstream_error" if self.ended_by == "upstream" else "success"
+            row.usage_estimated = True
+            with contextlib.suppress(Exception):
+                carried = "".join(turn.text)
+                tokens_out = (self.data.core.estimate_tokens(carried) if carried else 0) + math.ceil(
+                    turn.audio_chars / AUDIO_B64_CHARS_PER_TOKEN)
+                tokens_in = self._reserve_input() if turn.response_id is not None else 0
+                self.data._charge(turn.p, row, tokens_in, tokens_out)
             with contextlib.suppress(Exception):
                 self._finish(turn)
         self.pending.clear()

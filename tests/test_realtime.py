@@ -210,3 +210,51 @@ def test_sigterm_lets_open_sessions_drain_then_tells_them_to_reconnect(
     finally:
         pg.stop()
     assert found == [(0, "success", 0), (1, "success", 3), (1, "success", 3)]
+
+
+def test_one_response_at_a_time_and_the_caller_leaving_mid_response_holds_nothing(
+        gateway: Gateway, model: dict, testserve: EmulatedProviders) -> None:
+    """A second response.create while one runs is refused by the gateway (the session goes on); a
+    caller that leaves mid-response is charged what it carried and leaves no reservation behind:
+    the day's spend is what its rows say, and a cap that fits exactly that plus one response still
+    admits that one."""
+    # Room for the three responses below: $0.003 + the one cut short ($0.001: one word) + $0.003.
+    user = _person(gateway, model, daily_cap_usd="0.007")
+    url = gateway.base_url.replace("http://", "ws://") + f"/v1/realtime?model={model['name']}"
+    auth = {"authorization": f"Bearer {user['key']}"}
+    create = json.dumps({"type": "response.create", "response": {"max_output_tokens": 3}})
+    with connect(url, additional_headers=auth, open_timeout=10) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(create)
+        ws.send(create)
+        kinds = []
+        while "response.done" not in kinds:
+            event = json.loads(ws.recv(timeout=10))
+            kinds.append(event["type"] if event["type"] != "error" else event["error"]["code"])
+        assert kinds.count("conversation_already_has_active_response") == 1 and kinds.count("response.done") == 1
+    testserve.client.post("/_debug/config", json={"delta_delay_ms": 200})
+    try:
+        with connect(url, additional_headers=auth, open_timeout=10) as ws:
+            assert json.loads(ws.recv())["type"] == "session.created"
+            ws.send(create)
+            while json.loads(ws.recv(timeout=10))["type"] != "response.output_text.delta":
+                pass
+        # Gone mid-response: its reservation ($0.003) must come back.
+        time.sleep(1.0)
+    finally:
+        testserve.client.post("/_debug/config", json={"delta_delay_ms": 0})
+    with connect(url, additional_headers=auth, open_timeout=10) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(create)
+        while (event := json.loads(ws.recv(timeout=10)))["type"] not in ("response.done", "error"):
+            pass
+        assert event["type"] == "response.done", event
+    rows = _rows(gateway, user["id"], at_least=6)
+    responses = [r for r in rows if r["count"] == 1]
+    # The response its caller left is charged what it carried (one word relayed: one token).
+    assert sorted((r["outcome"], r["usage_estimated"], r["tokens_out"]) for r in responses) == [
+        ("success", False, 3), ("success", False, 3), ("success", True, 1)]
+    spent = sum(float(r["output_cost"]) for r in responses)
+    assert spent == pytest.approx(0.007)
+    usage = gateway.client.get("/v1/usage", headers=auth).json()["usage"]
+    assert round(sum(u["spent_usd"] for u in usage), 9) == pytest.approx(spent)
