@@ -730,7 +730,7 @@ class App:
         if scope.path != "/v1/realtime" or self.data is None:
             proto.close(404)
             return
-        if self._draining:
+        if self._draining or self._busy():
             # NOTE: a new session goes to another worker or instance.
             proto.close(503)
             return
@@ -745,7 +745,9 @@ class App:
         """Past the worker's request limit, so the next request gets a quick 503 ``server_busy``
         instead of a wait in the listen backlog. Requests still receiving their bodies do not
         count: a body read is bounded by the body timeouts, and only authenticated callers get one."""
-        return self._limit is not None and len(self._in_flight) - self._body.reading > self._limit
+        # NOTE: an open realtime session holds a connection as a call in flight does.
+        return (self._limit is not None
+                and len(self._in_flight) + len(self._sessions) - self._body.reading > self._limit)
 
     async def _view(self, view: Any, scope: Any) -> tuple[int, bytes]:
         """A read-only view for the caller's key (``core.models_json``, ``core.usage_json``); a

@@ -11,8 +11,9 @@ as the model is), admitted per provider, and settled at ``response.done`` with t
 provider reports, priced into a row of its own (route ``realtime``). So a crash loses at most the
 response in flight, never a minute of spend. A response refused (a cap, a rule, the kill switch) is
 never forwarded: the client gets the protocol's ``error`` event naming the refusal's code (and
-``resume_at`` when there is one), then the session closes. When the session ends, one more row
-records it: its duration in ``latency_ms``, ``count`` 0 (it is not a call).
+``resume_at`` when there is one), then the session closes. The session has a row of its own (route
+``realtime_session``): its opening was decided as a call and counts as one against hourly call
+caps, and the row records the session's duration in ``latency_ms``.
 
 NOTE: Granian's RSGI WebSocket transport sends its close frame without a status code, so the
 reason a session ends travels in the ``error`` event just before the close (the close code the
@@ -44,9 +45,9 @@ from meshfast.telemetry import Row
 
 log = logging.getLogger(__name__)
 
+# A response's rows, and the session's own (its opening, decided as a call; its duration).
 ROUTE = "realtime"
-# The output limit of a response that names none (the protocol's "inf").
-DEFAULT_OUTPUT_TOKENS = 4096
+SESSION_ROUTE = "realtime_session"
 # The most input tokens a response's reservation assumes (the largest context windows).
 MAX_INPUT_ESTIMATE = 2_000_000
 # Base64 audio: 24 kHz 16-bit mono is 64,000 base64 characters a second, about 10 tokens.
@@ -115,11 +116,13 @@ class Session:
         self.upstream_url = ""
         self.upstream_headers: list[tuple[str, str]] = []
         self.model_id: str | None = None
-        # What the next response's reservation assumes: the session's output limit, the input the
-        # last response reported, and what the client added since (tokens).
-        self.max_output: int = DEFAULT_OUTPUT_TOKENS
+        # What the next response's reservation assumes: the session's output limit as the provider
+        # confirmed it (None: the model's maximum), the input the last response reported, what the
+        # client added since, and the session's configuration (instructions, tools), all in tokens.
+        self.max_output: int | None = None
         self.last_input = 0
         self.added = 0
+        self.configured = 0
         self.pending: deque[_Turn] = deque()
         self.by_response: dict[str, _Turn] = {}
         self.closing: str | None = None
@@ -132,14 +135,17 @@ class Session:
 
     # --- the decision ------------------------------------------------------------------
 
-    def _body(self, output_tokens: int, input_tokens: int) -> bytes:
+    def _body(self, output_tokens: int | None, input_tokens: int) -> bytes:
         """The call a decision prices: the model, an input of ``input_tokens`` (the core bounds
-        text at 3 bytes a token) and an output limit."""
+        text at 3 bytes a token) and an output limit (None: the model's own maximum)."""
         content = "x" * (3 * min(input_tokens, MAX_INPUT_ESTIMATE))
-        return json.dumps({"model": self.model, "max_tokens": max(1, output_tokens), "stream": False,
-                           "messages": [{"role": "user", "content": content}]}).encode()
+        call: dict[str, Any] = {"model": self.model, "stream": False,
+                                "messages": [{"role": "user", "content": content}]}
+        if output_tokens is not None:
+            call["max_tokens"] = max(1, output_tokens)
+        return json.dumps(call).encode()
 
-    async def _decide(self, output_tokens: int, input_tokens: int) -> Any:
+    async def _decide(self, output_tokens: int | None, input_tokens: int) -> Any:
         """The data plane's decision for one response (or the session's upgrade), with the
         cluster's lease round trips when a cap wants a slice."""
         data = self.data
@@ -175,13 +181,26 @@ class Session:
             principal_kind=p.principal_kind, token_issuer=p.token_issuer, token_subject=p.token_subject,
             call_tags=self.call_tags)
 
-    def _reserve_input(self) -> int:
-        return min(MAX_INPUT_ESTIMATE, self.last_input + self.added)
+    def _reserve_input(self, extra: int = 0) -> int:
+        return min(MAX_INPUT_ESTIMATE, max(self.last_input, self.configured) + self.added + extra)
 
     # --- the session ----------------------------------------------------------------------
 
     async def run(self) -> None:
+        # NOTE: counted from the start: a stop that arrives while the upstream connects waits for it.
+        self.sessions.add(self)
+        try:
+            await self._run()
+        finally:
+            self.sessions.discard(self)
+
+    async def _run(self) -> None:
         data = self.data
+        if self.data.core.authenticate(self.authorization, self.x_api_key, None, self.query,
+                                       self.started_ms) is None and data.identities is not None:
+            # A platform token this worker cannot place yet: an early key set fetch, or a person
+            # provisioned just in time (as on the HTTP routes).
+            await data._token_refused(self.authorization, self.x_api_key, None, self.query, self.started_ms)
         header = self.scope.headers.get("x-meshfast-tags")
         if header is not None:
             try:
@@ -196,7 +215,8 @@ class Session:
         if p.status:
             self._refuse_upgrade(p, None)
             return
-        # The upgrade was a check only: nothing is spent until a response.
+        # The upgrade is decided as a call (and counts as one against hourly call caps); nothing is
+        # spent until a response.
         p.settle(0)
         self.first = p
         self.model_id = p.model_id
@@ -228,18 +248,18 @@ class Session:
             self.transport = await self.proto.accept()
         except Exception:  # noqa: BLE001 - the client left during the handshake
             await self.upstream.close()
+            self._record_session()
             return
-        self.sessions.add(self)
         try:
             await self._relay()
         finally:
-            self.sessions.discard(self)
             await self._end()
 
     def _refuse_upgrade(self, p: Any, error: errors.MeshfastError | None) -> None:
         """A session refused before its upgrade: a row, then the HTTP status."""
         if p is not None:
             row = self._row(p)
+            row.route = SESSION_ROUTE
             if error is not None:
                 row.outcome, row.status_code, row.deny_reason = "denied", error.status, error.code
             status = row.status_code
@@ -248,7 +268,7 @@ class Session:
             from meshfast._core import request_id
 
             status = error.status
-            row = Row(request_id=request_id(), created_ms=self.started_ms, route=ROUTE, outcome="denied",
+            row = Row(request_id=request_id(), created_ms=self.started_ms, route=SESSION_ROUTE, outcome="denied",
                       status_code=status, deny_reason=error.code, requested_model=self.model or None,
                       source_ip=self.source_ip, user_agent=self.user_agent, call_tags=self.call_tags)
             # The row names the caller when the credential holds.
@@ -290,7 +310,8 @@ class Session:
                 return
             data = message.data
             if isinstance(data, bytes):
-                await self.upstream.send(data)
+                # The protocol is JSON text: a binary frame would pass governance by.
+                await self._refuse_event("invalid_request", "events are JSON text frames")
                 continue
             if len(data) > MAX_FRAME_BYTES:
                 await self._refuse_event("invalid_request", f"an event is at most {MAX_FRAME_BYTES} bytes")
@@ -314,10 +335,9 @@ class Session:
         if not isinstance(event, dict):
             return
         if kind == "session.update" and isinstance(event.get("session"), dict):
-            session = event["session"]
-            for name in ("max_output_tokens", "max_response_output_tokens"):
-                if name in session:
-                    self.max_output = _limit(session[name]) or DEFAULT_OUTPUT_TOKENS
+            # Instructions and tools go with every response: the whole configuration, as text.
+            # (The output limit is taken from the provider's session.updated, not from here.)
+            self.configured = max(self.configured, 8 + math.ceil(len(data.encode()) / 3))
         elif kind == "input_audio_buffer.append":
             self.added += math.ceil(len(str(event.get("audio") or "")) / AUDIO_B64_CHARS_PER_TOKEN)
         else:
@@ -326,7 +346,8 @@ class Session:
             self.added += 8 + math.ceil(len(text.encode()) / 3)
 
     async def _govern(self, data: str) -> bool:
-        """A client's ``response.create``: decided and reserved before it is forwarded. One response
+        """A client's ``response.create``: decided and reserved before it is forwarded (its output
+        limit, else the session's as the provider confirmed it, else the model's maximum). One response
         at a time (as the provider answers in a conversation): another is refused here, so every
         reservation has its response."""
         if self.pending or self.by_response:
@@ -334,24 +355,26 @@ class Session:
                                      "a response is in progress; wait for its response.done")
             return False
         output = self.max_output
+        extra = 0
         try:
             event = json.loads(data)
             params = event.get("response") if isinstance(event, dict) else None
             if isinstance(params, dict):
-                output = _limit(params.get("max_output_tokens")) or _limit(params.get("max_response_output_tokens")) \
-                    or output
+                output = _output_limit(params, output)
+                # The response's own instructions, tools and input items go upstream with it.
+                extra = math.ceil(len(data.encode()) / 3)
         except ValueError:
             pass
-        turn = await self._turn(output)
+        turn = await self._turn(output, extra)
         if turn is None:
             return False
         self.pending.append(turn)
         return True
 
-    async def _turn(self, output_tokens: int) -> _Turn | None:
+    async def _turn(self, output_tokens: int | None, extra: int = 0) -> _Turn | None:
         """A governed response (decided, reserved, admitted), or None after telling the client why
         not (and closing the session when the refusal is a governance one)."""
-        p = await self._decide(output_tokens, self._reserve_input())
+        p = await self._decide(output_tokens, self._reserve_input(extra))
         row = self._row(p)
         if p.status:
             row.latency_ms = 0
@@ -362,6 +385,13 @@ class Session:
             return None
         try:
             await self.data.admission.admit(p)
+        except asyncio.CancelledError:
+            # The session ended while this response waited for a slot: its row, then on.
+            p.settle(0)
+            row.outcome, row.status_code, row.deny_reason = "denied", 499, "client_disconnected"
+            self.data._events(p, row)
+            self.data._record(row, p.log_requests)
+            raise
         except errors.MeshfastError as exc:
             p.settle(0)
             row.outcome, row.status_code, row.deny_reason = "denied", exc.status, exc.code
@@ -377,7 +407,7 @@ class Session:
         try:
             async for data in self.upstream:
                 if isinstance(data, bytes):
-                    await self.transport.send_bytes(data)
+                    # The protocol is JSON text; a binary frame is not relayed (it could carry anything).
                     continue
                 kind = _kind(data)
                 if kind.endswith(".delta") and self.current is not None:
@@ -387,9 +417,13 @@ class Session:
                         return
                 elif kind == "response.done":
                     self._settle(data)
+                elif kind in ("session.created", "session.updated"):
+                    self._confirmed(data)
                 elif kind == "error":
-                    # NOTE: a provider's error may quote its own key.
-                    data = redact_credentials(data, self.upstream_headers, self.upstream_url)
+                    self._provider_refused()
+                # NOTE: any event may quote the provider's key (an error, a failed response's
+                # details, a transcription failure): every one is redacted.
+                data = redact_credentials(data, self.upstream_headers, self.upstream_url)
                 await self.transport.send_str(data)
         except Exception:  # noqa: BLE001 - either side went away
             return
@@ -410,6 +444,25 @@ class Session:
             self.by_response[response_id] = turn
         self.current = turn
         return True
+
+    def _confirmed(self, data: str) -> None:
+        """The provider's session: its output limit is what the next responses reserve."""
+        try:
+            session = json.loads(data).get("session")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(session, dict):
+            self.max_output = _output_limit(session, None)
+
+    def _provider_refused(self) -> None:
+        """An ``error`` from the provider while a response it never started waits: that response
+        is refused upstream (one response at a time, so it is the one pending); it settles at
+        nothing and gives its slot back."""
+        if not self.pending:
+            return
+        turn = self.pending.popleft()
+        turn.row.outcome, turn.row.status_code = "upstream_error", 502
+        self._finish(turn)
 
     @staticmethod
     def _carried(turn: _Turn, kind: str, data: str) -> None:
@@ -488,7 +541,10 @@ class Session:
         usage), the upstream closes, and the session's own row records its duration."""
         with contextlib.suppress(Exception):
             await self.upstream.close()
-        for turn in [*self.pending, *self.by_response.values()]:
+        open_turns = [*self.pending, *self.by_response.values()]
+        if self.current is not None and self.current not in open_turns:
+            open_turns.append(self.current)
+        for turn in open_turns:
             # A response that never ended is charged what it carried (as a stream cut short is):
             # the input the reservation assumed and the output relayed, estimated.
             row = turn.row
@@ -504,17 +560,37 @@ class Session:
                 self._finish(turn)
         self.pending.clear()
         self.by_response.clear()
-        if self.first is not None:
-            row = self._row(self.first, self.first.request_id)
-            row.count = 0
-            row.deny_reason = self.closing if self.closing not in (None, "draining") else None
-            row.latency_ms = self._elapsed_ms()
-            self.data._record(row, self.first.log_requests)
+        self.current = None
+        self._record_session()
         with contextlib.suppress(Exception):
             self.proto.close(1000)
 
+    def _record_session(self) -> None:
+        """The session's own row: its opening was decided (and counted) as a call; its duration."""
+        if self.first is None:
+            return
+        row = self._row(self.first, self.first.request_id)
+        row.route = SESSION_ROUTE
+        row.deny_reason = self.closing if self.closing not in (None, "draining") else None
+        row.latency_ms = self._elapsed_ms()
+        self.data._record(row, self.first.log_requests)
+        self.first = None
+
     def _elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
+
+
+def _output_limit(config: dict[str, Any], default: int | None) -> int | None:
+    """An output limit as the protocol gives it (``max_output_tokens``, the beta's
+    ``max_response_output_tokens``): the larger when both are there; ``"inf"`` or anything else
+    that is not a positive integer means the model's own maximum (None)."""
+    names = [n for n in ("max_output_tokens", "max_response_output_tokens") if n in config]
+    if not names:
+        return default
+    limits = [_limit(config[n]) for n in names]
+    if any(limit is None for limit in limits):
+        return None
+    return max(limit for limit in limits if limit is not None)
 
 
 def _count(value: Any) -> int:

@@ -379,8 +379,10 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
             respawn_failed_workers=True,
             respawn_interval=1.0,
             log_level=LogLevels(settings.log_level),
-            # NOTE: realtime sessions may drain longer than calls (MESHFAST_REALTIME_DRAIN_S).
-            workers_kill_timeout=math.ceil(max(settings.drain_timeout_s, settings.realtime_drain_s)
+            # NOTE: with realtime sessions open, a worker stops only once they are done (up to
+            # MESHFAST_REALTIME_DRAIN_S and a few seconds for their rows); the calls it took
+            # meanwhile then get their own drain.
+            workers_kill_timeout=math.ceil(settings.realtime_drain_s + 3 + settings.drain_timeout_s
                                            + _WORKER_STOP_MARGIN_S),
             http1_settings=HTTP1Settings(header_read_timeout=max(1, int(settings.header_timeout_s * 1000))),
             # NOTE: Granian admits up to twice the limit, so the excess reaches the worker and gets a

@@ -82,15 +82,15 @@ def test_a_session_through_the_official_sdk_is_relayed_priced_and_recorded(
     duration_s = time.monotonic() - started
 
     rows = _rows(gateway, user["id"], at_least=3)
-    responses = sorted((r for r in rows if r["count"] == 1), key=lambda r: r["created_at"])
-    sessions = [r for r in rows if r["count"] == 0]
+    responses = sorted((r for r in rows if r["route"] == "realtime"), key=lambda r: r["created_at"])
+    sessions = [r for r in rows if r["route"] == "realtime_session"]
     assert len(sessions) == 1, gateway.log()
     assert [(r["route"], r["outcome"], r["tokens_in"], r["tokens_out"]) for r in responses] == [
         ("realtime", "success", 10, 3), ("realtime", "success", 12, 5)]
     assert [float(r["output_cost"]) for r in responses] == [0.003, 0.005]
     assert all(r["model_name"] == model["name"] and r["principal_kind"] == "user" for r in responses)
     [session] = sessions
-    assert (session["route"], session["outcome"], float(session["output_cost"])) == ("realtime", "success", 0)
+    assert (session["count"], session["outcome"], float(session["output_cost"])) == (1, "success", 0)
     assert 0 < session["latency_ms"] <= duration_s * 1000 + 500
     usage = gateway.client.get("/v1/usage", headers={"authorization": f"Bearer {user['key']}"}).json()["usage"]
     assert round(sum(u["spent_usd"] for u in usage), 9) == 0.008
@@ -124,7 +124,7 @@ def test_a_session_is_cut_when_its_budget_is_spent(gateway: Gateway, model: dict
     assert [(r["status_code"], r["deny_reason"]) for r in denied] == [(429, "budget_exceeded")]
     spent = sum(float(r["input_cost"]) + float(r["output_cost"]) for r in rows)
     assert round(spent, 9) == 0.009
-    [session] = [r for r in rows if r["count"] == 0]
+    [session] = [r for r in rows if r["route"] == "realtime_session"]
     assert session["deny_reason"] == "refused"
 
 
@@ -150,7 +150,7 @@ def test_refused_upgrades_get_their_status_and_a_row(gateway: Gateway, model: di
         connect(other, additional_headers={"authorization": f"Bearer {user['key']}"}, open_timeout=10)
     assert refused.value.response.status_code == 404
     rows = _rows(gateway, user["id"], at_least=2)
-    assert {(r["route"], r["status_code"]) for r in rows} >= {("realtime", 404), ("realtime", 400)}
+    assert {(r["route"], r["status_code"]) for r in rows} >= {("realtime_session", 404), ("realtime_session", 400)}
 
 
 @pytest.fixture()
@@ -201,15 +201,15 @@ def test_sigterm_lets_open_sessions_drain_then_tells_them_to_reconnect(
         async def rows() -> list[Any]:
             conn = await asyncpg.connect(url)
             try:
-                return await conn.fetch("SELECT count, outcome, tokens_out FROM request_logs WHERE user_id = $1",
+                return await conn.fetch("SELECT route, outcome, tokens_out FROM request_logs WHERE user_id = $1",
                                         user["id"])
             finally:
                 await conn.close()
 
-        found = sorted((r["count"], r["outcome"], r["tokens_out"]) for r in asyncio.run(rows()))
+        found = sorted((r["route"], r["outcome"], r["tokens_out"]) for r in asyncio.run(rows()))
     finally:
         pg.stop()
-    assert found == [(0, "success", 0), (1, "success", 3), (1, "success", 3)]
+    assert found == [("realtime", "success", 3), ("realtime", "success", 3), ("realtime_session", "success", 0)]
 
 
 def test_one_response_at_a_time_and_the_caller_leaving_mid_response_holds_nothing(
@@ -250,7 +250,7 @@ def test_one_response_at_a_time_and_the_caller_leaving_mid_response_holds_nothin
             pass
         assert event["type"] == "response.done", event
     rows = _rows(gateway, user["id"], at_least=6)
-    responses = [r for r in rows if r["count"] == 1]
+    responses = [r for r in rows if r["route"] == "realtime"]
     # The response its caller left is charged what it carried (one word relayed: one token).
     assert sorted((r["outcome"], r["usage_estimated"], r["tokens_out"]) for r in responses) == [
         ("success", False, 3), ("success", False, 3), ("success", True, 1)]
@@ -258,3 +258,73 @@ def test_one_response_at_a_time_and_the_caller_leaving_mid_response_holds_nothin
     assert spent == pytest.approx(0.007)
     usage = gateway.client.get("/v1/usage", headers=auth).json()["usage"]
     assert round(sum(u["spent_usd"] for u in usage), 9) == pytest.approx(spent)
+
+
+def _model(gateway: Gateway, testserve: EmulatedProviders, resolved: str) -> dict[str, Any]:
+    provider = gateway.create_provider(f"rt-p-{_tag()}", base_url=f"{testserve.base_url}/openai",
+                                       api_key="testserve-key")
+    return gateway.create_model(provider["id"], f"rt-m-{_tag()}", resolved_model=resolved,
+                                input_price_per_1k_tokens="0", output_price_per_1k_tokens="1")
+
+
+def _events(ws: Any, until_type: str) -> list[dict[str, Any]]:
+    out = []
+    while True:
+        event = json.loads(ws.recv(timeout=10))
+        out.append(event)
+        if event["type"] == until_type or event["type"] == "error":
+            return out
+
+
+def test_the_provider_key_never_reaches_the_client_and_a_refused_response_holds_nothing(
+        gateway: Gateway, testserve: EmulatedProviders) -> None:
+    """Any provider event may quote the provider's key (a failed response's details, a rate-limit
+    note): the client sees it redacted. A response the provider refuses (an `error`, nothing
+    started) settles at nothing and frees the session for the next one."""
+    leaky = _model(gateway, testserve, "gpt-realtime-echo-key")
+    user = _person(gateway, leaky)
+    url = gateway.base_url.replace("http://", "ws://") + "/v1/realtime?model="
+    auth = {"authorization": f"Bearer {user['key']}"}
+    create = json.dumps({"type": "response.create", "response": {"max_output_tokens": 3}})
+    with connect(url + leaky["name"], additional_headers=auth, open_timeout=10) as ws:
+        seen = _events(ws, "session.created")
+        ws.send(create)
+        seen += _events(ws, "response.done")
+        ws.send(b"binary frames are refused")
+        seen += _events(ws, "error")
+    text = json.dumps(seen)
+    assert "testserve-key" not in text and "[redacted]" in text
+    assert seen[-1]["error"]["code"] == "invalid_request"
+
+    refusing = _model(gateway, testserve, "gpt-realtime-refuse")
+    user = _person(gateway, refusing, daily_cap_usd="5")
+    auth = {"authorization": f"Bearer {user['key']}"}
+    with connect(url + refusing["name"], additional_headers=auth, open_timeout=10) as ws:
+        _events(ws, "session.created")
+        for _ in range(3):
+            ws.send(create)
+            [error] = _events(ws, "error")
+            assert error["error"]["code"] == "refused_by_provider", error
+    usage = gateway.client.get("/v1/usage", headers=auth).json()["usage"]
+    assert sum(u["spent_usd"] for u in usage) == 0
+    rows = _rows(gateway, user["id"], at_least=4)
+    assert sorted((r["route"], r["outcome"]) for r in rows) == [
+        ("realtime", "upstream_error")] * 3 + [("realtime_session", "success")]
+
+
+def test_a_sessions_instructions_and_the_providers_limits_are_reserved(gateway: Gateway, model: dict) -> None:
+    """The reservation of a response counts the session's instructions (they go with every
+    response) and takes the output limit the provider confirmed, not the one a client asked for:
+    a large `instructions` against a small cap is refused before it reaches the provider."""
+    priced = gateway.create_model(model["provider_id"], f"rt-in-{_tag()}", resolved_model="gpt-realtime-test",
+                                  input_price_per_1k_tokens="1", output_price_per_1k_tokens="1")
+    user = _person(gateway, priced, daily_cap_usd="0.05")
+    url = gateway.base_url.replace("http://", "ws://") + f"/v1/realtime?model={priced['name']}"
+    with connect(url, additional_headers={"authorization": f"Bearer {user['key']}"}, open_timeout=10) as ws:
+        _events(ws, "session.created")
+        ws.send(json.dumps({"type": "session.update", "session": {"instructions": "be brief " * 40_000,
+                                                                  "max_output_tokens": 3}}))
+        _events(ws, "session.updated")
+        ws.send(json.dumps({"type": "response.create"}))
+        refused = _events(ws, "response.done")[-1]
+    assert refused["type"] == "error" and refused["error"]["code"] == "budget_exceeded", refused

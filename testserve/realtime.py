@@ -8,6 +8,10 @@ Enough of the protocol for a client and a gateway in front of it: `session.creat
 `REPLY` (N = its `max_output_tokens`, at most all of them), one token a word; its input is 10
 tokens plus 2 per earlier response in the session. Each client event is captured in the request
 log (family `openai_realtime`) like any provider call.
+
+Scenarios by the model's name: `...-echo-key` quotes the key it was called with in a
+`rate_limits.updated` event and in the `response.done` (as a failed response's details would);
+`...-refuse` answers every `response.create` with an `error` and starts nothing.
 """
 
 from __future__ import annotations
@@ -79,8 +83,12 @@ async def session(app: Any, scope: Any, proto: Any) -> None:
         usage = {"total_tokens": input_tokens + len(words), "input_tokens": input_tokens, "output_tokens": len(words),
                  "input_token_details": {"cached_tokens": 0, "text_tokens": input_tokens, "audio_tokens": 0},
                  "output_token_details": {"text_tokens": len(words), "audio_tokens": 0}}
-        await send({"type": "response.done", "response": {**response, "status": status, "output": [done_item],
-                                                           "usage": usage}})
+        done = {**response, "status": status, "output": [done_item], "usage": usage}
+        if model.endswith("-echo-key"):
+            quoted = f"Incorrect API key provided: {key}"
+            await send({"type": "rate_limits.updated", "rate_limits": [{"name": "requests", "note": quoted}]})
+            done["status_details"] = {"type": "failed", "error": {"type": "invalid_request_error", "message": quoted}}
+        await send({"type": "response.done", "response": done})
 
     try:
         await send({"type": "session.created", "session": state})
@@ -105,6 +113,9 @@ async def session(app: Any, scope: Any, proto: Any) -> None:
                 item = {**(event.get("item") or {}), "id": _id("item"), "status": "completed"}
                 await send({"type": "conversation.item.added", "previous_item_id": None, "item": item})
                 await send({"type": "conversation.item.done", "previous_item_id": None, "item": item})
+            elif kind == "response.create" and model.endswith("-refuse"):
+                await send({"type": "error", "error": {"type": "invalid_request_error", "code": "refused_by_provider",
+                                                       "message": "testserve refuses every response here"}})
             elif kind == "response.create":
                 if running is not None and not running.done():
                     await send({"type": "error", "error": {"type": "invalid_request_error",
