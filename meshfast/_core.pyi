@@ -44,6 +44,7 @@ __all__ = [
     "entry_stream_content_type",
     "known_request_fields",
     "encode_request",
+    "dlp_pattern_problem",
     "redact_credentials",
     "forbidden_address",
     "check_jwks",
@@ -597,6 +598,12 @@ class Prepared:
     def principal_kind(self) -> str | None:
         """``user`` or ``application``, once the caller is known."""
     @property
+    def dlp(self) -> list[tuple[str, int]]:
+        """Data protection's matches in the call, by detector (empty when no policy applied)."""
+    @property
+    def dlp_action(self) -> str | None:
+        """The strongest data protection action taken (``block``, ``pseudonymize``, ``redact``)."""
+    @property
     def model_id(self) -> str | None:
         """Set once the model is found among the principal's grants."""
     @property
@@ -827,6 +834,10 @@ def encode_request(method: str, target: str, host: str, headers: list[tuple[str,
     """One HTTP/1.1 request: request line, ``host``, the headers (framing and connection headers
     dropped; ``accept`` and ``accept-encoding: identity`` added unless given), ``content-length``
     and the body. Raises ValueError on a name or value that could split the request."""
+
+def dlp_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a data protection detector (it does not compile, is too long, or
+    matches the empty text); None when it can."""
 
 def redact_credentials(text: str, headers: list[tuple[str, str]], url: str) -> str:
     """``text`` without the provider credentials the upstream request carried (the values of

@@ -263,6 +263,7 @@ class DataPlane:
             tier=p.tier, would_deny=p.would_deny, tags=p.model_tags,
             principal_kind=p.principal_kind, token_issuer=p.token_issuer,
             token_subject=p.token_subject, call_tags=call_tags,
+            dlp=dict(p.dlp) or None, dlp_action=p.dlp_action,
         )
         if self.tracing is not None and principal is not None:
             # NOTE: an unknown key costs no span (unauthenticated work must cost almost nothing).

@@ -98,6 +98,8 @@ KeyNameExists = _error("KeyNameExists", 409, "key_name_exists")
 ApplicationNotFound = _error("ApplicationNotFound", 404, "application_not_found")
 ApplicationExists = _error("ApplicationExists", 409, "application_already_exists")
 OwnsApplications = _error("OwnsApplications", 409, "user_owns_applications")
+# A data protection policy with problems (``errors`` lists every one).
+InvalidPolicy = _error("InvalidPolicy", 400, "invalid_policy")
 KeyNotCurrent = _error("KeyNotCurrent", 409, "key_not_current")
 CannotModifyOwn = _error("CannotModifyOwn", 400, "cannot_modify_own_account")
 # A manager change that would make the reporting chain loop.

@@ -49,6 +49,11 @@ _REQUESTS = {(r, o): _key(f"requests:{r}:{o}") for r in ROUTES for o in OUTCOMES
 _DENIALS = {reason: _key(f"denials:{reason}") for reason in DENY_REASONS}
 _ATTEMPTS = {result: _key(f"attempts:{result}") for result in ATTEMPT_RESULTS}
 _RETRIES = _key("retries")
+# Data protection: detections by detector (the built-in ones by name, operators' patterns together
+# as "custom": bounded cardinality) and by the action the call took.
+DLP_DETECTORS = ("card", "iban", "email", "phone", "ssn", "ip", "secret", "custom")
+DLP_ACTIONS = ("block", "pseudonymize", "redact")
+_DLP = {(d, a): _key(f"dlp:{d}:{a}") for d in DLP_DETECTORS for a in DLP_ACTIONS}
 _UNCLASSIFIED = _key("unclassified_fields")
 # Per phase: one counter per bucket (not cumulative; the exposition sums them) and the sum in ns.
 _PHASE_BUCKETS = {ph: tuple(_key(f"phase:{ph}:{i}") for i in range(len(PHASE_BUCKETS_US) + 1)) for ph in PHASES}
@@ -113,6 +118,11 @@ class Metrics:
         cost; and the time to its first byte by the provider that served it. (The providers'
         answers by status class are counted per attempt: :meth:`attempt`.)"""
         add = self._segment.add
+        if row.dlp and row.dlp_action in DLP_ACTIONS:
+            for detector, n in row.dlp.items():
+                key = _DLP.get((detector if detector in DLP_DETECTORS else "custom", row.dlp_action))
+                if key is not None and n:
+                    add(key, n)
         if row.model_id:
             keys = self._models.get(row.model_id)
             if keys is None:
@@ -251,6 +261,10 @@ class Metrics:
         lines += [f'meshfast_requests_total{{route="{r}",outcome="{o}"}} {get(k)}' for (r, o), k in _REQUESTS.items()]
         lines += ["# HELP meshfast_denials_total Denied requests by reason.", "# TYPE meshfast_denials_total counter"]
         lines += [f'meshfast_denials_total{{reason="{reason}"}} {get(k)}' for reason, k in _DENIALS.items()]
+        lines += ["# HELP meshfast_dlp_detections_total Sensitive values data protection found, by detector and the "
+                  "action the call took.", "# TYPE meshfast_dlp_detections_total counter"]
+        lines += [f'meshfast_dlp_detections_total{{detector="{d}",action="{a}"}} {get(k)}'
+                  for (d, a), k in _DLP.items()]
         lines += ["# HELP meshfast_upstream_attempts_total Upstream attempts by result.",
                   "# TYPE meshfast_upstream_attempts_total counter"]
         lines += [f'meshfast_upstream_attempts_total{{result="{res}"}} {get(k)}' for res, k in _ATTEMPTS.items()]

@@ -315,6 +315,8 @@ class Config(msgspec.Struct):
     # Platform token issuers, meshfast's own first.
     issuers: list[Issuer] = []
     workflows: list[Workflow] = []
+    # Data protection: {"custom": [(name, pattern)], "policies": [...]} (meshfast.admin.dlp.to_config).
+    dlp: dict[str, Any] = {}
 
     def grant_pairs(self) -> Iterator[tuple[int, int]]:
         """(principal, model) indexes of every grant, the list's and the table's."""
@@ -458,6 +460,7 @@ async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
             "rules": await conn.fetch(sql.SNAPSHOT_RULES),
             "issuers": await conn.fetch(sql.SNAPSHOT_ISSUERS),
             "workflows": await conn.fetch(sql.SNAPSHOT_WORKFLOWS),
+            "dlp": await conn.fetch(sql.SNAPSHOT_DLP),
         }
 
 
@@ -472,6 +475,11 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
     model_index = {m.name: i for i, m in enumerate(config.models)}
     config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rows["rules"]]
     config.workflows = [workflow_from_row(row, principal_index) for row in rows.get("workflows", ())]
+    if rows.get("dlp"):
+        from meshfast.admin import dlp
+
+        provider_index = {p.name: i for i, p in enumerate(config.providers)}
+        config.dlp = dlp.to_config(list(rows["dlp"]), principal_index, model_index, provider_index)
     own = Issuer(**tokens.own_issuer(master_key))
     config.issuers = [own]
     for row in rows.get("issuers", ()):

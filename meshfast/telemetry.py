@@ -154,6 +154,9 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
     token_subject: str | None = None
     # The caller's attribution tags (X-Meshfast-Tags), validated at the edge.
     call_tags: dict[str, str] | None = None
+    # Data protection: matches by detector (never the values) and the strongest action taken.
+    dlp: dict[str, int] | None = None
+    dlp_action: str | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -167,7 +170,7 @@ COLUMNS = (
     "browser", "browser_version", "os", "os_version", "device_type", "count",
     "business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id",
     "tools_declared", "tools_declared_bytes", "tools_invoked", "cache_write_1h_tokens",
-    "principal_kind", "token_issuer", "token_subject", "call_tags",
+    "principal_kind", "token_issuer", "token_subject", "call_tags", "dlp", "dlp_action",
 )
 # What the outbox takes from a row's events (migration 0014), one array per column.
 INSERT_RULE_EVENTS = """
@@ -262,8 +265,17 @@ def to_record(row: Row) -> tuple[Any, ...]:
         _tags(row.tags) if row.tags else None, safe_text(row.trace_id, MAX_KEY_TEXT),
         *_tools(row), row.cache_write_1h_tokens,
         safe_text(row.principal_kind, MAX_KEY_TEXT), safe_text(row.token_issuer, 512),
-        safe_text(row.token_subject, 512), _call_tags(row.call_tags),
+        safe_text(row.token_subject, 512), _call_tags(row.call_tags), _dlp(row.dlp),
+        safe_text(row.dlp_action, MAX_KEY_TEXT),
     )
+
+
+def _dlp(value: dict[str, int] | None) -> str | None:
+    """Matches by detector as jsonb text (names cut to shape, counts as integers)."""
+    if not value:
+        return None
+    return json.dumps({safe_text(str(k), 64): int(v) for k, v in list(value.items())[:128]}, sort_keys=True,
+                      separators=(",", ":"))
 
 
 def _call_tags(value: dict[str, str] | None) -> str | None:

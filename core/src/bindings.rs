@@ -305,6 +305,12 @@ impl PyLease {
     }
 }
 
+/// Why `pattern` cannot be a data protection detector (None: it can).
+#[pyfunction]
+fn dlp_pattern_problem(pattern: &str) -> Option<String> {
+    crate::dlp::pattern_problem(pattern)
+}
+
 /// The principal behind an authenticated key or platform token.
 #[pyclass(frozen, get_all, name = "Principal", module = "meshfast._core")]
 struct PyPrincipal {
@@ -952,6 +958,14 @@ impl PyPrepared {
     #[getter]
     fn principal_kind(&self) -> Option<&'static str> {
         self.inner.principal_kind
+    }
+    #[getter]
+    fn dlp(&self) -> Vec<(String, u32)> {
+        self.inner.dlp.clone()
+    }
+    #[getter]
+    fn dlp_action(&self) -> Option<&'static str> {
+        self.inner.dlp_action
     }
     #[getter]
     fn model_id(&self) -> Option<&str> {
@@ -1617,6 +1631,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(known_request_fields, m)?)?;
     m.add_function(wrap_pyfunction!(encode_request, m)?)?;
     m.add_function(wrap_pyfunction!(redact_credentials, m)?)?;
+    m.add_function(wrap_pyfunction!(dlp_pattern_problem, m)?)?;
     m.add_function(wrap_pyfunction!(forbidden_address, m)?)?;
     m.add_function(wrap_pyfunction!(check_jwks, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;

@@ -3,6 +3,7 @@
 //! exercises without Python; `bindings` (feature `python`) is the only PyO3 module.
 
 pub mod content;
+pub mod dlp;
 pub mod entry;
 pub mod error;
 pub mod govern;

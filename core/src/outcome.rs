@@ -49,6 +49,8 @@ pub enum Outcome {
     InvalidRequest,
     /// `X-Meshfast-Tags` names a key not allowed or a value out of shape.
     InvalidTags,
+    /// A data protection policy blocks what the call carries (the detector is named, never the value).
+    SensitiveContentBlocked,
     ContentTypeNotSupportedByModel,
     WebSearchNotSupportedByModel,
     EmbeddingsNotSupportedByProvider,
@@ -127,7 +129,7 @@ pub const UNKNOWN_MESSAGE: &str = "The request could not be served.";
 
 impl Outcome {
     /// Every outcome, denials first in the order the metrics list them.
-    pub const ALL: [Outcome; 37] = [
+    pub const ALL: [Outcome; 38] = [
         Outcome::InvalidOrRevokedKey,
         Outcome::InvalidToken,
         Outcome::TokenExpired,
@@ -152,6 +154,7 @@ impl Outcome {
         Outcome::ProviderBusy,
         Outcome::InvalidRequest,
         Outcome::InvalidTags,
+        Outcome::SensitiveContentBlocked,
         Outcome::ContentTypeNotSupportedByModel,
         Outcome::WebSearchNotSupportedByModel,
         Outcome::EmbeddingsNotSupportedByProvider,
@@ -248,6 +251,11 @@ impl Outcome {
                 "invalid_tags",
                 400,
                 "X-Meshfast-Tags must be key=value pairs separated by ';' with allowed keys and values of at most 64 of A-Z a-z 0-9 . _ -.",
+            ),
+            O::SensitiveContentBlocked => Spec::denial(
+                "sensitive_content_blocked",
+                400,
+                "A data protection policy blocks sensitive content in this request.",
             ),
             O::ContentTypeNotSupportedByModel => Spec::denial(
                 "content_type_not_supported_by_model",
@@ -375,7 +383,12 @@ mod tests {
         (503, &["paused_by_admin", "server_busy", "provider_busy"]),
         (
             400,
-            &["invalid_request", "content_type_not_supported_by_model", "invalid_tags"],
+            &[
+                "invalid_request",
+                "content_type_not_supported_by_model",
+                "invalid_tags",
+                "sensitive_content_blocked",
+            ],
         ),
         (413, &["payload_too_large"]),
         (502, &["upstream_unavailable"]),

@@ -260,6 +260,9 @@ pub struct Prepared {
     pub token_subject: Option<String>,
     /// `user` or `application`, once the caller is known.
     pub principal_kind: Option<&'static str>,
+    /// What data protection found (matches by detector) and did (the strongest action).
+    pub dlp: Vec<(String, u32)>,
+    pub dlp_action: Option<&'static str>,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -715,6 +718,57 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         });
         return p;
     }
+
+    // Data protection, before anything is reserved or rendered: a match a policy blocks refuses
+    // the call; redaction and pseudonymization rewrite what goes upstream.
+    let mut protected_body: Option<Vec<u8>> = None;
+    if let Some(dlp) = snapshot.dlp.as_ref().as_ref() {
+        let person = &snapshot.principals[principal as usize];
+        if let Some(acts) = dlp.actions_for(
+            principal,
+            person.business_unit.as_deref(),
+            person.tier.as_deref(),
+            grant.model,
+            model.provider,
+            |leader| snapshot.in_organisation_of(principal, leader),
+        ) {
+            let protected = match (req.route, decoded.as_mut()) {
+                (Route::Entry(_), Some(d)) => Some(dlp.protect_request(&mut d.value, &acts)),
+                (Route::Proxy, _) => {
+                    let (found, body) = dlp.protect_proxy(req.body, &acts);
+                    protected_body = body;
+                    Some(found)
+                }
+                _ => None,
+            };
+            if let Some(found) = protected {
+                p.dlp_action = found.action.map(crate::dlp::Action::as_str);
+                p.dlp = found.counts;
+                if !found.blocked.is_empty() {
+                    let detail = format!("(detectors: {})", found.blocked.join(", "));
+                    p.deny(Outcome::SensitiveContentBlocked, Some(&detail), |out| {
+                        out.extend_from_slice(b",\"detectors\":[");
+                        for (i, detector) in found.blocked.iter().enumerate() {
+                            if i > 0 {
+                                out.push(b',');
+                            }
+                            write_str(out, detector);
+                        }
+                        out.push(b']');
+                    });
+                    return p;
+                }
+            }
+        }
+    }
+    let protected_req;
+    let req = match &protected_body {
+        Some(body) => {
+            protected_req = Request { body, ..*req };
+            &protected_req
+        }
+        None => req,
+    };
 
     // 5. Provider capability (embeddings, generate).
     let plan = &provider.plan;

@@ -44,6 +44,9 @@ struct RawConfig {
     /// Registered workflows (budgets of calls tagged `workflow=<id>`).
     #[serde(default)]
     workflows: Vec<RawWorkflow>,
+    /// Data protection: the enabled policies and the detectors they use.
+    #[serde(default)]
+    dlp: crate::dlp::RawDlp,
 }
 
 #[derive(Deserialize)]
@@ -585,6 +588,8 @@ pub struct Snapshot {
     tokens: Arc<TokenCache>,
     /// Registered workflows, and their index by id.
     pub workflows: Arc<Vec<Workflow>>,
+    /// Data protection (None: no policy is enabled).
+    pub dlp: Arc<Option<crate::dlp::Dlp>>,
     workflow_by_id: Arc<HashMap<String, u32>>,
     model_by_id: Arc<HashMap<String, u32>>,
     /// Every model name and alias.
@@ -1218,6 +1223,12 @@ impl Snapshot {
             })
             .collect();
 
+        let dlp =
+            crate::dlp::Dlp::build(raw.dlp, principals.len(), models.len(), providers.len()).unwrap_or_else(|found| {
+                e.extend(found);
+                None
+            });
+
         if raw.seq < 0 {
             errors.push(format!("seq {} is negative", raw.seq));
         }
@@ -1267,6 +1278,7 @@ impl Snapshot {
             tokens: Arc::default(),
             workflows: Arc::new(workflows),
             workflow_by_id: Arc::new(workflow_by_id),
+            dlp: Arc::new(dlp),
         })
     }
 

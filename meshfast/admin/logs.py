@@ -41,7 +41,7 @@ LIST_COLUMNS = (
     "os, device_type, count, business_unit, manager_id, tier, would_deny, tags AS model_tags, call_tags AS tags, "
     "trace_id, tools_declared, "
     "tools_declared_bytes, tools_invoked, cache_write_1h_tokens, principal_kind, mesh_key_id AS key_id, token_issuer, "
-    "token_subject, CASE WHEN principal_kind = 'application' THEN user_id END AS application_id"
+    "token_subject, CASE WHEN principal_kind = 'application' THEN user_id END AS application_id, dlp, dlp_action"
 )
 # A tool definition's prompt cost is estimated from its JSON size at this many bytes per token.
 BYTES_PER_TOKEN = 4
@@ -212,9 +212,10 @@ async def _edge_count(conn: asyncpg.Connection, q: Query, inner_from: dt.datetim
 
 def _log(r: asyncpg.Record) -> dict[str, Any]:
     out = dict(r)
-    if isinstance(out.get("tags"), str):
-        out["tags"] = json.loads(out["tags"])
-    for key in ("id", "user_id", "mesh_key_id", "provider_id", "model_id", "manager_id"):
+    for key in ("tags", "dlp"):
+        if isinstance(out.get(key), str):
+            out[key] = json.loads(out[key])
+    for key in ("id", "user_id", "mesh_key_id", "provider_id", "model_id", "manager_id", "application_id"):
         if out.get(key) is not None:
             out[key] = str(out[key])
     out["created_at"] = out["created_at"].isoformat()
@@ -546,6 +547,7 @@ EXPORT_HEADER = (
     "latency_ms", "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "count", "input_cost",
     "output_cost", "cost", "model_tags", "source_ip", "user_agent", "cache_write_1h_tokens", "tools_declared",
     "tools_invoked", "tags", "principal_kind", "key_id", "token_issuer", "token_subject", "application_id",
+    "dlp", "dlp_action",
 )
 # The export's columns as the rows hold them (the API's names differ for three).
 _EXPORT_SQL = {"cost": "(input_cost + output_cost) AS cost", "model_tags": "tags AS model_tags",

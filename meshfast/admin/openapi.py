@@ -61,6 +61,11 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/applications/{id}/policies", "An application's policies", None, 200),
     ("PUT", "/admin/applications/{id}/policies/{model}", "Set an application's policy on a model (upsert)",
      "PolicyBody", 200),
+    ("PUT", "/admin/dlp/policies/{name}", "Create or replace a data protection policy: an action per detector "
+     "(block, pseudonymize, redact, off), custom patterns, applies_to (400 invalid_policy lists every problem)",
+     None, 200),
+    ("GET", "/admin/dlp/policies", "Data protection policies", None, 200),
+    ("DELETE", "/admin/dlp/policies/{name}", "Delete a data protection policy", None, 200),
     ("POST", "/admin/workflows", "Register a workflow budget: calls tagged workflow=<id> reserve against limit_usd per "
      "window; principals (user_id, application_id, business_unit) limit who may charge it "
      "(409 workflow_already_exists)",

@@ -13,8 +13,9 @@ import msgspec
 from meshfast import errors, rules, tokens
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationCreate, ApplicationService
+from meshfast.admin.dlp import DlpService
 from meshfast.admin.issuers import IssuerCreate, IssuerService
-from meshfast.admin.rules import RuleService
+from meshfast.admin.rules import RuleService, decode_body
 from meshfast.admin.workflows import WorkflowCreate, WorkflowService
 from meshfast.secrets import Secrets
 
@@ -123,6 +124,11 @@ class AdminRouter:
             lambda a, b, id: self._ok(s.list_policies(id, "application")))
         add("PUT", r"/admin/applications/(?P<id>[^/]+)/policies/(?P<model>[^/]+)", lambda a, b, id, model: self._ok(
             s.put_policy(a.name, id, model, svc.decode(b, svc.PolicyBody), "application")))
+        self.dlp = d = DlpService(pool, service._write)
+        add("PUT", r"/admin/dlp/policies/(?P<name>[^/]+)",
+            lambda a, b, name: self._ok(d.put(a.name, name, decode_body(b))))
+        add("GET", r"/admin/dlp/policies", lambda a, b: self._ok(d.list()))
+        add("DELETE", r"/admin/dlp/policies/(?P<name>[^/]+)", lambda a, b, name: self._ok(d.delete(a.name, name)))
         self.workflows = w = WorkflowService(pool, service._write)
         add("POST", r"/admin/workflows", lambda a, b: self._created(w.create(a.name, svc.decode(b, WorkflowCreate))))
         add("GET", r"/admin/workflows", lambda a, b: self._ok(w.list()))

@@ -16,6 +16,7 @@ SNAPSHOT_RULES = "SELECT id, body FROM rules ORDER BY id"
 SNAPSHOT_WORKFLOWS = """
 SELECT id, uid::text AS uid, limit_nano_usd, "window", principals::text AS principals FROM workflows ORDER BY id
 """
+SNAPSHOT_DLP = "SELECT name, body::text AS body FROM dlp_policies ORDER BY name"
 SNAPSHOT_ISSUERS = """
 SELECT id::text AS id, issuer, audiences, algorithms, clock_skew_s, claims::text AS claims, jit_provisioning,
        COALESCE(jwks, fetched_jwks)::text AS jwks, jwks_url IS NOT NULL AS fetched, published_at

@@ -1,0 +1,972 @@
+//! Data protection: detectors of sensitive values in what callers send, and what a policy does
+//! with each match (block the call, redact the value, or leave it).
+//!
+//! A [`Scanner`] holds the built-in detectors (`card`, `iban`, `email`, `phone`, `ssn`, `ip`,
+//! `secret`) and an operator's named patterns, compiled once per snapshot. [`Scanner::scan`] finds
+//! the matches of the detectors asked for in one text: candidates come from regular expressions,
+//! then each detector's check confirms them (Luhn for cards, the ISO 13616 checksum for IBANs,
+//! the SSA's rules for SSNs, a parse for IPv6), so near misses pass untouched. Overlapping matches
+//! resolve to the earliest, then the longest.
+
+use regex::Regex;
+use std::fmt::Write as _;
+
+/// The built-in detectors, in API order.
+pub const BUILT_IN: [&str; 7] = ["card", "iban", "email", "phone", "ssn", "ip", "secret"];
+
+/// What a policy does with a detector's matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    Off,
+    Redact,
+    Pseudonymize,
+    Block,
+}
+
+impl Action {
+    #[must_use]
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "off" => Self::Off,
+            "redact" => Self::Redact,
+            "pseudonymize" => Self::Pseudonymize,
+            "block" => Self::Block,
+            _ => return None,
+        })
+    }
+
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Redact => "redact",
+            Self::Pseudonymize => "pseudonymize",
+            Self::Block => "block",
+        }
+    }
+}
+
+/// One match: the detector (its index in [`Scanner::names`]) and the byte range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub detector: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+struct Detector {
+    name: String,
+    pattern: Regex,
+    check: fn(&str) -> bool,
+}
+
+/// The detectors of one snapshot.
+pub struct Scanner {
+    detectors: Vec<Detector>,
+}
+
+impl std::fmt::Debug for Scanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.detectors.iter().map(|d| &d.name)).finish()
+    }
+}
+
+fn any(_: &str) -> bool {
+    true
+}
+
+fn digits(text: &str) -> impl Iterator<Item = u32> + '_ {
+    text.chars().filter_map(|c| c.to_digit(10))
+}
+
+/// A payment card number: 13 to 19 digits, together or grouped as cards print them (4-4-4-4,
+/// 4-4-4-4-3, 4-6-5, 4-6-4, with spaces or hyphens), a known leading digit (2 to 6) and a valid
+/// Luhn check digit.
+#[must_use]
+pub fn card_ok(text: &str) -> bool {
+    let groups: Vec<usize> = text.split([' ', '-']).map(str::len).collect();
+    if groups.len() > 1
+        && !matches!(
+            groups.as_slice(),
+            [4, 4, 4, 4] | [4, 4, 4, 4, 3] | [4, 6, 5] | [4, 6, 4]
+        )
+    {
+        return false;
+    }
+    let ds: Vec<u32> = digits(text).collect();
+    if !(13..=19).contains(&ds.len()) || !(2..=6).contains(&ds[0]) {
+        return false;
+    }
+    let sum: u32 = ds
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            if i % 2 == 1 {
+                if d * 2 > 9 {
+                    d * 2 - 9
+                } else {
+                    d * 2
+                }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum % 10 == 0
+}
+
+/// An IBAN: the country and check digits, then the account (spaces allowed), whose ISO 13616
+/// remainder (mod 97) is 1.
+#[must_use]
+pub fn iban_ok(text: &str) -> bool {
+    let compact: Vec<u8> = text.bytes().filter(|b| *b != b' ').collect();
+    if !(15..=34).contains(&compact.len()) {
+        return false;
+    }
+    let mut remainder: u32 = 0;
+    for &b in compact[4..].iter().chain(&compact[..4]) {
+        let value = match b {
+            b'0'..=b'9' => u32::from(b - b'0'),
+            b'A'..=b'Z' => u32::from(b - b'A') + 10,
+            _ => return false,
+        };
+        remainder = if value >= 10 {
+            (remainder * 100 + value) % 97
+        } else {
+            (remainder * 10 + value) % 97
+        };
+    }
+    remainder == 1
+}
+
+/// A US Social Security number as the SSA issues them: area not 000, 666 or 9xx, group not 00,
+/// serial not 0000.
+#[must_use]
+pub fn ssn_ok(text: &str) -> bool {
+    let ds: Vec<u32> = digits(text).collect();
+    if ds.len() != 9 {
+        return false;
+    }
+    let area = ds[0] * 100 + ds[1] * 10 + ds[2];
+    let group = ds[3] * 10 + ds[4];
+    let serial = ds[5..].iter().fold(0, |n, d| n * 10 + d);
+    area != 0 && area != 666 && area < 900 && group != 0 && serial != 0
+}
+
+fn ipv6_ok(text: &str) -> bool {
+    text.matches(':').count() >= 2 && text.parse::<std::net::Ipv6Addr>().is_ok()
+}
+
+fn phone_ok(text: &str) -> bool {
+    let n = digits(text).count();
+    (8..=15).contains(&n)
+}
+
+const BUILT_IN_PATTERNS: [(&str, &str, fn(&str) -> bool); 7] = [
+    ("card", r"\b[2-6]\d{3}(?:[ -]?\d){9,15}\b", card_ok),
+    ("iban", r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b", iban_ok),
+    (
+        "email",
+        r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}\b",
+        any,
+    ),
+    (
+        "phone",
+        r"(?:\+[1-9](?:[ .-]?\d){7,14}\b|(?:\(\d{3}\) ?|\b\d{3}[ .-])\d{3}[ .-]\d{4}\b|\b0\d{1,4}[ -]\d{3,4}[ -]\d{3,4}\b)",
+        phone_ok,
+    ),
+    ("ssn", r"\b\d{3}-\d{2}-\d{4}\b", ssn_ok),
+    (
+        "ip",
+        r"\b(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\b|[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}",
+        ip_ok,
+    ),
+    (
+        "secret",
+        concat!(
+            r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z]+ )*PRIVATE KEY-----",
+            r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+            r"|\bgh[pousr]_[A-Za-z0-9]{36,255}\b|\bgithub_pat_[A-Za-z0-9_]{22,255}\b",
+            r"|\bglpat-[A-Za-z0-9_-]{20,}",
+            r"|\bsk-ant-[A-Za-z0-9_-]{20,}|\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}",
+            r"|\bxox[abposr]-[A-Za-z0-9-]{10,}",
+            r"|\bAIza[0-9A-Za-z_-]{35}",
+            r"|\bmesh_live_[A-Za-z0-9_-]{20,}",
+            r"|\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}",
+        ),
+        any,
+    ),
+];
+
+fn ip_ok(text: &str) -> bool {
+    if text.contains(':') {
+        ipv6_ok(text)
+    } else {
+        text.parse::<std::net::Ipv4Addr>().is_ok()
+    }
+}
+
+/// The longest custom pattern accepted, and the most per snapshot.
+pub const MAX_PATTERN_BYTES: usize = 1000;
+pub const MAX_CUSTOM: usize = 100;
+
+/// Why an operator's pattern cannot be a detector.
+pub fn pattern_problem(pattern: &str) -> Option<String> {
+    if pattern.is_empty() || pattern.len() > MAX_PATTERN_BYTES {
+        return Some(format!("must be 1 to {MAX_PATTERN_BYTES} bytes"));
+    }
+    match regex::RegexBuilder::new(pattern).size_limit(1 << 20).build() {
+        Ok(re) if re.is_match("") => Some("matches the empty text".to_owned()),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string().lines().last().unwrap_or("does not compile").to_owned()),
+    }
+}
+
+impl Scanner {
+    /// The built-in detectors and `custom` (name, pattern) ones; Err lists the patterns that do
+    /// not compile.
+    pub fn new(custom: &[(String, String)]) -> Result<Self, Vec<String>> {
+        let mut detectors: Vec<Detector> = BUILT_IN_PATTERNS
+            .iter()
+            .map(|(name, pattern, check)| Detector {
+                name: (*name).to_owned(),
+                pattern: Regex::new(pattern).expect("a built-in detector compiles"),
+                check: *check,
+            })
+            .collect();
+        let mut problems = Vec::new();
+        for (name, pattern) in custom.iter().take(MAX_CUSTOM) {
+            match pattern_problem(pattern) {
+                Some(problem) => problems.push(format!("custom detector {name:?}: {problem}")),
+                None => detectors.push(Detector {
+                    name: name.clone(),
+                    pattern: regex::RegexBuilder::new(pattern)
+                        .size_limit(1 << 20)
+                        .build()
+                        .expect("checked above"),
+                    check: any,
+                }),
+            }
+        }
+        if problems.is_empty() {
+            Ok(Self { detectors })
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The detectors' names, by index.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.detectors.iter().map(|d| d.name.as_str())
+    }
+
+    #[must_use]
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.detectors.iter().position(|d| d.name == name)
+    }
+
+    #[must_use]
+    pub fn name(&self, index: usize) -> &str {
+        &self.detectors[index].name
+    }
+
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.detectors.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.detectors.is_empty()
+    }
+
+    /// The confirmed matches in `text` of the detectors `wanted` says yes to, in order, without
+    /// overlaps (the earliest wins, then the longest).
+    pub fn scan(&self, text: &str, wanted: impl Fn(usize) -> bool) -> Vec<Found> {
+        let mut found: Vec<Found> = Vec::new();
+        for (i, d) in self.detectors.iter().enumerate() {
+            if !wanted(i) {
+                continue;
+            }
+            for m in d.pattern.find_iter(text) {
+                if (d.check)(m.as_str()) {
+                    found.push(Found {
+                        detector: i,
+                        start: m.start(),
+                        end: m.end(),
+                    });
+                }
+            }
+        }
+        found.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
+        let mut out: Vec<Found> = Vec::with_capacity(found.len());
+        for f in found {
+            if out.last().is_none_or(|last| f.start >= last.end) {
+                out.push(f);
+            }
+        }
+        out
+    }
+}
+
+/// `text` with each match replaced: `[REDACTED:<detector>]` for redaction, `pseudonym(match)`
+/// for pseudonymization (detectors whose action is neither keep their text).
+pub fn rewrite(
+    text: &str,
+    found: &[Found],
+    scanner: &Scanner,
+    action: impl Fn(usize) -> Action,
+    mut pseudonym: impl FnMut(usize, &str) -> String,
+) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for f in found {
+        out.push_str(&text[at..f.start]);
+        match action(f.detector) {
+            Action::Redact | Action::Block => {
+                let _ = write!(out, "[REDACTED:{}]", scanner.name(f.detector));
+            }
+            Action::Pseudonymize => out.push_str(&pseudonym(f.detector, &text[f.start..f.end])),
+            Action::Off => out.push_str(&text[f.start..f.end]),
+        }
+        at = f.end;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// A data protection policy as the snapshot's config carries it (meshfast.snapshot): its action
+/// per detector name, and whom it applies to (model, provider and principal indexes, business
+/// units, tiers; every list empty: every call; AND across lists, OR within one; people and
+/// applications share `principals`).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct RawPolicy {
+    pub name: String,
+    #[serde(default)]
+    pub actions: Vec<(String, String)>,
+    #[serde(default)]
+    pub models: Vec<i64>,
+    #[serde(default)]
+    pub providers: Vec<i64>,
+    #[serde(default)]
+    pub business_units: Vec<String>,
+    #[serde(default)]
+    pub tiers: Vec<String>,
+    #[serde(default)]
+    pub principals: Vec<i64>,
+    /// Leaders (principal indexes): the policy covers their organisations.
+    #[serde(default)]
+    pub leaders: Vec<i64>,
+}
+
+/// The enabled policies of a snapshot and the detectors they use.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct RawDlp {
+    /// The operators' named patterns (every policy's, one name one pattern).
+    #[serde(default)]
+    pub custom: Vec<(String, String)>,
+    #[serde(default)]
+    pub policies: Vec<RawPolicy>,
+}
+
+/// One compiled policy.
+#[derive(Debug)]
+pub struct Policy {
+    pub name: String,
+    /// By detector index ([`Scanner`]).
+    pub actions: Vec<Action>,
+    pub models: Vec<u32>,
+    pub providers: Vec<u32>,
+    pub business_units: Vec<String>,
+    pub tiers: Vec<String>,
+    pub principals: Vec<u32>,
+    pub leaders: Vec<u32>,
+}
+
+/// The snapshot's data protection: one scanner, the policies.
+#[derive(Debug)]
+pub struct Dlp {
+    pub scanner: Scanner,
+    pub policies: Vec<Policy>,
+}
+
+/// What protection did to one call.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Protected {
+    /// Matches by detector name, in detector order.
+    pub counts: Vec<(String, u32)>,
+    /// The strongest action taken.
+    pub action: Option<Action>,
+    /// The detectors whose matches block the call.
+    pub blocked: Vec<String>,
+}
+
+impl Dlp {
+    /// Compiles `raw` against the snapshot's sizes; Err lists every problem.
+    pub fn build(raw: RawDlp, principals: usize, models: usize, providers: usize) -> Result<Option<Self>, Vec<String>> {
+        if raw.policies.is_empty() {
+            return Ok(None);
+        }
+        let scanner = Scanner::new(&raw.custom)?;
+        let mut problems = Vec::new();
+        let index = |problems: &mut Vec<String>, what: String, i: i64, len: usize| -> u32 {
+            if i < 0 || i as usize >= len {
+                problems.push(format!("{what}: index {i} out of range"));
+                0
+            } else {
+                i as u32
+            }
+        };
+        let policies = raw
+            .policies
+            .into_iter()
+            .map(|p| {
+                let mut actions = vec![Action::Off; scanner.len()];
+                for (name, action) in &p.actions {
+                    match (scanner.index(name), Action::parse(action)) {
+                        (Some(d), Some(a)) => actions[d] = a,
+                        _ => problems.push(format!("dlp policy {:?}: {name:?} -> {action:?}", p.name)),
+                    }
+                }
+                let what = format!("dlp policy {:?}", p.name);
+                Policy {
+                    models: p
+                        .models
+                        .iter()
+                        .map(|&i| index(&mut problems, what.clone(), i, models))
+                        .collect(),
+                    providers: p
+                        .providers
+                        .iter()
+                        .map(|&i| index(&mut problems, what.clone(), i, providers))
+                        .collect(),
+                    principals: p
+                        .principals
+                        .iter()
+                        .map(|&i| index(&mut problems, what.clone(), i, principals))
+                        .collect(),
+                    leaders: p
+                        .leaders
+                        .iter()
+                        .map(|&i| index(&mut problems, what.clone(), i, principals))
+                        .collect(),
+                    name: p.name,
+                    actions,
+                    business_units: p.business_units,
+                    tiers: p.tiers,
+                }
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(Some(Self { scanner, policies }))
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The strongest action of every policy that applies to a call, by detector; None when no
+    /// detector is on for it.
+    #[must_use]
+    pub fn actions_for(
+        &self,
+        principal: u32,
+        business_unit: Option<&str>,
+        tier: Option<&str>,
+        model: u32,
+        provider: u32,
+        in_organisation_of: impl Fn(u32) -> bool,
+    ) -> Option<Vec<Action>> {
+        let listed = |list: &[String], value: Option<&str>| {
+            list.is_empty() || value.is_some_and(|v| list.iter().any(|x| x == v))
+        };
+        let mut out: Option<Vec<Action>> = None;
+        for p in &self.policies {
+            let applies = (p.models.is_empty() || p.models.contains(&model))
+                && (p.providers.is_empty() || p.providers.contains(&provider))
+                && (p.principals.is_empty() || p.principals.contains(&principal))
+                && (p.leaders.is_empty() || p.leaders.iter().any(|&l| in_organisation_of(l)))
+                && listed(&p.business_units, business_unit)
+                && listed(&p.tiers, tier);
+            if !applies {
+                continue;
+            }
+            let acts = out.get_or_insert_with(|| vec![Action::Off; p.actions.len()]);
+            for (a, b) in acts.iter_mut().zip(&p.actions) {
+                *a = (*a).max(*b);
+            }
+        }
+        out.filter(|acts| acts.iter().any(|a| *a != Action::Off))
+    }
+
+    /// Scans and rewrites one text in place; false when a match blocks the call (the text is
+    /// then left as it was).
+    pub fn protect(&self, text: &mut String, acts: &[Action], out: &mut Protected, names: &mut Pseudonyms) -> bool {
+        if text.is_empty() {
+            return true;
+        }
+        let found = self.scanner.scan(text, |d| acts[d] != Action::Off);
+        if found.is_empty() {
+            return true;
+        }
+        for f in &found {
+            let name = self.scanner.name(f.detector);
+            match out.counts.iter_mut().find(|(n, _)| n == name) {
+                Some((_, c)) => *c += 1,
+                None => out.counts.push((name.to_owned(), 1)),
+            }
+            let action = acts[f.detector];
+            out.action = out.action.max(Some(action));
+            if action == Action::Block && !out.blocked.iter().any(|b| b == name) {
+                out.blocked.push(name.to_owned());
+            }
+        }
+        if !out.blocked.is_empty() {
+            return false;
+        }
+        *text = rewrite(
+            text,
+            &found,
+            &self.scanner,
+            |d| acts[d],
+            |d, v| names.get(self.scanner.name(d), v),
+        );
+        true
+    }
+
+    /// Every text a chat request carries (system, messages, tool calls and results, shown
+    /// reasoning), protected in place.
+    pub fn protect_request(&self, request: &mut crate::translate::Request, acts: &[Action]) -> Protected {
+        use crate::translate::Block;
+        let mut out = Protected::default();
+        let mut names = Pseudonyms::default();
+        // NOTE: every text is scanned even once one blocks, so the refusal names every detector.
+        for part in &mut request.system {
+            self.protect(part, acts, &mut out, &mut names);
+        }
+        for message in &mut request.messages {
+            for block in &mut message.content {
+                match block {
+                    Block::Text(text) | Block::Thinking { text, .. } => self.protect(text, acts, &mut out, &mut names),
+                    Block::ToolCall(call) => self.protect(&mut call.arguments, acts, &mut out, &mut names),
+                    Block::ToolResult(result) => self.protect(&mut result.content, acts, &mut out, &mut names),
+                    _ => true,
+                };
+            }
+        }
+        self.order(&mut out);
+        out
+    }
+
+    fn order(&self, out: &mut Protected) {
+        out.counts.sort_by_key(|(name, _)| self.scanner.index(name));
+    }
+
+    /// A `/v1/proxy` body (`query` and the text blocks of `content`): what protection did, and the
+    /// body to send on when it rewrote something (None: as it came). A body that does not parse
+    /// is left to the route's own validation.
+    pub fn protect_proxy(&self, body: &[u8], acts: &[Action]) -> (Protected, Option<Vec<u8>>) {
+        let mut out = Protected::default();
+        let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return (out, None);
+        };
+        let mut names = Pseudonyms::default();
+        let mut changed = false;
+        let mut visit = |text: &mut serde_json::Value, out: &mut Protected| -> bool {
+            if let serde_json::Value::String(s) = text {
+                let before = s.len();
+                let mut owned = std::mem::take(s);
+                let original = owned.clone();
+                let ok = self.protect(&mut owned, acts, out, &mut names);
+                changed |= owned != original || owned.len() != before;
+                *s = owned;
+                return ok;
+            }
+            true
+        };
+        if let Some(query) = value.get_mut("query") {
+            visit(query, &mut out);
+        }
+        if let Some(serde_json::Value::Array(blocks)) = value.get_mut("content") {
+            for block in blocks {
+                if let Some(text) = block.get_mut("text") {
+                    visit(text, &mut out);
+                }
+            }
+        }
+        self.order(&mut out);
+        if !changed || !out.blocked.is_empty() {
+            return (out, None);
+        }
+        (out, serde_json::to_vec(&value).ok())
+    }
+}
+
+/// A call's surrogates: the same value gets the same one within the call, shaped like the value
+/// (a Luhn-valid card number of its length and grouping, an IBAN of its country with valid check
+/// digits, an address at `example.invalid`, a number in the reserved 555 range, an SSN in the
+/// never-issued 9xx area, an address in the documentation ranges), never a real one.
+#[derive(Debug, Default)]
+pub struct Pseudonyms {
+    by_value: std::collections::HashMap<String, String>,
+}
+
+impl Pseudonyms {
+    pub fn get(&mut self, detector: &str, value: &str) -> String {
+        if let Some(found) = self.by_value.get(value) {
+            return found.clone();
+        }
+        let n = self.by_value.len() + 1;
+        let made = surrogate(detector, value, n);
+        self.by_value.insert(value.to_owned(), made.clone());
+        made
+    }
+
+    /// Surrogate → original, for restoring an answer.
+    #[must_use]
+    pub fn originals(&self) -> Vec<(String, String)> {
+        self.by_value.iter().map(|(v, s)| (s.clone(), v.clone())).collect()
+    }
+}
+
+/// `value`'s digits replaced, in place, by `digits` (its other characters kept).
+fn reshape(value: &str, digits: &[u32]) -> String {
+    let mut it = digits.iter();
+    value
+        .chars()
+        .map(|c| {
+            if c.is_ascii_digit() {
+                it.next().and_then(|d| char::from_digit(*d, 10)).unwrap_or('0')
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+fn numbered(len: usize, lead: &[u32], n: usize) -> Vec<u32> {
+    let mut ds = lead.to_vec();
+    let tail: Vec<u32> = format!("{n:0width$}", width = len.saturating_sub(lead.len()))
+        .chars()
+        .filter_map(|c| c.to_digit(10))
+        .collect();
+    ds.extend(tail.iter().rev().take(len.saturating_sub(lead.len())).rev());
+    ds.truncate(len);
+    while ds.len() < len {
+        ds.push(0);
+    }
+    ds
+}
+
+fn surrogate(detector: &str, value: &str, n: usize) -> String {
+    match detector {
+        "card" => {
+            let len = value.chars().filter(char::is_ascii_digit).count();
+            let mut ds = numbered(len - 1, &[4, 0, 0, 0, 0, 0], n);
+            ds.push(0);
+            for check in 0..10 {
+                ds[len - 1] = check;
+                let text: String = ds.iter().filter_map(|d| char::from_digit(*d, 10)).collect();
+                if card_ok(&text) {
+                    break;
+                }
+            }
+            reshape(value, &ds)
+        }
+        "iban" => {
+            let compact: String = value.chars().filter(|c| *c != ' ').collect();
+            let country = &compact[..2];
+            let bban: String = format!("{n:0width$}", width = compact.len() - 4);
+            let mut check = 0;
+            for c in 2..=98u32 {
+                if iban_ok(&format!("{country}{c:02}{bban}")) {
+                    check = c;
+                    break;
+                }
+            }
+            let made = format!("{country}{check:02}{bban}");
+            if value.contains(' ') {
+                made.as_bytes()
+                    .chunks(4)
+                    .map(|c| String::from_utf8_lossy(c).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            } else {
+                made
+            }
+        }
+        "email" => format!("person{n}@example.invalid"),
+        "phone" => {
+            let len = value.chars().filter(char::is_ascii_digit).count();
+            reshape(value, &numbered(len, &[5, 5, 5, 0, 1], n))
+        }
+        "ssn" => reshape(value, &numbered(9, &[9, 0, 0], n)),
+        "ip" if value.contains(':') => format!("2001:db8::{n:x}"),
+        "ip" => format!("192.0.2.{}", n % 255),
+        other => format!("[{other}-{n}]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scanner() -> Scanner {
+        Scanner::new(&[("ticket".into(), r"\bTCK-\d{6}\b".into())]).unwrap()
+    }
+
+    fn names(text: &str) -> Vec<(String, String)> {
+        let s = scanner();
+        s.scan(text, |_| true)
+            .iter()
+            .map(|f| (s.name(f.detector).to_owned(), text[f.start..f.end].to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn valid_values_are_found_and_near_misses_pass() {
+        for (text, detector) in [
+            ("pay with 4111 1111 1111 1111 today", "card"),
+            ("card 5500-0000-0000-0004", "card"),
+            ("amex 378282246310005", "card"),
+            ("iban DE89 3704 0044 0532 0130 00 please", "iban"),
+            ("GB82WEST12345698765432", "iban"),
+            ("write to ada.lovelace+news@example.co.uk", "email"),
+            ("call +44 20 7946 0958", "phone"),
+            ("call (415) 555-2671", "phone"),
+            ("ssn 123-45-6789", "ssn"),
+            ("host 192.168.10.254", "ip"),
+            ("v6 2001:db8::8a2e:370:7334", "ip"),
+            ("key AKIAIOSFODNN7EXAMPLE", "secret"),
+            ("ghp_abcdefghijklmnopqrstuvwxyz0123456789", "secret"),
+            ("sk-proj-abcdefghijklmnopqrstuvwx", "secret"),
+            ("sk-ant-api03-abcdefghijklmnopqrstuv", "secret"),
+            (
+                "-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----",
+                "secret",
+            ),
+            ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abcdefghijklmnop", "secret"),
+            ("ticket TCK-123456 is open", "ticket"),
+        ] {
+            let got = names(text);
+            assert!(got.iter().any(|(n, _)| n == detector), "{text:?} -> {got:?}");
+        }
+        for near_miss in [
+            "4111 1111 1111 1112",         // Luhn fails
+            "1111 1111 1111 1117",         // no card starts with 1
+            "DE89 3704 0044 0532 0130 01", // checksum fails
+            "000-12-3456",                 // area 000
+            "666-12-3456",
+            "123-00-4567",
+            "999.1.1.1",
+            "version 1.2.3",
+            "a:b:c",
+            "not an email@",
+            "TCK-12345",
+        ] {
+            let got = names(near_miss);
+            assert!(
+                got.iter()
+                    .all(|(n, _)| !matches!(n.as_str(), "card" | "iban" | "ssn" | "ip" | "email" | "ticket")),
+                "{near_miss:?} -> {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn overlaps_resolve_to_the_earliest_then_the_longest() {
+        let s = scanner();
+        let text = "mail ops@192.168.1.1.example.com";
+        let found = s.scan(text, |_| true);
+        for pair in found.windows(2) {
+            assert!(pair[0].end <= pair[1].start);
+        }
+    }
+
+    #[test]
+    fn bad_custom_patterns_are_listed() {
+        let err = Scanner::new(&[("a".into(), "(".into()), ("b".into(), ".*".into())]).unwrap_err();
+        assert_eq!(err.len(), 2, "{err:?}");
+        assert!(pattern_problem(&"a".repeat(MAX_PATTERN_BYTES + 1)).is_some());
+    }
+
+    #[test]
+    fn rewrite_redacts_and_pseudonymizes() {
+        let s = scanner();
+        let text = "card 4111111111111111 and mail a@b.io";
+        let found = s.scan(text, |_| true);
+        let card = s.index("card").unwrap();
+        let out = rewrite(
+            text,
+            &found,
+            &s,
+            |d| {
+                if d == card {
+                    Action::Redact
+                } else {
+                    Action::Pseudonymize
+                }
+            },
+            |_, v| format!("<{}>", v.len()),
+        );
+        assert_eq!(out, "card [REDACTED:card] and mail <6>");
+    }
+
+    fn dlp(policies: Vec<RawPolicy>) -> Dlp {
+        let raw = RawDlp {
+            custom: vec![("ticket".into(), r"\bTCK-\d{6}\b".into())],
+            policies,
+        };
+        Dlp::build(raw, 10, 3, 2).unwrap().unwrap()
+    }
+
+    fn policy(name: &str, actions: &[(&str, &str)]) -> RawPolicy {
+        RawPolicy {
+            name: name.into(),
+            actions: actions.iter().map(|(d, a)| ((*d).into(), (*a).into())).collect(),
+            ..RawPolicy::default()
+        }
+    }
+
+    #[test]
+    fn policies_merge_to_the_strongest_action_where_they_apply() {
+        let mut only_model_1 = policy("narrow", &[("card", "block")]);
+        only_model_1.models = vec![1];
+        let d = dlp(vec![policy("wide", &[("card", "redact"), ("email", "pseudonymize")]), only_model_1]);
+        let card = d.scanner.index("card").unwrap();
+        let email = d.scanner.index("email").unwrap();
+        let on_0 = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
+        let on_1 = d.actions_for(0, None, None, 1, 0, |_| false).unwrap();
+        assert_eq!((on_0[card], on_0[email]), (Action::Redact, Action::Pseudonymize));
+        assert_eq!((on_1[card], on_1[email]), (Action::Block, Action::Pseudonymize));
+        let mut for_unit = policy("unit", &[("ssn", "block")]);
+        for_unit.business_units = vec!["risk".into()];
+        let d = dlp(vec![for_unit]);
+        assert!(d.actions_for(0, Some("ops"), None, 0, 0, |_| false).is_none());
+        assert!(d.actions_for(0, Some("risk"), None, 0, 0, |_| false).is_some());
+        assert!(Dlp::build(RawDlp::default(), 1, 1, 1).unwrap().is_none());
+        let mut bad = policy("bad", &[("dna", "block")]);
+        bad.models = vec![7];
+        assert_eq!(Dlp::build(RawDlp { custom: vec![], policies: vec![bad] }, 1, 1, 1).unwrap_err().len(), 2);
+    }
+
+    #[test]
+    fn a_request_is_protected_in_every_text_it_carries() {
+        use crate::translate::{Block, Message, Request, Role, ToolCall, ToolResult};
+        let d = dlp(vec![policy("p", &[("card", "redact"), ("email", "pseudonymize"), ("ticket", "redact")])]);
+        let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
+        let mut request = Request {
+            system: vec!["mail ada@example.com".into()],
+            messages: vec![
+                Message { role: Role::User, content: vec![Block::Text("card 4111111111111111, TCK-123456".into())] },
+                Message {
+                    role: Role::Assistant,
+                    content: vec![Block::ToolCall(ToolCall {
+                        id: "1".into(),
+                        name: "f".into(),
+                        arguments: "{\"to\":\"ada@example.com\"}".into(),
+                        signature: None,
+                    })],
+                },
+                Message {
+                    role: Role::User,
+                    content: vec![Block::ToolResult(ToolResult {
+                        id: "1".into(),
+                        name: "f".into(),
+                        content: "sent to bob@example.org".into(),
+                        is_error: false,
+                    })],
+                },
+            ],
+            ..Request::default()
+        };
+        let found = d.protect_request(&mut request, &acts);
+        assert_eq!(found.action, Some(Action::Pseudonymize));
+        assert!(found.blocked.is_empty());
+        let text = format!("{request:?}");
+        assert!(!text.contains("4111111111111111") && !text.contains("ada@example.com") && !text.contains("bob@"));
+        assert!(text.contains("[REDACTED:card]") && text.contains("[REDACTED:ticket]"));
+        // The same value, the same surrogate within the call.
+        assert_eq!(text.matches("person1@example.invalid").count(), 2, "{text}");
+        assert!(text.contains("person2@example.invalid"));
+        assert_eq!(found.counts, vec![("card".into(), 1), ("email".into(), 3), ("ticket".into(), 1)]);
+    }
+
+    #[test]
+    fn blocking_names_every_detector_and_rewrites_nothing_in_a_proxy_body() {
+        let d = dlp(vec![policy("p", &[("card", "block"), ("ssn", "block"), ("iban", "redact")])]);
+        let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
+        let body = br#"{"query":"4111 1111 1111 1111","content":[{"type":"text","text":"ssn 123-45-6789"}]}"#;
+        let (found, rewritten) = d.protect_proxy(body, &acts);
+        assert_eq!(found.blocked, vec!["card".to_owned(), "ssn".to_owned()]);
+        assert!(rewritten.is_none());
+        let (found, rewritten) = d.protect_proxy(br#"{"query":"iban GB82WEST12345698765432"}"#, &acts);
+        assert_eq!(found.action, Some(Action::Redact));
+        assert_eq!(rewritten.unwrap(), br#"{"query":"iban [REDACTED:iban]"}"#.to_vec());
+        assert_eq!(d.protect_proxy(b"not json", &acts), (Protected::default(), None));
+    }
+
+    #[test]
+    fn surrogates_keep_the_shape_and_are_never_real() {
+        let mut names = Pseudonyms::default();
+        let card = names.get("card", "4111 1111 1111 1111");
+        assert_eq!(card.len(), 19);
+        assert!(card_ok(&card) && card != "4111 1111 1111 1111", "{card}");
+        let iban = names.get("iban", "DE89 3704 0044 0532 0130 00");
+        assert!(iban.starts_with("DE") && iban_ok(&iban), "{iban}");
+        let ssn = names.get("ssn", "123-45-6789");
+        assert!(ssn.starts_with('9') && !ssn_ok(&ssn), "{ssn}");
+        assert_eq!(names.get("card", "4111 1111 1111 1111"), card);
+        assert_eq!(names.originals().len(), 3);
+    }
+
+    fn luhn_number(prefix: u32, body: &[u32]) -> String {
+        let mut ds: Vec<u32> = vec![prefix];
+        ds.extend_from_slice(body);
+        for check in 0..10 {
+            let mut all = ds.clone();
+            all.push(check);
+            let s: String = all.iter().map(|d| char::from_digit(*d, 10).unwrap()).collect();
+            if card_ok(&s) {
+                return s;
+            }
+        }
+        unreachable!()
+    }
+
+    proptest! {
+        /// Every Luhn-valid number of a card's length and leading digit is found, with or without
+        /// separators, and changing one digit of it is never a card.
+        #[test]
+        fn prop_cards_are_found_by_their_checksum(prefix in 2u32..=6, body in proptest::collection::vec(0u32..10, 14),
+                                                 sep in prop::sample::select(vec!["", " ", "-"]), flip in 1usize..15) {
+            let number = luhn_number(prefix, &body);
+            let shown: String = number.chars().collect::<Vec<_>>().chunks(4)
+                .map(|c| c.iter().collect::<String>()).collect::<Vec<_>>().join(sep);
+            let text = format!("x {shown} y");
+            let s = scanner();
+            let card = s.index("card").unwrap();
+            prop_assert!(s.scan(&text, |d| d == card).len() == 1, "{}", text);
+            let mut changed: Vec<char> = number.chars().collect();
+            let d = changed[flip].to_digit(10).unwrap();
+            changed[flip] = char::from_digit((d + 1) % 10, 10).unwrap();
+            let changed: String = changed.into_iter().collect();
+            prop_assert!(!card_ok(&changed));
+        }
+
+        /// The scanner never panics and its matches are in order, inside the text, on char
+        /// boundaries, without overlaps.
+        #[test]
+        fn prop_scan_is_well_formed(text in "\\PC{0,200}") {
+            let s = scanner();
+            let found = s.scan(&text, |_| true);
+            let mut at = 0;
+            for f in &found {
+                prop_assert!(f.start >= at && f.start < f.end && f.end <= text.len());
+                prop_assert!(text.is_char_boundary(f.start) && text.is_char_boundary(f.end));
+                at = f.end;
+            }
+        }
+    }
+}
