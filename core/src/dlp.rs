@@ -113,7 +113,7 @@ pub fn card_ok(text: &str) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// An IBAN: the country and check digits, then the account (spaces allowed), whose ISO 13616
@@ -163,7 +163,10 @@ fn phone_ok(text: &str) -> bool {
     (8..=15).contains(&n)
 }
 
-const BUILT_IN_PATTERNS: [(&str, &str, fn(&str) -> bool); 7] = [
+/// A detector's name, candidate pattern and confirming check.
+type BuiltIn = (&'static str, &'static str, fn(&str) -> bool);
+
+const BUILT_IN_PATTERNS: [BuiltIn; 7] = [
     ("card", r"\b[2-6]\d{3}(?:[ -]?\d){9,15}\b", card_ok),
     ("iban", r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b", iban_ok),
     (
@@ -833,7 +836,10 @@ mod tests {
     fn policies_merge_to_the_strongest_action_where_they_apply() {
         let mut only_model_1 = policy("narrow", &[("card", "block")]);
         only_model_1.models = vec![1];
-        let d = dlp(vec![policy("wide", &[("card", "redact"), ("email", "pseudonymize")]), only_model_1]);
+        let d = dlp(vec![
+            policy("wide", &[("card", "redact"), ("email", "pseudonymize")]),
+            only_model_1,
+        ]);
         let card = d.scanner.index("card").unwrap();
         let email = d.scanner.index("email").unwrap();
         let on_0 = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
@@ -848,18 +854,37 @@ mod tests {
         assert!(Dlp::build(RawDlp::default(), 1, 1, 1).unwrap().is_none());
         let mut bad = policy("bad", &[("dna", "block")]);
         bad.models = vec![7];
-        assert_eq!(Dlp::build(RawDlp { custom: vec![], policies: vec![bad] }, 1, 1, 1).unwrap_err().len(), 2);
+        assert_eq!(
+            Dlp::build(
+                RawDlp {
+                    custom: vec![],
+                    policies: vec![bad]
+                },
+                1,
+                1,
+                1
+            )
+            .unwrap_err()
+            .len(),
+            2
+        );
     }
 
     #[test]
     fn a_request_is_protected_in_every_text_it_carries() {
         use crate::translate::{Block, Message, Request, Role, ToolCall, ToolResult};
-        let d = dlp(vec![policy("p", &[("card", "redact"), ("email", "pseudonymize"), ("ticket", "redact")])]);
+        let d = dlp(vec![policy(
+            "p",
+            &[("card", "redact"), ("email", "pseudonymize"), ("ticket", "redact")],
+        )]);
         let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
         let mut request = Request {
             system: vec!["mail ada@example.com".into()],
             messages: vec![
-                Message { role: Role::User, content: vec![Block::Text("card 4111111111111111, TCK-123456".into())] },
+                Message {
+                    role: Role::User,
+                    content: vec![Block::Text("card 4111111111111111, TCK-123456".into())],
+                },
                 Message {
                     role: Role::Assistant,
                     content: vec![Block::ToolCall(ToolCall {
@@ -890,12 +915,18 @@ mod tests {
         // The same value, the same surrogate within the call.
         assert_eq!(text.matches("person1@example.invalid").count(), 2, "{text}");
         assert!(text.contains("person2@example.invalid"));
-        assert_eq!(found.counts, vec![("card".into(), 1), ("email".into(), 3), ("ticket".into(), 1)]);
+        assert_eq!(
+            found.counts,
+            vec![("card".into(), 1), ("email".into(), 3), ("ticket".into(), 1)]
+        );
     }
 
     #[test]
     fn blocking_names_every_detector_and_rewrites_nothing_in_a_proxy_body() {
-        let d = dlp(vec![policy("p", &[("card", "block"), ("ssn", "block"), ("iban", "redact")])]);
+        let d = dlp(vec![policy(
+            "p",
+            &[("card", "block"), ("ssn", "block"), ("iban", "redact")],
+        )]);
         let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
         let body = br#"{"query":"4111 1111 1111 1111","content":[{"type":"text","text":"ssn 123-45-6789"}]}"#;
         let (found, rewritten) = d.protect_proxy(body, &acts);
