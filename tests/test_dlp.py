@@ -168,3 +168,50 @@ def test_a_policy_applies_only_where_it_says(gateway: Gateway, testserve: Emulat
         until(lambda: call(target) == 200, 3.0, "the policy off")
     finally:
         gateway.admin("DELETE", f"/admin/dlp/policies/{name}")
+
+
+def test_pseudonyms_leave_and_the_originals_come_back_in_every_answer(
+        gateway: Gateway, testserve: EmulatedProviders, setup: dict) -> None:
+    """Pseudonymized values leave as surrogates of their kind (the same value, the same surrogate);
+    testserve echoes the prompt one word a delta, so a card's surrogate arrives split over four
+    deltas: every answer, whole and streamed, in each entry format, carries the originals."""
+    chat, claude = setup["chat"], setup["claude"]
+    # NOTE: the module's policy blocks cards on these models for everyone (block wins): off here.
+    gateway.admin("DELETE", f"/admin/dlp/policies/{setup['policy']}")
+    user = gateway.create_user()
+    for m in (chat, claude):
+        gateway.grant(user["id"], m["id"])
+    name = f"pseudo-{_tag()}"
+    assert _put(gateway, name, {"detectors": {"card": "pseudonymize", "email": "pseudonymize"},
+                                "applies_to": {"users": [user["id"]]}}).status_code == 200
+    prompt = f"card {CARD} mail ada@example.com again ada@example.com"
+    try:
+        def sent_upstream() -> bool:
+            testserve.client.delete("/_debug/requests")
+            r = gateway.client.post("/v1/proxy", params={"model": chat["name"]}, json={"query": prompt},
+                                    headers={"authorization": f"Bearer {user['key']}"})
+            return r.status_code == 200 and "ada@example.com" not in _seen(testserve, "dummy-chat")
+
+        until(sent_upstream, 3.0, "the policy")
+        seen = _seen(testserve, "dummy-chat")
+        assert CARD not in seen and seen.count("person") >= 2
+        proxy = gateway.client.post("/v1/proxy", params={"model": chat["name"]}, json={"query": prompt},
+                                    headers={"authorization": f"Bearer {user['key']}"})
+        text = "".join(json.loads(line).get("delta", "") for line in proxy.text.splitlines())
+        assert CARD in text and text.count("ada@example.com") == 2, text
+
+        oa = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key=user["key"], max_retries=0)
+        whole = oa.chat.completions.create(model=chat["name"], messages=[{"role": "user", "content": prompt}])
+        assert CARD in whole.choices[0].message.content and "example.invalid" not in whole.choices[0].message.content
+        streamed = "".join(c.choices[0].delta.content or "" for c in oa.chat.completions.create(
+            model=chat["name"], messages=[{"role": "user", "content": prompt}], stream=True) if c.choices)
+        assert CARD in streamed and streamed.count("ada@example.com") == 2, streamed
+
+        ac = anthropic.Anthropic(base_url=gateway.base_url, api_key=user["key"], max_retries=0)
+        with ac.messages.stream(model=claude["name"], max_tokens=200,
+                                messages=[{"role": "user", "content": prompt}]) as stream:
+            text = "".join(stream.text_stream)
+        assert CARD in text and "example.invalid" not in text, text
+        assert CARD.replace(" ", "") not in _seen(testserve, "claude-dummy").replace(" ", "")
+    finally:
+        gateway.admin("DELETE", f"/admin/dlp/policies/{name}")

@@ -1230,7 +1230,8 @@ impl PyPrepared {
                 &self.inner.request_id,
                 upstream.max_tokens,
                 upstream.web_search,
-            ),
+            )
+            .with_restore(self.inner.dlp_restore.clone()),
             out: Vec::with_capacity(4096),
         })
     }
@@ -1245,7 +1246,8 @@ impl PyPrepared {
         let model = self.inner.model_name.clone().unwrap_or_default();
         Ok(PyEntryStream {
             inner: entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model)
-                .with_credentials(Credentials::from_request(&upstream.headers, &upstream.url)),
+                .with_credentials(Credentials::from_request(&upstream.headers, &upstream.url))
+                .with_restore(self.inner.dlp_restore.clone()),
             out: Vec::with_capacity(4096),
         })
     }

@@ -154,6 +154,10 @@ pub struct EntryStream {
     credentials: Credentials,
     /// The tools the model called, each distinct name once, in order (context signals).
     tools_invoked: Vec<String>,
+    /// Data protection's surrogates put back (inactive without pseudonymization), and the block
+    /// whose text it may hold back.
+    restorer: crate::dlp::Restorer,
+    open: Option<(usize, u8)>,
 }
 
 impl EntryStream {
@@ -177,7 +181,65 @@ impl EntryStream {
             deltas: 0,
             credentials: Credentials::default(),
             tools_invoked: Vec::new(),
+            restorer: crate::dlp::Restorer::default(),
+            open: None,
         }
+    }
+
+    /// Surrogate → original pairs (data protection's pseudonyms): the caller sees the originals.
+    #[must_use]
+    pub fn with_restore(mut self, pairs: Vec<(String, String)>) -> Self {
+        self.restorer = crate::dlp::Restorer::new(pairs);
+        self
+    }
+
+    /// The events with surrogates put back; text that may begin one waits for the next delta or
+    /// the end of its block.
+    fn restore(&mut self, events: Vec<Event>) -> Vec<Event> {
+        use crate::translate::stream::Delta;
+        let make = |kind: u8, text: String| match kind {
+            0 => Delta::Text(text),
+            1 => Delta::Thinking(text),
+            _ => Delta::Arguments(text),
+        };
+        let mut out = Vec::with_capacity(events.len() + 1);
+        for event in events {
+            match event {
+                Event::Delta { index, delta } => {
+                    let (kind, text) = match delta {
+                        Delta::Text(t) => (0, t),
+                        Delta::Thinking(t) => (1, t),
+                        Delta::Arguments(t) => (2, t),
+                        other => {
+                            out.push(Event::Delta { index, delta: other });
+                            continue;
+                        }
+                    };
+                    self.open = Some((index, kind));
+                    let text = self.restorer.push(&text);
+                    if !text.is_empty() {
+                        out.push(Event::Delta {
+                            index,
+                            delta: make(kind, text),
+                        });
+                    }
+                }
+                Event::Usage(_) => out.push(event),
+                other => {
+                    if let Some((index, kind)) = self.open.take() {
+                        let rest = self.restorer.flush();
+                        if !rest.is_empty() {
+                            out.push(Event::Delta {
+                                index,
+                                delta: make(kind, rest),
+                            });
+                        }
+                    }
+                    out.push(other);
+                }
+            }
+        }
+        out
     }
 
     /// The credentials the upstream request carried: an error event that quotes one (a
@@ -224,7 +286,11 @@ impl EntryStream {
     }
 
     fn drain(&mut self, out: &mut Vec<u8>) {
-        for mut event in std::mem::take(&mut self.events) {
+        let mut events = std::mem::take(&mut self.events);
+        if self.restorer.is_active() {
+            events = self.restore(events);
+        }
+        for mut event in events {
             match &mut event {
                 Event::Start { model, .. } => model.clone_from(&self.model),
                 Event::Usage(usage) => {

@@ -263,6 +263,8 @@ pub struct Prepared {
     /// What data protection found (matches by detector) and did (the strongest action).
     pub dlp: Vec<(String, u32)>,
     pub dlp_action: Option<&'static str>,
+    /// Surrogate → original of what was pseudonymized: the answer's stream puts them back.
+    pub dlp_restore: Vec<(String, String)>,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -744,6 +746,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             if let Some(found) = protected {
                 p.dlp_action = found.action.map(crate::dlp::Action::as_str);
                 p.dlp = found.counts;
+                p.dlp_restore = found.restore;
                 if !found.blocked.is_empty() {
                     let detail = format!("(detectors: {})", found.blocked.join(", "));
                     p.deny(Outcome::SensitiveContentBlocked, Some(&detail), |out| {

@@ -32,6 +32,8 @@ pub struct Stream {
     pub usage_reported: bool,
     /// Web search results so far; `None` (and no extra work per event) without web search.
     pub search: Option<Box<Search>>,
+    /// Data protection's surrogates put back (inactive without pseudonymization).
+    restorer: crate::dlp::Restorer,
 }
 
 impl Stream {
@@ -55,7 +57,22 @@ impl Stream {
             usage_reported: false,
             search: web_search.then(|| Box::new(Search::new(plan.family))),
             plan,
+            restorer: crate::dlp::Restorer::default(),
         }
+    }
+
+    /// Surrogate → original pairs (data protection's pseudonyms): the caller sees the originals.
+    #[must_use]
+    pub fn with_restore(mut self, pairs: Vec<(String, String)>) -> Self {
+        self.restorer = crate::dlp::Restorer::new(pairs);
+        self
+    }
+
+    fn write_delta(id_prefix: &[u8], delta: &str, out: &mut Vec<u8>) {
+        out.extend_from_slice(id_prefix);
+        out.extend_from_slice(b",\"delta\":");
+        write_str(out, delta);
+        out.extend_from_slice(b"}\n");
     }
 
     /// Billable web searches so far (0 without web search), for pricing.
@@ -134,10 +151,14 @@ impl Stream {
             if !delta.is_empty() {
                 self.deltas += 1;
                 self.text_bytes += delta.len() as u64;
-                out.extend_from_slice(&self.id_prefix);
-                out.extend_from_slice(b",\"delta\":");
-                write_str(out, delta);
-                out.extend_from_slice(b"}\n");
+                if self.restorer.is_active() {
+                    let restored = self.restorer.push(delta);
+                    if !restored.is_empty() {
+                        Self::write_delta(&self.id_prefix, &restored, out);
+                    }
+                } else {
+                    Self::write_delta(&self.id_prefix, delta, out);
+                }
             }
         }
         if let Some(n) = chat.usage_in.as_ref().and_then(|p| p.get_int(&event)) {
@@ -165,6 +186,10 @@ impl Stream {
     /// carries `web_searches`, followed by `sources`, `queries`, `search_suggestions_html` and
     /// `sources_truncated` as present.
     pub fn finish(&mut self, incomplete: bool, out: &mut Vec<u8>) {
+        let held = self.restorer.flush();
+        if !held.is_empty() {
+            Self::write_delta(&self.id_prefix, &held, out);
+        }
         out.extend_from_slice(&self.id_prefix);
         out.extend_from_slice(b",\"done\":true,\"usage\":{\"input_tokens\":");
         write_int(out, self.input_tokens);
