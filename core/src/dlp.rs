@@ -650,7 +650,7 @@ impl Restorer {
     pub fn new(pairs: Vec<(String, String)>) -> Self {
         let mut pairs: Vec<(String, String)> = pairs.into_iter().filter(|(s, _)| !s.is_empty()).collect();
         // NOTE: longest first, so a surrogate that contains another is put back whole.
-        pairs.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        pairs.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
         Self {
             pairs,
             pending: String::new(),
