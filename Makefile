@@ -106,6 +106,10 @@ bench-cache: setup ## prompt-cache shaping: a multi-turn agent trace with and wi
 bench-identity: setup ## authentication cost: a key vs platform tokens (RS256/ES256/EdDSA) in process and on the proxy path (QUICK=1; needs nginx)
 	$(BIN)/python bench/identity_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
 
+.PHONY: bench-dlp
+bench-dlp: setup ## data protection: the scanner's MB/s on bench/dlp-corpus.txt (its instruction count is a `make instructions` workload) (QUICK=1)
+	$(BIN)/python bench/dlp_bench.py $(if $(QUICK),--quick)
+
 .PHONY: bench-realtime
 bench-realtime: setup ## realtime sessions: a response's time direct to testserve vs through meshfast's relay, and session set-up (QUICK=1)
 	$(BIN)/python bench/realtime_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
@@ -204,7 +208,7 @@ paper-quick: ## the paper pipeline shortened (~5 min); outputs in bench/results/
 paper-figures: ## redraw figures and the PDF from a run: make paper-figures RUN=bench/results/paper-<ts>
 	$(BIN)/python bench/paper.py --figures-only $(RUN)
 
-FUZZ_TARGETS := http1_response sse_stream translate template
+FUZZ_TARGETS := http1_response sse_stream translate template dlp
 FUZZ_SECONDS ?= 150
 
 .PHONY: fuzz

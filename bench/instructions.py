@@ -22,12 +22,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "bench" / "instructions-baseline.json"
-WORKLOADS = ("http1_parse", "sse_to_ndjson", "translate_request", "translate_stream", "key_lookup", "rule_decision")
+WORKLOADS = ("http1_parse", "sse_to_ndjson", "translate_request", "translate_stream", "key_lookup", "rule_decision",
+             "dlp_scan")
 # Only the instructions of the workload itself are counted (callgrind's --toggle-collect): by
 # default everything `main` runs, so the dynamic loader's relocations (which grow with the binary,
 # whatever the workload) stay out; a workload whose setup (building a large snapshot) would drown
 # the measured function counts that function and what it calls.
-TOGGLE_COLLECT = {"rule_decision": "*rules::decide*"}
+TOGGLE_COLLECT = {"rule_decision": "*rules::decide*", "dlp_scan": "*dlp::Scanner::scan*"}
 DEFAULT_TOGGLE = "instructions::main*"
 BOUND = 1.02
 

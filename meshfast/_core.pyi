@@ -45,6 +45,7 @@ __all__ = [
     "known_request_fields",
     "encode_request",
     "dlp_pattern_problem",
+    "dlp_scan",
     "redact_credentials",
     "forbidden_address",
     "check_jwks",
@@ -838,6 +839,10 @@ def encode_request(method: str, target: str, host: str, headers: list[tuple[str,
 def dlp_pattern_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be a data protection detector (it does not compile, is too long, or
     matches the empty text); None when it can."""
+
+def dlp_scan(text: str) -> list[tuple[str, int, int]]:
+    """The built-in data protection detectors' matches in ``text``: ``(detector, start, end)``
+    in character offsets, in order, without overlaps."""
 
 def redact_credentials(text: str, headers: list[tuple[str, str]], url: str) -> str:
     """``text`` without the provider credentials the upstream request carried (the values of

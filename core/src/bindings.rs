@@ -311,6 +311,19 @@ fn dlp_pattern_problem(pattern: &str) -> Option<String> {
     crate::dlp::pattern_problem(pattern)
 }
 
+/// The built-in detectors' matches in `text`: `(detector, start, end)` in character offsets.
+#[pyfunction]
+fn dlp_scan(py: Python<'_>, text: &str) -> Vec<(String, usize, usize)> {
+    static SCANNER: std::sync::OnceLock<crate::dlp::Scanner> = std::sync::OnceLock::new();
+    let scanner = SCANNER.get_or_init(|| crate::dlp::Scanner::new(&[]).expect("the built-in detectors"));
+    let found = py.detach(|| scanner.scan(text, |_| true));
+    let chars = |byte: usize| text[..byte].chars().count();
+    found
+        .iter()
+        .map(|f| (scanner.name(f.detector).to_owned(), chars(f.start), chars(f.end)))
+        .collect()
+}
+
 /// The principal behind an authenticated key or platform token.
 #[pyclass(frozen, get_all, name = "Principal", module = "meshfast._core")]
 struct PyPrincipal {
@@ -1634,6 +1647,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_request, m)?)?;
     m.add_function(wrap_pyfunction!(redact_credentials, m)?)?;
     m.add_function(wrap_pyfunction!(dlp_pattern_problem, m)?)?;
+    m.add_function(wrap_pyfunction!(dlp_scan, m)?)?;
     m.add_function(wrap_pyfunction!(forbidden_address, m)?)?;
     m.add_function(wrap_pyfunction!(check_jwks, m)?)?;
     m.add_function(wrap_pyfunction!(counter_key, m)?)?;

@@ -160,6 +160,10 @@ fn ipv6_ok(text: &str) -> bool {
 
 fn phone_ok(text: &str) -> bool {
     let n = digits(text).count();
+    if text.starts_with('0') {
+        // A national number with its trunk prefix: 10 or 11 digits (as 020 7946 0958).
+        return (10..=11).contains(&n);
+    }
     (8..=15).contains(&n)
 }
 
@@ -804,6 +808,7 @@ mod tests {
             ("write to ada.lovelace+news@example.co.uk", "email"),
             ("call +44 20 7946 0958", "phone"),
             ("call (415) 555-2671", "phone"),
+            ("call 020 7946 0958", "phone"),
             ("ssn 123-45-6789", "ssn"),
             ("host 192.168.10.254", "ip"),
             ("v6 2001:db8::8a2e:370:7334", "ip"),
@@ -836,8 +841,10 @@ mod tests {
         ] {
             let got = names(near_miss);
             assert!(
-                got.iter()
-                    .all(|(n, _)| !matches!(n.as_str(), "card" | "iban" | "ssn" | "ip" | "email" | "ticket")),
+                got.iter().all(|(n, _)| !matches!(
+                    n.as_str(),
+                    "card" | "iban" | "ssn" | "ip" | "email" | "phone" | "ticket"
+                )),
                 "{near_miss:?} -> {got:?}"
             );
         }

@@ -156,7 +156,7 @@ pub struct EntryStream {
     tools_invoked: Vec<String>,
     /// Data protection's surrogates put back (inactive without pseudonymization), and the block
     /// whose text it may hold back.
-    restorer: crate::dlp::Restorer,
+    restorer: Option<Box<crate::dlp::Restorer>>,
     open: Option<(usize, u8)>,
 }
 
@@ -181,7 +181,7 @@ impl EntryStream {
             deltas: 0,
             credentials: Credentials::default(),
             tools_invoked: Vec::new(),
-            restorer: crate::dlp::Restorer::default(),
+            restorer: None,
             open: None,
         }
     }
@@ -189,7 +189,9 @@ impl EntryStream {
     /// Surrogate → original pairs (data protection's pseudonyms): the caller sees the originals.
     #[must_use]
     pub fn with_restore(mut self, pairs: Vec<(String, String)>) -> Self {
-        self.restorer = crate::dlp::Restorer::new(pairs);
+        if !pairs.is_empty() {
+            self.restorer = Some(Box::new(crate::dlp::Restorer::new(pairs)));
+        }
         self
     }
 
@@ -216,7 +218,14 @@ impl EntryStream {
                         }
                     };
                     self.open = Some((index, kind));
-                    let text = self.restorer.push(&text);
+                    let Some(restorer) = self.restorer.as_deref_mut() else {
+                        out.push(Event::Delta {
+                            index,
+                            delta: make(kind, text),
+                        });
+                        continue;
+                    };
+                    let text = restorer.push(&text);
                     if !text.is_empty() {
                         out.push(Event::Delta {
                             index,
@@ -226,8 +235,8 @@ impl EntryStream {
                 }
                 Event::Usage(_) => out.push(event),
                 other => {
-                    if let Some((index, kind)) = self.open.take() {
-                        let rest = self.restorer.flush();
+                    if let (Some((index, kind)), Some(restorer)) = (self.open.take(), self.restorer.as_deref_mut()) {
+                        let rest = restorer.flush();
                         if !rest.is_empty() {
                             out.push(Event::Delta {
                                 index,
@@ -287,7 +296,7 @@ impl EntryStream {
 
     fn drain(&mut self, out: &mut Vec<u8>) {
         let mut events = std::mem::take(&mut self.events);
-        if self.restorer.is_active() {
+        if self.restorer.is_some() {
             events = self.restore(events);
         }
         for mut event in events {

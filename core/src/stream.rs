@@ -32,8 +32,8 @@ pub struct Stream {
     pub usage_reported: bool,
     /// Web search results so far; `None` (and no extra work per event) without web search.
     pub search: Option<Box<Search>>,
-    /// Data protection's surrogates put back (inactive without pseudonymization).
-    restorer: crate::dlp::Restorer,
+    /// Data protection's surrogates put back; `None` (and no work per delta) without pseudonymization.
+    restorer: Option<Box<crate::dlp::Restorer>>,
 }
 
 impl Stream {
@@ -57,17 +57,20 @@ impl Stream {
             usage_reported: false,
             search: web_search.then(|| Box::new(Search::new(plan.family))),
             plan,
-            restorer: crate::dlp::Restorer::default(),
+            restorer: None,
         }
     }
 
     /// Surrogate → original pairs (data protection's pseudonyms): the caller sees the originals.
     #[must_use]
     pub fn with_restore(mut self, pairs: Vec<(String, String)>) -> Self {
-        self.restorer = crate::dlp::Restorer::new(pairs);
+        if !pairs.is_empty() {
+            self.restorer = Some(Box::new(crate::dlp::Restorer::new(pairs)));
+        }
         self
     }
 
+    #[inline]
     fn write_delta(id_prefix: &[u8], delta: &str, out: &mut Vec<u8>) {
         out.extend_from_slice(id_prefix);
         out.extend_from_slice(b",\"delta\":");
@@ -151,8 +154,8 @@ impl Stream {
             if !delta.is_empty() {
                 self.deltas += 1;
                 self.text_bytes += delta.len() as u64;
-                if self.restorer.is_active() {
-                    let restored = self.restorer.push(delta);
+                if let Some(restorer) = self.restorer.as_deref_mut() {
+                    let restored = restorer.push(delta);
                     if !restored.is_empty() {
                         Self::write_delta(&self.id_prefix, &restored, out);
                     }
@@ -186,9 +189,11 @@ impl Stream {
     /// carries `web_searches`, followed by `sources`, `queries`, `search_suggestions_html` and
     /// `sources_truncated` as present.
     pub fn finish(&mut self, incomplete: bool, out: &mut Vec<u8>) {
-        let held = self.restorer.flush();
-        if !held.is_empty() {
-            Self::write_delta(&self.id_prefix, &held, out);
+        if let Some(restorer) = self.restorer.as_deref_mut() {
+            let held = restorer.flush();
+            if !held.is_empty() {
+                Self::write_delta(&self.id_prefix, &held, out);
+            }
         }
         out.extend_from_slice(&self.id_prefix);
         out.extend_from_slice(b",\"done\":true,\"usage\":{\"input_tokens\":");

@@ -235,7 +235,7 @@
     overview: renderOverview, logs: renderLogs, users: renderUsers, providers: renderProviders, models: renderModels,
     access: renderAccess, rules: renderRules, notifications: renderNotifications, gateway: renderGateway,
     audit: renderAudit, admins: renderAdmins, identity: renderIdentity, workflows: renderWorkflows,
-    applications: renderApplications,
+    applications: renderApplications, dlp: renderDlp,
   };
 
   let routing = 0;
@@ -568,9 +568,11 @@
         { key: "latency_ms", label: "Latency (ms)", num: true, sort: "latency_ms" },
         { key: "tokens", label: "Tokens in / out", num: true, sort: "tokens", render: (r) => `${r.tokens_in} / ${r.tokens_out}` },
         { key: "cost", label: "Cost", num: true, sort: "cost", render: (r) => usd(r.input_cost + r.output_cost) },
+        { key: "dlp", label: "Data protection", render: dlpCell },
       ], out.logs, {
         id: "logs-table", empty: "No requests match these filters.", sort: { key: logsQuery.sort, order: logsQuery.order }, onSort,
-        rowData: (r) => ({ requestId: r.request_id, cost: String(r.input_cost + r.output_cost), tokensIn: String(r.tokens_in), tokensOut: String(r.tokens_out), outcome: r.outcome }),
+        rowData: (r) => ({ requestId: r.request_id, cost: String(r.input_cost + r.output_cost), tokensIn: String(r.tokens_in), tokensOut: String(r.tokens_out), outcome: r.outcome,
+          dlpAction: r.dlp_action || "" }),
       }),
       h("nav", { class: "pager", "aria-label": "Log pages" },
         button("Previous page", () => { logsQuery.page -= 1; rerender(); }, "secondary", { id: "logs-prev", disabled: out.page <= 1 }),
@@ -1508,6 +1510,238 @@
       state.users.length === 0
         ? h("p", {}, "An application needs an owner: create a user first in ", h("a", { href: "#/users" }, "Users & keys"), ".")
         : [form, problemsBox]);
+  }
+
+  // --- data protection: what each detector does to the calls a policy applies to --------------
+
+  const DLP_DETECTORS = [["card", "Payment card numbers"], ["iban", "IBANs"], ["email", "Email addresses"],
+    ["phone", "Phone numbers"], ["ssn", "US social security numbers"], ["ip", "IP addresses"], ["secret", "Secrets and API keys"]];
+  const DLP_ACTIONS = [["off", "Off"], ["redact", "Redact"], ["pseudonymize", "Pseudonymize"], ["block", "Block"]];
+  const DLP_TAKEN = ["block", "pseudonymize", "redact"]; // what a call can take, strongest first
+  const dlpActionLabel = (a) => (DLP_ACTIONS.find(([v]) => v === a) || [a, a])[1];
+  let editingDlp = null; // the policy whose form is open; null: the create form
+
+  // A request row's findings (logs): the action the call took and the count per detector.
+  function dlpCell(r) {
+    if (!r.dlp && !r.dlp_action) return null;
+    const found = Object.entries(r.dlp || {}).map(([d, n]) => `${d} ×${n}`).join(", ");
+    const a = r.dlp_action;
+    return h("span", {}, a ? h("span", { class: `badge ${a === "block" ? "bad" : "warn"}` }, a) : "found", found ? ` ${found}` : "");
+  }
+
+  // meshfast_dlp_detections_total{detector, action} of a Prometheus text -> detector: {action: count}.
+  function dlpDetections(text) {
+    const out = new Map();
+    for (const line of String(text || "").split("\n")) {
+      const m = /^meshfast_dlp_detections_total\{([^}]*)\}\s+(\S+)/.exec(line);
+      if (!m) continue;
+      const labels = Object.fromEntries([...m[1].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((x) => [x[1], x[2]]));
+      const value = Number(m[2]);
+      if (!labels.detector || !labels.action || !Number.isFinite(value)) continue;
+      const counts = out.get(labels.detector) || {};
+      counts[labels.action] = (counts[labels.action] || 0) + value;
+      out.set(labels.detector, counts);
+    }
+    return out;
+  }
+
+  // The detections table, read from /admin/metrics (the dashboard's session, like every call).
+  async function dlpDetectionsTable() {
+    let text;
+    try {
+      text = (await api("GET", "/admin/metrics", undefined, { accept: "text/plain" })).data;
+    } catch (err) {
+      if (err.status === 401) throw err;
+      return h("p", { class: "error-text", id: "dlp-detections-error" }, `The counters could not be read: ${err.message}`);
+    }
+    const rows = [...dlpDetections(text)].map(([detector, c]) => ({ detector, ...c, total: DLP_TAKEN.reduce((t, a) => t + (c[a] || 0), 0) }));
+    return table("Detections by detector and the action the call took", [
+      { key: "detector", label: "Detector", render: (r) => h("code", {}, r.detector) },
+      ...DLP_TAKEN.map((a) => ({ key: a, label: dlpActionLabel(a), num: true, render: (r) => num(r[a] || 0) })),
+      { key: "total", label: "Total", num: true, render: (r) => num(r.total) },
+    ], rows, {
+      id: "dlp-detections", empty: "This instance exposes no data protection counters.",
+      rowData: (r) => ({ detector: r.detector, block: String(r.block || 0), pseudonymize: String(r.pseudonymize || 0), redact: String(r.redact || 0) }),
+    });
+  }
+
+  function dlpDetectorsText(p) {
+    const order = (d) => DLP_DETECTORS.findIndex(([k]) => k === d);
+    const chosen = Object.entries(p.detectors || {}).sort(([a], [b]) => order(a) - order(b));
+    const byAction = DLP_TAKEN.map((a) => [a, chosen.filter(([, v]) => v === a).map(([d]) => d)]).filter(([, ds]) => ds.length);
+    return byAction.length ? h("ul", {}, byAction.map(([a, ds]) => h("li", {}, `${dlpActionLabel(a)}: ${ds.join(", ")}`))) : "All off";
+  }
+
+  const dlpCustomText = (p) => ((p.custom || []).length
+    ? h("ul", {}, p.custom.map((c) => h("li", {}, h("code", {}, c.name), " ", h("code", {}, c.pattern), `: ${dlpActionLabel(c.action)}`)))
+    : "None");
+
+  function dlpAppliesText(a, apps) {
+    const appName = (id) => (apps.find((x) => x.id === id) || { name: id }).name;
+    const parts = [];
+    const add = (list, what, label = (x) => x) => { if ((list || []).length) parts.push(`${what} ${list.map(label).join(" or ")}`); };
+    add(a.models, "model");
+    add(a.providers, "provider");
+    add(a.business_units, "business unit");
+    add(a.tiers, "tier");
+    const who = [...(a.users || []).map(userLabel), ...(a.applications || []).map(appName)];
+    if (who.length) parts.push(who.join(" or "));
+    add(a.leaders, "the organisation of", userLabel);
+    return parts.length ? parts.join(" and ") : "Every call";
+  }
+
+  // A labelled choice of several; names or ids the policy holds that are not offered any more stay
+  // chosen, marked (saving the form must not drop them silently, which could widen the policy).
+  function multiPick(label, id, options, chosen, hint) {
+    const have = new Set(options.map(([v]) => v));
+    const all = [...options, ...(chosen || []).filter((v) => !have.has(v)).map((v) => [v, `${v} (not found)`])];
+    return h("div", { class: "field" }, h("label", { for: id }, label),
+      h("select", { id, multiple: true, size: Math.min(6, Math.max(2, all.length)), "aria-describedby": `${id}-hint` },
+        all.map(([v, l]) => h("option", { value: v, selected: (chosen || []).includes(v) }, l))),
+      h("span", { id: `${id}-hint`, class: "muted" }, hint));
+  }
+
+  function dlpForm(policies, apps) {
+    const p = editingDlp;
+    const at = (p && p.applies_to) || {};
+    const problemsBox = h("div", { id: "dlp-problems", role: "alert", tabindex: "-1", hidden: true });
+    const customBox = h("div", { id: "dlp-custom" });
+    const readCustom = () => [...customBox.querySelectorAll("fieldset")].map((_, i) => ({
+      name: customBox.querySelector(`#dlp-custom-${i}-name`).value.trim(),
+      pattern: customBox.querySelector(`#dlp-custom-${i}-pattern`).value,
+      action: customBox.querySelector(`#dlp-custom-${i}-action`).value,
+    }));
+    const addButton = button("Add a custom pattern", () => {
+      const list = [...readCustom(), { name: "", pattern: "", action: "redact" }];
+      drawCustom(list);
+      customBox.querySelector(`#dlp-custom-${list.length - 1}-name`).focus();
+    }, "secondary", { id: "dlp-custom-add" });
+    function drawCustom(list) {
+      customBox.textContent = "";
+      append(customBox, [list.length ? null : h("p", { class: "muted" }, "No custom patterns."),
+        list.map((c, i) => h("fieldset", { class: "dlp-custom-row", id: `dlp-custom-${i}` },
+          h("legend", {}, `Custom pattern ${i + 1}`),
+          field("Detector name", `custom_name_${i}`, { id: `dlp-custom-${i}-name`, value: c.name }),
+          field("Pattern", `custom_pattern_${i}`, { id: `dlp-custom-${i}-pattern`, value: c.pattern }),
+          field("Action", `custom_action_${i}`, { kind: "select", id: `dlp-custom-${i}-action`, value: c.action, options: DLP_ACTIONS }),
+          h("div", { class: "actions" }, button("Remove", () => {
+            const rest = readCustom();
+            rest.splice(i, 1);
+            drawCustom(rest);
+            const next = customBox.querySelector(`#dlp-custom-${Math.min(i, rest.length - 1)}-name`);
+            (next || addButton).focus();
+          }, "secondary", { "aria-label": `Remove custom pattern ${i + 1}` }))))]);
+    }
+    drawCustom((p && p.custom) || []);
+
+    const pickHint = (what) => `None chosen: any ${what}. Ctrl or Cmd + click chooses several.`;
+    const form = h("form", { class: "grid panel", id: "dlp-form", "aria-labelledby": "dlp-form-title" },
+      field("Policy name", "name", { required: true, id: "dlp-name", value: p && p.name,
+        hint: p ? "A policy keeps its name" : "1 to 64 of A-Z a-z 0-9 . _ -" }),
+      field("Enabled", "enabled", { kind: "checkbox", id: "dlp-enabled", value: p ? p.enabled : true }),
+      h("fieldset", {}, h("legend", {}, "Built-in detectors"),
+        DLP_DETECTORS.map(([k, label]) => field(`${label} (${k})`, `det_${k}`, { kind: "select", id: `dlp-det-${k}`,
+          value: (p && p.detectors && p.detectors[k]) || "off", options: DLP_ACTIONS }))),
+      h("fieldset", {}, h("legend", {}, "Custom patterns"),
+        h("p", { class: "muted" }, "A named regular expression of your own with its action. Names are a-z, 0-9, _ and -; a name another policy uses must have the same pattern. Empty rows are left out."),
+        customBox, h("div", { class: "actions" }, addButton)),
+      h("fieldset", {}, h("legend", {}, "Applies to"),
+        h("p", { class: "muted" }, "The calls that match every list filled in (any one entry of a list; people and applications together are one list). Nothing filled in: every call."),
+        multiPick("Models", "dlp-models", state.models.map((m) => [m.name, m.name]), at.models, pickHint("model")),
+        multiPick("Providers", "dlp-providers", state.providers.map((x) => [x.name, x.name]), at.providers, pickHint("provider")),
+        field("Business units", "business_units", { id: "dlp-bus", value: (at.business_units || []).join(", "), hint: "Comma separated; empty: any unit" }),
+        field("Tiers", "tiers", { id: "dlp-tiers", value: (at.tiers || []).join(", "), hint: "Comma separated; empty: any tier" }),
+        field("People", "users", { kind: "textarea", rows: 2, id: "dlp-users", value: peopleText(at.users), hint: "Emails, one a line" }),
+        multiPick("Applications", "dlp-applications", apps.map((a) => [a.id, a.name]), at.applications, pickHint("application")),
+        field("Leaders (their whole organisation)", "leaders", { kind: "textarea", rows: 2, id: "dlp-leaders", value: peopleText(at.leaders), hint: "Emails, one a line" })),
+      h("div", { class: "actions" },
+        h("button", { type: "submit", id: "dlp-submit" }, p ? "Save policy" : "Create policy"),
+        button(p ? "Cancel" : "Clear", () => { editingDlp = null; rerender(); }, "secondary", { id: "dlp-cancel" })));
+    if (p) form.querySelector("#dlp-name").readOnly = true;
+
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const picked = (id) => [...form.querySelector(`#${id}`).selectedOptions].map((o) => o.value);
+      const detectors = {};
+      for (const [k] of DLP_DETECTORS) if (d[`det_${k}`] && d[`det_${k}`] !== "off") detectors[k] = d[`det_${k}`];
+      const lists = { models: picked("dlp-models"), providers: picked("dlp-providers"), business_units: labelList(d.business_units),
+        tiers: labelList(d.tiers), users: peopleIds(d.users), applications: picked("dlp-applications"), leaders: peopleIds(d.leaders) };
+      const applies_to = Object.fromEntries(Object.entries(lists).filter(([, v]) => v.length));
+      const body = { enabled: d.enabled, detectors, custom: readCustom().filter((c) => c.name || c.pattern), applies_to };
+      const name = p ? p.name : d.name;
+      if (!p && policies.some((x) => x.name === name) && !confirmed(`A policy named ${name} exists. Replace it?`)) return;
+      let out;
+      try {
+        out = await api("PUT", `/admin/dlp/policies/${encodeURIComponent(name)}`, body);
+      } catch (err) {
+        if (err.status === 401) return;
+        problemList(problemsBox, problemsOf(err), `The policy was refused (${err.code}):`);
+        problemsBox.focus();
+        return;
+      }
+      toast(`Data protection policy ${out.data.name} ${p ? "saved" : "created"}.`);
+      editingDlp = null;
+      rerender();
+    });
+    return [form, problemsBox];
+  }
+
+  async function renderDlp() {
+    const [policies, apps, detections] = await Promise.all([get("/admin/dlp/policies"), get("/admin/applications"),
+      dlpDetectionsTable(), loadRegistry()]);
+    const list = policies || [];
+    if (editingDlp) editingDlp = list.find((x) => x.name === editingDlp.name) || null;
+    const put = (p, enabled) => api("PUT", `/admin/dlp/policies/${encodeURIComponent(p.name)}`,
+      { enabled, detectors: p.detectors || {}, custom: p.custom || [], applies_to: p.applies_to || {} });
+    const rowActions = (p) => h("div", { class: "actions" },
+      button("Edit", async () => {
+        editingDlp = p;
+        await rerender();
+        document.getElementById("dlp-enabled").focus();
+      }, "secondary", { "aria-label": `Edit policy ${p.name}` }),
+      p.enabled
+        ? button("Disable", async () => {
+          if (!confirmed(`Disable ${p.name}? Its detectors stop applying at once.`)) return;
+          if (await act(() => put(p, false), `${p.name} disabled.`)) rerender();
+        }, "danger", { "aria-label": `Disable policy ${p.name}` })
+        : button("Enable", async () => {
+          if (await act(() => put(p, true), `${p.name} enabled.`)) rerender();
+        }, "secondary", { "aria-label": `Enable policy ${p.name}` }),
+      button("Delete", async () => {
+        if (!confirmed(`Delete the data protection policy ${p.name}? Its detectors stop applying at once.`)) return;
+        if (await act(() => api("DELETE", `/admin/dlp/policies/${encodeURIComponent(p.name)}`), `${p.name} deleted.`)) rerender();
+      }, "danger", { "aria-label": `Delete policy ${p.name}` }));
+
+    const detectionsBox = h("div", { id: "dlp-detections-box" }, detections);
+    const readAt = h("span", { class: "muted", id: "dlp-read-at", role: "status" }, `Read at ${new Date().toLocaleTimeString()}.`);
+    const refresh = button("Refresh the counts", async () => {
+      let fresh;
+      try { fresh = await dlpDetectionsTable(); } catch { return; } // 401: already back on the login form
+      detectionsBox.textContent = "";
+      detectionsBox.append(fresh);
+      readAt.textContent = `Read at ${new Date().toLocaleTimeString()}.`;
+    }, "secondary", { id: "dlp-refresh" });
+
+    page("Data protection",
+      h("p", {}, "Policies scan what callers send before anything is reserved or sent upstream. Each detector can block the call (400 sensitive_content_blocked), pseudonymize the values (surrogates go upstream, the originals come back in the answer), redact them, or stay off. When several enabled policies apply to a call, each detector takes the strongest action among them."),
+      h("h2", {}, "Policies"),
+      table("Data protection policies", [
+        { key: "name", label: "Name" },
+        { key: "enabled", label: "State", render: (p) => h("span", { class: `badge ${p.enabled ? "ok" : "bad"}` }, p.enabled ? "enabled" : "disabled") },
+        { key: "detectors", label: "Built-in detectors", render: dlpDetectorsText },
+        { key: "custom", label: "Custom patterns", render: dlpCustomText },
+        { key: "applies_to", label: "Applies to", render: (p) => dlpAppliesText(p.applies_to || {}, apps || []) },
+        { key: "version", label: "Version", num: true },
+        { key: "updated_at", label: "Updated", render: (p) => when(p.updated_at) },
+        { key: "actions", label: "Actions", render: rowActions },
+      ], list, { id: "dlp-table", empty: "No policies yet: nothing is scanned.", rowData: (p) => ({ policy: p.name, enabled: String(p.enabled) }) }),
+      h("h2", { id: "dlp-form-title" }, editingDlp ? `Edit policy ${editingDlp.name}` : "Create a policy"),
+      dlpForm(list, apps || []),
+      h("h2", {}, "Detections"),
+      h("p", { class: "muted" }, "Sensitive values this instance found since it started, by detector (your own patterns together as custom) and by the action the call took: the counters of /admin/metrics."),
+      h("div", { class: "toolbar" }, refresh, readAt),
+      detectionsBox);
   }
 
   // --- people lists: emails shown, user ids sent ---------------------------------------------
