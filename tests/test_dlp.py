@@ -215,3 +215,36 @@ def test_pseudonyms_leave_and_the_originals_come_back_in_every_answer(
         assert CARD.replace(" ", "") not in _seen(testserve, "claude-dummy").replace(" ", "")
     finally:
         gateway.admin("DELETE", f"/admin/dlp/policies/{name}")
+
+
+def test_what_protection_cannot_read_does_not_leave_and_every_route_is_covered(
+        gateway: Gateway, testserve: EmulatedProviders, setup: dict) -> None:
+    """A /v1/proxy body data protection cannot parse is refused under a policy (it would otherwise
+    reach the route's more lenient parser); embeddings are scanned too; the policies together hold
+    at most 100 custom detectors."""
+    chat = setup["chat"]
+    user = gateway.create_user()
+    gateway.grant(user["id"], chat["id"])
+    name = f"read-{_tag()}"
+    assert _put(gateway, name, {"detectors": {"card": "block"}, "applies_to": {"users": [user["id"]]}}
+                ).status_code == 200
+    auth = {"authorization": f"Bearer {user['key']}", "content-type": "application/json"}
+    try:
+        until(lambda: gateway.client.post("/v1/proxy", params={"model": chat["name"]}, json={"query": CARD},
+                                          headers=auth).status_code == 400, 3.0, "the policy")
+        for extra in ('"x":' + "[" * 200 + "]" * 200, '"x":"\\ud800"', '"x":1e999'):
+            body = '{"query":"pay ' + CARD + '",' + extra + "}"
+            r = gateway.client.post("/v1/proxy", params={"model": chat["name"]}, content=body, headers=auth)
+            assert r.status_code == 400, (extra[:20], r.status_code, r.text)
+        embed = gateway.client.post("/v1/embeddings", json={"model": chat["name"], "input": f"card {CARD}"},
+                                    headers=auth)
+        assert embed.status_code in (400, 404) and CARD not in embed.text, embed.text
+    finally:
+        gateway.admin("DELETE", f"/admin/dlp/policies/{name}")
+    many = [{"name": f"c{i}-{_tag()}", "pattern": f"K{i}-[0-9]{{4}}", "action": "redact"} for i in range(60)]
+    first = _put(gateway, f"many-a-{_tag()}", {"enabled": False, "detectors": {}, "custom": many})
+    assert first.status_code == 200, first.text
+    more = [{"name": f"d{i}-{_tag()}", "pattern": f"Q{i}-[0-9]{{4}}", "action": "redact"} for i in range(60)]
+    second = _put(gateway, f"many-b-{_tag()}", {"enabled": False, "detectors": {}, "custom": more})
+    assert second.status_code == 400 and "at most 100" in second.text, second.text
+    gateway.admin("DELETE", f"/admin/dlp/policies/{first.json()['name']}")

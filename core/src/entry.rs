@@ -157,6 +157,8 @@ pub struct EntryStream {
     /// Data protection's surrogates put back (inactive without pseudonymization), and the block
     /// whose text it may hold back.
     restorer: Option<Box<crate::dlp::Restorer>>,
+    /// The same for tool call arguments (JSON text): the originals JSON-escaped.
+    restorer_json: Option<Box<crate::dlp::Restorer>>,
     open: Option<(usize, u8)>,
 }
 
@@ -182,6 +184,7 @@ impl EntryStream {
             credentials: Credentials::default(),
             tools_invoked: Vec::new(),
             restorer: None,
+            restorer_json: None,
             open: None,
         }
     }
@@ -190,6 +193,17 @@ impl EntryStream {
     #[must_use]
     pub fn with_restore(mut self, pairs: Vec<(String, String)>) -> Self {
         if !pairs.is_empty() {
+            let escaped = pairs
+                .iter()
+                .map(|(surrogate, original)| {
+                    let quoted = serde_json::to_string(original).unwrap_or_default();
+                    (
+                        surrogate.clone(),
+                        quoted[1..quoted.len().saturating_sub(1).max(1)].to_owned(),
+                    )
+                })
+                .collect();
+            self.restorer_json = Some(Box::new(crate::dlp::Restorer::new(escaped)));
             self.restorer = Some(Box::new(crate::dlp::Restorer::new(pairs)));
         }
         self
@@ -218,7 +232,12 @@ impl EntryStream {
                         }
                     };
                     self.open = Some((index, kind));
-                    let Some(restorer) = self.restorer.as_deref_mut() else {
+                    let restorer = if kind == 2 {
+                        self.restorer_json.as_deref_mut()
+                    } else {
+                        self.restorer.as_deref_mut()
+                    };
+                    let Some(restorer) = restorer else {
                         out.push(Event::Delta {
                             index,
                             delta: make(kind, text),
@@ -235,8 +254,13 @@ impl EntryStream {
                 }
                 Event::Usage(_) => out.push(event),
                 other => {
-                    if let (Some((index, kind)), Some(restorer)) = (self.open.take(), self.restorer.as_deref_mut()) {
-                        let rest = restorer.flush();
+                    if let Some((index, kind)) = self.open.take() {
+                        let restorer = if kind == 2 {
+                            self.restorer_json.as_deref_mut()
+                        } else {
+                            self.restorer.as_deref_mut()
+                        };
+                        let rest = restorer.map(crate::dlp::Restorer::flush).unwrap_or_default();
                         if !rest.is_empty() {
                             out.push(Event::Delta {
                                 index,

@@ -726,22 +726,52 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     let mut protected_body: Option<Vec<u8>> = None;
     if let Some(dlp) = snapshot.dlp.as_ref().as_ref() {
         let person = &snapshot.principals[principal as usize];
-        if let Some(acts) = dlp.actions_for(
-            principal,
-            person.business_unit.as_deref(),
-            person.tier.as_deref(),
-            grant.model,
-            model.provider,
-            |leader| snapshot.in_organisation_of(principal, leader),
+        let for_provider = |provider: u32| {
+            dlp.actions_for(
+                principal,
+                person.business_unit.as_deref(),
+                person.tier.as_deref(),
+                grant.model,
+                provider,
+                |leader| snapshot.in_organisation_of(principal, leader),
+            )
+        };
+        // NOTE: the next deployment's provider too: a failover renders from what is protected
+        // here, so it must satisfy both providers' policies.
+        let acts = match (
+            for_provider(model.provider),
+            model.deployments.first().map(|d| for_provider(d.provider)),
         ) {
+            (Some(a), Some(Some(b))) => Some(a.iter().zip(&b).map(|(x, y)| (*x).max(*y)).collect::<Vec<_>>()),
+            (Some(a), _) => Some(a),
+            (None, Some(b)) => b,
+            (None, None) => None,
+        };
+        if let Some(acts) = acts {
+            let body = |fields: &[&str], content: bool, protected_body: &mut Option<Vec<u8>>| {
+                dlp.protect_body(req.body, &acts, fields, content).map(|(found, body)| {
+                    *protected_body = body;
+                    found
+                })
+            };
             let protected = match (req.route, decoded.as_mut()) {
-                (Route::Entry(_), Some(d)) => Some(dlp.protect_request(&mut d.value, &acts)),
-                (Route::Proxy, _) => {
-                    let (found, body) = dlp.protect_proxy(req.body, &acts);
-                    protected_body = body;
-                    Some(found)
+                (Route::Entry(_), Some(d)) => Some(Some(dlp.protect_request(&mut d.value, &acts))),
+                (Route::Proxy, _) => body(&["query"], true, &mut protected_body).map(Some),
+                (Route::Embeddings, _) => body(&["input"], false, &mut protected_body).map(Some),
+                (Route::Generate, _) => body(&["prompt"], false, &mut protected_body).map(Some),
+                (Route::OpenAiEmbeddings, _) => {
+                    let mut found = crate::dlp::Protected::default();
+                    let mut names = crate::dlp::Pseudonyms::default();
+                    for input in &mut embedding_inputs {
+                        dlp.protect(input, &acts, &mut found, &mut names);
+                    }
+                    Some(Some(found))
                 }
-                _ => None,
+                _ => Some(None),
+            };
+            let Some(protected) = protected else {
+                p.invalid(Some("data protection cannot read this body, so it does not leave"));
+                return p;
             };
             if let Some(found) = protected {
                 p.dlp_action = found.action.map(crate::dlp::Action::as_str);

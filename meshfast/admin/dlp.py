@@ -44,6 +44,7 @@ RETURNING name, body::text AS body, version, created_at, updated_at
 """
 DELETE = "DELETE FROM dlp_policies WHERE name = $1 RETURNING name"
 OTHERS = "SELECT name, body::text AS body FROM dlp_policies WHERE name <> $1"
+LOCK_POLICIES = "SELECT pg_advisory_xact_lock(7164805235869627513)"
 KNOWN_MODELS = "SELECT name FROM models WHERE name = ANY($1::text[])"
 KNOWN_PROVIDERS = "SELECT name FROM providers WHERE name = ANY($1::text[])"
 KNOWN_PRINCIPALS = "SELECT id::text FROM users WHERE id = ANY($1::uuid[]) AND kind = $2"
@@ -184,11 +185,17 @@ class DlpService:
                 if applies.get(field):
                     known = {r[0] for r in await conn.fetch(KNOWN_PRINCIPALS, applies[field], kind)}
                     found += [f"applies_to.{field}: no {kind} has the id {i}" for i in applies[field] if i not in known]
-            # One name, one pattern: a custom detector another policy defines must match it.
+            # One name, one pattern: a custom detector another policy defines must match it; and
+            # the core takes at most MAX_CUSTOM of them in all. (Held: policy writes take turns.)
+            await conn.execute(LOCK_POLICIES)
+            names = {c["name"] for c in stored["custom"]}
             for other in await conn.fetch(OTHERS, name):
                 theirs = {c["name"]: c["pattern"] for c in json.loads(other["body"]).get("custom", [])}
+                names |= set(theirs)
                 found += [f"custom detector {c['name']!r} is defined with another pattern by policy {other['name']!r}"
                           for c in stored["custom"] if theirs.get(c["name"], c["pattern"]) != c["pattern"]]
+            if len(names) > MAX_CUSTOM:
+                found.append(f"the policies would define {len(names)} custom detectors; at most {MAX_CUSTOM} in all")
             if found:
                 raise _invalid(found)
             return await conn.fetchrow(UPSERT, name, json.dumps(stored))
