@@ -355,7 +355,7 @@ def principal_from_row(row: Any, manager: int | None) -> Principal:
         manager=manager,
         business_unit=row["business_unit"],
         tier=row["tier"],
-        application=row["kind"] == "application",
+        application=row.get("kind") == "application",
     )
 
 
