@@ -408,15 +408,16 @@ def phase_in_process(args) -> dict:
             e, tag="all", model=None, tiers=[], leaders=[], business_units=[]) for e in r.entries]) for r in config.rules]
         variants = {"rules": config, "no_rules": msgspec.structs.replace(config, rules=[]),
                     "rules_all_cover": msgspec.structs.replace(config, rules=all_cover)}
-        cores, out = {}, {"users": len(config.principals), "models": len(config.models), "grants": len(config.grants),
+        cores, out = {}, {"users": len(config.principals), "models": len(config.models), "grants": len(config.grant_table or []),
                           "rules": len(config.rules), "entries": sum(len(r.entries) for r in config.rules),
                           "callers": len(callers), "config_generate_s": round(generate_s, 2), "variants": {}}
         body = b'{"query":"hello there, how are you today?","max_tokens":256}'
         now_ms = int(time.time() * 1000)
         # Every grant of each caller (principal i < len(callers) holds grants[10 i : 10 i + 10]).
         per_user = gates.GRANTS_PER_USER
-        pairs = [(callers[i][0], f"model=m{g.model}") for i in range(len(callers))
-                 for g in config.grants[i * per_user:(i + 1) * per_user]]
+        records = list(config.grant_table.records()) if config.grant_table is not None else []
+        pairs = [(callers[i][0], f"model=m{model}") for i in range(len(callers))
+                 for _, model, _ in records[i * per_user:(i + 1) * per_user]]
         for name, cfg in variants.items():
             segment = Segment.create(str(seg_dir / f"{name}.seg"))
             segment.register()

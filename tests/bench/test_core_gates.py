@@ -465,8 +465,15 @@ def _rules_config(core_hash, keyed: int = 200,  # type: ignore[no-untyped-def]
             for e in range(2)])
         for r in range(RULES_COUNT)
     ]
+    # As a worker's rebuild hands them to the core (snapshot.build_config): one packed table over
+    # the distinct terms, not a million maps.
+    from meshfast.snapshot import GRANT_RECORD, GrantTable, GrantTerms
+
+    terms = GrantTerms(daily_cap_nano_usd=20_000_000_000, max_calls_per_hour=None, allowed_from_min=None,
+                       allowed_to_min=None, timezone="UTC", active_days=[], always_open=False)
+    table = GrantTable(packed=b"".join(GRANT_RECORD.pack(g.principal, g.model, 0) for g in grants), terms=[terms])
     return Config(seq=1, kill_switch=False, principals=principals, keys=keys, providers=providers, models=models,
-                  grants=grants, rules=rules), callers
+                  grants=[], grant_table=table, rules=rules), callers
 
 
 @pytest.fixture(scope="module")
