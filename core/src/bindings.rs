@@ -317,10 +317,16 @@ fn dlp_scan(py: Python<'_>, text: &str) -> Vec<(String, usize, usize)> {
     static SCANNER: std::sync::OnceLock<crate::dlp::Scanner> = std::sync::OnceLock::new();
     let scanner = SCANNER.get_or_init(|| crate::dlp::Scanner::new(&[]).expect("the built-in detectors"));
     let found = py.detach(|| scanner.scan(text, |_| true));
-    let chars = |byte: usize| text[..byte].chars().count();
+    // Byte offsets to character offsets in one pass (the matches are in order, none overlap).
+    let (mut byte, mut chars) = (0, 0);
+    let mut at = |to: usize| {
+        chars += text[byte..to].chars().count();
+        byte = to;
+        chars
+    };
     found
         .iter()
-        .map(|f| (scanner.name(f.detector).to_owned(), chars(f.start), chars(f.end)))
+        .map(|f| (scanner.name(f.detector).to_owned(), at(f.start), at(f.end)))
         .collect()
 }
 

@@ -54,9 +54,16 @@ pub struct Found {
     pub end: usize,
 }
 
+struct Piece {
+    pattern: Regex,
+    anchor: Anchor,
+    /// The longest match in bytes (from the pattern; unbounded ones only run as `Anywhere`).
+    max_len: usize,
+}
+
 struct Detector {
     name: String,
-    pattern: Regex,
+    pieces: Vec<Piece>,
     check: fn(&str) -> bool,
 }
 
@@ -171,45 +178,100 @@ fn phone_ok(text: &str) -> bool {
     (8..=15).contains(&n)
 }
 
-/// A detector's name, candidate pattern and confirming check.
-type BuiltIn = (&'static str, &'static str, fn(&str) -> bool);
+/// Where a piece of a built-in detector's pattern can start a match, so [`Scanner::scan`] runs it
+/// only on the windows of the text around such places (most prose holds few digits).
+#[derive(Clone, Copy, Debug)]
+enum Anchor {
+    /// Anywhere: the piece runs over the whole text (its regular expression has a literal the
+    /// search skips ahead to, `@`, `:` or a key's prefix, or it is an operator's pattern).
+    Anywhere,
+    /// At most `before` bytes ahead of a digit at a word boundary (ASCII: the byte before it is
+    /// not a letter, digit or `_`), as a card, phone, SSN or IPv4 candidate starts; a candidate
+    /// holds at least `digits` digits, so a window with fewer is not searched.
+    BoundaryDigit { before: usize, digits: u32 },
+    /// At two capital letters at a word boundary then two digits, as an IBAN candidate starts.
+    Iban,
+}
 
+/// A built-in detector: its name, its candidate patterns with where each can start (each finds
+/// candidates on its own; [`Scanner::scan`] resolves overlaps), and its confirming check.
+type BuiltIn = (&'static str, &'static [(&'static str, Anchor)], fn(&str) -> bool);
+
+// NOTE: ASCII word boundaries and digits (`(?-u:\b)`, `[0-9]`): the checks count ASCII digits
+// only, and a Unicode `\b` keeps the regex crate off its fast DFA for text with non-ASCII bytes.
 const BUILT_IN_PATTERNS: [BuiltIn; 7] = [
-    ("card", r"\b[2-6]\d{3}(?:[ -]?\d){9,15}\b", card_ok),
-    ("iban", r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b", iban_ok),
+    (
+        "card",
+        &[(
+            r"(?-u:\b)[2-6][0-9]{3}(?:[ -]?[0-9]){9,15}(?-u:\b)",
+            Anchor::BoundaryDigit { before: 0, digits: 13 },
+        )],
+        card_ok,
+    ),
+    (
+        "iban",
+        &[(r"(?-u:\b)[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){11,30}(?-u:\b)", Anchor::Iban)],
+        iban_ok,
+    ),
     (
         "email",
-        r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}\b",
+        &[(
+            r"(?-u:\b)[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}(?-u:\b)",
+            Anchor::Anywhere,
+        )],
         any,
     ),
     (
         "phone",
-        r"(?:\+[1-9](?:[ .-]?\d){7,14}\b|(?:\(\d{3}\) ?|\b\d{3}[ .-])\d{3}[ .-]\d{4}\b|\b0\d{1,4}[ -]\d{3,4}[ -]\d{3,4}\b)",
+        &[(
+            concat!(
+                r"\+[1-9](?:[ .-]?[0-9]){7,14}(?-u:\b)",
+                r"|(?:\([0-9]{3}\) ?|(?-u:\b)[0-9]{3}[ .-])[0-9]{3}[ .-][0-9]{4}(?-u:\b)",
+                r"|(?-u:\b)0[0-9]{1,4}[ -][0-9]{3,4}[ -][0-9]{3,4}(?-u:\b)",
+            ),
+            Anchor::BoundaryDigit { before: 1, digits: 7 },
+        )],
         phone_ok,
     ),
-    ("ssn", r"\b\d{3}-\d{2}-\d{4}\b|\b\d{3} \d{2} \d{4}\b", ssn_ok),
+    (
+        "ssn",
+        &[(
+            r"(?-u:\b)[0-9]{3}-[0-9]{2}-[0-9]{4}(?-u:\b)|(?-u:\b)[0-9]{3} [0-9]{2} [0-9]{4}(?-u:\b)",
+            Anchor::BoundaryDigit { before: 0, digits: 9 },
+        )],
+        ssn_ok,
+    ),
     (
         "ip",
-        r"\b(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\b|[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}",
+        &[
+            (
+                r"(?-u:\b)(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(?-u:\b)",
+                Anchor::BoundaryDigit { before: 0, digits: 4 },
+            ),
+            (r"[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}", Anchor::Anywhere),
+        ],
         ip_ok,
     ),
     (
         "secret",
-        concat!(
-            r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z]+ )*PRIVATE KEY-----",
-            r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
-            r"|\bgh[pousr]_[A-Za-z0-9]{36,255}\b|\bgithub_pat_[A-Za-z0-9_]{22,255}\b",
-            r"|\bglpat-[A-Za-z0-9_-]{20,}",
-            r"|\bsk-ant-[A-Za-z0-9_-]{20,}|\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}",
-            r"|\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|\bhf_[A-Za-z0-9]{30,}|\bgsk_[A-Za-z0-9]{40,}",
-            r"|\bnpm_[A-Za-z0-9]{36}\b|\bxapp-[A-Za-z0-9-]{10,}|\bglrt-[A-Za-z0-9_-]{20,}",
-            r"|https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}|AccountKey=[A-Za-z0-9+/=]{40,}",
-            r"|-----BEGIN PGP PRIVATE KEY BLOCK-----[\s\S]*?(?:-----END PGP PRIVATE KEY BLOCK-----|\z)",
-            r"|\bxox[abposr]-[A-Za-z0-9-]{10,}",
-            r"|\bAIza[0-9A-Za-z_-]{35}",
-            r"|\bmesh_live_[A-Za-z0-9_-]{20,}",
-            r"|\beyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}",
-        ),
+        &[(
+            concat!(
+                r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z]+ )*PRIVATE KEY-----",
+                r"|(?-u:\b)(?:AKIA|ASIA)[0-9A-Z]{16}(?-u:\b)",
+                r"|(?-u:\b)gh[pousr]_[A-Za-z0-9]{36,255}(?-u:\b)|(?-u:\b)github_pat_[A-Za-z0-9_]{22,255}(?-u:\b)",
+                r"|(?-u:\b)glpat-[A-Za-z0-9_-]{20,}",
+                r"|(?-u:\b)sk-ant-[A-Za-z0-9_-]{20,}|(?-u:\b)sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}",
+                r"|(?-u:\b)(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|(?-u:\b)hf_[A-Za-z0-9]{30,}|(?-u:\b)gsk_[A-Za-z0-9]{40,}",
+                r"|(?-u:\b)npm_[A-Za-z0-9]{36}(?-u:\b)|(?-u:\b)xapp-[A-Za-z0-9-]{10,}|(?-u:\b)glrt-[A-Za-z0-9_-]{20,}",
+                r"|https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}|AccountKey=[A-Za-z0-9+/=]{40,}",
+                r"|-----BEGIN PGP PRIVATE KEY BLOCK-----[\s\S]*?(?:-----END PGP PRIVATE KEY BLOCK-----|\z)",
+                r"|(?-u:\b)xox[abposr]-[A-Za-z0-9-]{10,}",
+                r"|(?-u:\b)AIza[0-9A-Za-z_-]{35}",
+                r"|(?-u:\b)mesh_live_[A-Za-z0-9_-]{20,}",
+                r"|(?-u:\b)eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{10,}",
+            ),
+            Anchor::Anywhere,
+        )],
         secret_ok,
     ),
 ];
@@ -254,9 +316,22 @@ impl Scanner {
     pub fn new(custom: &[(String, String)]) -> Result<Self, Vec<String>> {
         let mut detectors: Vec<Detector> = BUILT_IN_PATTERNS
             .iter()
-            .map(|(name, pattern, check)| Detector {
+            .map(|(name, pieces, check)| Detector {
                 name: (*name).to_owned(),
-                pattern: Regex::new(pattern).expect("a built-in detector compiles"),
+                pieces: pieces
+                    .iter()
+                    .map(|&(pattern, anchor)| {
+                        let max_len = regex_syntax::parse(pattern)
+                            .ok()
+                            .and_then(|hir| hir.properties().maximum_len());
+                        Piece {
+                            pattern: Regex::new(pattern).expect("a built-in detector compiles"),
+                            // An unbounded piece cannot be windowed (none is today).
+                            anchor: if max_len.is_some() { anchor } else { Anchor::Anywhere },
+                            max_len: max_len.unwrap_or(usize::MAX),
+                        }
+                    })
+                    .collect(),
                 check: *check,
             })
             .collect();
@@ -266,10 +341,14 @@ impl Scanner {
                 Some(problem) => problems.push(format!("custom detector {name:?}: {problem}")),
                 None => detectors.push(Detector {
                     name: name.clone(),
-                    pattern: regex::RegexBuilder::new(pattern)
-                        .size_limit(1 << 20)
-                        .build()
-                        .expect("checked above"),
+                    pieces: vec![Piece {
+                        pattern: regex::RegexBuilder::new(pattern)
+                            .size_limit(1 << 20)
+                            .build()
+                            .expect("checked above"),
+                        anchor: Anchor::Anywhere,
+                        max_len: usize::MAX,
+                    }],
                     check: any,
                 }),
             }
@@ -308,55 +387,222 @@ impl Scanner {
 
     /// The confirmed matches in `text` of the detectors `wanted` says yes to, in order, without
     /// overlaps (the earliest wins, then the longest).
+    ///
+    /// A windowed piece (card, IBAN, phone, SSN, IPv4) searches only the windows around the
+    /// places its matches can start, each from its first such place to its last plus the
+    /// piece's longest match and a character of look-ahead: no match can start outside them or
+    /// reach a window's end, so the matches are the ones a search of the whole text finds
+    /// ([`Scanner::scan_whole`], which the tests compare it with).
     pub fn scan(&self, text: &str, wanted: impl Fn(usize) -> bool) -> Vec<Found> {
         let mut found: Vec<Found> = Vec::new();
+        let mut starts: Option<Starts> = None;
         for (i, d) in self.detectors.iter().enumerate() {
             if !wanted(i) {
                 continue;
             }
-            let mut at = 0;
-            while at <= text.len() {
-                let Some(m) = d.pattern.find_at(text, at) else { break };
-                if (d.check)(m.as_str()) {
-                    found.push(Found {
-                        detector: i,
-                        start: m.start(),
-                        end: m.end(),
-                    });
-                    at = m.end().max(m.start() + 1);
-                } else if let Some((start, end)) = grouped(&d.name).then(|| best_groups(m.as_str(), d.check)).flatten()
-                {
-                    // The pattern took too much (an expiry after a card, a year before it): the
-                    // longest run of whole groups that passes the check.
-                    found.push(Found {
-                        detector: i,
-                        start: m.start() + start,
-                        end: m.start() + end,
-                    });
-                    at = m.start() + end;
-                } else {
-                    // Nothing in it: try again from its second group (a year before a card).
-                    at = if grouped(&d.name) {
-                        m.as_str().find([' ', '-']).map_or(m.end(), |sep| m.start() + sep + 1)
-                    } else {
-                        m.end()
-                    }
-                    .max(m.start() + 1);
+            for piece in &d.pieces {
+                if matches!(piece.anchor, Anchor::Anywhere) {
+                    find_in(text, text.len(), 0, d, i, piece, &mut found);
+                    continue;
                 }
-                while at < text.len() && !text.is_char_boundary(at) {
-                    at += 1;
+                let starts = &*starts.get_or_insert_with(|| Starts::of(text));
+                let places: &[usize] = match piece.anchor {
+                    Anchor::Iban => &starts.iban,
+                    _ => &starts.digits,
+                };
+                let (before, least) = match piece.anchor {
+                    Anchor::BoundaryDigit { before, digits } => (before, digits),
+                    _ => (0, 0),
+                };
+                let reach = piece.max_len.saturating_add(LOOK_AHEAD);
+                let mut k = 0;
+                while k < places.len() {
+                    let from = places[k].saturating_sub(before);
+                    let mut to = places[k].saturating_add(reach);
+                    k += 1;
+                    while k < places.len() && places[k].saturating_sub(before) <= to {
+                        to = places[k].saturating_add(reach);
+                        k += 1;
+                    }
+                    let mut to = to.min(text.len());
+                    while !text.is_char_boundary(to) {
+                        to += 1;
+                    }
+                    if starts.digits_in(from, to) >= least {
+                        find_in(text, to, from, d, i, piece, &mut found);
+                    }
                 }
             }
         }
-        found.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
-        let mut out: Vec<Found> = Vec::with_capacity(found.len());
-        for f in found {
-            if out.last().is_none_or(|last| f.start >= last.end) {
-                out.push(f);
+        resolve(found)
+    }
+
+    /// [`Scanner::scan`] with every piece searching the whole text: the reference the windowed
+    /// search must agree with.
+    #[must_use]
+    pub fn scan_whole(&self, text: &str, wanted: impl Fn(usize) -> bool) -> Vec<Found> {
+        let mut found: Vec<Found> = Vec::new();
+        for (i, d) in self.detectors.iter().enumerate() {
+            if wanted(i) {
+                for piece in &d.pieces {
+                    find_in(text, text.len(), 0, d, i, piece, &mut found);
+                }
+            }
+        }
+        resolve(found)
+    }
+}
+
+/// Bytes past a windowed piece's longest match that its window keeps, so the word boundary
+/// after a match sees the character there (at most 4 bytes in UTF-8).
+const LOOK_AHEAD: usize = 4;
+
+/// Where windowed pieces' matches can start in one text, found in one pass over its bytes.
+struct Starts {
+    /// Digits at a word boundary.
+    digits: Vec<usize>,
+    /// Two capital letters at a word boundary, then two digits.
+    iban: Vec<usize>,
+    /// Which bytes are digits, 64 to a word.
+    masks: Vec<u64>,
+}
+
+impl Starts {
+    fn of(text: &str) -> Self {
+        let bytes = text.as_bytes();
+        let word = |at: usize| bytes[at].is_ascii_alphanumeric() || bytes[at] == b'_';
+        let mut out = Self {
+            digits: Vec::new(),
+            iban: Vec::new(),
+            masks: Vec::with_capacity(bytes.len().div_ceil(64)),
+        };
+        // NOTE: 64 bytes at a time into a bit mask (the loop vectorizes); prose has few digits.
+        let mut tail = [0u8; 64];
+        let whole = bytes.len() / 64 * 64;
+        tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+        let chunks = bytes.chunks_exact(64).chain(std::iter::once(&tail[..]));
+        for (c, chunk) in chunks.enumerate() {
+            let mut mask = digit_mask(chunk.try_into().expect("64 bytes"));
+            out.masks.push(mask);
+            while mask != 0 {
+                let at = c * 64 + mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                if at == 0 || !word(at - 1) {
+                    out.digits.push(at);
+                } else if at >= 2
+                    && bytes[at - 1].is_ascii_uppercase()
+                    && bytes[at - 2].is_ascii_uppercase()
+                    && bytes.get(at + 1).is_some_and(u8::is_ascii_digit)
+                    && (at == 2 || !word(at - 3))
+                {
+                    out.iban.push(at - 2);
+                }
             }
         }
         out
     }
+
+    /// How many digits `text[from..to]` holds.
+    fn digits_in(&self, from: usize, to: usize) -> u32 {
+        let bits = |word: usize, lo: usize, hi: usize| {
+            let keep = if hi - lo == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << (hi - lo)) - 1) << lo
+            };
+            (self.masks[word] & keep).count_ones()
+        };
+        if from >= to {
+            return 0;
+        }
+        let (first, last) = (from / 64, (to - 1) / 64);
+        if first == last {
+            return bits(first, from % 64, (to - 1) % 64 + 1);
+        }
+        bits(first, from % 64, 64)
+            + self.masks[first + 1..last].iter().map(|m| m.count_ones()).sum::<u32>()
+            + bits(last, 0, (to - 1) % 64 + 1)
+    }
+}
+
+/// Bit `j` set where `chunk[j]` is an ASCII digit.
+#[cfg(target_arch = "x86_64")]
+fn digit_mask(chunk: &[u8; 64]) -> u64 {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_set1_epi8, _mm_sub_epi8,
+    };
+    let mut mask = 0u64;
+    for (k, sixteen) in chunk.chunks_exact(16).enumerate() {
+        // SAFETY: SSE2 is part of x86_64; the load reads the 16 bytes of `sixteen`, unaligned.
+        let bits = unsafe {
+            let v = _mm_sub_epi8(
+                _mm_loadu_si128(sixteen.as_ptr().cast::<__m128i>()),
+                _mm_set1_epi8(b'0' as i8),
+            );
+            // (byte - '0') as unsigned < 10  <=>  min(it, 9) == it
+            _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(9)), v))
+        };
+        mask |= u64::from(bits as u16) << (16 * k);
+    }
+    mask
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn digit_mask(chunk: &[u8; 64]) -> u64 {
+    chunk
+        .iter()
+        .enumerate()
+        .fold(0, |mask, (j, b)| mask | u64::from(b.wrapping_sub(b'0') < 10) << j)
+}
+
+/// The candidates of `piece` in `text[..end]` from `from` on, confirmed by `d`'s check (or, for
+/// grouped detectors, the best run of groups in a candidate that fails it), added to `found`.
+fn find_in(text: &str, end: usize, from: usize, d: &Detector, i: usize, piece: &Piece, found: &mut Vec<Found>) {
+    let hay = &text[..end];
+    let mut at = from;
+    while at <= hay.len() {
+        let Some(m) = piece.pattern.find_at(hay, at) else { break };
+        if (d.check)(m.as_str()) {
+            found.push(Found {
+                detector: i,
+                start: m.start(),
+                end: m.end(),
+            });
+            at = m.end().max(m.start() + 1);
+        } else if let Some((start, end)) = grouped(&d.name).then(|| best_groups(m.as_str(), d.check)).flatten() {
+            // The pattern took too much (an expiry after a card, a year before it): the
+            // longest run of whole groups that passes the check.
+            found.push(Found {
+                detector: i,
+                start: m.start() + start,
+                end: m.start() + end,
+            });
+            at = m.start() + end;
+        } else {
+            // Nothing in it: try again from its second group (a year before a card).
+            at = if grouped(&d.name) {
+                m.as_str().find([' ', '-']).map_or(m.end(), |sep| m.start() + sep + 1)
+            } else {
+                m.end()
+            }
+            .max(m.start() + 1);
+        }
+        while at < hay.len() && !hay.is_char_boundary(at) {
+            at += 1;
+        }
+    }
+}
+
+/// `found` in order without overlaps: the earliest wins, then the longest.
+fn resolve(mut found: Vec<Found>) -> Vec<Found> {
+    found.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
+    let mut out: Vec<Found> = Vec::with_capacity(found.len());
+    for f in found {
+        if out.last().is_none_or(|last| f.start >= last.end) {
+            out.push(f);
+        }
+    }
+    out
 }
 
 /// The detectors whose values print in groups of digits: a candidate that fails its check may
@@ -1032,6 +1278,15 @@ mod tests {
     }
 
     #[test]
+    fn the_bench_corpus_scans_the_same_windowed_and_whole() {
+        let text = include_str!("../../bench/dlp-corpus.txt");
+        let s = scanner();
+        let windowed = s.scan(text, |_| true);
+        assert!(windowed.len() > 50);
+        assert_eq!(windowed, s.scan_whole(text, |_| true));
+    }
+
+    #[test]
     fn review_cases_are_caught_or_let_go() {
         let s = scanner();
         let kinds = |text: &str| -> Vec<String> { names(text).into_iter().map(|(n, _)| n).collect() };
@@ -1327,6 +1582,24 @@ mod tests {
 
         /// The scanner never panics and its matches are in order, inside the text, on char
         /// boundaries, without overlaps.
+        #[test]
+        fn prop_windows_find_what_the_whole_text_search_finds(
+            pieces in proptest::collection::vec(prop_oneof![
+                "[0-9]{1,5}", "[ .()+:_-]", "[A-Z]{1,4}", "[a-z]{1,6}", " ", "é", "\\PC",
+                "[2-6][0-9]{3}([ -]?[0-9]{4}){3}", "[A-Z]{2}[0-9]{2}( ?[0-9A-Z]{4}){3,5}",
+                "\\+?[0-9]{1,3}[ .-]?\\(?[0-9]{3}\\)?[ .-]?[0-9]{3}[ .-][0-9]{4}",
+                "[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}", "[0-9]{1,3}(\\.[0-9]{1,3}){3}",
+                "[0-9a-f]{0,4}(:[0-9a-f]{0,4}){2,7}",
+            ], 0..80),
+        ) {
+            let text: String = pieces.concat();
+            let s = scanner();
+            prop_assert_eq!(s.scan(&text, |_| true), s.scan_whole(&text, |_| true));
+            for one in 0..s.len() {
+                prop_assert_eq!(s.scan(&text, |i| i == one), s.scan_whole(&text, |i| i == one));
+            }
+        }
+
         #[test]
         fn prop_scan_is_well_formed(text in "\\PC{0,200}") {
             let s = scanner();

@@ -1,5 +1,6 @@
-//! Data protection under arbitrary text: the scanner never panics and its matches are ordered,
-//! disjoint and on character boundaries; protecting a request and restoring its surrogates under
+//! Data protection under arbitrary text: the scanner never panics, its matches are ordered,
+//! disjoint and on character boundaries, and its windowed search finds what a search of the whole
+//! text finds; protecting a request and restoring its surrogates under
 //! an arbitrary chunking gives back exactly the original answer text.
 #![no_main]
 
@@ -17,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(text.is_char_boundary(f.start) && text.is_char_boundary(f.end));
         at = f.end;
     }
+    assert_eq!(found, scanner.scan_whole(&text, |_| true));
     // Pseudonymize every match, then restore the surrogates from arbitrary pieces.
     let mut names = Pseudonyms::default();
     let masked = meshfast_core::dlp::rewrite(&text, &found, scanner, |_| Action::Pseudonymize, |d, v| {
