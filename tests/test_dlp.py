@@ -101,6 +101,8 @@ def test_block_refuses_before_the_provider_and_redact_rewrites_what_goes_upstrea
             {"role": "system", "content": "be careful"},
             {"role": "user", "content": f"my card is {CARD}, my iban {IBAN}"}])
     assert refused.value.code == "sensitive_content_blocked" and "card" in str(refused.value)
+    body = refused.value.body if isinstance(refused.value.body, dict) else {}
+    assert body.get("detectors", body.get("error", {}).get("detectors")) == ["card"], refused.value.body
     assert CARD not in str(refused.value)
     assert CARD.replace(" ", "") not in _seen(testserve, "dummy-chat").replace(" ", "")
 
@@ -248,3 +250,54 @@ def test_what_protection_cannot_read_does_not_leave_and_every_route_is_covered(
     second = _put(gateway, f"many-b-{_tag()}", {"enabled": False, "detectors": {}, "custom": more})
     assert second.status_code == 400 and "at most 100" in second.text, second.text
     gateway.admin("DELETE", f"/admin/dlp/policies/{first.json()['name']}")
+
+
+def test_a_registry_file_writes_policies_by_email_and_name(gateway: Gateway, setup: dict, fresh_dir: Any) -> None:
+    """`dlp_policies` in a registry file: people named by email, applications by name; created,
+    unchanged on a second apply, updated in place; a bad entry (an unknown detector, a person
+    who is not registered, a pattern that does not compile) refuses the whole file, listed."""
+    import subprocess
+    import sys
+
+    chat = setup["chat"]
+    user = gateway.create_user()
+    gateway.grant(user["id"], chat["id"])
+    name = f"file-{_tag()}"
+    path = fresh_dir / "dlp.json"
+    entry = {"name": name, "detectors": {"ssn": "block"}, "applies_to": {"users": [user["email"].upper()],
+                                                                         "models": [chat["name"]]}}
+
+    def apply(body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        path.write_text(json.dumps(body))
+        return subprocess.run([sys.executable, "-m", "meshfast.cli", "apply", str(path), "--json"],
+                              env=dict(gateway.env(), DATABASE_URL=gateway.database_url), capture_output=True,
+                              text=True, timeout=120)
+
+    def status() -> int:
+        return gateway.client.post("/v1/proxy", params={"model": chat["name"]}, json={"query": "ssn 123-45-6789"},
+                                   headers={"authorization": f"Bearer {user['key']}"}).status_code
+
+    try:
+        done = apply({"dlp_policies": [entry]})
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["created"] == [f"dlp policy {name}"]
+        until(lambda: status() == 400, 3.0, "the file's policy")
+        stored = next(p for p in gateway.admin("GET", "/admin/dlp/policies").json() if p["name"] == name)
+        assert stored["applies_to"]["users"] == [user["id"]], stored
+        assert json.loads(apply({"dlp_policies": [entry]}).stdout)["unchanged"] == [f"dlp policy {name}"]
+        relaxed = {**entry, "detectors": {"ssn": "redact"}}
+        assert json.loads(apply({"dlp_policies": [relaxed]}).stdout)["updated"] == [f"dlp policy {name}"]
+        until(lambda: status() == 200, 3.0, "the updated policy")
+
+        refused = apply({"dlp_policies": [
+            {**entry, "detectors": {"dna": "block"}},
+            {"name": f"other-{_tag()}", "detectors": {"card": "block"}, "applies_to": {"users": ["nobody@example.com"]}},
+            {"name": f"third-{_tag()}", "custom": [{"name": "x", "pattern": "(", "action": "redact"}]}]})
+        assert refused.returncode == 1 and "nothing applied" in refused.stderr
+        for needle in ("dlp_policies[0]", "unknown detector", "dlp_policies[2]", "custom[0].pattern"):
+            assert needle in refused.stderr, (needle, refused.stderr)
+        refused = apply({"dlp_policies": [{"name": f"other-{_tag()}", "detectors": {"card": "block"},
+                                           "applies_to": {"users": ["nobody@example.com"]}}]})
+        assert refused.returncode == 1 and "no user is named 'nobody@example.com'" in refused.stderr, refused.stderr
+    finally:
+        gateway.admin("DELETE", f"/admin/dlp/policies/{name}")

@@ -1005,27 +1005,47 @@ impl Dlp {
         };
         let mut names = Pseudonyms::default();
         let mut changed = false;
+        // Protects one text value; true when it rewrote it.
         let mut visit = |text: &mut serde_json::Value, out: &mut Protected| -> bool {
             if let serde_json::Value::String(s) = text {
-                let before = s.len();
                 let mut owned = std::mem::take(s);
                 let original = owned.clone();
-                let ok = self.protect(&mut owned, acts, out, &mut names);
-                changed |= owned != original || owned.len() != before;
+                self.protect(&mut owned, acts, out, &mut names);
+                let rewritten = owned != original;
                 *s = owned;
-                return ok;
+                return rewritten;
             }
-            true
+            false
         };
         for field in fields {
             if let Some(text) = value.get_mut(*field) {
-                visit(text, &mut out);
+                changed |= visit(text, &mut out);
             }
         }
         if let (true, Some(serde_json::Value::Array(blocks))) = (content, value.get_mut("content")) {
+            use base64::Engine as _;
             for block in blocks {
                 if let Some(text) = block.get_mut("text") {
-                    visit(text, &mut out);
+                    changed |= visit(text, &mut out);
+                }
+                // A text document's content (base64 in `data`) is text the caller sends too; one
+                // that does not decode to UTF-8 cannot be read, so the call does not leave.
+                let textual = block.get("type").and_then(serde_json::Value::as_str) == Some("document")
+                    && block
+                        .get("media_type")
+                        .and_then(serde_json::Value::as_str)
+                        .is_some_and(textual_media_type);
+                if let (true, Some(serde_json::Value::String(data))) = (textual, block.get_mut("data")) {
+                    let engine = base64::engine::general_purpose::STANDARD;
+                    let text = engine
+                        .decode(data.as_bytes())
+                        .ok()
+                        .and_then(|b| String::from_utf8(b).ok())?;
+                    let mut text = serde_json::Value::String(text);
+                    if visit(&mut text, &mut out) {
+                        *data = engine.encode(text.as_str().unwrap_or_default());
+                        changed = true;
+                    }
                 }
             }
         }
@@ -1036,6 +1056,29 @@ impl Dlp {
         }
         Some((out, serde_json::to_vec(&value).ok()))
     }
+}
+
+/// A media type whose content is text (a Mesh-native `document` block data protection reads):
+/// `text/*`, JSON, XML, YAML, CSV and NDJSON, with or without parameters.
+fn textual_media_type(media_type: &str) -> bool {
+    let essence = media_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence.starts_with("text/")
+        || essence.ends_with("+json")
+        || essence.ends_with("+xml")
+        || matches!(
+            essence.as_str(),
+            "application/json"
+                | "application/xml"
+                | "application/yaml"
+                | "application/x-yaml"
+                | "application/csv"
+                | "application/x-ndjson"
+        )
 }
 
 /// A call's surrogates: the same value gets the same one within the call, shaped like the value
@@ -1501,6 +1544,46 @@ mod tests {
         assert_eq!(found.action, Some(Action::Redact));
         assert_eq!(rewritten.unwrap(), br#"{"query":"iban [REDACTED:iban]"}"#.to_vec());
         assert!(d.protect_proxy(b"not json", &acts).is_none());
+    }
+
+    #[test]
+    fn a_text_documents_content_is_read_and_rewritten_in_its_base64() {
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let d = dlp(vec![policy("p", &[("card", "block"), ("iban", "redact")])]);
+        let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
+        let doc = |media_type: &str, text: &str| {
+            format!(
+                r#"{{"content":[{{"type":"text","text":"see"}},{{"type":"document","media_type":"{media_type}","data":"{}"}}]}}"#,
+                engine.encode(text)
+            )
+        };
+        let (found, _) = d
+            .protect_proxy(doc("text/plain", "card 4111 1111 1111 1111").as_bytes(), &acts)
+            .unwrap();
+        assert_eq!(found.blocked, vec!["card".to_owned()]);
+        let (found, rewritten) = d
+            .protect_proxy(
+                doc("text/csv; charset=utf-8", "iban,GB82WEST12345698765432\n").as_bytes(),
+                &acts,
+            )
+            .unwrap();
+        assert_eq!(found.counts, vec![("iban".to_owned(), 1)]);
+        let sent: serde_json::Value = serde_json::from_slice(&rewritten.unwrap()).unwrap();
+        let data = engine.decode(sent["content"][1]["data"].as_str().unwrap()).unwrap();
+        assert_eq!(String::from_utf8(data).unwrap(), "iban,[REDACTED:iban]\n");
+        // Not text (left as it is), and text that is not base64 or not UTF-8 (not readable).
+        let (found, rewritten) = d
+            .protect_proxy(doc("application/pdf", "card 4111 1111 1111 1111").as_bytes(), &acts)
+            .unwrap();
+        assert!(found.blocked.is_empty() && rewritten.is_none());
+        let bad = r#"{"content":[{"type":"document","media_type":"text/plain","data":"%%%"}]}"#;
+        assert!(d.protect_proxy(bad.as_bytes(), &acts).is_none());
+        let latin1 = format!(
+            r#"{{"content":[{{"type":"document","media_type":"text/plain","data":"{}"}}]}}"#,
+            engine.encode([0xe9u8, 0x41])
+        );
+        assert!(d.protect_proxy(latin1.as_bytes(), &acts).is_none());
     }
 
     #[test]

@@ -76,6 +76,32 @@ fn openai_type(status: u16) -> &'static str {
 /// `details[0].reason` (Gemini); `detail`, when given, is appended to the message.
 #[must_use]
 pub fn error_body(format: Format, status: u16, code: &str, detail: Option<&str>) -> Vec<u8> {
+    error_body_naming(format, status, code, detail, &[])
+}
+
+/// [`error_body`] that also names data protection's blocking `detectors` (never the values):
+/// `detectors: [..]` in the error object (OpenAI, Anthropic), at the top (Ollama), or in the
+/// `ErrorInfo`'s string metadata, comma-separated (Gemini).
+#[must_use]
+pub fn error_body_naming(
+    format: Format,
+    status: u16,
+    code: &str,
+    detail: Option<&str>,
+    detectors: &[String],
+) -> Vec<u8> {
+    let list = |out: &mut Vec<u8>| {
+        if !detectors.is_empty() {
+            out.extend_from_slice(b",\"detectors\":[");
+            for (i, detector) in detectors.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_str(out, detector);
+            }
+            out.push(b']');
+        }
+    };
     let base = message_for(code);
     let message = match detail {
         Some(d) if !d.is_empty() => format!("{base} {d}"),
@@ -90,6 +116,7 @@ pub fn error_body(format: Format, status: u16, code: &str, detail: Option<&str>)
             write_str(&mut out, openai_type(status));
             out.extend_from_slice(b",\"param\":null,\"code\":");
             write_str(&mut out, code);
+            list(&mut out);
             out.extend_from_slice(b"}}");
         }
         Format::Anthropic => {
@@ -99,6 +126,7 @@ pub fn error_body(format: Format, status: u16, code: &str, detail: Option<&str>)
             write_str(&mut out, &message);
             out.extend_from_slice(b",\"category\":");
             write_str(&mut out, anthropic_type(status));
+            list(&mut out);
             out.extend_from_slice(b"}}");
         }
         Format::Gemini => {
@@ -110,13 +138,20 @@ pub fn error_body(format: Format, status: u16, code: &str, detail: Option<&str>)
             write_str(&mut out, google_status(status));
             out.extend_from_slice(b",\"details\":[{\"@type\":\"type.googleapis.com/google.rpc.ErrorInfo\",\"reason\":");
             write_str(&mut out, code);
-            out.extend_from_slice(b",\"domain\":\"meshfast\"}]}}");
+            out.extend_from_slice(b",\"domain\":\"meshfast\"");
+            if !detectors.is_empty() {
+                out.extend_from_slice(b",\"metadata\":{\"detectors\":");
+                write_str(&mut out, &detectors.join(","));
+                out.push(b'}');
+            }
+            out.extend_from_slice(b"}]}}");
         }
         Format::Ollama => {
             out.extend_from_slice(b"{\"error\":");
             write_str(&mut out, &message);
             out.extend_from_slice(b",\"code\":");
             write_str(&mut out, code);
+            list(&mut out);
             out.push(b'}');
         }
     }
@@ -506,6 +541,36 @@ mod tests {
             serde_json::from_slice(&error_body(Format::Ollama, 503, "server_busy", None)).unwrap();
         assert!(v["error"].is_string());
     }
+    #[test]
+    fn a_blocking_detector_is_named_in_every_error_shape() {
+        let names = vec!["card".to_owned(), "iban".to_owned()];
+        for format in [
+            Format::OpenAiChat,
+            Format::OpenAiResponses,
+            Format::Anthropic,
+            Format::Ollama,
+        ] {
+            let body = error_body_naming(
+                format,
+                400,
+                "sensitive_content_blocked",
+                Some("(detectors: card, iban)"),
+                &names,
+            );
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let listed = v["error"].get("detectors").or_else(|| v.get("detectors")).cloned();
+            assert_eq!(listed, Some(serde_json::json!(["card", "iban"])), "{format:?}");
+        }
+        let body = error_body_naming(Format::Gemini, 400, "sensitive_content_blocked", None, &names);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["details"][0]["metadata"]["detectors"], "card,iban");
+        assert_eq!(v["error"]["details"][0]["reason"], "sensitive_content_blocked");
+        assert_eq!(
+            error_body(Format::Ollama, 400, "invalid_request", None),
+            error_body_naming(Format::Ollama, 400, "invalid_request", None, &[])
+        );
+    }
+
     #[test]
     fn tools_the_model_called_are_listed_once_in_order() {
         let mut s = String::from("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n");

@@ -789,6 +789,16 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                         }
                         out.push(b']');
                     });
+                    if let Some(format) = p.error_shape {
+                        let wire = Outcome::SensitiveContentBlocked.on_entry_route();
+                        p.body = crate::entry::error_body_naming(
+                            format,
+                            p.status,
+                            wire.code(),
+                            Some(&detail),
+                            &found.blocked,
+                        );
+                    }
                     return p;
                 }
             }

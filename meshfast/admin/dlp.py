@@ -84,9 +84,11 @@ def _labels(value: Any, where: str, problems: list[str], *, ids: bool = False) -
     return out
 
 
-def check(name: str, body: Any) -> tuple[dict[str, Any], list[str]]:
+def check(name: str, body: Any, *, by_name: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The policy as stored, and every problem found on its own (references are checked in the
-    database by :meth:`DlpService.put`)."""
+    database by :func:`store`). ``by_name`` (a registry file, written before ids are known):
+    ``applies_to.users`` and ``leaders`` may name people by email and ``applications`` by name;
+    :func:`resolve_names` turns them into ids when the file is applied."""
     problems: list[str] = []
     if not _NAME.match(name):
         problems.append("the name must be 1 to 64 of A-Z a-z 0-9 . _ -")
@@ -144,11 +146,95 @@ def check(name: str, body: Any) -> tuple[dict[str, Any], list[str]]:
         applies = {}
     problems.extend(f"applies_to.{k}: unknown (one of {', '.join(APPLIES_TO)})" for k in sorted(set(applies) -
                                                                                              set(APPLIES_TO))[:10])
-    applies_to = {k: _labels(applies.get(k), f"applies_to.{k}", problems, ids=k in ("applications", "users", "leaders"))
+    applies_to = {k: _labels(applies.get(k), f"applies_to.{k}", problems,
+                             ids=not by_name and k in ("applications", "users", "leaders"))
                   for k in APPLIES_TO}
     stored = {"enabled": enabled is not False, "detectors": detectors, "custom": custom,
               "applies_to": {k: v for k, v in applies_to.items() if v}}
     return stored, problems
+
+
+async def problems_in_database(conn: asyncpg.Connection, name: str, stored: dict[str, Any],
+                               file_models: frozenset[str] = frozenset()) -> list[str]:
+    """What ``stored`` names that does not exist (models a registry file creates count), and
+    custom detectors at odds with the other policies. Takes the policies' lock: policy writes
+    take turns until the transaction ends."""
+    found: list[str] = []
+    applies = stored["applies_to"]
+    for field, sql in (("models", KNOWN_MODELS), ("providers", KNOWN_PROVIDERS)):
+        if applies.get(field):
+            known = {r[0] for r in await conn.fetch(sql, applies[field])} | file_models
+            found += [f"applies_to.{field}: no {field[:-1]} is named {n!r}" for n in applies[field] if n not in known]
+    for field, kind in (("applications", "application"), ("users", "user"), ("leaders", "user")):
+        if applies.get(field):
+            known = {r[0] for r in await conn.fetch(KNOWN_PRINCIPALS, applies[field], kind)}
+            found += [f"applies_to.{field}: no {kind} has the id {i}" for i in applies[field] if i not in known]
+    # One name, one pattern: a custom detector another policy defines must match it; and the
+    # core takes at most MAX_CUSTOM of them in all.
+    await conn.execute(LOCK_POLICIES)
+    names = {c["name"] for c in stored["custom"]}
+    for other in await conn.fetch(OTHERS, name):
+        theirs = {c["name"]: c["pattern"] for c in json.loads(other["body"]).get("custom", [])}
+        names |= set(theirs)
+        found += [f"custom detector {c['name']!r} is defined with another pattern by policy {other['name']!r}"
+                  for c in stored["custom"] if theirs.get(c["name"], c["pattern"]) != c["pattern"]]
+    if len(names) > MAX_CUSTOM:
+        found.append(f"the policies would define {len(names)} custom detectors; at most {MAX_CUSTOM} in all")
+    return found
+
+
+PEOPLE_BY_EMAIL = "SELECT lower(email), id::text FROM users WHERE kind = 'user' AND lower(email) = ANY($1::text[])"
+APPLICATIONS_BY_NAME = ("SELECT lower(display_name), id::text FROM users WHERE kind = 'application' "
+                        "AND lower(display_name) = ANY($1::text[])")
+STORED_BODY = "SELECT body::text FROM dlp_policies WHERE name = $1"
+
+
+async def resolve_names(conn: asyncpg.Connection, stored: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A registry file's policy with its people (by email) and applications (by name) as ids, and
+    the names that match nobody."""
+    applies = dict(stored["applies_to"])
+    problems: list[str] = []
+    for field, sql, what in (("users", PEOPLE_BY_EMAIL, "user"), ("leaders", PEOPLE_BY_EMAIL, "user"),
+                             ("applications", APPLICATIONS_BY_NAME, "application")):
+        listed = applies.get(field) or []
+        named = [v for v in listed if not _is_id(v)]
+        ids = dict(await conn.fetch(sql, [v.lower() for v in named])) if named else {}
+        out = []
+        for value in listed:
+            if _is_id(value):
+                out.append(str(uuid.UUID(value)))
+            elif value.lower() in ids:
+                out.append(ids[value.lower()])
+            else:
+                problems.append(f"applies_to.{field}: no {what} is named {value!r}")
+        if listed:
+            applies[field] = list(dict.fromkeys(out))
+    return {**stored, "applies_to": applies}, problems
+
+
+def _is_id(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+async def apply_file_policy(conn: asyncpg.Connection, name: str, stored: dict[str, Any],
+                            file_models: frozenset[str], summary: dict[str, list[str]]) -> list[str]:
+    """One policy of a registry file, by name: created, updated or unchanged; the problems that
+    keep the file from applying (nothing is written then)."""
+    resolved, problems = await resolve_names(conn, stored)
+    problems += await problems_in_database(conn, name, resolved, file_models)
+    if problems:
+        return [f"dlp policy {name!r}: {p}" for p in problems]
+    before = await conn.fetchval(STORED_BODY, name)
+    if before is not None and json.loads(before) == resolved:
+        summary["unchanged"].append(f"dlp policy {name}")
+        return []
+    await conn.fetchrow(UPSERT, name, json.dumps(resolved))
+    summary["created" if before is None else "updated"].append(f"dlp policy {name}")
+    return []
 
 
 def _json(row: asyncpg.Record) -> dict[str, Any]:
@@ -174,28 +260,7 @@ class DlpService:
             raise _invalid(problems)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            found: list[str] = []
-            applies = stored["applies_to"]
-            for field, sql in (("models", KNOWN_MODELS), ("providers", KNOWN_PROVIDERS)):
-                if applies.get(field):
-                    known = {r[0] for r in await conn.fetch(sql, applies[field])}
-                    found += [f"applies_to.{field}: no {field[:-1]} is named {n!r}" for n in applies[field]
-                              if n not in known]
-            for field, kind in (("applications", "application"), ("users", "user"), ("leaders", "user")):
-                if applies.get(field):
-                    known = {r[0] for r in await conn.fetch(KNOWN_PRINCIPALS, applies[field], kind)}
-                    found += [f"applies_to.{field}: no {kind} has the id {i}" for i in applies[field] if i not in known]
-            # One name, one pattern: a custom detector another policy defines must match it; and
-            # the core takes at most MAX_CUSTOM of them in all. (Held: policy writes take turns.)
-            await conn.execute(LOCK_POLICIES)
-            names = {c["name"] for c in stored["custom"]}
-            for other in await conn.fetch(OTHERS, name):
-                theirs = {c["name"]: c["pattern"] for c in json.loads(other["body"]).get("custom", [])}
-                names |= set(theirs)
-                found += [f"custom detector {c['name']!r} is defined with another pattern by policy {other['name']!r}"
-                          for c in stored["custom"] if theirs.get(c["name"], c["pattern"]) != c["pattern"]]
-            if len(names) > MAX_CUSTOM:
-                found.append(f"the policies would define {len(names)} custom detectors; at most {MAX_CUSTOM} in all")
+            found = await problems_in_database(conn, name, stored)
             if found:
                 raise _invalid(found)
             return await conn.fetchrow(UPSERT, name, json.dumps(stored))

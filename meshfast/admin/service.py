@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from meshfast import errors, rules, snapshot, validate
+from meshfast.admin import dlp as dlp_admin
 from meshfast.admin import issuers as issuer_admin
 from meshfast.admin import rules as rule_admin
 from meshfast.admin import workflows as workflow_admin
@@ -663,6 +664,9 @@ class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
     # Platform token issuers and workflow budgets, as their admin routes take them.
     issuers: list[dict[str, Any]] = []
     workflows: list[dict[str, Any]] = []
+    # Data protection policies as PUT /admin/dlp/policies/{name} takes them, with their name;
+    # people may be named by email and applications by name.
+    dlp_policies: list[dict[str, Any]] = []
     # Spend rules as the API takes them (meshfast.rules), and the global enforcement switch.
     rules: list[Any] = []
     enforce_rules: bool | None = None
@@ -700,6 +704,8 @@ class Registry:
     applications: list[RegistryApplication] = dataclasses.field(default_factory=list)
     issuers: list[Any] = dataclasses.field(default_factory=list)
     workflows: list[Any] = dataclasses.field(default_factory=list)
+    # (name, policy as stored before its people's and applications' names become ids)
+    dlp_policies: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
     # Spend rules as authored (checked against people and models when applied); None: the
     # switch is left alone.
     rules: list[Any] = dataclasses.field(default_factory=list)
@@ -798,6 +804,17 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
                 problems.append(f"{label}: listed twice")
             names.add(name)
             getattr(out, section).append(body)
+    names = set()
+    for i, entry in enumerate(registry.dlp_policies):
+        name = entry.get("name")
+        label = f"dlp_policies[{i}] ({name!r})"
+        stored, found = dlp_admin.check(name if isinstance(name, str) else "", entry, by_name=True)
+        problems.extend(f"{label}: {p}" for p in found)
+        if name in names:
+            problems.append(f"{label}: listed twice")
+        if not found:
+            names.add(name)
+            out.dlp_policies.append((name, stored))
     problems.extend(rule_admin.parse_file_rules(registry.rules))
     out.rules, out.enforce_rules = registry.rules, registry.enforce_rules
     if problems:
@@ -1656,6 +1673,14 @@ class AdminService:
                 await issuer_admin.apply_file_issuer(conn, issuer, summary)
             for workflow in registry.workflows:
                 await workflow_admin.apply_file_workflow(conn, workflow, summary)
+            if registry.dlp_policies:
+                # NOTE: after the models and applications: a policy may name ones this file creates.
+                created = frozenset(m.name for m in registry.models)
+                found = []
+                for name, stored in registry.dlp_policies:
+                    found += await dlp_admin.apply_file_policy(conn, name, stored, created, summary)
+                if found:
+                    raise _invalid(found)
             if plan is not None or registry.enforce_rules is not None:
                 await rule_admin.apply_plan(conn, plan or rule_admin.RegistryPlan(), registry.enforce_rules, summary)
             if not (summary["created"] or summary["updated"] or summary["deleted"]):
