@@ -107,8 +107,8 @@ bench-identity: setup ## authentication cost: a key vs platform tokens (RS256/ES
 	$(BIN)/python bench/identity_bench.py --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
 
 .PHONY: bench-dlp
-bench-dlp: setup ## data protection: the scanner's MB/s on bench/dlp-corpus.txt (its instruction count is a `make instructions` workload) (QUICK=1)
-	$(BIN)/python bench/dlp_bench.py $(if $(QUICK),--quick)
+bench-dlp: setup ## data protection: the scanner's MB/s on bench/dlp-corpus.txt (its instruction count is a `make instructions` workload), and the proxy path's latency with a policy on vs off for 1/32/512 KB prompts (QUICK=1; needs nginx)
+	PYTHONSAFEPATH=1 $(BIN)/python bench/dlp_bench.py --proxy --workers $(WORKERS) --meshfast-cmd $(BIN)/meshfast $(if $(QUICK),--quick)
 
 .PHONY: bench-realtime
 bench-realtime: setup ## realtime sessions: a response's time direct to testserve vs through meshfast's relay, and session set-up (QUICK=1)

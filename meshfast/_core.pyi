@@ -383,6 +383,11 @@ class Core:
         """The published config's ``seq``; -1 before the first successful load."""
 
     @property
+    def dlp_wants_model(self) -> bool:
+        """Whether an enabled data protection policy sets an action for a model detector
+        (``person``, ``address``): only then does the edge ask the detection model."""
+
+    @property
     def kill_switch(self) -> bool:
         """The published config's ``kill_switch``; False before the first load."""
 
@@ -432,6 +437,8 @@ class Core:
         stream: bool | None = None,
         cache_shaping: bool = True,
         workflow: str | None = None,
+        dlp_found: list[tuple[str, str]] | None = None,
+        dlp_model_failed: bool = False,
     ) -> Prepared:
         """The decision for a data-plane POST route, in Mesh's order.
 
@@ -439,6 +446,12 @@ class Core:
         not list is 403 ``workflow_not_permitted``; otherwise the worst case is reserved against
         its budget in its calendar window (429 ``budget_exceeded`` naming it when it does not
         fit). An unregistered id changes nothing.
+
+        ``dlp_found`` is what the detection model found in the call's texts, ``(type, value)``
+        (types ``person`` and ``address`` count; each value's occurrences are matches of that
+        detector in every text); ``dlp_model_failed`` says the model was asked and did not answer,
+        so a call whose data protection policies want its detectors is 400
+        ``sensitive_content_blocked`` naming them (fail closed).
 
         ``cache_shaping`` False (the caller's ``X-Meshfast-Cache: off``) leaves the upstream body
         without the model's prompt-cache shaping: no Anthropic breakpoints beyond the caller's own,

@@ -656,6 +656,9 @@ class App:
                     await self._checkpoint(conn)
         if self.dispatcher is not None:
             await self.dispatcher.close()
+        if self.data is not None and self.data.dlp_model is not None:
+            with contextlib.suppress(Exception):
+                await self.data.dlp_model.close()
         if self.tracing is not None:
             # The spans still batched go out (bounded by the exporter's own timeout).
             await asyncio.to_thread(self.tracing.shutdown)

@@ -26,6 +26,7 @@ from meshfast import errors, tags
 from meshfast._core import Core, ShmError, UpstreamBodyError, entry_error, entry_stream_content_type, request_id
 from meshfast.admission import Admission
 from meshfast.dispatch import Dispatcher, UpstreamError, UpstreamResponse
+from meshfast.dlp_model import DetectionModel
 from meshfast.metrics import Metrics
 from meshfast.settings import Settings
 from meshfast.telemetry import Row, RuleEvent, Telemetry
@@ -117,6 +118,9 @@ class DataPlane:
         # Platform tokens' side work (meshfast.admin.issuers.Identities): an early key set fetch,
         # just-in-time provisioning.
         self.identities = identities
+        # Data protection's detection model (meshfast.dlp_model), when one is configured.
+        self.dlp_model = DetectionModel(settings.dlp_model_url, settings.dlp_model_timeout_s,
+                                        settings.dlp_model_max_bytes) if settings.dlp_model_url else None
         # The worker's ConfigFeed: ``behind()`` and ``reach(seq, timeout_s)`` (see caught_up).
         self._config = config
         # OpenTelemetry (meshfast.otel) when configured: a span per authenticated request, by
@@ -230,11 +234,17 @@ class DataPlane:
                 self._refuse_unread(scope, proto, route, model, failure, principal, started, now_ms, call_tags)
                 return
         workflow = call_tags.get("workflow") if call_tags else None
+        dlp_found: list[tuple[str, str]] | None = None
+        dlp_failed = False
+        if self.dlp_model is not None and principal is not None and body and self.core.dlp_wants_model:
+            # The detection model beside the pattern rules (names, addresses): an authenticated call
+            # only, and only while a policy wants it.
+            dlp_found, dlp_failed = await self.dlp_model.find(body)
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
-                              model, stream, cache_shaping, workflow)
+                              model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
         if principal is not None and p.status in _CONFIG_REFUSALS and await self.caught_up():
             p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
-                                  model, stream, cache_shaping, workflow)
+                                  model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
         if p.status and self.leases is not None:
             # A cluster member holds only slices of each cap: out of room, it asks for another
             # (one round trip, rare far from a cap) and decides again.
@@ -251,7 +261,7 @@ class DataPlane:
                 if not granted:
                     break
                 p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body),
-                                      now_ms, model, stream, cache_shaping, workflow)
+                                      now_ms, model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
         user_agent = _header(headers, "user-agent")
         source_ip = client_ip(scope)
         mesh = route in _MESH

@@ -51,7 +51,7 @@ _ATTEMPTS = {result: _key(f"attempts:{result}") for result in ATTEMPT_RESULTS}
 _RETRIES = _key("retries")
 # Data protection: detections by detector (the built-in ones by name, operators' patterns together
 # as "custom": bounded cardinality) and by the action the call took.
-DLP_DETECTORS = ("card", "iban", "email", "phone", "ssn", "ip", "secret", "custom")
+DLP_DETECTORS = ("card", "iban", "email", "phone", "ssn", "ip", "secret", "person", "address", "custom")
 DLP_ACTIONS = ("block", "pseudonymize", "redact")
 _DLP = {(d, a): _key(f"dlp:{d}:{a}") for d in DLP_DETECTORS for a in DLP_ACTIONS}
 _UNCLASSIFIED = _key("unclassified_fields")

@@ -153,6 +153,15 @@ def _zone_env(name: str) -> str:
     return raw
 
 
+def _url_env(name: str) -> str | None:
+    raw = (os.environ.get(name) or "").strip()
+    if not raw:
+        return None
+    if not raw.startswith(("http://", "https://")) or any(c.isspace() or ord(c) < 32 for c in raw):
+        raise SystemExit(f"meshfast: {name} must be an http:// or https:// URL, got {raw!r}")
+    return raw
+
+
 def _choice_env(name: str) -> str:
     choices = GRANIAN_CHOICES[name]
     raw = (os.environ.get(name) or choices[0]).strip().lower()
@@ -196,6 +205,10 @@ class Settings:
     calendar_tz: str = "UTC"
     shm_slots: int = 1 << 20
     tag_keys: tuple[str, ...] = DEFAULT_TAG_KEYS
+    # A local detection model for data protection's `person` and `address` (meshfast.dlp_model).
+    dlp_model_url: str | None = None
+    dlp_model_timeout_s: float = 0.5
+    dlp_model_max_bytes: int = 1024 * 1024
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -235,6 +248,9 @@ class Settings:
             calendar_tz=_zone_env("MESHFAST_CALENDAR_TZ"),
             shm_slots=_bounded_int_env("MESHFAST_SHM_SLOTS", 1 << 20, 1 << 12, 1 << 27),
             tag_keys=tag_keys_env(),
+            dlp_model_url=_url_env("MESHFAST_DLP_MODEL_URL"),
+            dlp_model_timeout_s=_bounded_int_env("MESHFAST_DLP_MODEL_TIMEOUT_MS", 500, 10, 10_000) / 1000,
+            dlp_model_max_bytes=_bounded_int_env("MESHFAST_DLP_MODEL_MAX_KB", 1024, 1, 65_536) * 1024,
         )
 
     @property

@@ -570,6 +570,20 @@ impl PyCore {
         self.current.load().as_ref().map_or(-1, |loaded| loaded.snapshot.seq)
     }
 
+    /// Whether an enabled data protection policy sets an action for a model detector (`person`,
+    /// `address`): only then is the detection model asked.
+    #[getter]
+    fn dlp_wants_model(&self) -> bool {
+        self.current.load().as_ref().is_some_and(|loaded| {
+            loaded
+                .snapshot
+                .dlp
+                .as_ref()
+                .as_ref()
+                .is_some_and(crate::dlp::Dlp::wants_model)
+        })
+    }
+
     #[getter]
     fn kill_switch(&self) -> bool {
         self.current
@@ -685,7 +699,7 @@ impl PyCore {
     }
 
     /// The decision for a data-plane POST route; see the stub.
-    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None, cache_shaping = true, workflow = None))]
+    #[pyo3(signature = (route, authorization, x_api_key, x_goog_api_key, query_string, body, content_length, now_ms, model = None, stream = None, cache_shaping = true, workflow = None, dlp_found = None, dlp_model_failed = false))]
     #[expect(
         clippy::too_many_arguments,
         reason = "one call per request with the raw request parts"
@@ -704,6 +718,8 @@ impl PyCore {
         stream: Option<bool>,
         cache_shaping: bool,
         workflow: Option<&str>,
+        dlp_found: Option<Vec<(String, String)>>,
+        dlp_model_failed: bool,
     ) -> PyResult<PyPrepared> {
         let _ = content_length; // NOTE: 413 and the byte-cost admission are Python's, before this call.
         let route = Route::parse(route).ok_or_else(|| PyValueError::new_err(format!("unknown route {route:?}")))?;
@@ -723,6 +739,8 @@ impl PyCore {
             now_ms,
             cache_off: !cache_shaping,
             workflow,
+            dlp_found: dlp_found.as_deref().unwrap_or_default(),
+            dlp_model_failed,
         };
         Ok(PyPrepared {
             inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request),

@@ -14,6 +14,12 @@ use std::fmt::Write as _;
 /// The built-in detectors, in API order.
 pub const BUILT_IN: [&str; 7] = ["card", "iban", "email", "phone", "ssn", "ip", "secret"];
 
+/// The detectors a local detection model finds (names, postal addresses): the model runs beside
+/// the pattern rules when one is configured (`MESHFAST_DLP_MODEL_URL`), and the values it found
+/// come into [`Protected::model_values`]; without one they find nothing, and a policy that wants
+/// them blocks the call rather than let them leave unchecked ([`Dlp::model_detectors`]).
+pub const MODEL_DETECTORS: [&str; 2] = ["person", "address"];
+
 /// What a policy does with a detector's matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Action {
@@ -335,6 +341,11 @@ impl Scanner {
                 check: *check,
             })
             .collect();
+        detectors.extend(MODEL_DETECTORS.iter().map(|name| Detector {
+            name: (*name).to_owned(),
+            pieces: Vec::new(),
+            check: any,
+        }));
         let mut problems = Vec::new();
         for (name, pattern) in custom.iter().take(MAX_CUSTOM) {
             match pattern_problem(pattern) {
@@ -733,6 +744,9 @@ pub struct Protected {
     pub blocked: Vec<String>,
     /// Surrogate → original of every value pseudonymized: what [`Restorer`] puts back.
     pub restore: Vec<(String, String)>,
+    /// Values the detection model found in this call's texts, by detector index: each of their
+    /// occurrences is a match of that detector, in every text of the call.
+    pub model_values: Vec<(usize, String)>,
 }
 
 impl Dlp {
@@ -798,6 +812,69 @@ impl Dlp {
         }
     }
 
+    /// The scanner's matches in `text` and each occurrence of the model's `values`, without
+    /// overlaps (the earliest wins, then the longest).
+    fn scan(&self, text: &str, wanted: impl Fn(usize) -> bool, values: &[(usize, String)]) -> Vec<Found> {
+        let found = self.scanner.scan(text, &wanted);
+        if values.is_empty() {
+            return found;
+        }
+        let mut all = found;
+        for (detector, value) in values {
+            if !value.is_empty() && wanted(*detector) {
+                all.extend(text.match_indices(value.as_str()).map(|(at, _)| Found {
+                    detector: *detector,
+                    start: at,
+                    end: at + value.len(),
+                }));
+            }
+        }
+        resolve(all)
+    }
+
+    /// Whether any enabled policy sets an action for a model detector: only then does the edge
+    /// ask the detection model.
+    #[must_use]
+    pub fn wants_model(&self) -> bool {
+        let model: Vec<usize> = MODEL_DETECTORS.iter().filter_map(|n| self.scanner.index(n)).collect();
+        self.policies.iter().any(|p| {
+            model
+                .iter()
+                .any(|&d| p.actions.get(d).is_some_and(|a| *a != Action::Off))
+        })
+    }
+
+    /// The model detectors `acts` turns on (their names): what a call must block when the model
+    /// did not answer.
+    #[must_use]
+    pub fn model_detectors(&self, acts: &[Action]) -> Vec<String> {
+        MODEL_DETECTORS
+            .iter()
+            .filter(|n| self.scanner.index(n).is_some_and(|d| acts[d] != Action::Off))
+            .map(|n| (*n).to_owned())
+            .collect()
+    }
+
+    /// The detection model's findings as [`Protected::model_values`]: (type, value) pairs whose
+    /// type is a model detector; others and empty values are left out.
+    #[must_use]
+    pub fn model_values(&self, found: &[(String, String)]) -> Vec<(usize, String)> {
+        let mut out: Vec<(usize, String)> = found
+            .iter()
+            .filter(|(_, value)| !value.trim().is_empty())
+            .filter_map(|(kind, value)| {
+                MODEL_DETECTORS
+                    .contains(&kind.as_str())
+                    .then(|| self.scanner.index(kind))
+                    .flatten()
+                    .map(|d| (d, value.clone()))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The strongest action of every policy that applies to a call, by detector; None when no
     /// detector is on for it.
     #[must_use]
@@ -841,7 +918,7 @@ impl Dlp {
         // NOTE: a blocking detector is looked for alone first: a longer match of another
         // detector around its value (a custom pattern over a card) must not hide it.
         if acts.contains(&Action::Block) {
-            for f in self.scanner.scan(text, |d| acts[d] == Action::Block) {
+            for f in self.scan(text, |d| acts[d] == Action::Block, &out.model_values) {
                 let name = self.scanner.name(f.detector);
                 match out.counts.iter_mut().find(|(n, _)| n == name) {
                     Some((_, c)) => *c += 1,
@@ -856,7 +933,7 @@ impl Dlp {
                 return false;
             }
         }
-        let found = self.scanner.scan(text, |d| acts[d] != Action::Off);
+        let found = self.scan(text, |d| acts[d] != Action::Off, &out.model_values);
         if found.is_empty() {
             return true;
         }
@@ -940,9 +1017,17 @@ impl Dlp {
     /// Every text a chat request carries (system, messages, tool calls and results, shown
     /// reasoning, tool descriptions, stop sequences, and the fields a same-format upstream gets
     /// as sent), protected in place.
-    pub fn protect_request(&self, request: &mut crate::translate::Request, acts: &[Action]) -> Protected {
+    pub fn protect_request(
+        &self,
+        request: &mut crate::translate::Request,
+        acts: &[Action],
+        values: &[(usize, String)],
+    ) -> Protected {
         use crate::translate::Block;
-        let mut out = Protected::default();
+        let mut out = Protected {
+            model_values: values.to_vec(),
+            ..Protected::default()
+        };
         let mut names = Pseudonyms::default();
         // NOTE: every text is scanned even once one blocks, so the refusal names every detector.
         for part in &mut request.system {
@@ -985,7 +1070,7 @@ impl Dlp {
 
     /// A `/v1/proxy` body (`query` and the text blocks of `content`).
     pub fn protect_proxy(&self, body: &[u8], acts: &[Action]) -> Option<(Protected, Option<Vec<u8>>)> {
-        self.protect_body(body, acts, &["query"], true)
+        self.protect_body(body, acts, &["query"], true, &[])
     }
 
     /// A Mesh-native body's text `fields` (and, with `content`, the text blocks of `content`):
@@ -998,8 +1083,12 @@ impl Dlp {
         acts: &[Action],
         fields: &[&str],
         content: bool,
+        values: &[(usize, String)],
     ) -> Option<(Protected, Option<Vec<u8>>)> {
-        let mut out = Protected::default();
+        let mut out = Protected {
+            model_values: values.to_vec(),
+            ..Protected::default()
+        };
         let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(body) else {
             return None;
         };
@@ -1512,7 +1601,7 @@ mod tests {
             ],
             ..Request::default()
         };
-        let found = d.protect_request(&mut request, &acts);
+        let found = d.protect_request(&mut request, &acts, &[]);
         assert_eq!(found.action, Some(Action::Pseudonymize));
         assert!(found.blocked.is_empty());
         let text = format!("{request:?}");
@@ -1544,6 +1633,55 @@ mod tests {
         assert_eq!(found.action, Some(Action::Redact));
         assert_eq!(rewritten.unwrap(), br#"{"query":"iban [REDACTED:iban]"}"#.to_vec());
         assert!(d.protect_proxy(b"not json", &acts).is_none());
+    }
+
+    #[test]
+    fn the_models_values_are_matches_of_their_detector_in_every_text() {
+        let d = dlp(vec![policy(
+            "p",
+            &[("person", "pseudonymize"), ("address", "block"), ("card", "redact")],
+        )]);
+        assert!(d.wants_model());
+        assert!(!dlp(vec![policy("q", &[("card", "block"), ("person", "off")])]).wants_model());
+        let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
+        assert_eq!(
+            d.model_detectors(&acts),
+            vec!["person".to_owned(), "address".to_owned()]
+        );
+        let found = vec![
+            ("person".to_owned(), "Ada Lovelace".to_owned()),
+            ("person".to_owned(), "Ada Lovelace".to_owned()),
+            ("organisation".to_owned(), "Analytical Engines".to_owned()),
+            ("person".to_owned(), " ".to_owned()),
+        ];
+        let values = d.model_values(&found);
+        assert_eq!(values.len(), 1);
+        let body = br#"{"query":"Ada Lovelace pays 4111 1111 1111 1111","content":[{"type":"text","text":"ask Ada Lovelace"}]}"#;
+        let (out, rewritten) = d.protect_body(body, &acts, &["query"], true, &values).unwrap();
+        let sent = String::from_utf8(rewritten.unwrap()).unwrap();
+        assert!(
+            !sent.contains("Ada Lovelace") && sent.matches("[person-1]").count() == 2,
+            "{sent}"
+        );
+        assert!(sent.contains("[REDACTED:card]"), "{sent}");
+        assert_eq!(out.restore, vec![("[person-1]".to_owned(), "Ada Lovelace".to_owned())]);
+        assert_eq!(out.counts, vec![("card".to_owned(), 1), ("person".to_owned(), 2)]);
+        let address = d.model_values(&[("address".to_owned(), "221B Baker Street".to_owned())]);
+        let (out, _) = d
+            .protect_body(
+                br#"{"query":"meet at 221B Baker Street"}"#,
+                &acts,
+                &["query"],
+                true,
+                &address,
+            )
+            .unwrap();
+        assert_eq!(out.blocked, vec!["address".to_owned()]);
+        // Without values the model's detectors find nothing: the pattern rules alone.
+        let (out, _) = d
+            .protect_body(br#"{"query":"Ada Lovelace"}"#, &acts, &["query"], true, &[])
+            .unwrap();
+        assert!(out.counts.is_empty());
     }
 
     #[test]

@@ -80,6 +80,11 @@ pub struct Request<'a> {
     pub cache_off: bool,
     /// The call's `workflow` tag (X-Meshfast-Tags): a registered workflow's budget governs it.
     pub workflow: Option<&'a str>,
+    /// What the detection model found in the call's texts, (type, value); empty without one.
+    pub dlp_found: &'a [(String, String)],
+    /// The detection model was asked and did not answer (an error or its timeout): a call whose
+    /// policies want its detectors is blocked.
+    pub dlp_model_failed: bool,
 }
 
 /// The rendered upstream call of an admitted request.
@@ -748,19 +753,35 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             (None, None) => None,
         };
         if let Some(acts) = acts {
+            let values = dlp.model_values(req.dlp_found);
             let body = |fields: &[&str], content: bool, protected_body: &mut Option<Vec<u8>>| {
-                dlp.protect_body(req.body, &acts, fields, content).map(|(found, body)| {
-                    *protected_body = body;
-                    found
-                })
+                dlp.protect_body(req.body, &acts, fields, content, &values)
+                    .map(|(found, body)| {
+                        *protected_body = body;
+                        found
+                    })
+            };
+            let unanswered = if req.dlp_model_failed {
+                dlp.model_detectors(&acts)
+            } else {
+                Vec::new()
             };
             let protected = match (req.route, decoded.as_mut()) {
-                (Route::Entry(_), Some(d)) => Some(Some(dlp.protect_request(&mut d.value, &acts))),
+                // Fail closed: what the model would have looked for is not known to be absent.
+                _ if !unanswered.is_empty() => Some(Some(crate::dlp::Protected {
+                    action: Some(crate::dlp::Action::Block),
+                    blocked: unanswered,
+                    ..crate::dlp::Protected::default()
+                })),
+                (Route::Entry(_), Some(d)) => Some(Some(dlp.protect_request(&mut d.value, &acts, &values))),
                 (Route::Proxy, _) => body(&["query"], true, &mut protected_body).map(Some),
                 (Route::Embeddings, _) => body(&["input"], false, &mut protected_body).map(Some),
                 (Route::Generate, _) => body(&["prompt"], false, &mut protected_body).map(Some),
                 (Route::OpenAiEmbeddings, _) => {
-                    let mut found = crate::dlp::Protected::default();
+                    let mut found = crate::dlp::Protected {
+                        model_values: values.clone(),
+                        ..crate::dlp::Protected::default()
+                    };
                     let mut names = crate::dlp::Pseudonyms::default();
                     for input in &mut embedding_inputs {
                         dlp.protect(input, &acts, &mut found, &mut names);
@@ -1715,6 +1736,8 @@ mod tests {
             now_ms: NOON_WED,
             cache_off: false,
             workflow: None,
+            dlp_found: &[],
+            dlp_model_failed: false,
         }
     }
 

@@ -28,6 +28,10 @@ from meshfast import errors, validate
 from meshfast._core import dlp_pattern_problem
 
 BUILT_IN = ("card", "iban", "email", "phone", "ssn", "ip", "secret")
+# Found by a local detection model when one is configured (MESHFAST_DLP_MODEL_URL); a policy may
+# name them either way, and without an answer from the model a call they apply to is blocked.
+MODEL_DETECTORS = ("person", "address")
+DETECTORS = BUILT_IN + MODEL_DETECTORS
 ACTIONS = ("block", "pseudonymize", "redact", "off")
 APPLIES_TO = ("models", "providers", "business_units", "tiers", "applications", "users", "leaders")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
@@ -106,8 +110,8 @@ def check(name: str, body: Any, *, by_name: bool = False) -> tuple[dict[str, Any
         problems.append("detectors must be an object of detector: action")
         raw = {}
     for detector, action in raw.items():
-        if detector not in BUILT_IN:
-            problems.append(f"detectors.{str(detector)[:64]}: unknown detector (one of {', '.join(BUILT_IN)})")
+        if detector not in DETECTORS:
+            problems.append(f"detectors.{str(detector)[:64]}: unknown detector (one of {', '.join(DETECTORS)})")
         elif action not in ACTIONS:
             problems.append(f"detectors.{detector}: the action must be one of {', '.join(ACTIONS)}")
         else:
@@ -126,7 +130,7 @@ def check(name: str, body: Any, *, by_name: bool = False) -> tuple[dict[str, Any
         if not isinstance(detector, str) or not _DETECTOR.match(detector):
             problems.append(f"{where}.name must be 1 to 64 of a-z 0-9 _ -")
             continue
-        if detector in BUILT_IN or any(c["name"] == detector for c in custom):
+        if detector in DETECTORS or any(c["name"] == detector for c in custom):
             problems.append(f"{where}.name {detector!r} is taken")
             continue
         if not isinstance(pattern, str) or validate.text_problem(pattern) is not None:
