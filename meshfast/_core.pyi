@@ -618,6 +618,10 @@ class Prepared:
     def dlp_action(self) -> str | None:
         """The strongest data protection action taken (``block``, ``pseudonymize``, ``redact``)."""
     @property
+    def dlp_applies(self) -> bool:
+        """A data protection policy with a detector on applies to this caller, model and provider
+        (whether or not anything was found)."""
+    @property
     def model_id(self) -> str | None:
         """Set once the model is found among the principal's grants."""
     @property

@@ -59,6 +59,7 @@ ProviderBusy = _outcome("ProviderBusy", "provider_busy")
 ServerBusy = _outcome("ServerBusy", "server_busy")
 UpstreamRateLimited = _outcome("UpstreamRateLimited", "upstream_rate_limited")
 UpstreamUnavailable = _outcome("UpstreamUnavailable", "upstream_unavailable")
+SensitiveContentBlocked = _outcome("SensitiveContentBlocked", "sensitive_content_blocked")
 
 # The admin plane's (and the HTTP layer's).
 Unauthorized = _error("Unauthorized", 401, "unauthorized")

@@ -19,6 +19,9 @@ NOTE: Granian's RSGI WebSocket transport sends its close frame without a status 
 reason a session ends travels in the ``error`` event just before the close (the close code the
 client sees is 1005).
 
+Data protection: a session that a data protection policy would cover is refused at its upgrade
+(400 ``sensitive_content_blocked``): its audio cannot be scanned, so nothing of it leaves.
+
 On SIGTERM, open sessions keep going for ``MESHFAST_REALTIME_DRAIN_S`` (default 300 s, at most
 1,800) while the worker takes no new connections; then each gets an ``error`` event with code
 ``session_draining`` and is closed, so its client reconnects to another worker or instance.
@@ -214,6 +217,14 @@ class Session:
         p = await self._decide(1, 1)
         if p.status:
             self._refuse_upgrade(p, None)
+            return
+        if p.dlp_applies:
+            # NOTE: fail closed: a session's audio cannot be scanned, so data protection cannot hold
+            # for it; the caller uses the HTTP routes, where every text is protected.
+            p.settle(0)
+            self._refuse_upgrade(p, errors.SensitiveContentBlocked(
+                "a data protection policy applies to this model for this caller; realtime sessions "
+                "(audio) cannot be protected, so they are refused"))
             return
         # The upgrade is decided as a call (and counts as one against hourly call caps); nothing is
         # spent until a response.

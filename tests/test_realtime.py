@@ -17,7 +17,7 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import SESSION_ENV, EmulatedProviders, Gateway
+from conftest import SESSION_ENV, EmulatedProviders, Gateway, until
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -328,3 +328,31 @@ def test_a_sessions_instructions_and_the_providers_limits_are_reserved(gateway: 
         ws.send(json.dumps({"type": "response.create"}))
         refused = _events(ws, "response.done")[-1]
     assert refused["type"] == "error" and refused["error"]["code"] == "budget_exceeded", refused
+
+
+def test_a_session_a_data_protection_policy_covers_is_refused(gateway: Gateway, model: dict) -> None:
+    """Audio cannot be scanned: a session that a policy with a detector on would cover is refused at
+    its upgrade (400, a row saying why), and one the policy does not cover opens."""
+    url = gateway.base_url.replace("http://", "ws://") + f"/v1/realtime?model={model['name']}"
+    covered, free = _person(gateway, model), _person(gateway, model)
+    name = f"rt-dlp-{_tag()}"
+    put = gateway.client.put(f"/admin/dlp/policies/{name}", json={
+        "detectors": {"card": "redact"}, "applies_to": {"users": [covered["id"]]}},
+        headers={"authorization": f"Bearer {gateway.admin_token}"})
+    assert put.status_code == 200, put.text
+    try:
+        def refused() -> bool:
+            try:
+                connect(url, additional_headers={"authorization": f"Bearer {covered['key']}"}, open_timeout=10).close()
+            except InvalidStatus as exc:
+                return exc.response.status_code == 400
+            return False
+
+        until(refused, 3.0, "the policy on every worker")
+        with connect(url, additional_headers={"authorization": f"Bearer {free['key']}"}, open_timeout=10) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        rows = _rows(gateway, covered["id"], at_least=1)
+        assert any((r["route"], r["status_code"], r["deny_reason"]) == (
+            "realtime_session", 400, "sensitive_content_blocked") for r in rows), rows
+    finally:
+        gateway.admin("DELETE", f"/admin/dlp/policies/{name}")

@@ -1005,6 +1005,10 @@ impl PyPrepared {
         self.inner.dlp_action
     }
     #[getter]
+    fn dlp_applies(&self) -> bool {
+        self.inner.dlp_applies
+    }
+    #[getter]
     fn model_id(&self) -> Option<&str> {
         self.inner.model_id.as_deref()
     }

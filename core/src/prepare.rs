@@ -270,6 +270,9 @@ pub struct Prepared {
     pub dlp_action: Option<&'static str>,
     /// Surrogate → original of what was pseudonymized: the answer's stream puts them back.
     pub dlp_restore: Vec<(String, String)>,
+    /// A data protection policy with a detector on applies to this caller, model and provider
+    /// (whether or not anything was found).
+    pub dlp_applies: bool,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -753,6 +756,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             (None, None) => None,
         };
         if let Some(acts) = acts {
+            p.dlp_applies = true;
             let values = dlp.model_values(req.dlp_found);
             let body = |fields: &[&str], content: bool, protected_body: &mut Option<Vec<u8>>| {
                 dlp.protect_body(req.body, &acts, fields, content, &values)
