@@ -14,11 +14,7 @@ import anthropic
 import openai
 import pytest
 from conftest import EmulatedProviders, Gateway, until
-
-CARD = "4111 1111 1111 1111"
-NEAR_CARD = "4111 1111 1111 1112"  # fails Luhn
-IBAN = "DE89 3704 0044 0532 0130 00"
-SECRET = "AKIAIOSFODNN7EXAMPLE"
+from dlp_corpus import CARD, IBAN, NEAR_CARD, SECRET
 
 
 def _tag() -> str:

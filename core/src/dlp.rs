@@ -1073,6 +1073,58 @@ impl Dlp {
         self.protect_body(body, acts, &["query"], true, &[])
     }
 
+    /// A Mesh-native chat body's texts, as the route parsed them: its `query` and its content
+    /// blocks' `text`, and a text document's content (base64 in `data`), rewritten in place where
+    /// a match is redacted or pseudonymized. None: a text document that is not UTF-8 base64 (what
+    /// cannot be read does not leave).
+    pub fn protect_mesh(
+        &self,
+        query: Option<&mut std::borrow::Cow<'_, str>>,
+        blocks: &mut [crate::content::RawBlock<'_>],
+        acts: &[Action],
+        values: &[(usize, String)],
+    ) -> Option<Protected> {
+        use base64::Engine as _;
+        use std::borrow::Cow;
+        let mut out = Protected {
+            model_values: values.to_vec(),
+            ..Protected::default()
+        };
+        let mut names = Pseudonyms::default();
+        let mut visit = |text: &mut Cow<'_, str>, out: &mut Protected| {
+            let mut owned = text.to_string();
+            self.protect(&mut owned, acts, out, &mut names);
+            if owned != **text {
+                *text = Cow::Owned(owned);
+            }
+        };
+        if let Some(query) = query {
+            visit(query, &mut out);
+        }
+        let engine = base64::engine::general_purpose::STANDARD;
+        for block in blocks {
+            if let Some(text) = block.text.as_mut() {
+                visit(text, &mut out);
+            }
+            let textual = block.kind.as_deref() == Some("document")
+                && block.media_type.as_deref().is_some_and(textual_media_type);
+            if let (true, Some(data)) = (textual, block.data.as_mut()) {
+                let original = engine
+                    .decode(data.as_bytes())
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())?;
+                let mut text: Cow<'_, str> = Cow::Borrowed(&original);
+                visit(&mut text, &mut out);
+                if let Cow::Owned(rewritten) = text {
+                    *data = Cow::Owned(engine.encode(rewritten.as_bytes()));
+                }
+            }
+        }
+        self.order(&mut out);
+        out.restore = names.originals();
+        Some(out)
+    }
+
     /// A Mesh-native body's text `fields` (and, with `content`, the text blocks of `content`):
     /// what protection did, and the body to send on when it rewrote something (None: as it
     /// came). None: the body is not JSON it can read (the call is refused: what it cannot read
@@ -1682,6 +1734,44 @@ mod tests {
             .protect_body(br#"{"query":"Ada Lovelace"}"#, &acts, &["query"], true, &[])
             .unwrap();
         assert!(out.counts.is_empty());
+    }
+
+    #[test]
+    fn the_mesh_route_is_protected_in_place_as_its_body_would_be() {
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let d = dlp(vec![policy(
+            "p",
+            &[("card", "pseudonymize"), ("iban", "redact"), ("ssn", "block")],
+        )]);
+        let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
+        let doc = engine.encode("iban GB82WEST12345698765432, card 4111 1111 1111 1111");
+        let body = format!(
+            r#"{{"query":"card 4111 1111 1111 1111","content":[{{"type":"text","text":"GB82WEST12345698765432"}},{{"type":"document","media_type":"text/plain","data":"{doc}"}}]}}"#
+        );
+        #[derive(serde::Deserialize)]
+        struct Body<'a> {
+            #[serde(borrow)]
+            query: Option<std::borrow::Cow<'a, str>>,
+            #[serde(borrow)]
+            content: Option<Vec<crate::content::RawBlock<'a>>>,
+        }
+        let mut parsed: Body<'_> = serde_json::from_str(&body).unwrap();
+        let blocks = parsed.content.as_deref_mut().unwrap_or_default();
+        let found = d.protect_mesh(parsed.query.as_mut(), blocks, &acts, &[]).unwrap();
+        let (reference, rewritten) = d.protect_proxy(body.as_bytes(), &acts).unwrap();
+        assert_eq!(found, reference);
+        let sent: serde_json::Value = serde_json::from_slice(&rewritten.unwrap()).unwrap();
+        assert_eq!(parsed.query.as_deref(), sent["query"].as_str());
+        let content = parsed.content.unwrap();
+        assert_eq!(content[0].text.as_deref(), Some("[REDACTED:iban]"));
+        assert_eq!(content[1].data.as_deref(), sent["content"][1]["data"].as_str());
+        let decoded = String::from_utf8(engine.decode(content[1].data.as_deref().unwrap()).unwrap()).unwrap();
+        assert!(decoded.starts_with("iban [REDACTED:iban], card ") && !decoded.contains("4111 1111 1111 1111"));
+        // Nothing to rewrite: the text stays as it came.
+        let mut quiet: Body<'_> = serde_json::from_str(r#"{"query":"nothing here"}"#).unwrap();
+        let found = d.protect_mesh(quiet.query.as_mut(), &mut [], &acts, &[]).unwrap();
+        assert!(found.counts.is_empty() && quiet.query.as_deref() == Some("nothing here"));
     }
 
     #[test]

@@ -657,6 +657,13 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         }
     }
 
+    // A Mesh-native chat body, parsed once: data protection rewrites its texts in place and the
+    // render (and a failover's) reads it; a body that does not parse is 400 where Mesh says so.
+    let mut proxy_body: Option<ProxyBody<'_>> = None;
+    if req.route == Route::Proxy {
+        proxy_body = serde_json::from_slice::<ProxyBody<'_>>(req.body).ok();
+    }
+
     let mut embedding_inputs = Vec::new();
     if req.route == Route::OpenAiEmbeddings {
         match openai_embedding_request(req.body) {
@@ -778,7 +785,11 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                     ..crate::dlp::Protected::default()
                 })),
                 (Route::Entry(_), Some(d)) => Some(Some(dlp.protect_request(&mut d.value, &acts, &values))),
-                (Route::Proxy, _) => body(&["query"], true, &mut protected_body).map(Some),
+                (Route::Proxy, _) => proxy_body.as_mut().and_then(|b| {
+                    let query = b.query.as_mut();
+                    let blocks = b.content.as_deref_mut().unwrap_or_default();
+                    dlp.protect_mesh(query, blocks, &acts, &values).map(Some)
+                }),
                 (Route::Embeddings, _) => body(&["input"], false, &mut protected_body).map(Some),
                 (Route::Generate, _) => body(&["prompt"], false, &mut protected_body).map(Some),
                 (Route::OpenAiEmbeddings, _) => {
@@ -883,11 +894,18 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             model,
             d,
             decoded.as_ref(),
+            proxy_body.as_ref(),
             p.principal_id.as_deref(),
         )
     });
     let upstream = match req.route {
-        Route::Proxy => proxy(&mut p, req.body, model, provider),
+        Route::Proxy => match proxy_body.as_ref() {
+            Some(body) => proxy(&mut p, body, model, provider),
+            None => {
+                p.invalid(None);
+                None
+            }
+        },
         Route::Embeddings => embeddings(&mut p, req.body, model, provider),
         Route::Generate => generate(&mut p, req.body, model, provider),
         Route::OpenAiEmbeddings => openai_embeddings(&embedding_inputs, model, provider),
@@ -1134,6 +1152,10 @@ fn deny_policy(p: &mut Prepared, denial: Denial, resume_at: Option<i64>, now_ms:
 /// The call rendered for `deployment`, the model's next one; None when that deployment cannot
 /// take this call (its provider lacks the operation or refuses the body). OpenAI's embeddings
 /// route makes several upstream calls at once and does not fail over.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the call as prepare parsed it: one body per route kind"
+)]
 fn render_fallback(
     snapshot: &Snapshot,
     segment: Option<&Arc<Segment>>,
@@ -1141,6 +1163,7 @@ fn render_fallback(
     model: &Model,
     deployment: &Deployment,
     decoded: Option<&translate::Decoded<translate::Request>>,
+    proxy_body: Option<&ProxyBody<'_>>,
     principal_id: Option<&str>,
 ) -> Option<Fallback> {
     let provider = &snapshot.providers[deployment.provider as usize];
@@ -1151,7 +1174,7 @@ fn render_fallback(
     let mut scratch = Prepared::default();
     let plan = &provider.plan;
     let upstream = match req.route {
-        Route::Proxy if plan.chat.is_some() => proxy(&mut scratch, req.body, &served, provider),
+        Route::Proxy if plan.chat.is_some() => proxy(&mut scratch, proxy_body?, &served, provider),
         Route::Entry(format) if plan.chat.is_some() => {
             let cache = shaping(snapshot, req, principal_id);
             entry(&mut scratch, format, decoded?.clone(), &served, provider, cache)
@@ -1368,11 +1391,7 @@ fn block_text_len(block: &translate::Block) -> usize {
     }
 }
 
-fn proxy(p: &mut Prepared, body: &[u8], model: &Model, provider: &Provider) -> Option<Upstream> {
-    let Ok(request) = serde_json::from_slice::<ProxyBody<'_>>(body) else {
-        p.invalid(None);
-        return None;
-    };
+fn proxy(p: &mut Prepared, request: &ProxyBody<'_>, model: &Model, provider: &Provider) -> Option<Upstream> {
     let content = request.content.as_deref().unwrap_or(&[]);
     let blocks = match content::resolve(request.query.as_deref().unwrap_or(""), content) {
         Ok(blocks) => blocks,
