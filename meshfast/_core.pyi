@@ -618,6 +618,10 @@ class Prepared:
     def dlp_action(self) -> str | None:
         """The strongest data protection action taken (``block``, ``pseudonymize``, ``redact``)."""
     @property
+    def dlp_needs_model(self) -> bool:
+        """Refused only because ``dlp_model_failed`` was given and this call's policies want the
+        detection model's detectors: ask the model, then decide again with what it found."""
+    @property
     def dlp_applies(self) -> bool:
         """A data protection policy with a detector on applies to this caller, model and provider
         (whether or not anything was found)."""

@@ -235,14 +235,18 @@ class DataPlane:
                 return
         workflow = call_tags.get("workflow") if call_tags else None
         dlp_found: list[tuple[str, str]] | None = None
-        dlp_failed = False
-        if self.dlp_model is not None and principal is not None and body and self.core.dlp_wants_model:
-            # The detection model beside the pattern rules (names, addresses): an authenticated call
-            # only, and only while a policy wants it.
-            dlp_found, dlp_failed = await self.dlp_model.find(body)
+        # NOTE: with a detection model configured and wanted, the first decision runs as if it had
+        # not answered: only a call refused for that alone (authenticated, granted, within every
+        # cap, covered by a policy that wants the model; nothing reserved yet) is sent to it.
+        dlp_failed = self.dlp_model is not None and principal is not None and self.core.dlp_wants_model
         p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                               model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
         if principal is not None and p.status in _CONFIG_REFUSALS and await self.caught_up():
+            dlp_failed = dlp_failed or (self.dlp_model is not None and self.core.dlp_wants_model)
+            p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
+                                  model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
+        if p.dlp_needs_model and dlp_found is None and self.dlp_model is not None:
+            dlp_found, dlp_failed = await self.dlp_model.find(body)
             p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                                   model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
         if p.status and self.leases is not None:

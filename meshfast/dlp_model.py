@@ -1,8 +1,9 @@
 """A local detection model beside data protection's pattern rules (issue "DLP", item 5).
 
-When ``MESHFAST_DLP_MODEL_URL`` is set and an enabled policy sets an action for ``person`` or
-``address``, each authenticated call's texts (the string values of its JSON body, less ids,
-roles, media and the like) are sent to the model before the core decides::
+When ``MESHFAST_DLP_MODEL_URL`` is set, a call that a policy with ``person`` or ``address`` covers
+(known only once the core has found it authenticated, granted and within its caps, before
+anything is reserved) has its texts sent to the model (:func:`texts_of`: every string and key of
+its body at any depth, JSON inside strings, text inside base64), then the core decides again::
 
     POST <url>   {"texts": ["...", ...]}
     200          {"entities": [{"index": 0, "start": 5, "end": 17, "type": "person"}, ...]}
@@ -20,7 +21,10 @@ through. Without a URL nothing here runs.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import logging
+import re
 import time
 from typing import Any
 
@@ -29,16 +33,11 @@ import msgspec
 
 log = logging.getLogger("meshfast.dlp_model")
 
-# Fields whose strings are not what a person wrote: ids, roles, formats, media (base64 or URLs).
-_SKIP = frozenset({
-    "model", "role", "type", "id", "tool_call_id", "tool_use_id", "call_id", "media_type", "mime_type", "mimeType",
-    "data", "url", "image_url", "file_data", "file_id", "signature", "thoughtSignature", "encrypted_content",
-    "format", "encoding_format", "detail", "cache_control", "stop_reason", "finish_reason", "previous_response_id",
-    "service_tier", "reasoning_effort", "effort", "tool_choice", "response_format", "keep_alive",
-})
 _TYPES = {"person": "person", "per": "person", "name": "person",
           "address": "address", "location": "address", "loc": "address"}
-_MAX_DEPTH = 64
+_BASE64 = re.compile(r"[A-Za-z0-9+/]{8,}={0,2}")
+# The most values one answer may carry (the core takes at most as many): more is a failure.
+MAX_VALUES = 10_000
 
 
 class _Entity(msgspec.Struct):
@@ -53,30 +52,44 @@ class _Answer(msgspec.Struct):
 
 
 def texts_of(body: bytes) -> list[str] | None:
-    """The distinct texts of a JSON body, in order; None when it is not JSON (the core refuses such
-    a body under a policy anyway)."""
+    """Every text of a JSON body the core may scan, distinct, in order: each string and each
+    object key at any depth, what a string holds when it is JSON itself (a tool call's arguments,
+    decoded), and the text inside base64 (a document, a ``data:`` URL) that decodes to UTF-8.
+    None when the body is not JSON this reads."""
     try:
         value = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     out: dict[str, None] = {}
-
-    def walk(v: Any, depth: int) -> None:
-        if depth > _MAX_DEPTH:
-            return
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
         if isinstance(v, str):
-            if len(v.strip()) > 1:
-                out[v] = None
+            _add(v, out, stack)
         elif isinstance(v, dict):
-            for key, item in v.items():
-                if key not in _SKIP:
-                    walk(item, depth + 1)
+            for key in v:
+                _add(key, out, stack)
+            stack.extend(reversed(v.values()))
         elif isinstance(v, list):
-            for item in v:
-                walk(item, depth + 1)
-
-    walk(value, 0)
+            stack.extend(reversed(v))
     return list(out)
+
+
+def _add(text: str, out: dict[str, None], stack: list[Any]) -> None:
+    if len(text.strip()) < 2 or text in out:
+        return
+    out[text] = None
+    inner = text.strip()
+    if inner[:1] in ("{", "["):
+        with contextlib.suppress(msgspec.DecodeError, RecursionError):
+            stack.append(msgspec.json.decode(inner))
+        return
+    payload = inner.partition(",")[2] if inner.startswith("data:") and ";base64," in inner[:200] else inner
+    if _BASE64.fullmatch(payload) and len(payload) % 4 == 0:
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            decoded = base64.b64decode(payload, validate=True).decode()
+            if decoded.isprintable() or all(c.isprintable() or c.isspace() for c in decoded):
+                _add(decoded, out, stack)
 
 
 class DetectionModel:
@@ -92,9 +105,13 @@ class DetectionModel:
     async def find(self, body: bytes) -> tuple[list[tuple[str, str]], bool]:
         """(type, value) pairs the model found in ``body``'s texts, and whether it failed."""
         texts = texts_of(body)
+        if texts is None:
+            # NOTE: fail closed: what this cannot read, the core may (a deeper body).
+            self._warn("a call's body is not JSON the detection model's client reads")
+            return [], True
         if not texts:
             return [], False
-        if sum(len(t) for t in texts) > self.max_bytes:
+        if sum(len(t.encode()) for t in texts) > self.max_bytes:
             self._warn("a call's texts exceed MESHFAST_DLP_MODEL_MAX_KB: not sent to the detection model")
             return [], True
         try:
@@ -109,6 +126,9 @@ class DetectionModel:
             answer = msgspec.json.decode(raw, type=_Answer)
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError, msgspec.ValidationError, OSError) as exc:
             self._warn(f"the detection model did not answer: {type(exc).__name__}")
+            return [], True
+        if len(answer.entities) > MAX_VALUES:
+            self._warn(f"the detection model answered more than {MAX_VALUES} entities")
             return [], True
         found: dict[tuple[str, str], None] = {}
         for e in answer.entities:

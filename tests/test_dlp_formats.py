@@ -403,11 +403,6 @@ def test_embeddings_inputs_are_protected(gateway: Gateway, testserve: EmulatedPr
     assert placeholders == (list(DETECTORS) if action == "redact" else []), seen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "dlp.rs Dlp::protect_request scans Text, Thinking, ToolCall and ToolResult blocks but not "
-    "Block::Image, where gemini.rs decodes every inlineData part: a text/plain document's base64 "
-    "(as protect_body reads for a Mesh-native `document`) leaves unread, so a card in it passes a "
-    "block policy (200) and reaches the provider"))
 def test_a_text_document_inline_in_gemini_is_read_like_text(
         gateway: Gateway, testserve: EmulatedProviders, world: dict[str, Any]) -> None:
     """A Gemini `inlineData` part of type text/plain is text the caller sends (as a Mesh-native

@@ -129,9 +129,8 @@ def test_names_and_addresses_the_model_finds_are_pseudonymized_redacted_or_block
         row = gw.fetch_row(whole.headers["x-request-id"])
         dlp = json.loads(row["dlp"]) if isinstance(row["dlp"], str) else row["dlp"]
         assert (dlp, row["dlp_action"]) == ({"person": 4, "card": 1}, "pseudonymize"), row
-        # The model saw the texts, not the ids, roles or the model's name.
-        assert any(prompt in texts for texts in model.asked)
-        assert not any(chat["name"] in texts or "user" in texts for texts in model.asked)
+        # The model saw every text of the call: the prompt and the system prompt.
+        assert any(prompt in texts and f"You help {PEOPLE[1]}." in texts for texts in model.asked)
     finally:
         gw.admin("DELETE", f"/admin/dlp/policies/{name}")
 
@@ -153,8 +152,10 @@ def test_a_model_that_does_not_answer_blocks_only_the_calls_that_need_it(
         row = gw.fetch_row(refused.headers["x-request-id"])
         assert (row["outcome"], row["deny_reason"], row["dlp_action"]) == (
             "denied", "sensitive_content_blocked", "block")
-        # No policy wants the model's detectors for this person: the call goes on.
+        # No policy wants the model's detectors for this person: the call goes on, unasked.
+        asked = len(model.asked)
         assert _proxy(gw, chat, other, f"hi {PEOPLE[0]}").status_code == 200
+        assert len(model.asked) == asked
     finally:
         model.mode = "ok"
         gw.admin("DELETE", f"/admin/dlp/policies/{name}")

@@ -1009,6 +1009,10 @@ impl PyPrepared {
         self.inner.dlp_applies
     }
     #[getter]
+    fn dlp_needs_model(&self) -> bool {
+        self.inner.dlp_needs_model
+    }
+    #[getter]
     fn model_id(&self) -> Option<&str> {
         self.inner.model_id.as_deref()
     }

@@ -65,6 +65,9 @@ struct Piece {
     anchor: Anchor,
     /// The longest match in bytes (from the pattern; unbounded ones only run as `Anywhere`).
     max_len: usize,
+    /// For a text with a digit outside ASCII: the pattern with Unicode `\d` and `\b`, over the
+    /// whole text (a `١` among a card's digits must not hide it).
+    unicode: Option<Box<Piece>>,
 }
 
 struct Detector {
@@ -330,11 +333,20 @@ impl Scanner {
                         let max_len = regex_syntax::parse(pattern)
                             .ok()
                             .and_then(|hir| hir.properties().maximum_len());
+                        let unicode = pattern.replace("(?-u:\\b)", "\\b").replace("[0-9]", "\\d");
                         Piece {
                             pattern: Regex::new(pattern).expect("a built-in detector compiles"),
                             // An unbounded piece cannot be windowed (none is today).
                             anchor: if max_len.is_some() { anchor } else { Anchor::Anywhere },
                             max_len: max_len.unwrap_or(usize::MAX),
+                            unicode: (!matches!(anchor, Anchor::Anywhere)).then(|| {
+                                Box::new(Piece {
+                                    pattern: Regex::new(&unicode).expect("a built-in detector compiles"),
+                                    anchor: Anchor::Anywhere,
+                                    max_len: usize::MAX,
+                                    unicode: None,
+                                })
+                            }),
                         }
                     })
                     .collect(),
@@ -359,6 +371,7 @@ impl Scanner {
                             .expect("checked above"),
                         anchor: Anchor::Anywhere,
                         max_len: usize::MAX,
+                        unicode: None,
                     }],
                     check: any,
                 }),
@@ -407,11 +420,16 @@ impl Scanner {
     pub fn scan(&self, text: &str, wanted: impl Fn(usize) -> bool) -> Vec<Found> {
         let mut found: Vec<Found> = Vec::new();
         let mut starts: Option<Starts> = None;
+        let unicode_digits = has_unicode_digits(text);
         for (i, d) in self.detectors.iter().enumerate() {
             if !wanted(i) {
                 continue;
             }
             for piece in &d.pieces {
+                let piece = match &piece.unicode {
+                    Some(unicode) if unicode_digits => unicode,
+                    _ => piece,
+                };
                 if matches!(piece.anchor, Anchor::Anywhere) {
                     find_in(text, text.len(), 0, d, i, piece, &mut found);
                     continue;
@@ -453,15 +471,26 @@ impl Scanner {
     #[must_use]
     pub fn scan_whole(&self, text: &str, wanted: impl Fn(usize) -> bool) -> Vec<Found> {
         let mut found: Vec<Found> = Vec::new();
+        let unicode_digits = has_unicode_digits(text);
         for (i, d) in self.detectors.iter().enumerate() {
             if wanted(i) {
                 for piece in &d.pieces {
+                    let piece = match &piece.unicode {
+                        Some(unicode) if unicode_digits => unicode,
+                        _ => piece,
+                    };
                     find_in(text, text.len(), 0, d, i, piece, &mut found);
                 }
             }
         }
         resolve(found)
     }
+}
+
+/// Whether `text` holds a digit outside ASCII (Arabic-Indic, fullwidth, ...): then the windowed
+/// pieces search with Unicode digits over the whole text, as the patterns did before windows.
+fn has_unicode_digits(text: &str) -> bool {
+    !text.is_ascii() && text.chars().any(|c| !c.is_ascii() && c.is_numeric())
 }
 
 /// Bytes past a windowed piece's longest match that its window keeps, so the word boundary
@@ -746,7 +775,65 @@ pub struct Protected {
     pub restore: Vec<(String, String)>,
     /// Values the detection model found in this call's texts, by detector index: each of their
     /// occurrences is a match of that detector, in every text of the call.
-    pub model_values: Vec<(usize, String)>,
+    pub model_values: ModelValues,
+}
+
+/// The most values of the detection model one call takes (more: the model's answer is refused).
+pub const MAX_MODEL_VALUES: usize = 10_000;
+
+/// The detection model's values for one call, searched in one pass over a text (Aho-Corasick,
+/// leftmost-longest), each occurrence only where it stands as a word of its own.
+#[derive(Debug, Default, Clone)]
+pub struct ModelValues {
+    values: Vec<(usize, String)>,
+    matcher: Option<aho_corasick::AhoCorasick>,
+}
+
+impl PartialEq for ModelValues {
+    fn eq(&self, other: &Self) -> bool {
+        self.values == other.values
+    }
+}
+
+impl Eq for ModelValues {}
+
+impl ModelValues {
+    #[must_use]
+    pub fn new(values: &[(usize, String)]) -> Self {
+        let values: Vec<(usize, String)> = values.iter().take(MAX_MODEL_VALUES).cloned().collect();
+        let matcher = (!values.is_empty())
+            .then(|| {
+                aho_corasick::AhoCorasick::builder()
+                    .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                    .build(values.iter().map(|(_, v)| v.as_str()))
+                    .ok()
+            })
+            .flatten();
+        Self { values, matcher }
+    }
+
+    fn find(&self, text: &str, wanted: impl Fn(usize) -> bool, found: &mut Vec<Found>) {
+        let Some(matcher) = &self.matcher else { return };
+        let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+        for m in matcher.find_iter(text) {
+            let (detector, value) = &self.values[m.pattern().as_usize()];
+            if !wanted(*detector) {
+                continue;
+            }
+            // NOTE: "Al" is not a match inside "Also": a value that begins or ends with a letter
+            // or digit matches only where the text does not go on with one.
+            let before = text[..m.start()].chars().next_back();
+            let after = text[m.end()..].chars().next();
+            if (word(value.chars().next()) && word(before)) || (word(value.chars().next_back()) && word(after)) {
+                continue;
+            }
+            found.push(Found {
+                detector: *detector,
+                start: m.start(),
+                end: m.end(),
+            });
+        }
+    }
 }
 
 impl Dlp {
@@ -814,21 +901,13 @@ impl Dlp {
 
     /// The scanner's matches in `text` and each occurrence of the model's `values`, without
     /// overlaps (the earliest wins, then the longest).
-    fn scan(&self, text: &str, wanted: impl Fn(usize) -> bool, values: &[(usize, String)]) -> Vec<Found> {
+    fn scan(&self, text: &str, wanted: impl Fn(usize) -> bool, values: &ModelValues) -> Vec<Found> {
         let found = self.scanner.scan(text, &wanted);
-        if values.is_empty() {
+        if values.matcher.is_none() {
             return found;
         }
         let mut all = found;
-        for (detector, value) in values {
-            if !value.is_empty() && wanted(*detector) {
-                all.extend(text.match_indices(value.as_str()).map(|(at, _)| Found {
-                    detector: *detector,
-                    start: at,
-                    end: at + value.len(),
-                }));
-            }
-        }
+        values.find(text, &wanted, &mut all);
         resolve(all)
     }
 
@@ -990,6 +1069,22 @@ impl Dlp {
                 }
             }
             Value::Object(map) => {
+                // NOTE: keys are text the caller sends too (a card as a key of tool arguments):
+                // a key with a match is rewritten (keeping its value), or blocks the call.
+                let keyed: Vec<String> = map
+                    .keys()
+                    .filter(|k| !self.scan(k, |d| acts[d] != Action::Off, &out.model_values).is_empty())
+                    .cloned()
+                    .collect();
+                for key in keyed {
+                    let mut rewritten = key.clone();
+                    self.protect(&mut rewritten, acts, out, names);
+                    if rewritten != key && !map.contains_key(&rewritten) {
+                        if let Some(item) = map.remove(&key) {
+                            map.insert(rewritten, item);
+                        }
+                    }
+                }
                 for item in map.values_mut() {
                     self.protect_json(item, acts, out, names);
                 }
@@ -1025,7 +1120,7 @@ impl Dlp {
     ) -> Protected {
         use crate::translate::Block;
         let mut out = Protected {
-            model_values: values.to_vec(),
+            model_values: ModelValues::new(values),
             ..Protected::default()
         };
         let mut names = Pseudonyms::default();
@@ -1043,6 +1138,7 @@ impl Dlp {
                     Block::ToolResult(result) => {
                         self.protect(&mut result.content, acts, &mut out, &mut names);
                     }
+                    Block::Image(image) => self.protect_inline(image, acts, &mut out, &mut names),
                     _ => {}
                 }
             }
@@ -1062,6 +1158,60 @@ impl Dlp {
         self.order(&mut out);
         out.restore = names.originals();
         out
+    }
+
+    /// Inline media whose type is text (a Gemini `inlineData` document, a `data:text/...;base64`
+    /// URL): its content is read and rewritten like any text; one that is not UTF-8 is blocked
+    /// (what cannot be read does not leave). Other media pass as they are.
+    fn protect_inline(
+        &self,
+        image: &mut crate::translate::Image,
+        acts: &[Action],
+        out: &mut Protected,
+        names: &mut Pseudonyms,
+    ) {
+        use crate::translate::Image;
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let (media_type, data, url_prefix) = match image {
+            Image::Base64 { media_type, data } => (media_type.clone(), data, None),
+            Image::Url(url) => {
+                let Some((head, data)) = url.strip_prefix("data:").and_then(|rest| rest.split_once(',')) else {
+                    return;
+                };
+                let Some(media_type) = head.strip_suffix(";base64").map(str::to_owned) else {
+                    return;
+                };
+                let prefix = format!("data:{head},");
+                let data = data.to_owned();
+                *url = data;
+                (media_type, url, Some(prefix))
+            }
+        };
+        if textual_media_type(&media_type) {
+            match engine
+                .decode(data.as_bytes())
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+            {
+                Some(mut text) => {
+                    let before = text.clone();
+                    self.protect(&mut text, acts, out, names);
+                    if text != before {
+                        *data = engine.encode(text.as_bytes());
+                    }
+                }
+                None => {
+                    out.action = Some(Action::Block);
+                    if !out.blocked.iter().any(|b| b == "unreadable") {
+                        out.blocked.push("unreadable".to_owned());
+                    }
+                }
+            }
+        }
+        if let Some(prefix) = url_prefix {
+            data.insert_str(0, &prefix);
+        }
     }
 
     fn order(&self, out: &mut Protected) {
@@ -1087,7 +1237,7 @@ impl Dlp {
         use base64::Engine as _;
         use std::borrow::Cow;
         let mut out = Protected {
-            model_values: values.to_vec(),
+            model_values: ModelValues::new(values),
             ..Protected::default()
         };
         let mut names = Pseudonyms::default();
@@ -1138,7 +1288,7 @@ impl Dlp {
         values: &[(usize, String)],
     ) -> Option<(Protected, Option<Vec<u8>>)> {
         let mut out = Protected {
-            model_values: values.to_vec(),
+            model_values: ModelValues::new(values),
             ..Protected::default()
         };
         let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(body) else {
@@ -1772,6 +1922,64 @@ mod tests {
         let mut quiet: Body<'_> = serde_json::from_str(r#"{"query":"nothing here"}"#).unwrap();
         let found = d.protect_mesh(quiet.query.as_mut(), &mut [], &acts, &[]).unwrap();
         assert!(found.counts.is_empty() && quiet.query.as_deref() == Some("nothing here"));
+    }
+
+    #[test]
+    fn review_findings_keys_unicode_digits_inline_documents_and_many_values() {
+        use base64::Engine as _;
+        let s = scanner();
+        // A digit outside ASCII among a card's or a phone's digits does not hide them.
+        for text in [
+            "4111\u{661}111111111111",
+            "+1415\u{661}5552671",
+            "pay 4111 1111 1111 1111 ١",
+        ] {
+            let found = s.scan(text, |_| true);
+            assert!(!found.is_empty(), "{text:?}");
+            assert_eq!(found, s.scan_whole(text, |_| true));
+        }
+        let d = dlp(vec![policy("p", &[("card", "block"), ("person", "redact")])]);
+        let acts = d.actions_for(0, None, None, 0, 0, |_| false).unwrap();
+        // A card as a key of tool call arguments.
+        let mut value = serde_json::json!({"4111 1111 1111 1111": "visa", "ok": 1});
+        let mut out = Protected::default();
+        d.protect_json(&mut value, &acts, &mut out, &mut Pseudonyms::default());
+        assert_eq!(out.blocked, vec!["card".to_owned()]);
+        // A Gemini inline text document and a data: URL of text are read; a binary one passes.
+        let engine = base64::engine::general_purpose::STANDARD;
+        let card = engine.encode("paid with 4111 1111 1111 1111");
+        for image in [
+            crate::translate::Image::Base64 {
+                media_type: "text/plain".into(),
+                data: card.clone(),
+            },
+            crate::translate::Image::Url(format!("data:text/markdown;base64,{card}")),
+        ] {
+            let mut out = Protected::default();
+            let mut image = image;
+            d.protect_inline(&mut image, &acts, &mut out, &mut Pseudonyms::default());
+            assert_eq!(out.blocked, vec!["card".to_owned()], "{image:?}");
+        }
+        let mut png = crate::translate::Image::Base64 {
+            media_type: "image/png".into(),
+            data: card.clone(),
+        };
+        let mut out = Protected::default();
+        d.protect_inline(&mut png, &acts, &mut out, &mut Pseudonyms::default());
+        assert!(out.blocked.is_empty() && out.counts.is_empty());
+        // The model's values: whole words only, and many of them in one pass.
+        let values = ModelValues::new(&[(7, "Al".to_owned())]);
+        let mut found = Vec::new();
+        values.find("Also Al, and Alan", |_| true, &mut found);
+        assert_eq!(found.iter().map(|f| (f.start, f.end)).collect::<Vec<_>>(), vec![(5, 7)]);
+        let many: Vec<(usize, String)> = (0..20_000).map(|i| (7, format!("Person{i:06} Surname"))).collect();
+        let text = many.iter().map(|(_, v)| v.as_str()).collect::<Vec<_>>().join(", ");
+        let started = std::time::Instant::now();
+        let values = ModelValues::new(&many);
+        let mut found = Vec::new();
+        values.find(&text, |_| true, &mut found);
+        assert_eq!(found.len(), MAX_MODEL_VALUES);
+        assert!(started.elapsed().as_secs_f64() < 2.0, "{:?}", started.elapsed());
     }
 
     #[test]

@@ -273,6 +273,9 @@ pub struct Prepared {
     /// A data protection policy with a detector on applies to this caller, model and provider
     /// (whether or not anything was found).
     pub dlp_applies: bool,
+    /// Refused only because the detection model's answer was missing and this call's policies
+    /// want its detectors: the edge asks the model, then decides again.
+    pub dlp_needs_model: bool,
 }
 
 /// An admitted call rendered for the model's next deployment (by priority): where it goes after
@@ -777,6 +780,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
             } else {
                 Vec::new()
             };
+            p.dlp_needs_model = !unanswered.is_empty();
             let protected = match (req.route, decoded.as_mut()) {
                 // Fail closed: what the model would have looked for is not known to be absent.
                 _ if !unanswered.is_empty() => Some(Some(crate::dlp::Protected {
@@ -794,7 +798,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
                 (Route::Generate, _) => body(&["prompt"], false, &mut protected_body).map(Some),
                 (Route::OpenAiEmbeddings, _) => {
                     let mut found = crate::dlp::Protected {
-                        model_values: values.clone(),
+                        model_values: crate::dlp::ModelValues::new(&values),
                         ..crate::dlp::Protected::default()
                     };
                     let mut names = crate::dlp::Pseudonyms::default();
