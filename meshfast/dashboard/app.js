@@ -1515,7 +1515,8 @@
   // --- data protection: what each detector does to the calls a policy applies to --------------
 
   const DLP_DETECTORS = [["card", "Payment card numbers"], ["iban", "IBANs"], ["email", "Email addresses"],
-    ["phone", "Phone numbers"], ["ssn", "US social security numbers"], ["ip", "IP addresses"], ["secret", "Secrets and API keys"]];
+    ["phone", "Phone numbers"], ["ssn", "US social security numbers"], ["ip", "IP addresses"], ["secret", "Secrets and API keys"],
+    ["person", "Names (detection model)"], ["address", "Postal addresses (detection model)"]];
   const DLP_ACTIONS = [["off", "Off"], ["redact", "Redact"], ["pseudonymize", "Pseudonymize"], ["block", "Block"]];
   const DLP_TAKEN = ["block", "pseudonymize", "redact"]; // what a call can take, strongest first
   const dlpActionLabel = (a) => (DLP_ACTIONS.find(([v]) => v === a) || [a, a])[1];
