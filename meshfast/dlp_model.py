@@ -38,6 +38,8 @@ _TYPES = {"person": "person", "per": "person", "name": "person",
 _BASE64 = re.compile(r"[A-Za-z0-9+/]{8,}={0,2}")
 # The most values one answer may carry (the core takes at most as many): more is a failure.
 MAX_VALUES = 10_000
+# The largest answer read (10,000 entities fit several times over).
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
 
 class _Entity(msgspec.Struct):
@@ -104,6 +106,10 @@ class DetectionModel:
 
     async def find(self, body: bytes) -> tuple[list[tuple[str, str]], bool]:
         """(type, value) pairs the model found in ``body``'s texts, and whether it failed."""
+        if len(body) > self.max_bytes:
+            # NOTE: before decoding it: a large body is not read on the serving loop for nothing.
+            self._warn("a call's body exceeds MESHFAST_DLP_MODEL_MAX_KB: not sent to the detection model")
+            return [], True
         texts = texts_of(body)
         if texts is None:
             # NOTE: fail closed: what this cannot read, the core may (a deeper body).
@@ -119,11 +125,16 @@ class DetectionModel:
                 self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
             async with self._session.post(self.url, data=msgspec.json.encode({"texts": texts}),
                                           headers={"content-type": "application/json"}) as response:
-                raw = await response.read()
                 if response.status != 200:
                     self._warn(f"the detection model answered {response.status}")
                     return [], True
-            answer = msgspec.json.decode(raw, type=_Answer)
+                raw = bytearray()
+                async for chunk in response.content.iter_chunked(65536):
+                    raw += chunk
+                    if len(raw) > MAX_ANSWER_BYTES:
+                        self._warn(f"the detection model answered more than {MAX_ANSWER_BYTES} bytes")
+                        return [], True
+            answer = msgspec.json.decode(bytes(raw), type=_Answer)
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError, msgspec.ValidationError, OSError) as exc:
             self._warn(f"the detection model did not answer: {type(exc).__name__}")
             return [], True

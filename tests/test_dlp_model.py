@@ -159,3 +159,24 @@ def test_a_model_that_does_not_answer_blocks_only_the_calls_that_need_it(
     finally:
         model.mode = "ok"
         gw.admin("DELETE", f"/admin/dlp/policies/{name}")
+
+
+def test_the_clients_texts_and_limits_fail_closed() -> None:
+    """What the model is sent (keys, JSON inside strings, text inside base64), and the limits that
+    fail closed before anything is sent: a body over the cap, one that is not JSON."""
+    import asyncio
+    import base64
+
+    from meshfast.dlp_model import DetectionModel, texts_of
+
+    doc = base64.b64encode(b"Letter to Ada Lovelace").decode()
+    body = json.dumps({"messages": [{"content": "hi", "Ada Lovelace": 1,
+                                     "arguments": json.dumps({"who": "Charles Babbage"})}], "data": doc}).encode()
+    texts = texts_of(body)
+    assert texts is not None
+    assert {"Ada Lovelace", "Charles Babbage", "Letter to Ada Lovelace", "hi"} <= set(texts)
+    assert texts_of(b"not json") is None
+    model = DetectionModel("http://127.0.0.1:9/never", 0.2, 64)
+    assert asyncio.run(model.find(b'{"q": "' + b"x" * 100 + b'"}')) == ([], True)
+    assert asyncio.run(model.find(b"not json")) == ([], True)
+    assert asyncio.run(model.find(b'{"q": 1}')) == ([], False)

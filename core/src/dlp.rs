@@ -778,6 +778,14 @@ pub struct Protected {
     pub model_values: ModelValues,
 }
 
+impl Protected {
+    /// Matches so far, every detector together: a text whose scan raised it was rewritten (or blocks).
+    #[must_use]
+    pub fn found(&self) -> u32 {
+        self.counts.iter().map(|(_, c)| *c).sum()
+    }
+}
+
 /// The most values of the detection model one call takes (more: the model's answer is refused).
 pub const MAX_MODEL_VALUES: usize = 10_000;
 
@@ -1097,9 +1105,9 @@ impl Dlp {
     /// so it stays JSON; as text otherwise.
     fn protect_json_text(&self, text: &mut String, acts: &[Action], out: &mut Protected, names: &mut Pseudonyms) {
         if let Ok(mut value) = serde_json::from_str::<serde_json::Value>(text) {
-            let before = out.counts.iter().map(|(_, c)| *c).sum::<u32>();
+            let before = out.found();
             self.protect_json(&mut value, acts, out, names);
-            if out.counts.iter().map(|(_, c)| *c).sum::<u32>() != before {
+            if out.found() != before {
                 if let Ok(rewritten) = serde_json::to_string(&value) {
                     *text = rewritten;
                 }
@@ -1176,14 +1184,14 @@ impl Dlp {
         let (media_type, data, url_prefix) = match image {
             Image::Base64 { media_type, data } => (media_type.clone(), data, None),
             Image::Url(url) => {
+                // NOTE: only a data: URL of a text type is taken apart (an image's is left as it is).
                 let Some((head, data)) = url.strip_prefix("data:").and_then(|rest| rest.split_once(',')) else {
                     return;
                 };
-                let Some(media_type) = head.strip_suffix(";base64").map(str::to_owned) else {
+                let Some(media_type) = head.strip_suffix(";base64").filter(|m| textual_media_type(m)) else {
                     return;
                 };
-                let prefix = format!("data:{head},");
-                let data = data.to_owned();
+                let (media_type, prefix, data) = (media_type.to_owned(), format!("data:{head},"), data.to_owned());
                 *url = data;
                 (media_type, url, Some(prefix))
             }
@@ -1195,9 +1203,9 @@ impl Dlp {
                 .and_then(|b| String::from_utf8(b).ok())
             {
                 Some(mut text) => {
-                    let before = text.clone();
+                    let before = out.found();
                     self.protect(&mut text, acts, out, names);
-                    if text != before {
+                    if out.found() != before && out.blocked.is_empty() {
                         *data = engine.encode(text.as_bytes());
                     }
                 }
@@ -1241,12 +1249,9 @@ impl Dlp {
             ..Protected::default()
         };
         let mut names = Pseudonyms::default();
+        // NOTE: in place: serde hands these texts over owned, so nothing is copied to scan them.
         let mut visit = |text: &mut Cow<'_, str>, out: &mut Protected| {
-            let mut owned = text.to_string();
-            self.protect(&mut owned, acts, out, &mut names);
-            if owned != **text {
-                *text = Cow::Owned(owned);
-            }
+            self.protect(text.to_mut(), acts, out, &mut names);
         };
         if let Some(query) = query {
             visit(query, &mut out);
@@ -1263,10 +1268,11 @@ impl Dlp {
                     .decode(data.as_bytes())
                     .ok()
                     .and_then(|b| String::from_utf8(b).ok())?;
-                let mut text: Cow<'_, str> = Cow::Borrowed(&original);
+                let before = out.found();
+                let mut text: Cow<'_, str> = Cow::Owned(original);
                 visit(&mut text, &mut out);
-                if let Cow::Owned(rewritten) = text {
-                    *data = Cow::Owned(engine.encode(rewritten.as_bytes()));
+                if out.found() != before && out.blocked.is_empty() {
+                    *data = Cow::Owned(engine.encode(text.as_bytes()));
                 }
             }
         }
@@ -1299,12 +1305,9 @@ impl Dlp {
         // Protects one text value; true when it rewrote it.
         let mut visit = |text: &mut serde_json::Value, out: &mut Protected| -> bool {
             if let serde_json::Value::String(s) = text {
-                let mut owned = std::mem::take(s);
-                let original = owned.clone();
-                self.protect(&mut owned, acts, out, &mut names);
-                let rewritten = owned != original;
-                *s = owned;
-                return rewritten;
+                let before = out.found();
+                self.protect(s, acts, out, &mut names);
+                return out.found() != before && out.blocked.is_empty();
             }
             false
         };
