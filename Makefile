@@ -79,7 +79,7 @@ bench-slowbody: setup ## valid callers' latency before, during and after 2,000 s
 # The compiled forwarder and the alternative event loops are bench tools only: built/installed under
 # target/ (ignored), never in the package or requirements-lock.txt.
 FORWARDER_RS := target/bench-forwarder/release/forwarder-rs
-BENCH_LOOPS := uvloop==0.23.0 rloop==0.5.0
+BENCH_LOOPS := rloop==0.5.0
 FLOOR_ARGS = --workers $(WORKERS) $(if $(QUICK),--quick) $(if $(LOOP),--loop $(LOOP)) \
 	$(if $(TASK_IMPL),--task-impl $(TASK_IMPL)) $(if $(RUNTIME_MODE),--runtime-mode $(RUNTIME_MODE))
 
@@ -88,14 +88,14 @@ bench-forwarder: ## build the compiled forwarder (bench/forwarder-rs: hyper, poo
 	cargo build --locked --release --manifest-path bench/forwarder-rs/Cargo.toml --target-dir target/bench-forwarder
 
 .PHONY: bench-loops
-bench-loops: $(BIN)/python ## uvloop and rloop into target/bench-loops for bench-floor --loop (not dependencies)
+bench-loops: $(BIN)/python ## rloop into target/bench-loops for bench-floor --loop rloop (not a dependency; uvloop is one)
 	$(BIN)/pip install -q --target target/bench-loops $(BENCH_LOOPS)
 
 .PHONY: bench-floor
 bench-floor: setup bench-forwarder ## side by side on nginx: direct, compiled/Python forwarders, hello, meshfast (QUICK=1 LOOP= TASK_IMPL= RUNTIME_MODE=)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
-	$(if $(filter uvloop rloop,$(LOOP)),$(MAKE) --no-print-directory bench-loops)
+	$(if $(filter rloop,$(LOOP)),$(MAKE) --no-print-directory bench-loops)
 	$(BIN)/python bench/floor_bench.py $(FLOOR_ARGS) --meshfast-cmd $(BIN)/meshfast
 
 .PHONY: bench-cache
@@ -128,11 +128,12 @@ bench-cluster: setup ## scale-out: lone vs 3-instance cluster on one PostgreSQL:
 
 # One bench-floor per runtime, shorter phases; the last command prints them side by side. Not rloop:
 # rloop 0.5.0 has no create_unix_connection, so meshfast's workers cannot reach the embedded PostgreSQL.
-RUNTIMES := "" "--loop uvloop" "--task-impl rust" "--loop uvloop --task-impl rust" "--runtime-mode mt" \
+# "" is the default: uvloop for meshfast and for every other Granian server (Granian's auto).
+RUNTIMES := "" "--loop asyncio" "--task-impl rust" "--loop asyncio --task-impl rust" "--runtime-mode mt" \
 	"--workers 1" "--workers 4"
 
 .PHONY: bench-runtimes
-bench-runtimes: setup bench-forwarder bench-loops ## bench-floor per Granian runtime (loop, task impl, runtime mode, workers per core)
+bench-runtimes: setup bench-forwarder ## bench-floor per Granian runtime (loop, task impl, runtime mode, workers per core)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
 	@rm -f bench/results/tmp/runtimes.list; mkdir -p bench/results/tmp
@@ -195,12 +196,12 @@ soak: ## a million mixed requests, worker RSS sampled every second: the leak rat
 	$(BIN)/python bench/soak.py --requests 1000000 --workers $(WORKERS)
 
 .PHONY: paper
-paper: setup ## every paper scenario (~28 min on 2 cores), figures, paper/meshfast.pdf (needs wrk, node, npm)
+paper: setup bench-forwarder ## every paper scenario (~28 min on 2 cores), figures, paper/meshfast.pdf (needs wrk, node, npm)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python bench/paper.py --workers $(WORKERS)
 
 .PHONY: paper-quick
-paper-quick: ## the paper pipeline shortened (~5 min); outputs in bench/results/tmp/paper-quick/
+paper-quick: bench-forwarder ## the paper pipeline shortened (~5 min); outputs in bench/results/tmp/paper-quick/
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python bench/paper.py --quick --workers $(WORKERS) --run-dir bench/results/tmp/paper-quick
 

@@ -31,9 +31,11 @@ Phases, each target in turn:
 
 The Granian runtime (`--loop`, `--task-impl`, `--runtime-mode`, `--workers`) applies to every Granian
 server of the run alike: the Python forwarders and hello world on the command line, meshfast through
-MESHFAST_LOOP / MESHFAST_TASK_IMPL / MESHFAST_RUNTIME_MODE. uvloop and rloop are not dependencies:
-`make bench-loops` installs them into target/bench-loops, put on the servers' PYTHONPATH only when
-asked for (Granian's `auto` loop would otherwise pick them up).
+MESHFAST_LOOP / MESHFAST_TASK_IMPL / MESHFAST_RUNTIME_MODE. Without `--loop`, every Granian server
+runs uvloop (a dependency: meshfast's default, and what Granian's `auto` takes when rloop is absent);
+the workers' mapped loop libraries are checked and reported (`loops_mapped`). rloop is not a
+dependency: `make bench-loops` installs it into target/bench-loops, put on the servers' PYTHONPATH
+only for `--loop rloop` (Granian's `auto` would otherwise take it).
 
     .venv/bin/python bench/floor_bench.py [--quick] [--loop uvloop] [--task-impl rust] [--workers 2]
 """
@@ -177,7 +179,7 @@ def server_env(args) -> dict[str, str]:
     """Servers import meshfast and bench/ from the working tree; the extra loops only when asked for."""
     env = dict(os.environ)
     path = [str(ROOT)]
-    if args.loop in ("uvloop", "rloop"):
+    if args.loop == "rloop":
         path.append(str(LOOPS_DIR))
     env["PYTHONPATH"] = os.pathsep.join(path + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONSAFEPATH"] = "1"
@@ -555,13 +557,20 @@ def provenance(args) -> dict:
     _, nginx = mb._cmd_output(["nginx", "-v"])
     prov["versions"]["nginx"] = nginx.strip() or None
     for dist in ("uvloop", "rloop"):
-        prov["versions"][dist] = _loop_version(dist) if args.loop == dist else None
+        prov["versions"][dist] = _loop_version(dist) if args.loop in (dist, None) else None
     rc, sha = mb._cmd_output(["sha256sum", str(args.forwarder_rs)])
     prov["forwarder_rs"] = {"path": str(args.forwarder_rs), "sha256": sha.split()[0] if rc == 0 else None}
     return prov
 
 
 def _loop_version(dist: str) -> str | None:
+    if dist == "uvloop":
+        import importlib.metadata
+
+        try:
+            return importlib.metadata.version("uvloop")
+        except importlib.metadata.PackageNotFoundError:
+            return None
     found = sorted(LOOPS_DIR.glob(f"{dist}-*.dist-info"))
     return found[-1].name.removeprefix(f"{dist}-").removesuffix(".dist-info") if found else None
 
@@ -617,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[floor] " + "\n[floor] ".join(missing), file=sys.stderr)
         return 2
     started = dt.datetime.now(dt.UTC)
-    rt = {"loop": args.loop or "auto (default)", "task_impl": args.task_impl or "asyncio (default)",
+    rt = {"loop": args.loop or "default (uvloop; Granian auto)", "task_impl": args.task_impl or "asyncio (default)",
           "runtime_mode": args.runtime_mode or "auto (default)"}
     tag = "-".join(v for v in (args.loop, args.task_impl, args.runtime_mode) if v)
     out_path = args.out or RESULTS_DIR / f"floor-{started.strftime('%Y%m%dT%H%M%SZ')}{'-' + tag if tag else ''}.json"

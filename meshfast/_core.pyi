@@ -39,7 +39,7 @@ __all__ = [
     "Outcome",
     "Segment",
     "ResponseParser",
-    "EntryStream",
+    "Exchange",
     "entry_error",
     "entry_stream_content_type",
     "known_request_fields",
@@ -53,7 +53,6 @@ __all__ = [
     "Principal",
     "Core",
     "Prepared",
-    "Stream",
     "counter_key",
     "request_id",
 ]
@@ -222,6 +221,10 @@ class Segment:
         Raises :class:`ShmError` when the slot table is full.
         """
 
+    def add_many(self, pairs: list[tuple[bytes, int]]) -> None:
+        """:meth:`add` each ``(key, delta)`` in one call; every pair is tried, and the first
+        failure (:class:`ShmError` for a full table, ValueError for a key not of 16 bytes) is raised
+        after the rest were added."""
     def set_if_zero(self, key: bytes, value: int) -> int:
         """Set the counter at ``key`` to ``value`` if it is 0 (one CAS); the value before (0:
         this call set it)."""
@@ -494,26 +497,6 @@ class Core:
         Raises :class:`CoreError` before the first :meth:`load`, ``ValueError`` for an unknown route.
         """
 
-    def price(
-        self,
-        model_id: str,
-        input_tokens: int,
-        output_tokens: int,
-        seconds: float = 0.0,
-        web_searches: int = 0,
-        cache_read_tokens: int = 0,
-        cache_write_tokens: int = 0,
-        cache_write_1h_tokens: int = 0,
-    ) -> tuple[int, int]:
-        """``(input_cost_nano, output_cost_nano)``: each token class × its per-1k price, the
-        prompt classes (input, cache read, 5 min and 1 h cache writes; disjoint, so
-        ``input_tokens`` excludes cached ones) summed exactly and rounded half up once. Above the
-        model's ``long_context_threshold_tokens`` of prompt, the long-context tier's prices apply
-        to every class. Unset cache prices are the input price (1 h writes: the 5 min price).
-        Web searches × the provider's per-search price are added to input; ``seconds`` (at
-        microsecond precision) × the per-second price to output. Negative parts are 0.
-        ``ValueError`` for an unknown model id."""
-
     def charge(self, principal_id: str, model_id: str, nano: int, now_ms: int) -> int:
         """Add ``nano`` (negative counts as 0) to today's (UTC) :data:`SPEND_DAY` counter of
         principal × model; returns the new total. :class:`ShmError` without a segment or when full.
@@ -774,8 +757,6 @@ class Prepared:
         """The async status URL for ``job_id`` (``{{model}}`` renders as ``""``, as Mesh)."""
     def render_content_url(self, job_id: str) -> str:
         """The async content URL for ``job_id``."""
-    def entry_stream(self) -> EntryStream:
-        """The response side of an entry-route call. :class:`CoreError` unless it is one."""
     @property
     def embedding_bodies(self) -> list[bytes]:
         """OpenAI embeddings: the upstream body of each input, in order."""
@@ -790,10 +771,44 @@ class Prepared:
     @property
     def unknown_fields(self) -> list[str]:
         """Request fields the entry codec could not classify (schema drift), e.g. ``seed``."""
-    def stream(self) -> Stream:
-        """A fresh SSE-to-NDJSON reader for this chat call. :class:`CoreError` unless it is one.
-
-        With :attr:`web_search`, the reader also extracts the family's search results."""
+    @property
+    def row_head(
+        self,
+    ) -> tuple[str, int, str | None, str | None, str | None, str | None, str | None, str | None, str | None,
+               str | None, str | None, str | None, str | None, list[str], str | None, str | None, str | None,
+               dict[str, int] | None, str | None]:
+        """What the decision puts in the call's row, in one call: ``(request_id, status, key_id,
+        principal_id, provider_id, model_id, model_name, requested_model or None, deny_reason,
+        business_unit, manager_id, tier, would_deny, model_tags, principal_kind, token_issuer,
+        token_subject, dlp as a dict or None, dlp_action)``."""
+    @property
+    def upstream_call(self) -> tuple[str, str, list[tuple[str, str]], bytes, bool, int, int, str | None]:
+        """The upstream call in force (the fallback's after :meth:`failover`), in one call:
+        ``(method, url, headers, upstream_body, local, attempts, backoff_ms, provider_id)``.
+        :class:`CoreError` for a denied call."""
+    def exchange(self) -> Exchange:
+        """The upstream exchange of this chat call (an entry route's or ``/v1/proxy``'s) on the
+        deployment in force (the fallback's after :meth:`failover`). :class:`CoreError` unless
+        it is one."""
+    def price(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        seconds: float = 0.0,
+        web_searches: int = 0,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
+    ) -> tuple[int, int]:
+        """``(input_cost_nano, output_cost_nano)`` at the model's prices as the call was decided
+        (a config change mid-call moves neither its reservation nor its price): each token class
+        × its per-1k price, the prompt classes (input, cache read, 5 min and 1 h cache writes;
+        disjoint, so ``input_tokens`` excludes cached ones) summed exactly and rounded half up
+        once. Above the model's ``long_context_threshold_tokens`` of prompt, the long-context
+        tier's prices apply to every class. Unset cache prices are the input price (1 h writes:
+        the 5 min price). Web searches × the provider's per-search price are added to input;
+        ``seconds`` (at microsecond precision) × the per-second price to output. Negative parts
+        are 0. :class:`CoreError` for a denied call."""
     def extract_embedding(self, body: bytes) -> tuple[bytes, int]:
         """``(vector as compact JSON array text, input_tokens)`` from an embeddings response.
 
@@ -807,50 +822,68 @@ class Prepared:
         :class:`UpstreamBodyError` when the body is not JSON."""
 
 @final
-class Stream:
-    """One chat call's upstream SSE stream, re-encoded as Mesh NDJSON. Used by one task."""
+class Exchange:
+    """One chat call's upstream exchange after the decision (:meth:`Prepared.exchange`): the
+    response's framing, its translation into the caller's bytes and its accounting, so the data
+    plane makes one call into the core per upstream read and one at the end.
 
-    def feed(self, chunk: bytes) -> bytes:
-        """Read a chunk (split anywhere); return the NDJSON lines it completed (``b""`` if none).
+    An entry route's caller gets its own API format (a stream, or one response at the end); a
+    ``/v1/proxy`` caller gets Mesh NDJSON: each non-empty delta as ``{"id":…,"delta":…}``; with
+    web search, an event citing URLs not seen before is followed by ``{"id":…,"sources":[…]}``
+    with only those (at most 100 in all); the last line is ``{"id":…,"done":true,"usage":{…}}``
+    plus ``"truncated":true`` when output reached ``max_tokens`` and ``"incomplete":true`` when
+    the upstream broke off (with web search, ``usage`` has ``web_searches`` and the line
+    ``sources``, ``queries``, ``search_suggestions_html``, ``sources_truncated`` as present).
+    Only ``data:`` lines count; ``[DONE]`` or the provider's done signal ends the stream;
+    unparseable events are skipped. Used by one task."""
 
-        Only ``data:`` lines count; empty payloads are keep-alives; ``[DONE]`` or the provider's
-        done signal ends the stream (later bytes are ignored); unparseable payloads are skipped
-        and counted in :attr:`malformed`. Each non-empty delta becomes ``{"id":…,"delta":…}``.
+    def adopt(self, parser: ResponseParser) -> None:
+        """Take over ``parser``'s framing (``parser`` is left empty): :meth:`feed` then takes
+        socket bytes, and the exchange answers as the parser did (:attr:`status`,
+        :meth:`header`, :attr:`complete`, :attr:`reusable`, …)."""
+    def feed(self, data: bytes) -> bytes:
+        """Consume socket bytes (body bytes when no framing was adopted), split anywhere; return
+        what the caller gets now (``b""`` if nothing). ConnectionError on a response that does
+        not follow HTTP/1.1. After :meth:`finish`, bytes are framed and dropped."""
+    def feed_body(self, body: bytes) -> bytes:
+        """Body bytes the client framed before :meth:`adopt`: translated like :meth:`feed`'s."""
+    def eof(self) -> bytes:
+        """The connection closed: what the rest of a close-delimited body gives the caller, or
+        ConnectionError when the response was cut short."""
+    def finish(
+        self, incomplete: bool, client_gone: bool, request_body: bytes
+    ) -> tuple[bytes, int, int, int, int, int, int, int, bool, int, list[str], str | None]:
+        """End the exchange: ``(last bytes, tokens_in, tokens_out, cache_read, cache_write_5m,
+        cache_write_1h, input_cost_nano, output_cost_nano, estimated, web_searches,
+        tools_invoked, error)``.
 
-        With web search, an event that cites URLs not seen before is followed by
-        ``{"id":…,"sources":[{url, title?, cited_text?, page_age?}, …]}`` with only those URLs
-        (at most 100 in all).
-        """
-    def set_usage(self, input_tokens: int, output_tokens: int) -> None:
-        """Replace the usage counts (a tokenizer estimate when the upstream reported none)."""
-    def finish(self, incomplete: bool = False) -> bytes:
-        """The final line: ``{"id":…,"done":true,"usage":{…}}`` plus ``"truncated":true`` when
-        output tokens reached ``max_tokens`` and ``"incomplete":true`` when asked.
-
-        When web search was used (any citation, query or reported count), ``usage`` also has
-        ``web_searches`` and the line has ``sources`` (all, de-duplicated and merged by URL, at
-        most 100), ``queries``, ``search_suggestions_html`` and ``sources_truncated`` as present."""
+        The last bytes are a stream's end (its format's error signal when it broke; Mesh's done
+        line) or, for a caller that asked for no stream, the whole response (nothing when
+        ``error`` is set: the stream broke). Token classes are disjoint (``tokens_in`` excludes
+        cached tokens; ``cache_write_5m`` excludes the one-hour writes). Without reported usage,
+        the prompt (an entry route's whole body; ``/v1/proxy``'s ``query`` or text blocks) and
+        the answer's text are estimated with the tokenizer (``estimated``); a call that reported
+        its usage but was cut short (``incomplete``) or left (``client_gone``) is charged at
+        least the tokens of what it carried. Prices are the call's (:meth:`Prepared.price`)."""
     @property
-    def input_tokens(self) -> int: ...
+    def ended(self) -> bool:
+        """The upstream's stream reached its end signal, or the adopted response's body ended."""
     @property
-    def output_tokens(self) -> int: ...
+    def deltas(self) -> int:
+        """Text deltas received so far."""
     @property
-    def usage_reported(self) -> bool:
-        """A usage path matched at least once (otherwise estimate, and mark it so)."""
+    def status(self) -> int:
+        """The adopted response's status (:class:`CoreError` before :meth:`adopt`)."""
+    def header(self, name: str) -> str | None: ...
     @property
-    def deltas(self) -> int: ...
+    def headers(self) -> list[tuple[str, str]]: ...
     @property
-    def malformed(self) -> int: ...
+    def head_done(self) -> bool: ...
     @property
-    def done(self) -> bool: ...
+    def complete(self) -> bool:
+        """The adopted response's body was read to its end."""
     @property
-    def text_bytes(self) -> int:
-        """UTF-8 bytes of delta text forwarded."""
-    @property
-    def web_searches(self) -> int:
-        """Billable web searches so far: the highest reported count, else distinct queries, else
-        1 if anything was cited, else 0 (always 0 without web search). Pass it to
-        :meth:`Core.price`."""
+    def reusable(self) -> bool: ...
 
 def encode_request(method: str, target: str, host: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
     """One HTTP/1.1 request: request line, ``host``, the headers (framing and connection headers
@@ -904,6 +937,10 @@ class ResponseParser:
     @property
     def complete(self) -> bool: ...
     @property
+    def ended(self) -> bool:
+        """As :attr:`complete` (an :class:`Exchange` that adopted the framing also ends at its
+        stream's end signal)."""
+    @property
     def reusable(self) -> bool:
         """The connection may carry another exchange once this one is complete."""
 
@@ -924,38 +961,3 @@ def known_request_fields(format: str) -> tuple[list[str], list[str], list[str]]:
     identity, provider-side storage, options the prices do not cover). Nested fields are written
     ``container.field`` (``generationConfig.topK``, ``options.num_ctx``). Any other field is
     counted as unclassified. Raises ``ValueError`` for an unknown format."""
-
-@final
-class EntryStream:
-    """An entry-route call's response: the upstream's stream decoded into IR events and written
-    in the caller's format, as a stream or (caller asked for none) one response at the end."""
-
-    def feed(self, chunk: bytes) -> bytes:
-        """Read an upstream chunk (split anywhere); return what the caller gets now."""
-    def finish(self) -> bytes:
-        """The upstream ended: a stream's last bytes (its format's error signal when it broke),
-        or the whole response for a non-streaming caller (nothing if :attr:`error` is set)."""
-    def set_usage(self, input_tokens: int, output_tokens: int) -> None:
-        """Replace the usage (a tokenizer estimate when the upstream reported none)."""
-    @property
-    def usage(self) -> tuple[int, int, int, int, int]:
-        """``(input, output, cache_read, cache_write, cache_write_1h)`` tokens reported so far:
-        ``cache_write`` counts every cache write, ``cache_write_1h`` the one-hour ones among them."""
-    @property
-    def usage_reported(self) -> bool: ...
-    @property
-    def error(self) -> str | None:
-        """Why the upstream stream broke, when it did."""
-    @property
-    def ended(self) -> bool:
-        """The upstream stream reached its end (clean or error)."""
-    @property
-    def deltas(self) -> int: ...
-    @property
-    def malformed(self) -> int: ...
-    @property
-    def output_text(self) -> str:
-        """Text and tool-call arguments received (for a tokenizer estimate)."""
-    @property
-    def tools_invoked(self) -> list[str]:
-        """The tools the model called so far: each name once, in order, at most 128."""

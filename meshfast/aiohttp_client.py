@@ -37,10 +37,16 @@ class GuardedResolver(AbstractResolver):
 
 
 class _Response:
-    __slots__ = ("_r",)
+    __slots__ = ("_r", "_exchange")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._r = response
+        self._exchange: Any = None
+
+    def adopt(self, exchange: Any) -> None:
+        """From now on :meth:`read_chunk` returns what ``exchange`` makes of the body (the
+        caller's bytes), ``b""`` once the body or the exchange's stream ended."""
+        self._exchange = exchange
 
     @property
     def status(self) -> int:
@@ -51,8 +57,18 @@ class _Response:
         return self._r.headers
 
     async def read_chunk(self) -> bytes:
+        exchange = self._exchange
         try:
-            return await self._r.content.readany()
+            if exchange is None:
+                return await self._r.content.readany()
+            while not exchange.ended:
+                data = await self._r.content.readany()
+                if not data:
+                    return b""
+                out: bytes = exchange.feed(data)
+                if out or exchange.ended:
+                    return out
+            return b""
         except aiohttp.ClientError as exc:
             # NOTE: aiohttp keeps the exception on the response; its traceback would pin the
             # caller's frame, and with it the client's stream, until the cyclic GC runs.

@@ -245,11 +245,11 @@ class DataPlane:
             dlp_failed = dlp_failed or (self.dlp_model is not None and self.core.dlp_wants_model)
             p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                                   model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
-        if p.dlp_needs_model and dlp_found is None and self.dlp_model is not None:
+        if self.dlp_model is not None and dlp_found is None and p.dlp_needs_model:
             dlp_found, dlp_failed = await self.dlp_model.find(body)
             p = self.core.prepare(route, authorization, x_api_key, x_goog_api_key, query, body, len(body), now_ms,
                                   model, stream, cache_shaping, workflow, dlp_found, dlp_failed)
-        if p.status and self.leases is not None:
+        if self.leases is not None and p.status:
             # A cluster member holds only slices of each cap: out of room, it asks for another
             # (one round trip, rare far from a cap) and decides again.
             # NOTE: a call may want up to one slice per cap it meets (budget, rules, hourly counts).
@@ -269,21 +269,23 @@ class DataPlane:
         user_agent = _header(headers, "user-agent")
         source_ip = client_ip(scope)
         mesh = route in _MESH
+        (request_id, status, key_id, principal_id, provider_id, model_id, model_name, requested_model, deny_reason,
+         business_unit, manager_id, tier, would_deny, model_tags, principal_kind, token_issuer, token_subject, dlp,
+         dlp_action) = p.row_head
         row = Row(
-            request_id=p.request_id, created_ms=now_ms, route=route, outcome="denied", status_code=p.status,
-            mesh_key_id=p.key_id, user_id=p.principal_id, provider_id=p.provider_id, model_id=p.model_id,
-            model_name=p.model_name, requested_model=p.requested_model or None, deny_reason=p.deny_reason,
-            source_ip=source_ip, user_agent=user_agent, business_unit=p.business_unit, manager_id=p.manager_id,
-            tier=p.tier, would_deny=p.would_deny, tags=p.model_tags,
-            principal_kind=p.principal_kind, token_issuer=p.token_issuer,
-            token_subject=p.token_subject, call_tags=call_tags,
-            dlp=dict(p.dlp) or None, dlp_action=p.dlp_action,
+            request_id=request_id, created_ms=now_ms, route=route, outcome="denied", status_code=status,
+            mesh_key_id=key_id, user_id=principal_id, provider_id=provider_id, model_id=model_id,
+            model_name=model_name, requested_model=requested_model, deny_reason=deny_reason,
+            source_ip=source_ip, user_agent=user_agent, business_unit=business_unit, manager_id=manager_id,
+            tier=tier, would_deny=would_deny, tags=model_tags, principal_kind=principal_kind,
+            token_issuer=token_issuer, token_subject=token_subject, call_tags=call_tags, dlp=dlp,
+            dlp_action=dlp_action,
         )
         if self.tracing is not None and principal is not None:
             # NOTE: an unknown key costs no span (unauthenticated work must cost almost nothing).
             self._trace_start(p, row, headers, route, now_ms, received - started)
         governed = _status_headers(p)
-        if p.status:
+        if status:
             extra = governed
             if p.retry_after_s:
                 extra.append(("retry-after", str(p.retry_after_s)))
@@ -296,7 +298,7 @@ class DataPlane:
             row.latency_ms = self._elapsed_ms(started)
             self._events(p, row)
             self._record(row, p.log_requests)
-            self._respond(proto, p.status, p.request_id, p.body, extra)
+            self._respond(proto, status, request_id, p.body, extra)
             return
         if not mesh:
             self._note_unclassified(route, p.unknown_fields)
@@ -368,9 +370,7 @@ class DataPlane:
         """Send with the deployment's retries; after a final transport failure (no HTTP answer) or
         503, once more to the model's next deployment, whose provider the row then names."""
         try:
-            return await self.dispatcher.send(p.method, p.url, self._upstream_headers(p), p.upstream_body,
-                                              local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
-                                              provider=p.provider_id)
+            return await self._send_call(p)
         except UpstreamError as exc:
             if exc.status not in (None, 503) or not p.failover():
                 raise
@@ -382,9 +382,17 @@ class DataPlane:
                 # The next provider stayed at its limits for the whole wait: the first answer stands.
                 raise exc from None
         row.provider_id = p.provider_id
-        return await self.dispatcher.send(p.method, p.url, self._upstream_headers(p), p.upstream_body,
-                                          local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
-                                          provider=p.provider_id)
+        return await self._send_call(p)
+
+    def _send_call(self, p: Any) -> Any:
+        """The dispatcher's send of the upstream call in force (with the request's trace context
+        when it is traced)."""
+        method, url, headers, body, local, attempts, backoff_ms, provider = p.upstream_call
+        entry = self._spans.get(p.request_id) if self.tracing is not None else None
+        if entry is not None:
+            headers = [*headers, *self.tracing.inject(entry[0])]
+        return self.dispatcher.send(method, url, headers, body, local=local, attempts=attempts,
+                                    backoff_ms=backoff_ms, provider=provider)
 
     def _upstream_failed(self, p: Any, proto: Any, row: Row, exc: UpstreamError, detail: str | None = None) -> None:
         payload: dict[str, Any] = {"error": errors.UpstreamUnavailable.code}
@@ -402,87 +410,89 @@ class DataPlane:
         response = await self._send(p, proto, row)
         if response is None:
             return
-        stream = p.stream()
+        # The core frames, translates and accounts for the answer from here on (one call per read).
+        exchange = p.exchange()
+        response.adopt(exchange)
         transport = proto.response_stream(200, [
             ("content-type", NDJSON), ("x-request-id", p.request_id), ("cache-control", "no-cache"), *governed,
         ])
-        incomplete = False
-        client_gone = False
-        ended = False  # the upstream body ended, or the stream reached its done signal
-        cancelled = False
-        sent: list[bytes] = []
+        incomplete, client_gone, cancelled, tail = await self._pump(response, exchange, transport, row, started)
+        final = self._settle_exchange(exchange, row, incomplete, client_gone, request_body)[0]
+        row.status_code = 200
+        row.outcome = "upstream_error" if incomplete else "success"
+        if cancelled:
+            raise asyncio.CancelledError
+        if not client_gone:
+            proto.send_last(tail + final)
+
+    async def _pump(self, response: UpstreamResponse, exchange: Any, transport: Any, row: Row,
+                    started: float) -> tuple[bool, bool, bool, bytes]:
+        """The one stream pump of both chat routes: the upstream's answer, framed and translated
+        by ``exchange`` (adopted by ``response``), to the caller's ``transport`` (None: a whole
+        answer, which the exchange gives at its end). Returns ``(incomplete, client_gone,
+        cancelled, tail)``: the upstream broke off (or timed out), the caller left, the call was
+        cut at the drain bound (the caller charges, records, then re-raises), and the bytes that
+        came with the stream's end signal, which leave with the exchange's last bytes in one write.
+        The connection is pooled after an answer that ended (its last framing drains in the
+        background), closed otherwise."""
+        incomplete = client_gone = ended = cancelled = False
         tail = b""
         try:
             while True:
                 try:
                     # NOTE: the dispatcher's idle timeout is the stream's idle timeout.
-                    chunk = await response.read_chunk()
+                    out = await response.read_chunk()
                 except (TimeoutError, OSError):
                     incomplete = True
                     break
-                if not chunk:
-                    # The body's end (a body cut short raises above).
+                if not out:
+                    # The body's end or the stream's end signal (a body cut short raises above).
                     ended = True
                     break
-                out = stream.feed(chunk)
-                if out:
-                    sent.append(out)
-                    if row.ttfb_ms is None:
-                        row.ttfb_ms = self._elapsed_ms(started)
-                    if stream.done:
-                        # The last deltas leave together with the done line, in one write.
-                        tail = out
-                        ended = True
-                        break
+                if row.ttfb_ms is None:
+                    row.ttfb_ms = self._elapsed_ms(started)
+                if exchange.ended:
+                    tail = out
+                    ended = True
+                    break
+                if transport is not None:
                     try:
                         await transport.send_bytes(out)
                     except Exception:
                         client_gone = True
                         break
-                elif stream.done:
-                    ended = True
-                    break
         except asyncio.CancelledError:
-            # Cut at the drain bound: charged for what it carried, recorded, then cancelled.
             incomplete = cancelled = True
         finally:
-            # NOTE: release pools the connection (after the body's last framing arrives); a
-            # stream cut short, abandoned by its caller or cancelled closes it instead.
             if ended:
                 response.release()
             else:
                 response.close()
-        self._account_stream(p, stream, row, request_body, sent, cut_short=incomplete or client_gone)
-        row.status_code = 200
-        row.outcome = "upstream_error" if incomplete else "success"
-        if cancelled:
-            raise asyncio.CancelledError
-        final = tail + stream.finish(incomplete)
-        if not client_gone:
-            proto.send_last(final)
+        return incomplete, client_gone, cancelled, tail
 
-    def _account_stream(self, p: Any, stream: Any, row: Row, request_body: bytes, sent: list[bytes],
-                        cut_short: bool = False) -> None:
-        tokens_in, tokens_out = stream.input_tokens, stream.output_tokens
-        if cut_short and stream.usage_reported and stream.deltas:
-            # Providers report output tokens at the end; a stream cut short is charged what it carried.
-            tokens_out = max(tokens_out, self.core.estimate_tokens(_delta_text(sent)))
-            stream.set_usage(tokens_in, tokens_out)
-        if not stream.usage_reported:
-            # NOTE: only when the upstream reported no usage: tokenize what went each way.
-            tokens_in = self.core.estimate_tokens(_prompt_text(request_body))
-            tokens_out = self.core.estimate_tokens(_delta_text(sent)) if stream.deltas else 0
-            stream.set_usage(tokens_in, tokens_out)
+    @staticmethod
+    def _settle_exchange(exchange: Any, row: Row, incomplete: bool, client_gone: bool,
+                         request_body: bytes) -> tuple[bytes, str | None]:
+        """Ends the exchange (usage as reported or estimated, priced at the call's rates) into the
+        row; returns the caller's last bytes and, for an entry stream that broke, its error."""
+        (final, row.tokens_in, row.tokens_out, row.cache_read_tokens, cache_write, row.cache_write_1h_tokens,
+         row.input_cost_nano, row.output_cost_nano, estimated, row.web_searches, tools,
+         error) = exchange.finish(incomplete, client_gone, request_body)
+        # The row counts five-minute and one-hour cache writes together (they are priced apart).
+        row.cache_write_tokens = cache_write + row.cache_write_1h_tokens
+        if estimated:
             row.usage_estimated = True
-        self._charge(p, row, tokens_in, tokens_out, web_searches=stream.web_searches)
+        if tools:
+            row.tools_invoked = tools
+        return final, error
 
     def _charge(self, p: Any, row: Row, tokens_in: int, tokens_out: int, seconds: float = 0.0,
                 web_searches: int = 0, cache_read: int = 0, cache_write: int = 0, cache_write_1h: int = 0) -> None:
         """Price the call into the row (each token class at its price; ``tokens_in`` excludes
         cached tokens, ``cache_write`` the one-hour writes, priced as ``cache_write_1h``); `handle` settles the
         reservation with it."""
-        input_nano, output_nano = self.core.price(p.model_id, tokens_in, tokens_out, seconds, web_searches,
-                                                  cache_read, cache_write, cache_write_1h)
+        input_nano, output_nano = p.price(tokens_in, tokens_out, seconds, web_searches, cache_read, cache_write,
+                                          cache_write_1h)
         row.web_searches = web_searches
         row.tokens_in, row.tokens_out = tokens_in, tokens_out
         row.input_cost_nano, row.output_cost_nano = input_nano, output_nano
@@ -713,6 +723,7 @@ class DataPlane:
             with contextlib.suppress(ShmError):
                 self.metrics.request(row.route, row.outcome, row.deny_reason, row.count)
                 self.metrics.row(row)
+                self.metrics.flush()
 
     def _note_unclassified(self, fmt: str, fields: list[str]) -> None:
         if fields and self.metrics is not None:
@@ -748,74 +759,29 @@ class DataPlane:
         except UpstreamError as exc:
             self._entry_failed(proto, fmt, p, row, exc)
             return
-        es = p.entry_stream()
+        exchange = p.exchange()
+        response.adopt(exchange)
         transport = None
         if p.client_stream:
             transport = proto.response_stream(200, [
                 ("content-type", entry_stream_content_type(fmt)), ("x-request-id", p.request_id),
                 ("cache-control", "no-cache"), *governed,
             ])
-        cut_short = client_gone = ended = cancelled = False
-        try:
-            while True:
-                try:
-                    chunk = await response.read_chunk()
-                except (TimeoutError, OSError):
-                    cut_short = True
-                    break
-                if not chunk:
-                    ended = True
-                    break
-                out = es.feed(chunk)
-                if out and row.ttfb_ms is None:
-                    row.ttfb_ms = self._elapsed_ms(started)
-                if out and transport is not None:
-                    try:
-                        await transport.send_bytes(out)
-                    except Exception:
-                        client_gone = True
-                        break
-                if es.ended:
-                    ended = True
-                    break
-        except asyncio.CancelledError:
-            # Cut at the drain bound: charged for what it carried, recorded, then cancelled.
-            cut_short = cancelled = True
-        finally:
-            if ended:
-                response.release()
-            else:
-                response.close()
-        usage_in, usage_out, cache_read, cache_write, cache_write_1h = es.usage
-        row.tools_invoked = es.tools_invoked
-        if not es.usage_reported:
-            # NOTE: only when the upstream reported no usage: tokenize what went each way.
-            usage_in = self.core.estimate_tokens(request_body.decode("utf-8", "replace"))
-            usage_out = self.core.estimate_tokens(es.output_text)
-            es.set_usage(usage_in, usage_out)
-            row.usage_estimated = True
-        elif (cut_short or client_gone) and es.deltas:
-            usage_out = max(usage_out, self.core.estimate_tokens(es.output_text))
-            es.set_usage(usage_in, usage_out)
-        final = es.finish()
-        broken = cut_short or es.error is not None
-        row.cache_read_tokens, row.cache_write_tokens = cache_read, cache_write
-        row.cache_write_1h_tokens = cache_write_1h
-        # Five-minute and one-hour cache writes cost different prices; the row counts them together.
-        self._charge(p, row, usage_in, usage_out, cache_read=cache_read, cache_write=cache_write - cache_write_1h,
-                     cache_write_1h=cache_write_1h)
+        cut_short, client_gone, cancelled, tail = await self._pump(response, exchange, transport, row, started)
+        final, error = self._settle_exchange(exchange, row, cut_short, client_gone, request_body)
+        broken = cut_short or error is not None
         if cancelled:
             row.status_code = 200 if transport is not None else 503
             row.outcome = "upstream_error"
             raise asyncio.CancelledError
         if transport is not None:
-            if final and not client_gone:
-                proto.send_last(final)
+            if (tail or final) and not client_gone:
+                proto.send_last(tail + final)
             row.status_code = 200
             row.outcome = "upstream_error" if broken else "success"
             return
         if broken:
-            self._entry_failed(proto, fmt, p, row, UpstreamError(None, es.error or "upstream stream cut short"))
+            self._entry_failed(proto, fmt, p, row, UpstreamError(None, error or "upstream stream cut short"))
             return
         self._respond(proto, 200, p.request_id, final, governed)
         row.outcome, row.status_code = "success", 200
@@ -927,35 +893,6 @@ def _header_text(text: str) -> str:
 
 def _classify(item: str) -> tuple[str, str]:
     return ("url", item) if item.startswith(("http://", "https://")) else ("base64", item)
-
-
-class _Prompt(msgspec.Struct):
-    query: str | None = None
-    content: list[dict[str, Any]] | None = None
-
-
-def _prompt_text(body: bytes) -> str:
-    try:
-        prompt = msgspec.json.decode(body, type=_Prompt)
-    except msgspec.MsgspecError:
-        return ""
-    if prompt.query:
-        return prompt.query
-    return "\n\n".join(b["text"] for b in prompt.content or () if isinstance(b.get("text"), str))
-
-
-class _Delta(msgspec.Struct):
-    delta: str | None = None
-
-
-_delta_decoder = msgspec.json.Decoder(_Delta)
-
-
-def _delta_text(sent: list[bytes]) -> str:
-    return "".join(
-        d.delta or "" for chunk in sent for line in chunk.splitlines() if line
-        for d in (_delta_decoder.decode(line),)
-    )
 
 
 class _EmbeddingOptions(msgspec.Struct):

@@ -117,6 +117,9 @@ class UpstreamResponse(Protocol):
         timeout and ConnectionError (an OSError) when the body is cut short."""
     async def read(self, limit: int) -> bytes:
         """The body, at most ``limit + 1`` bytes (so a caller can tell it was longer)."""
+    def adopt(self, exchange: Any) -> None:
+        """Hand the body to ``exchange`` (:class:`~meshfast._core.Exchange`): :meth:`read_chunk`
+        then returns the caller's bytes, ``b""`` once the body or the exchange's stream ended."""
     def release(self) -> None:
         """Done: the connection is reused when the body was read to its end, else closed."""
     def close(self) -> None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from meshfast._core import ResponseParser, encode_request
+from meshfast._core import Exchange, ResponseParser, encode_request
 from meshfast._core import forbidden_address as _forbidden_address
 
 # Buffered body bytes above which the socket stops being read until the caller catches up.
@@ -103,7 +103,7 @@ class Headers:
 
     __slots__ = ("_parser",)
 
-    def __init__(self, parser: ResponseParser) -> None:
+    def __init__(self, parser: ResponseParser | Exchange) -> None:
         self._parser = parser
 
     def get(self, name: str, default: str | None = None) -> str | None:
@@ -124,7 +124,7 @@ class Response:
     def __init__(self, client: Client, conn: _Connection, no_body: bool, idle_s: float) -> None:
         self._client = client
         self._conn = conn
-        self._parser = ResponseParser(no_body)
+        self._parser: ResponseParser | Exchange = ResponseParser(no_body)
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._error: BaseException | None = None
@@ -139,6 +139,29 @@ class Response:
     @property
     def status(self) -> int:
         return self._parser.status
+
+    def adopt(self, exchange: Exchange) -> None:
+        """Hands the response's framing to ``exchange`` (:class:`~meshfast._core.Exchange`):
+        each socket read is then framed and translated in one call into the core, and
+        :meth:`read_chunk` returns the caller's bytes, ``b""`` once the body or the exchange's
+        stream ended. Body bytes already buffered are translated now."""
+        parser = self._parser
+        if not isinstance(parser, ResponseParser):
+            raise RuntimeError("the response's framing was adopted already")
+        exchange.adopt(parser)
+        self._parser = exchange
+        self.headers = Headers(exchange)
+        if self._chunks:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            out = exchange.feed_body(data)
+            if out:
+                self._chunks.append(out)
+            self._buffered = len(out)
+        if self._paused and self._buffered <= HIGH_WATER and self._conn.transport is not None:
+            # A whole answer's caller reads nothing until the end: the socket must not stay paused.
+            self._paused = False
+            self._conn.transport.resume_reading()
 
     # --- protocol side --------------------------------------------------------------------
 
@@ -237,7 +260,7 @@ class Response:
                     self._paused = False
                     self._conn.transport.resume_reading()
                 return data
-            if self._parser.complete:
+            if self._parser.ended:
                 return b""
             if self._error is not None:
                 raise self._failure()

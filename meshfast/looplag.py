@@ -17,6 +17,11 @@ part of it left at that moment. Stalls longer than the interval are always seen.
 the loop's thread used since the tick before (close to the wall time: the loop was busy; far
 below it: the process waited for a CPU or in a system call) and the garbage collections that ran
 meanwhile (a diagnostic: ``gc.callbacks`` timing is added only then).
+
+Lateness is measured on ``time.monotonic()``, not the loop's clock: uvloop (the default loop)
+reads its clock once per iteration, in milliseconds, and runs timers at millisecond resolution, so
+on uvloop a tick on time can show up to about 1 ms of lag; the buckets under 1 ms are then coarse,
+while the stalls the probe is for (milliseconds and up) are measured as before.
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ class LoopLagProbe:
         self._loop = loop or asyncio.get_running_loop()
         if self._log_over_s is not None:
             gc.callbacks.append(self._on_gc)
-        now = self._loop.time()
+        now = time.monotonic()
         self._flush_at = now + FLUSH_S
         self._last_tick, self._last_cpu = now, time.thread_time()
         self._schedule(now)
@@ -101,11 +106,11 @@ class LoopLagProbe:
     def _schedule(self, now: float) -> None:
         assert self._loop is not None
         self._due = now + self.interval_s
-        self._handle = self._loop.call_at(self._due, self._tick)
+        self._handle = self._loop.call_later(self.interval_s, self._tick)
 
     def _tick(self) -> None:
         assert self._loop is not None
-        now = self._loop.time()
+        now = time.monotonic()
         # NOTE: asyncio runs timers up to its clock resolution early; that is no lag.
         lag_s = max(0.0, now - self._due)
         self._counts[bisect_left(_BOUNDS_S, lag_s)] += 1

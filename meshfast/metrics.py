@@ -8,13 +8,16 @@ table, so what is exported must be known up front; anything else is counted unde
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from typing import Any
 
 from meshfast import _core
-from meshfast._core import GLOBAL_INFLIGHT, counter_key
+from meshfast._core import GLOBAL_INFLIGHT, ShmError, counter_key
 from meshfast.looplag import LAG_BUCKETS_US
 from meshfast.telemetry import metrics as telemetry_metrics
+
+log = logging.getLogger(__name__)
 
 ROUTES = ("proxy", "embeddings", "generate", "openai_chat", "openai_responses", "anthropic", "gemini", "ollama",
           "openai_embeddings")
@@ -104,20 +107,40 @@ def _status_class(status: int) -> str | None:
     return None
 
 
+# Queued adds past which an event flushes them itself (a path that never ends in a request's row).
+MAX_QUEUED = 256
+
+
 class Metrics:
-    """The counters of one instance; cheap enough for the request path (a dict lookup and an
-    atomic add per event)."""
+    """The counters of one instance; cheap enough for the request path: an event queues its
+    adds (a dict lookup and a list append), and :meth:`flush` makes them in one call into the
+    core (a request's end does, after its row)."""
 
     def __init__(self, segment: Any) -> None:
         self._segment = segment
         self._models: dict[str, _ModelKeys] = {}
         self._providers: dict[str, _ProviderKeys] = {}
+        self._pending: list[tuple[bytes, int]] = []
+        self._full_logged = False
+
+    def flush(self) -> None:
+        """Makes the queued adds. A full table loses the adds it has no slot for (logged once),
+        never the request that flushed them: it may be another request's, mid-call."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            try:
+                self._segment.add_many(pending)
+            except (ShmError, ValueError) as exc:
+                if not self._full_logged:
+                    self._full_logged = True
+                    log.error("metrics: counters lost (%s); raise MESHFAST_SHM_SLOTS", exc)
 
     def row(self, row: Any) -> None:
         """A finished request's usage by model (a few atomic adds): calls by outcome, tokens,
         cost; and the time to its first byte by the provider that served it. (The providers'
         answers by status class are counted per attempt: :meth:`attempt`.)"""
-        add = self._segment.add
+        add = self._queue
         if row.dlp and row.dlp_action in DLP_ACTIONS:
             for detector, n in row.dlp.items():
                 key = _DLP.get((detector if detector in DLP_DETECTORS else "custom", row.dlp_action))
@@ -144,12 +167,18 @@ class Metrics:
             add(pkeys.ttfb[bisect_left(_TTFB_BOUNDS_MS, row.ttfb_ms)], 1)
             add(pkeys.ttfb_sum_ms, row.ttfb_ms)
 
+    def _queue(self, key: bytes, n: int) -> None:
+        pending = self._pending
+        pending.append((key, n))
+        if len(pending) >= MAX_QUEUED:
+            self.flush()
+
     def request(self, route: str, outcome: str, deny_reason: str | None, count: int = 1) -> None:
         key = _REQUESTS.get((route, outcome))
         if key is not None:
-            self._segment.add(key, count)
+            self._queue(key, count)
         if deny_reason is not None:
-            self._segment.add(_DENIALS.get(deny_reason, _DENIALS["other"]), count)
+            self._queue(_DENIALS.get(deny_reason, _DENIALS["other"]), count)
 
     def attempt(self, status: int | None, retried: bool, provider: str | None = None) -> None:
         """One upstream attempt: its result and, when the provider answered, its status class by provider."""
@@ -157,28 +186,30 @@ class Metrics:
             pkeys = self._providers.get(provider)
             if pkeys is None:
                 pkeys = self._providers[provider] = _ProviderKeys(provider)
-            self._segment.add(pkeys.status[cls], 1)
+            self._queue(pkeys.status[cls], 1)
         if status is None:
             result = "transport"
         elif status == 429:
             result = "429"
         else:
             result = f"{min(status // 100, 5)}xx" if status >= 200 else "transport"
-        self._segment.add(_ATTEMPTS.get(result, _ATTEMPTS["transport"]), 1)
+        self._queue(_ATTEMPTS.get(result, _ATTEMPTS["transport"]), 1)
         if retried:
-            self._segment.add(_RETRIES, 1)
+            self._queue(_RETRIES, 1)
 
     def unclassified(self, n: int) -> None:
-        self._segment.add(_UNCLASSIFIED, n)
+        self._queue(_UNCLASSIFIED, n)
 
     def phase(self, phase: str, ns: int) -> None:
         """One admitted request's time in ``phase`` (two atomic adds)."""
         ns = max(ns, 0)
-        self._segment.add(_PHASE_BUCKETS[phase][bisect_left(_PHASE_BOUNDS_NS, ns)], 1)
-        self._segment.add(_PHASE_SUM_NS[phase], ns)
+        self._queue(_PHASE_BUCKETS[phase][bisect_left(_PHASE_BOUNDS_NS, ns)], 1)
+        self._queue(_PHASE_SUM_NS[phase], ns)
 
     def loop_lag(self, counts: list[int], sum_ns: int) -> None:
-        """A loop-lag probe's ticks since its last flush (non-cumulative bucket counts)."""
+        """A loop-lag probe's ticks since its last flush (non-cumulative bucket counts); the
+        queued adds go with them, so a worker's counters are never more than a flush behind."""
+        self.flush()
         add = self._segment.add
         for key, n in zip(_LAG_BUCKETS, counts, strict=True):
             if n:

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from meshfast import app as app_module
-from meshfast import cluster, startclock, telemetry
+from meshfast import cluster, loops, startclock, telemetry
 from meshfast._core import CLUSTER_LEASED, Segment
 from meshfast.secrets import Secrets, ensure_data_dir, load_or_create, new_admin_token, restrict_data_dir
 from meshfast.settings import Settings
@@ -366,6 +366,8 @@ def _run_workers(options: ServeOptions, settings: Settings, database_url: str, s
     worker_limit = max(1, math.ceil(settings.max_connections / options.workers))
     os.environ[app_module.ENV_WORKER_LIMIT] = str(worker_limit)
     os.environ[startclock.ENV] = clock.to_env()
+    # The workers' uvloop keeps its signal handlers readable (realtime sessions' drain needs Granian's).
+    loops.install()
     log.info("%s", clock.line("workers starting"))
     try:
         reclaimer.start()

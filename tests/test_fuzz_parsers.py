@@ -111,9 +111,9 @@ def test_any_upstream_stream_yields_json_lines(core: tuple[Core, str], family: s
     body = b'{"query":"hi","max_tokens":16}'
     p = c.prepare("proxy", f"Bearer {token}", None, None, f"model=m-{family}-chat", body, len(body), NOW_MS)
     assert p.status == 0
-    stream = p.stream()
-    out = b"".join(stream.feed(upstream[i:i + size]) for i in range(0, len(upstream), size))
-    out += stream.finish(True)
+    exchange = p.exchange()
+    out = b"".join(exchange.feed(upstream[i:i + size]) for i in range(0, len(upstream), size))
+    out += exchange.finish(True, False, body)[0]
     for line in out.splitlines():
         json.loads(line)
     p.settle(0)
@@ -140,9 +140,10 @@ def test_any_upstream_stream_translates_without_error(core: tuple[Core, str], en
     p = c.prepare(entry, f"Bearer {token}", None, None, "", body, len(body), NOW_MS,  # type: ignore[arg-type]
                   f"m-{family}-chat" if entry == "gemini" else None, stream if entry == "gemini" else None)
     assert p.status == 0, p.body
-    es = p.entry_stream()
-    out = b"".join(es.feed(upstream[i:i + size]) for i in range(0, len(upstream), size))
-    out += es.finish()
-    if not stream and es.error is None:
+    exchange = p.exchange()
+    out = b"".join(exchange.feed(upstream[i:i + size]) for i in range(0, len(upstream), size))
+    last = exchange.finish(False, False, body)
+    out += last[0]
+    if not stream and last[-1] is None:
         json.loads(out)
     p.settle(0)

@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use meshfast_core::entry::EntryStream;
+use meshfast_core::exchange::{Exchange, Translator};
 use meshfast_core::http1::ResponseParser;
 use meshfast_core::keyindex::KeyIndex;
 use meshfast_core::provider::{Family, Plan};
@@ -13,7 +15,6 @@ use meshfast_core::rules;
 use meshfast_core::shm::Segment;
 use meshfast_core::snapshot::Snapshot;
 use meshfast_core::stream::Stream;
-use meshfast_core::translate::stream::Translator;
 use meshfast_core::translate::{self, Format};
 
 const DELTAS: usize = 200;
@@ -133,13 +134,15 @@ fn main() {
                     .expect("preset")
                     .finish(),
             );
+            // The production path: `/v1/proxy`'s exchange, fed body bytes (as the client frames them).
             for _ in 0..100 {
-                let mut stream = Stream::new(Arc::clone(&plan), "req_01J00000000000000000000000", 256, false);
+                let stream = Stream::new(Arc::clone(&plan), "req_01J00000000000000000000000", 256, false);
+                let mut exchange = Exchange::new(Translator::Proxy(Box::new(stream)), None);
                 let mut out = Vec::new();
                 for piece in sse.chunks(4096) {
-                    stream.feed(piece, &mut out);
+                    exchange.feed(piece, &mut out).expect("body bytes");
                 }
-                stream.finish(false, &mut out);
+                exchange.finish(false, false, String::new, &mut out);
                 sink += out.len();
             }
         }
@@ -153,13 +156,15 @@ fn main() {
             }
         }
         "translate_stream" => {
+            // The production path: an Anthropic caller's streamed exchange on an OpenAI upstream.
             for _ in 0..100 {
-                let mut translator = Translator::new(Format::OpenAiChat, Format::Anthropic, true);
+                let es = EntryStream::new(Format::OpenAiChat, Format::Anthropic, true, true, "m".to_owned());
+                let mut exchange = Exchange::new(Translator::Entry(Box::new(es)), None);
                 let mut out = Vec::new();
                 for piece in sse.chunks(4096) {
-                    translator.feed(piece, &mut out);
+                    exchange.feed(piece, &mut out).expect("body bytes");
                 }
-                translator.finish(&mut out);
+                exchange.finish(false, false, String::new, &mut out);
                 sink += out.len();
             }
         }

@@ -9,7 +9,7 @@ use arc_swap::ArcSwapOption;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyConnectionError, PyException, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::error::Error;
 use crate::keyindex::{extract_token, KeyIndex};
@@ -18,7 +18,7 @@ use crate::prepare::{self, Route};
 use crate::redact::Credentials;
 use crate::snapshot::{Caller, Snapshot};
 use crate::translate::Format;
-use crate::{entry, http1, ids, pricing, shm, stream, views};
+use crate::{entry, exchange, http1, ids, pricing, shm, stream, views};
 
 create_exception!(
     meshfast._core,
@@ -149,6 +149,19 @@ impl PySegment {
 
     fn add(&self, key: &[u8], delta: i64) -> PyResult<i64> {
         self.inner.add(key_from_bytes(key)?, delta).map_err(to_py_err)
+    }
+
+    /// Adds each `(key, delta)` in one call (a request's counters at its end); every pair is
+    /// tried, and the first failure (a full table) is raised after the rest were added.
+    fn add_many(&self, pairs: Vec<(Vec<u8>, i64)>) -> PyResult<()> {
+        let mut first_error = None;
+        for (key, delta) in pairs {
+            let added = key_from_bytes(&key).and_then(|k| self.inner.add(k, delta).map_err(to_py_err));
+            if let Err(err) = added {
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     fn set_if_zero(&self, key: &[u8], value: i64) -> PyResult<i64> {
@@ -742,43 +755,21 @@ impl PyCore {
             dlp_found: dlp_found.as_deref().unwrap_or_default(),
             dlp_model_failed,
         };
-        Ok(PyPrepared {
-            inner: prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request),
-            failed_over: AtomicBool::new(false),
-        })
-    }
-
-    /// `(input_cost_nano, output_cost_nano)` of a call on `model_id`, each token class at its price.
-    #[pyo3(signature = (model_id, input_tokens, output_tokens, seconds = 0.0, web_searches = 0, cache_read_tokens = 0,
-                        cache_write_tokens = 0, cache_write_1h_tokens = 0))]
-    #[expect(clippy::too_many_arguments, reason = "one call per request with every token class")]
-    fn price(
-        &self,
-        model_id: &str,
-        input_tokens: i64,
-        output_tokens: i64,
-        seconds: f64,
-        web_searches: i64,
-        cache_read_tokens: i64,
-        cache_write_tokens: i64,
-        cache_write_1h_tokens: i64,
-    ) -> PyResult<(i64, i64)> {
-        let loaded = self
-            .current
-            .load_full()
-            .ok_or_else(|| CoreError::new_err("no config loaded"))?;
+        let inner = prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request);
         let snapshot = &loaded.snapshot;
-        let model = snapshot.model_index(model_id).map(|i| &snapshot.models[i as usize]);
-        let model = model.ok_or_else(|| PyValueError::new_err(format!("unknown model id {model_id:?}")))?;
-        let provider = &snapshot.providers[model.provider as usize];
-        let tokens = pricing::Tokens {
-            input: input_tokens,
-            output: output_tokens,
-            cache_read: cache_read_tokens,
-            cache_write: cache_write_tokens,
-            cache_write_1h: cache_write_1h_tokens,
-        };
-        Ok(pricing::price_tokens(model, provider, &tokens, seconds, web_searches))
+        let rates = inner
+            .upstream
+            .as_ref()
+            .and_then(|_| snapshot.model_index(inner.model_id.as_deref()?))
+            .map(|i| {
+                let model = &snapshot.models[i as usize];
+                pricing::Rates::of(model, &snapshot.providers[model.provider as usize])
+            });
+        Ok(PyPrepared {
+            inner,
+            failed_over: AtomicBool::new(false),
+            rates,
+        })
     }
 
     /// The counters that moved since the last checkpoint (see the stub).
@@ -922,6 +913,8 @@ struct PyPrepared {
     inner: prepare::Prepared,
     /// Set once by `failover`: from then on the call is the fallback's.
     failed_over: AtomicBool,
+    /// The model's prices as the call was decided (the exchange prices the call with them).
+    rates: Option<pricing::Rates>,
 }
 
 impl PyPrepared {
@@ -1068,6 +1061,35 @@ impl PyPrepared {
         self.active().map_or_else(Vec::new, |u| {
             u.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
         })
+    }
+    /// The upstream call in force, in one call: `(method, url, headers, body, local, attempts,
+    /// backoff_ms, provider_id)`.
+    #[getter]
+    #[expect(clippy::type_complexity, reason = "one tuple: what the dispatcher sends")]
+    fn upstream_call<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        &str,
+        &str,
+        Vec<(&str, &str)>,
+        Bound<'py, PyBytes>,
+        bool,
+        u32,
+        u32,
+        Option<&str>,
+    )> {
+        let u = self.upstream()?;
+        Ok((
+            u.method.as_str(),
+            u.url.as_str(),
+            u.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+            PyBytes::new(py, &u.body),
+            self.local(),
+            u.attempts,
+            u.backoff_ms,
+            self.provider_id(),
+        ))
     }
     #[getter]
     fn upstream_body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -1264,35 +1286,109 @@ impl PyPrepared {
             .ok_or_else(|| CoreError::new_err("no async content URL"))
     }
 
-    fn stream(&self) -> PyResult<PyStream> {
-        let upstream = self.upstream()?;
-        if upstream.plan.chat.is_none() {
-            return Err(CoreError::new_err("not a chat call"));
-        }
-        Ok(PyStream {
-            inner: stream::Stream::new(
-                Arc::clone(&upstream.plan),
-                &self.inner.request_id,
-                upstream.max_tokens,
-                upstream.web_search,
-            )
-            .with_restore(self.inner.dlp_restore.clone()),
-            out: Vec::with_capacity(4096),
-        })
+    /// What the decision puts in the call's row, in one call: `(request_id, status, key_id,
+    /// principal_id, provider_id, model_id, model_name, requested_model or None, deny_reason,
+    /// business_unit, manager_id, tier, would_deny, model_tags, principal_kind, token_issuer,
+    /// token_subject, dlp as a dict or None, dlp_action)`.
+    #[getter]
+    fn row_head<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let p = &self.inner;
+        let text = |v: Option<&str>| v.into_pyobject(py).map(Bound::into_any);
+        let dlp = if p.dlp.is_empty() {
+            py.None().into_bound(py)
+        } else {
+            let dict = PyDict::new(py);
+            for (detector, n) in &p.dlp {
+                dict.set_item(detector, n)?;
+            }
+            dict.into_any()
+        };
+        let requested = Some(p.requested_model.as_str()).filter(|m| !m.is_empty());
+        let provider_id = self
+            .fallback()
+            .map_or(p.provider_id.as_deref(), |f| Some(&f.provider_id));
+        PyTuple::new(
+            py,
+            [
+                text(Some(&p.request_id))?,
+                p.status.into_pyobject(py)?.into_any(),
+                text(p.key_id.as_deref())?,
+                text(p.principal_id.as_deref())?,
+                text(provider_id)?,
+                text(p.model_id.as_deref())?,
+                text(p.model_name.as_deref())?,
+                text(requested)?,
+                text(p.deny_reason)?,
+                text(p.business_unit.as_deref())?,
+                text(p.manager_id.as_deref())?,
+                text(p.tier.as_deref())?,
+                text(p.would_deny.as_deref())?,
+                p.model_tags.clone().into_pyobject(py)?.into_any(),
+                text(p.principal_kind)?,
+                text(p.token_issuer.as_deref())?,
+                text(p.token_subject.as_deref())?,
+                dlp,
+                text(p.dlp_action)?,
+            ],
+        )
     }
 
-    /// The response side of an entry-route call.
-    fn entry_stream(&self) -> PyResult<PyEntryStream> {
-        let upstream = self.upstream()?;
-        let plan = upstream
-            .entry
+    /// `(input_cost_nano, output_cost_nano)` of this call, each token class at the price the call
+    /// was decided at (see the stub).
+    #[pyo3(signature = (input_tokens, output_tokens, seconds = 0.0, web_searches = 0, cache_read_tokens = 0,
+                        cache_write_tokens = 0, cache_write_1h_tokens = 0))]
+    #[expect(clippy::too_many_arguments, reason = "every token class of one call")]
+    fn price(
+        &self,
+        input_tokens: i64,
+        output_tokens: i64,
+        seconds: f64,
+        web_searches: i64,
+        cache_read_tokens: i64,
+        cache_write_tokens: i64,
+        cache_write_1h_tokens: i64,
+    ) -> PyResult<(i64, i64)> {
+        let rates = self
+            .rates
             .as_ref()
-            .ok_or_else(|| CoreError::new_err("not an entry-route call"))?;
-        let model = self.inner.model_name.clone().unwrap_or_default();
-        Ok(PyEntryStream {
-            inner: entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model)
-                .with_credentials(Credentials::from_request(&upstream.headers, &upstream.url))
+            .ok_or_else(|| CoreError::new_err("a denied request has no price"))?;
+        let tokens = pricing::Tokens {
+            input: input_tokens,
+            output: output_tokens,
+            cache_read: cache_read_tokens,
+            cache_write: cache_write_tokens,
+            cache_write_1h: cache_write_1h_tokens,
+        };
+        Ok(rates.price(&tokens, seconds, web_searches))
+    }
+
+    /// The upstream exchange of a chat call (an entry route's, or `/v1/proxy`'s), on the
+    /// deployment in force (after a failover, the fallback's).
+    fn exchange(&self) -> PyResult<PyExchange> {
+        let upstream = self.upstream()?;
+        let translator = if let Some(plan) = upstream.entry.as_ref() {
+            let model = self.inner.model_name.clone().unwrap_or_default();
+            exchange::Translator::Entry(Box::new(
+                entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model)
+                    .with_credentials(Credentials::from_request(&upstream.headers, &upstream.url))
+                    .with_restore(self.inner.dlp_restore.clone()),
+            ))
+        } else if upstream.plan.chat.is_some() {
+            exchange::Translator::Proxy(Box::new(
+                stream::Stream::new(
+                    Arc::clone(&upstream.plan),
+                    &self.inner.request_id,
+                    upstream.max_tokens,
+                    upstream.web_search,
+                )
                 .with_restore(self.inner.dlp_restore.clone()),
+            ))
+        } else {
+            return Err(CoreError::new_err("not a chat call"));
+        };
+        Ok(PyExchange {
+            inner: exchange::Exchange::new(translator, self.rates),
+            proxy: upstream.entry.is_none(),
             out: Vec::with_capacity(4096),
         })
     }
@@ -1368,67 +1464,147 @@ impl PyPrepared {
     }
 }
 
-/// One call's SSE-to-NDJSON stream; used by one task.
-#[pyclass(name = "Stream", module = "meshfast._core")]
-struct PyStream {
-    inner: stream::Stream,
+/// `step`'s output as bytes (`out` is reused between calls); a framing error is ConnectionError.
+fn framed<'py>(
+    py: Python<'py>,
+    out: &mut Vec<u8>,
+    step: impl FnOnce(&mut Vec<u8>) -> Result<(), http1::ProtocolError>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    out.clear();
+    step(out).map_err(|e| PyConnectionError::new_err(e.to_string()))?;
+    Ok(PyBytes::new(py, out))
+}
+
+/// One chat call's upstream exchange: framing, translation and accounting (see the stub).
+#[pyclass(name = "Exchange", module = "meshfast._core")]
+struct PyExchange {
+    inner: exchange::Exchange,
+    proxy: bool,
     out: Vec<u8>,
 }
 
+impl PyExchange {
+    fn framing(&self) -> PyResult<&http1::ResponseParser> {
+        self.inner
+            .framing()
+            .ok_or_else(|| CoreError::new_err("the exchange has not adopted a response"))
+    }
+}
+
 #[pymethods]
-impl PyStream {
-    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
+impl PyExchange {
+    /// Takes over `parser`'s framing (the parser is left empty): `feed` then takes socket bytes.
+    fn adopt(&mut self, parser: &mut PyResponseParser) {
+        self.inner
+            .adopt(std::mem::replace(&mut parser.inner, http1::ResponseParser::new(false)));
+    }
+
+    fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let inner = &mut self.inner;
+        framed(py, &mut self.out, |out| inner.feed(data, out))
+    }
+
+    fn eof<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let inner = &mut self.inner;
+        framed(py, &mut self.out, |out| inner.eof(out))
+    }
+
+    fn feed_body<'py>(&mut self, py: Python<'py>, body: &[u8]) -> Bound<'py, PyBytes> {
         self.out.clear();
-        self.inner.feed(chunk, &mut self.out);
+        self.inner.feed_body(body, &mut self.out);
         PyBytes::new(py, &self.out)
     }
 
-    /// Replaces the usage counts, e.g. with a tokenizer estimate when the upstream reported none;
-    /// the done line written by [`finish`](Self::finish) carries them.
-    fn set_usage(&mut self, input_tokens: i64, output_tokens: i64) {
-        self.inner.input_tokens = input_tokens.max(0);
-        self.inner.output_tokens = output_tokens.max(0);
-    }
-
-    #[pyo3(signature = (incomplete = false))]
-    fn finish<'py>(&mut self, py: Python<'py>, incomplete: bool) -> Bound<'py, PyBytes> {
+    /// `(last bytes, tokens_in, tokens_out, cache_read, cache_write, cache_write_1h, input_nano,
+    /// output_nano, estimated, web_searches, tools_invoked, error)`; see the stub.
+    #[expect(clippy::type_complexity, reason = "one tuple: everything the row needs, in one call")]
+    fn finish<'py>(
+        &mut self,
+        py: Python<'py>,
+        incomplete: bool,
+        client_gone: bool,
+        request_body: &[u8],
+    ) -> (
+        Bound<'py, PyBytes>,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        bool,
+        i64,
+        Vec<String>,
+        Option<String>,
+    ) {
         self.out.clear();
-        self.inner.finish(incomplete, &mut self.out);
-        PyBytes::new(py, &self.out)
+        let proxy = self.proxy;
+        let prompt = || {
+            if proxy {
+                exchange::mesh_prompt_text(request_body)
+            } else {
+                String::from_utf8_lossy(request_body).into_owned()
+            }
+        };
+        let (inner, out) = (&mut self.inner, &mut self.out);
+        // NOTE: an estimate tokenizes the whole prompt and answer: without the GIL when large.
+        let s = if request_body.len() + inner.text_len() > 4096 {
+            released(py, || inner.finish(incomplete, client_gone, prompt, out))
+        } else {
+            inner.finish(incomplete, client_gone, prompt, out)
+        };
+        let t = s.tokens;
+        (
+            PyBytes::new(py, &self.out),
+            t.input,
+            t.output,
+            t.cache_read,
+            t.cache_write,
+            t.cache_write_1h,
+            s.input_nano,
+            s.output_nano,
+            s.estimated,
+            s.web_searches,
+            s.tools_invoked,
+            s.error,
+        )
     }
 
+    /// The upstream's stream reached its end signal.
     #[getter]
-    fn input_tokens(&self) -> i64 {
-        self.inner.input_tokens
-    }
-    #[getter]
-    fn output_tokens(&self) -> i64 {
-        self.inner.output_tokens
-    }
-    #[getter]
-    fn usage_reported(&self) -> bool {
-        self.inner.usage_reported
+    fn ended(&self) -> bool {
+        self.inner.ended()
     }
     #[getter]
     fn deltas(&self) -> u64 {
-        self.inner.deltas
+        self.inner.deltas()
+    }
+
+    // The adopted response's framing, as ResponseParser has it (the client reads these).
+    #[getter]
+    fn status(&self) -> PyResult<u16> {
+        Ok(self.framing()?.status)
+    }
+    fn header(&self, name: &str) -> PyResult<Option<String>> {
+        Ok(self.framing()?.header(name).map(str::to_owned))
     }
     #[getter]
-    fn malformed(&self) -> u64 {
-        self.inner.malformed
+    fn headers(&self) -> PyResult<Vec<(String, String)>> {
+        Ok(self.framing()?.headers.clone())
     }
     #[getter]
-    fn done(&self) -> bool {
-        self.inner.done
+    fn head_done(&self) -> PyResult<bool> {
+        Ok(self.framing()?.head_done())
     }
     #[getter]
-    fn text_bytes(&self) -> u64 {
-        self.inner.text_bytes
+    fn complete(&self) -> PyResult<bool> {
+        Ok(self.framing()?.complete())
     }
-    /// Billable web searches so far; 0 unless the call asked for web search.
     #[getter]
-    fn web_searches(&self) -> i64 {
-        self.inner.web_searches()
+    fn reusable(&self) -> PyResult<bool> {
+        let f = self.framing()?;
+        Ok(f.keep_alive && !f.trailing_garbage)
     }
 }
 
@@ -1444,77 +1620,6 @@ fn entry_error<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let format = Format::parse(format).ok_or_else(|| PyValueError::new_err(format!("unknown format {format:?}")))?;
     Ok(PyBytes::new(py, &entry::error_body(format, status, code, detail)))
-}
-
-/// An entry-route call's response: upstream stream in, the caller's format out.
-#[pyclass(name = "EntryStream", module = "meshfast._core")]
-struct PyEntryStream {
-    inner: entry::EntryStream,
-    out: Vec<u8>,
-}
-
-#[pymethods]
-impl PyEntryStream {
-    fn feed<'py>(&mut self, py: Python<'py>, chunk: &[u8]) -> Bound<'py, PyBytes> {
-        self.out.clear();
-        self.inner.feed(chunk, &mut self.out);
-        PyBytes::new(py, &self.out)
-    }
-
-    fn finish<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        self.out.clear();
-        self.inner.finish(&mut self.out);
-        PyBytes::new(py, &self.out)
-    }
-
-    fn set_usage(&mut self, input_tokens: i64, output_tokens: i64) {
-        self.inner.set_usage(
-            u64::try_from(input_tokens).unwrap_or(0),
-            u64::try_from(output_tokens).unwrap_or(0),
-        );
-    }
-
-    /// `(input, output, cache_read, cache_write, cache_write_1h)` tokens reported so far;
-    /// `cache_write` counts every cache write, `cache_write_1h` the one-hour ones among them.
-    #[getter]
-    fn usage(&self) -> (u64, u64, u64, u64, u64) {
-        let u = self.inner.usage();
-        (
-            u.input_tokens,
-            u.output_tokens,
-            u.cache_read_tokens,
-            u.cache_write_tokens,
-            u.cache_write_1h_tokens,
-        )
-    }
-    #[getter]
-    fn usage_reported(&self) -> bool {
-        self.inner.usage_reported()
-    }
-    #[getter]
-    fn error(&self) -> Option<String> {
-        self.inner.error().map(str::to_owned)
-    }
-    #[getter]
-    fn ended(&self) -> bool {
-        self.inner.ended()
-    }
-    #[getter]
-    fn deltas(&self) -> u64 {
-        self.inner.deltas()
-    }
-    #[getter]
-    fn malformed(&self) -> u64 {
-        self.inner.malformed()
-    }
-    #[getter]
-    fn output_text(&self) -> String {
-        self.inner.output_text().to_owned()
-    }
-    #[getter]
-    fn tools_invoked(&self) -> Vec<String> {
-        self.inner.tools_invoked().to_vec()
-    }
 }
 
 /// The content type of an entry format's stream.
@@ -1592,21 +1697,15 @@ impl PyResponseParser {
     }
 
     fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-        self.out.clear();
-        self.inner
-            .feed(data, &mut self.out)
-            .map_err(|e| PyConnectionError::new_err(e.to_string()))?;
-        Ok(PyBytes::new(py, &self.out))
+        let inner = &mut self.inner;
+        framed(py, &mut self.out, |out| inner.feed(data, out))
     }
 
     /// The connection closed: the rest of a close-delimited body, or ConnectionError when the
     /// response was cut short.
     fn eof<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        self.out.clear();
-        self.inner
-            .eof(&mut self.out)
-            .map_err(|e| PyConnectionError::new_err(e.to_string()))?;
-        Ok(PyBytes::new(py, &self.out))
+        let inner = &mut self.inner;
+        framed(py, &mut self.out, |out| inner.eof(out))
     }
 
     fn header(&self, name: &str) -> Option<String> {
@@ -1627,6 +1726,12 @@ impl PyResponseParser {
     }
     #[getter]
     fn complete(&self) -> bool {
+        self.inner.complete()
+    }
+    /// The body ended (as `complete`; an exchange that adopted the framing also ends at its
+    /// stream's end signal).
+    #[getter]
+    fn ended(&self) -> bool {
         self.inner.complete()
     }
     /// Whether the connection may carry another exchange (once this one is complete).
@@ -1669,9 +1774,8 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPrincipal>()?;
     m.add_class::<PyCore>()?;
     m.add_class::<PyPrepared>()?;
-    m.add_class::<PyStream>()?;
     m.add_class::<PyResponseParser>()?;
-    m.add_class::<PyEntryStream>()?;
+    m.add_class::<PyExchange>()?;
     m.add_class::<PyOutcome>()?;
     m.add_function(wrap_pyfunction!(entry_error, m)?)?;
     m.add_function(wrap_pyfunction!(entry_stream_content_type, m)?)?;

@@ -6,6 +6,7 @@ pub mod content;
 pub mod dlp;
 pub mod entry;
 pub mod error;
+pub mod exchange;
 pub mod govern;
 pub mod http1;
 pub mod ids;

@@ -103,10 +103,63 @@ fn scaled(value: i128, price: i128, divisor: i128) -> i64 {
     round_div(value.saturating_mul(price), divisor)
 }
 
-/// `(input_cost_nano, output_cost_nano)` of a call: each class's tokens × its per-1k price in
-/// the tier the prompt selects, summed exactly and rounded once; web searches × the provider's
-/// per-search price go to input; `seconds` × the per-second price to output. `seconds` is taken
-/// at microsecond precision (rounded half up), the only float involved.
+/// What one call on a model is priced at: the model's tiers and per-second price and its
+/// provider's per-search price, copied at the decision so the call is priced as it was admitted
+/// (a config change mid-call moves neither its reservation nor its cost).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rates {
+    pub prices: Prices,
+    pub long_context: Option<LongContext>,
+    pub per_second_nano: i64,
+    pub web_search_nano: i64,
+}
+
+impl Rates {
+    #[must_use]
+    pub fn of(model: &Model, provider: &Provider) -> Self {
+        Self {
+            prices: model.prices,
+            long_context: model.long_context,
+            per_second_nano: model.price_per_second_nano,
+            web_search_nano: provider.web_search_price_nano,
+        }
+    }
+
+    /// `(input_cost_nano, output_cost_nano)` of a call: each class's tokens × its per-1k price in
+    /// the tier the prompt selects, summed exactly and rounded once; web searches × the provider's
+    /// per-search price go to input; `seconds` × the per-second price to output. `seconds` is taken
+    /// at microsecond precision (rounded half up), the only float involved.
+    #[must_use]
+    pub fn price(&self, tokens: &Tokens, seconds: f64, web_searches: i64) -> (i64, i64) {
+        let prices = match &self.long_context {
+            Some(long) if tokens.prompt() > long.threshold_tokens => &long.prices,
+            _ => &self.prices,
+        };
+        let class = |n: i64, price: i64| i128::from(n.max(0)) * i128::from(price);
+        let prompt = class(tokens.input, prices.input)
+            + class(tokens.cache_read, prices.cache_read)
+            + class(tokens.cache_write, prices.cache_write)
+            + class(tokens.cache_write_1h, prices.cache_write_1h);
+        let input = round_div(prompt, 1000).saturating_add(scaled(web_searches.into(), self.web_search_nano.into(), 1));
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "seconds of one call fit an i64 of microseconds"
+        )]
+        let micros = if seconds.is_finite() && seconds > 0.0 {
+            (seconds * 1e6).round() as i64
+        } else {
+            0
+        };
+        let output = scaled(tokens.output.max(0).into(), prices.output.into(), 1000).saturating_add(scaled(
+            micros.into(),
+            self.per_second_nano.into(),
+            1_000_000,
+        ));
+        (input, output)
+    }
+}
+
+/// [`Rates::price`] of `model` on `provider`.
 #[must_use]
 pub fn price_tokens(
     model: &Model,
@@ -115,29 +168,7 @@ pub fn price_tokens(
     seconds: f64,
     web_searches: i64,
 ) -> (i64, i64) {
-    let prices = tier(model, tokens.prompt());
-    let class = |n: i64, price: i64| i128::from(n.max(0)) * i128::from(price);
-    let prompt = class(tokens.input, prices.input)
-        + class(tokens.cache_read, prices.cache_read)
-        + class(tokens.cache_write, prices.cache_write)
-        + class(tokens.cache_write_1h, prices.cache_write_1h);
-    let input =
-        round_div(prompt, 1000).saturating_add(scaled(web_searches.into(), provider.web_search_price_nano.into(), 1));
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "seconds of one call fit an i64 of microseconds"
-    )]
-    let micros = if seconds.is_finite() && seconds > 0.0 {
-        (seconds * 1e6).round() as i64
-    } else {
-        0
-    };
-    let output = scaled(tokens.output.max(0).into(), prices.output.into(), 1000).saturating_add(scaled(
-        micros.into(),
-        model.price_per_second_nano.into(),
-        1_000_000,
-    ));
-    (input, output)
+    Rates::of(model, provider).price(tokens, seconds, web_searches)
 }
 
 /// [`price_tokens`] for a call without cached tokens.

@@ -26,6 +26,8 @@ pub struct Stream {
     pub malformed: u64,
     pub deltas: u64,
     pub text_bytes: u64,
+    /// The deltas' text as written (restored), for a token estimate when no usage is reported.
+    pub text: String,
     pub input_tokens: i64,
     pub output_tokens: i64,
     /// Some usage path matched at least once.
@@ -52,6 +54,7 @@ impl Stream {
             malformed: 0,
             deltas: 0,
             text_bytes: 0,
+            text: String::new(),
             input_tokens: 0,
             output_tokens: 0,
             usage_reported: false,
@@ -158,9 +161,11 @@ impl Stream {
                     let restored = restorer.push(delta);
                     if !restored.is_empty() {
                         Self::write_delta(&self.id_prefix, &restored, out);
+                        self.text.push_str(&restored);
                     }
                 } else {
                     Self::write_delta(&self.id_prefix, delta, out);
+                    self.text.push_str(delta);
                 }
             }
         }

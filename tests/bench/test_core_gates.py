@@ -208,12 +208,12 @@ def test_in_process_proxy_path_under_1ms(benchmark, path_core) -> None:  # type:
     def one_call() -> int:
         prepared = core.prepare("proxy", header, None, None, "model=bench-model-1", body, len(body), now_ms)
         assert prepared.status == 0
-        stream = prepared.stream()
+        exchange = prepared.exchange()
         sent = 0
         for chunk in chunks:
-            sent += len(stream.feed(chunk))
-        sent += len(stream.finish(False))
-        input_nano, output_nano = core.price(prepared.model_id, stream.input_tokens, stream.output_tokens, 0.0, 0)
+            sent += len(exchange.feed(chunk))
+        last, _, _, _, _, _, input_nano, output_nano, *_ = exchange.finish(False, False, body)
+        sent += len(last)
         core.charge(prepared.principal_id, prepared.model_id, input_nano + output_nano, now_ms)
         return sent
 
@@ -234,13 +234,12 @@ def test_in_process_entry_translation_under_1ms(benchmark, path_core) -> None:  
     def one_call() -> int:
         prepared = core.prepare("anthropic", header, None, None, "", body, len(body), now_ms)
         assert prepared.status == 0
-        stream = prepared.entry_stream()
+        exchange = prepared.exchange()
         sent = 0
         for chunk in chunks:
-            sent += len(stream.feed(chunk))
-        sent += len(stream.finish())
-        tokens_in, tokens_out, _, _, _ = stream.usage
-        input_nano, output_nano = core.price(prepared.model_id, tokens_in, tokens_out, 0.0, 0)
+            sent += len(exchange.feed(chunk))
+        last, _, _, _, _, _, input_nano, output_nano, *_ = exchange.finish(False, False, body)
+        sent += len(last)
         core.charge(prepared.principal_id, prepared.model_id, input_nano + output_nano, now_ms)
         return sent
 

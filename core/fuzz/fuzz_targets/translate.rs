@@ -1,10 +1,14 @@
 //! The translation layer under arbitrary input: request decoding for every entry format and
-//! re-encoding for every upstream format, response decoding, and streaming translation of
-//! arbitrary upstream bytes between every pair. Never a panic.
+//! re-encoding for every upstream format, response decoding, and the exchange production runs
+//! (an entry stream, streamed to the caller or aggregated into one response, fed body bytes or
+//! socket bytes through the adopted framing) on arbitrary upstream bytes between every pair.
+//! Never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use meshfast_core::translate::stream::Translator;
+use meshfast_core::entry::EntryStream;
+use meshfast_core::exchange::{Exchange, Translator};
+use meshfast_core::http1::ResponseParser;
 use meshfast_core::translate::{self, Format};
 
 const FORMATS: [Format; 5] = [Format::OpenAiChat, Format::OpenAiResponses, Format::Anthropic, Format::Gemini, Format::Ollama];
@@ -17,10 +21,21 @@ fuzz_target!(|data: &[u8]| {
         let _ = translate::encode_request(to, &decoded.value);
     }
     let _ = translate::translate_response(from, to, rest);
-    let mut translator = Translator::new(from, to, selector & 0x80 != 0);
+    let client_stream = selector & 0x80 != 0;
+    let es = EntryStream::new(from, to, client_stream, selector & 0x40 != 0, "m".to_owned());
+    let mut exchange = Exchange::new(Translator::Entry(Box::new(es)), None);
+    let framed = selector & 0x20 != 0;
+    if framed {
+        // Arbitrary socket bytes: the head and framing are fuzzed too.
+        exchange.adopt(ResponseParser::new(false));
+    }
     let mut out = Vec::new();
     for chunk in rest.chunks(usize::from(selector % 13) + 1) {
-        translator.feed(chunk, &mut out);
+        if exchange.feed(chunk, &mut out).is_err() {
+            break;
+        }
     }
-    translator.finish(&mut out);
+    let _ = exchange.eof(&mut out);
+    let _ = exchange.ended();
+    exchange.finish(framed, false, || String::from_utf8_lossy(rest).into_owned(), &mut out);
 });

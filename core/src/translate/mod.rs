@@ -3,7 +3,7 @@
 //! `openai_responses`, `anthropic`, `gemini` and `ollama`, whose docs list what each format
 //! loses) maps one wire format to and from the IR defined here and knows nothing of the others;
 //! [`translate_request`] and [`translate_response`] compose two of them, and
-//! [`stream::Translator`] does the same event by event for streamed responses.
+//! [`crate::entry::EntryStream`] does the same event by event for streamed responses.
 //!
 //! Schema drift is a signal: every request decoder returns, next to the IR, the fields it could
 //! not classify ([`Decoded::unknown`]), so the caller can count them instead of losing them

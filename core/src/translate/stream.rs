@@ -1,6 +1,7 @@
 //! Streamed responses, translated event by event (Cosmos §7, "Streaming"). A [`Decoder`] turns
 //! wire bytes, split anywhere, into IR [`Event`]s; an [`Encoder`] turns events into another
-//! format's stream; a [`Translator`] chains the two. The only bytes held between calls are one
+//! format's stream; [`crate::entry::EntryStream`] chains the two for a call (a `Translator`, in
+//! the tests, plainly). The only bytes held between calls are one
 //! incomplete line and the lines of one incomplete SSE event, so time to first byte is the
 //! upstream's.
 
@@ -432,7 +433,9 @@ impl Encoder {
 }
 
 /// Translates a streamed response from the upstream format to the entry format, and taps the
-/// usage on the way.
+/// usage on the way: the plain chain the properties check. Production translates through
+/// [`crate::entry::EntryStream`] inside an [`crate::exchange::Exchange`].
+#[cfg(test)]
 #[derive(Debug)]
 pub struct Translator {
     decoder: Decoder,
@@ -442,6 +445,7 @@ pub struct Translator {
     stop_reason: Option<StopReason>,
 }
 
+#[cfg(test)]
 impl Translator {
     /// A translator from `from`'s stream to `to`'s; `include_usage` as in [`Encoder::new`].
     #[must_use]
