@@ -388,10 +388,7 @@ class DataPlane:
         """The dispatcher's send of the upstream call in force (with the request's trace context
         when it is traced)."""
         method, url, headers, body, local, attempts, backoff_ms, provider = p.upstream_call
-        entry = self._spans.get(p.request_id) if self.tracing is not None else None
-        if entry is not None:
-            headers = [*headers, *self.tracing.inject(entry[0])]
-        return self.dispatcher.send(method, url, headers, body, local=local, attempts=attempts,
+        return self.dispatcher.send(method, url, self._traced(p, headers), body, local=local, attempts=attempts,
                                     backoff_ms=backoff_ms, provider=provider)
 
     def _upstream_failed(self, p: Any, proto: Any, row: Row, exc: UpstreamError, detail: str | None = None) -> None:
@@ -613,7 +610,7 @@ class DataPlane:
 
         async def one(body: bytes) -> tuple[bytes, int]:
             async with gate:
-                response = await self.dispatcher.send(p.method, p.url, self._upstream_headers(p), body,
+                response = await self.dispatcher.send(p.method, p.url, self._traced(p, p.headers), body,
                                                       local=p.local, attempts=p.attempts, backoff_ms=p.backoff_ms,
                                                       provider=p.provider_id)
                 try:
@@ -693,9 +690,8 @@ class DataPlane:
         if entry is not None:
             self.tracing.event(entry[0], name, entry[1] + int(since_start_s * 1e9))
 
-    def _upstream_headers(self, p: Any) -> list[tuple[str, str]]:
-        """The upstream request's headers, with the request's trace context when it is traced."""
-        headers: list[tuple[str, str]] = p.headers
+    def _traced(self, p: Any, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The upstream request's ``headers``, with the request's trace context when it is traced."""
         entry = self._spans.get(p.request_id) if self.tracing is not None else None
         return headers if entry is None else [*headers, *self.tracing.inject(entry[0])]
 
