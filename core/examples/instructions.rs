@@ -7,14 +7,13 @@
 use std::sync::Arc;
 
 use meshfast_core::entry::EntryStream;
-use meshfast_core::exchange::{Exchange, Translator};
+use meshfast_core::exchange::Exchange;
 use meshfast_core::http1::ResponseParser;
 use meshfast_core::keyindex::KeyIndex;
 use meshfast_core::provider::{Family, Plan};
 use meshfast_core::rules;
 use meshfast_core::shm::Segment;
 use meshfast_core::snapshot::Snapshot;
-use meshfast_core::stream::Stream;
 use meshfast_core::translate::{self, Format};
 
 const DELTAS: usize = 200;
@@ -129,15 +128,14 @@ fn main() {
             }
         }
         "sse_to_ndjson" => {
-            let plan = Arc::new(
-                Plan::preset(Family::OpenAi, "http://upstream", true)
-                    .expect("preset")
-                    .finish(),
-            );
+            let plan = Plan::preset(Family::OpenAi, "http://upstream", true)
+                .expect("preset")
+                .finish();
             // The production path: `/v1/proxy`'s exchange, fed body bytes (as the client frames them).
             for _ in 0..100 {
-                let stream = Stream::new(Arc::clone(&plan), "req_01J00000000000000000000000", 256, false);
-                let mut exchange = Exchange::new(Translator::Proxy(Box::new(stream)), None);
+                let paths = Arc::clone(&plan.chat.as_ref().expect("a chat plan").stream);
+                let stream = EntryStream::mesh(paths, None, "req_01J00000000000000000000000", 256);
+                let mut exchange = Exchange::new(stream, None);
                 let mut out = Vec::new();
                 for piece in sse.chunks(4096) {
                     exchange.feed(piece, &mut out).expect("body bytes");
@@ -159,7 +157,7 @@ fn main() {
             // The production path: an Anthropic caller's streamed exchange on an OpenAI upstream.
             for _ in 0..100 {
                 let es = EntryStream::new(Format::OpenAiChat, Format::Anthropic, true, true, "m".to_owned());
-                let mut exchange = Exchange::new(Translator::Entry(Box::new(es)), None);
+                let mut exchange = Exchange::new(es, None);
                 let mut out = Vec::new();
                 for piece in sse.chunks(4096) {
                     exchange.feed(piece, &mut out).expect("body bytes");

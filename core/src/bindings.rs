@@ -18,7 +18,8 @@ use crate::prepare::{self, Route};
 use crate::redact::Credentials;
 use crate::snapshot::{Caller, Snapshot};
 use crate::translate::Format;
-use crate::{entry, exchange, http1, ids, pricing, shm, stream, views};
+use crate::websearch::Search;
+use crate::{entry, exchange, http1, ids, pricing, shm, views};
 
 create_exception!(
     meshfast._core,
@@ -1366,28 +1367,23 @@ impl PyPrepared {
     /// deployment in force (after a failover, the fallback's).
     fn exchange(&self) -> PyResult<PyExchange> {
         let upstream = self.upstream()?;
-        let translator = if let Some(plan) = upstream.entry.as_ref() {
+        let stream = if let Some(plan) = upstream.entry.as_ref() {
             let model = self.inner.model_name.clone().unwrap_or_default();
-            exchange::Translator::Entry(Box::new(
-                entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model)
-                    .with_credentials(Credentials::from_request(&upstream.headers, &upstream.url))
-                    .with_restore(self.inner.dlp_restore.clone()),
-            ))
-        } else if upstream.plan.chat.is_some() {
-            exchange::Translator::Proxy(Box::new(
-                stream::Stream::new(
-                    Arc::clone(&upstream.plan),
-                    &self.inner.request_id,
-                    upstream.max_tokens,
-                    upstream.web_search,
-                )
-                .with_restore(self.inner.dlp_restore.clone()),
-            ))
+            entry::EntryStream::new(plan.upstream, plan.entry, plan.client_stream, plan.include_usage, model)
+                .with_credentials(Credentials::from_request(&upstream.headers, &upstream.url))
+        } else if let Some(chat) = upstream.plan.chat.as_ref() {
+            let search = upstream.web_search.then(|| Search::new(upstream.plan.family));
+            entry::EntryStream::mesh(
+                Arc::clone(&chat.stream),
+                search,
+                &self.inner.request_id,
+                upstream.max_tokens,
+            )
         } else {
             return Err(CoreError::new_err("not a chat call"));
         };
         Ok(PyExchange {
-            inner: exchange::Exchange::new(translator, self.rates),
+            inner: exchange::Exchange::new(stream.with_restore(self.inner.dlp_restore.clone()), self.rates),
             proxy: upstream.entry.is_none(),
             out: Vec::with_capacity(4096),
         })

@@ -168,13 +168,17 @@ pub fn stream_content_type(format: Format) -> &'static str {
     }
 }
 
-/// One call's response side: upstream stream in, the caller's format out.
+/// One call's response side: the upstream stream decoded into IR events (by its family's
+/// adapter, or through the provider's dot paths for `/v1/proxy`), data protection's surrogates
+/// put back, usage and tools tapped, and the events encoded in the caller's format (an entry
+/// route's, or Mesh NDJSON).
 #[derive(Debug)]
 pub struct EntryStream {
     decoder: Decoder,
     encoder: Option<Encoder>,
-    accumulator: Option<Accumulator>,
-    entry: Format,
+    /// A caller who asked for one response: the events folded, encoded in its format at the end.
+    accumulator: Option<(Accumulator, Format)>,
+    /// The model name the caller sees (the registry name it asked for; Mesh NDJSON shows none).
     model: String,
     events: Vec<Event>,
     usage: Usage,
@@ -202,11 +206,42 @@ impl EntryStream {
     /// it asked for). With `client_stream` false, nothing is written until [`finish`](Self::finish).
     #[must_use]
     pub fn new(upstream: Format, entry: Format, client_stream: bool, include_usage: bool, model: String) -> Self {
+        Self::with_codecs(
+            Decoder::new(upstream),
+            client_stream.then(|| Encoder::new(entry, include_usage)),
+            (!client_stream).then(|| (Accumulator::default(), entry)),
+            model,
+        )
+    }
+
+    /// `/v1/proxy`'s response side: the upstream's stream read through the provider's dot
+    /// paths (with the family's web search events when `search` is given), written as Mesh
+    /// NDJSON for request `request_id`.
+    #[must_use]
+    pub fn mesh(
+        paths: std::sync::Arc<crate::translate::generic::StreamPaths>,
+        search: Option<crate::websearch::Search>,
+        request_id: &str,
+        max_tokens: i64,
+    ) -> Self {
+        Self::with_codecs(
+            Decoder::generic(paths, search),
+            Some(Encoder::mesh(request_id, max_tokens)),
+            None,
+            String::new(),
+        )
+    }
+
+    fn with_codecs(
+        decoder: Decoder,
+        encoder: Option<Encoder>,
+        accumulator: Option<(Accumulator, Format)>,
+        model: String,
+    ) -> Self {
         Self {
-            decoder: Decoder::new(upstream),
-            encoder: client_stream.then(|| Encoder::new(entry, include_usage)),
-            accumulator: (!client_stream).then(Accumulator::default),
-            entry,
+            decoder,
+            encoder,
+            accumulator,
             model,
             events: Vec::new(),
             usage: Usage::default(),
@@ -327,23 +362,31 @@ impl EntryStream {
         }
     }
 
-    /// The upstream ended (cleanly or not). A streaming caller gets the stream's last bytes (or
-    /// its format's error signal); a non-streaming caller gets the whole response, unless the
-    /// stream broke ([`error`](Self::error) is then set and the caller answers an error).
-    pub fn finish(&mut self, out: &mut Vec<u8>) {
+    /// The upstream ended (cleanly or not; `incomplete`: its body broke off). A streaming caller
+    /// gets the stream's last bytes (or its format's error signal, or Mesh's final line); a
+    /// non-streaming caller gets the whole response, unless the stream broke
+    /// ([`error`](Self::error) is then set and the caller answers an error).
+    pub fn finish(&mut self, incomplete: bool, out: &mut Vec<u8>) {
         self.decoder.finish(&mut self.events);
         self.drain(out);
         if let Some(encoder) = self.encoder.as_mut() {
             encoder.flush(out);
+            encoder.close(&self.usage, self.decoder.search(), incomplete, out);
         }
-        if let Some(acc) = self.accumulator.as_ref() {
+        if let Some((acc, entry)) = self.accumulator.as_ref() {
             if self.error.is_none() {
                 let mut response = acc.response().clone();
                 response.model.clone_from(&self.model);
                 response.usage = self.usage;
-                out.extend_from_slice(&encode_response(self.entry, &response));
+                out.extend_from_slice(&encode_response(*entry, &response));
             }
         }
+    }
+
+    /// Billable web searches so far (0 without web search), for pricing.
+    #[must_use]
+    pub fn web_searches(&self) -> i64 {
+        self.decoder.search().map_or(0, crate::websearch::Search::billable)
     }
 
     /// Replaces the usage (a tokenizer estimate when the upstream reported none). Only what
@@ -403,7 +446,7 @@ impl EntryStream {
                 } else {
                     encoder.encode(&event, out);
                 }
-            } else if let Some(acc) = self.accumulator.as_mut() {
+            } else if let Some((acc, _)) = self.accumulator.as_mut() {
                 acc.push(&event);
             }
         }
@@ -477,7 +520,7 @@ mod tests {
             es.feed(piece, &mut out);
         }
         assert!(out.is_empty(), "nothing before the end");
-        es.finish(&mut out);
+        es.finish(false, &mut out);
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["choices"][0]["message"]["content"], "Hello");
         assert_eq!(v["model"], "my-model");
@@ -499,7 +542,7 @@ mod tests {
                 .with_credentials(credentials.clone());
             let mut out = Vec::new();
             es.feed(&wire, &mut out);
-            es.finish(&mut out);
+            es.finish(false, &mut out);
             let text = String::from_utf8(out).unwrap() + es.error().unwrap_or("");
             assert!(es.error().is_some(), "the error event ends the stream");
             assert!(text.contains("invalid x-api-key [redacted]"), "{text}");
@@ -514,7 +557,7 @@ mod tests {
         let mut out = Vec::new();
         let wire = anthropic_stream(&["a", "b"]);
         es.feed(&wire[..wire.len() / 2], &mut out);
-        es.finish(&mut out);
+        es.finish(false, &mut out);
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("chat.completion.chunk"), "{text}");
         assert!(text.contains("upstream_incomplete"), "{text}");
@@ -589,7 +632,7 @@ mod tests {
             for piece in s.as_bytes().chunks(11) {
                 es.feed(piece, &mut out);
             }
-            es.finish(&mut out);
+            es.finish(false, &mut out);
             assert_eq!(es.tools_invoked(), ["search", "fetch"], "{entry:?}");
         }
     }

@@ -4,21 +4,12 @@
 //!
 //! The data plane feeds it socket reads and writes what comes back; at the end, [`Exchange::finish`]
 //! hands over the last bytes and everything the row and the settlement need, in one step. Both
-//! chat routes go through it: an entry route (the caller's own API format, [`EntryStream`]) and
-//! Mesh-native `/v1/proxy` (NDJSON, [`Stream`]).
+//! chat routes go through it and through one stream stack ([`EntryStream`]): an entry route (the
+//! caller's own API format) and Mesh-native `/v1/proxy` (NDJSON).
 
 use crate::entry::EntryStream;
 use crate::http1::{ProtocolError, ResponseParser};
 use crate::pricing::{self, Rates, Tokens};
-use crate::stream::Stream;
-
-/// The caller's side of the translation.
-pub enum Translator {
-    /// A standard route: the upstream's stream in the caller's format, whole or streamed.
-    Entry(Box<EntryStream>),
-    /// `/v1/proxy`: the upstream's stream as Mesh NDJSON.
-    Proxy(Box<Stream>),
-}
 
 /// What a finished exchange amounts to.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -37,7 +28,7 @@ pub struct Settlement {
 }
 
 pub struct Exchange {
-    translator: Translator,
+    stream: Box<EntryStream>,
     /// The response's framing once adopted from the client (`None`: fed body bytes).
     framing: Option<ResponseParser>,
     rates: Option<Rates>,
@@ -47,9 +38,9 @@ pub struct Exchange {
 
 impl Exchange {
     #[must_use]
-    pub fn new(translator: Translator, rates: Option<Rates>) -> Self {
+    pub fn new(stream: EntryStream, rates: Option<Rates>) -> Self {
         Self {
-            translator,
+            stream: Box::new(stream),
             framing: None,
             rates,
             body: Vec::new(),
@@ -114,12 +105,8 @@ impl Exchange {
     }
 
     fn translate(&mut self, body: &[u8], out: &mut Vec<u8>) {
-        if body.is_empty() {
-            return;
-        }
-        match &mut self.translator {
-            Translator::Entry(es) => es.feed(body, out),
-            Translator::Proxy(stream) => stream.feed(body, out),
+        if !body.is_empty() {
+            self.stream.feed(body, out);
         }
     }
 
@@ -127,29 +114,19 @@ impl Exchange {
     /// the adopted response's body ended.
     #[must_use]
     pub fn ended(&self) -> bool {
-        let signalled = match &self.translator {
-            Translator::Entry(es) => es.ended(),
-            Translator::Proxy(stream) => stream.done,
-        };
-        signalled || self.framing.as_ref().is_some_and(ResponseParser::complete)
+        self.stream.ended() || self.framing.as_ref().is_some_and(ResponseParser::complete)
     }
 
     /// Bytes of answer text so far (what an estimate would tokenize).
     #[must_use]
     pub fn text_len(&self) -> usize {
-        match &self.translator {
-            Translator::Entry(es) => es.output_text().len(),
-            Translator::Proxy(stream) => stream.text.len(),
-        }
+        self.stream.output_text().len()
     }
 
-    /// Whether any text reached the caller (entry) or was translated (proxy).
+    /// How many deltas reached the caller (or, for a whole answer, were folded into it).
     #[must_use]
     pub fn deltas(&self) -> u64 {
-        match &self.translator {
-            Translator::Entry(es) => es.deltas(),
-            Translator::Proxy(stream) => stream.deltas,
-        }
+        self.stream.deltas()
     }
 
     /// Ends the exchange: appends the caller's last bytes to `out` and returns the call's usage
@@ -167,64 +144,37 @@ impl Exchange {
         self.finished = true;
         let cut_short = incomplete || client_gone;
         let mut settlement = Settlement::default();
-        match &mut self.translator {
-            Translator::Entry(es) => {
-                let u = es.usage();
-                let (mut input, mut output) = (u.input_tokens, u.output_tokens);
-                if !es.usage_reported() {
-                    input = pricing::estimate_tokens(&prompt()) as u64;
-                    output = pricing::estimate_tokens(es.output_text()) as u64;
-                    es.set_usage(input, output);
-                    settlement.estimated = true;
-                } else if cut_short && es.deltas() > 0 {
-                    output = output.max(pricing::estimate_tokens(es.output_text()) as u64);
-                    es.set_usage(input, output);
-                }
-                settlement.tools_invoked = es.tools_invoked().to_vec();
-                es.finish(out);
-                settlement.error = es.error().map(str::to_owned);
-                let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-                settlement.tokens = Tokens {
-                    input: count(input),
-                    output: count(output),
-                    cache_read: count(u.cache_read_tokens),
-                    // Five-minute and one-hour cache writes cost different prices.
-                    cache_write: count(u.cache_write_tokens.saturating_sub(u.cache_write_1h_tokens)),
-                    cache_write_1h: count(u.cache_write_1h_tokens),
-                };
-            }
-            Translator::Proxy(stream) => {
-                let (mut input, mut output) = (stream.input_tokens, stream.output_tokens);
-                if cut_short && stream.usage_reported && stream.deltas > 0 {
-                    output = output.max(estimate(&stream.text));
-                    stream.output_tokens = output.max(0);
-                }
-                if !stream.usage_reported {
-                    input = estimate(&prompt());
-                    output = if stream.deltas > 0 { estimate(&stream.text) } else { 0 };
-                    stream.input_tokens = input.max(0);
-                    stream.output_tokens = output.max(0);
-                    settlement.estimated = true;
-                }
-                settlement.web_searches = stream.web_searches();
-                settlement.tokens = Tokens {
-                    input,
-                    output,
-                    ..Tokens::default()
-                };
-                stream.finish(incomplete, out);
-            }
+        let es = &mut self.stream;
+        let u = es.usage();
+        let (mut input, mut output) = (u.input_tokens, u.output_tokens);
+        if !es.usage_reported() {
+            input = pricing::estimate_tokens(&prompt()) as u64;
+            output = pricing::estimate_tokens(es.output_text()) as u64;
+            es.set_usage(input, output);
+            settlement.estimated = true;
+        } else if cut_short && es.deltas() > 0 {
+            output = output.max(pricing::estimate_tokens(es.output_text()) as u64);
+            es.set_usage(input, output);
         }
+        settlement.tools_invoked = es.tools_invoked().to_vec();
+        es.finish(incomplete, out);
+        settlement.error = es.error().map(str::to_owned);
+        settlement.web_searches = es.web_searches();
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        settlement.tokens = Tokens {
+            input: count(input),
+            output: count(output),
+            cache_read: count(u.cache_read_tokens),
+            // Five-minute and one-hour cache writes cost different prices.
+            cache_write: count(u.cache_write_tokens.saturating_sub(u.cache_write_1h_tokens)),
+            cache_write_1h: count(u.cache_write_1h_tokens),
+        };
         if let Some(rates) = &self.rates {
             (settlement.input_nano, settlement.output_nano) =
                 rates.price(&settlement.tokens, 0.0, settlement.web_searches);
         }
         settlement
     }
-}
-
-fn estimate(text: &str) -> i64 {
-    i64::try_from(pricing::estimate_tokens(text)).unwrap_or(i64::MAX)
 }
 
 /// The prompt of a Mesh-native body, for an estimate: its `query`, else its text blocks joined
@@ -287,15 +237,17 @@ data: [DONE]\n\n";
             true,
             "m".to_owned(),
         );
-        Exchange::new(Translator::Entry(Box::new(es)), Some(rates()))
+        Exchange::new(es, Some(rates()))
     }
 
     fn proxy() -> Exchange {
-        let plan = Arc::new(Plan::preset(Family::OpenAi, "http://h", true).unwrap().finish());
-        Exchange::new(
-            Translator::Proxy(Box::new(Stream::new(plan, "req_1", 64, false))),
-            Some(rates()),
-        )
+        let plan = Plan::preset(Family::OpenAi, "http://h", true).unwrap().finish();
+        let paths = Arc::clone(&plan.chat.as_ref().unwrap().stream);
+        Exchange::new(EntryStream::mesh(paths, None, "req_1", 64), Some(rates()))
+    }
+
+    fn estimate(text: &str) -> i64 {
+        i64::try_from(pricing::estimate_tokens(text)).unwrap_or(i64::MAX)
     }
 
     fn chunked(body: &[u8], piece: usize) -> Vec<u8> {

@@ -2,37 +2,14 @@
 //! both compile into one [`Plan`], so there is one rendering path.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::template::{DotPath, Mode, Template, Var};
+use crate::translate::generic::StreamPaths;
 
-/// A provider family: how content blocks render and which preset applies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    Generic,
-    Anthropic,
-    OpenAi,
-    OpenAiResponses,
-    Gemini,
-    Ollama,
-}
-
-impl Family {
-    /// Parses a config family name.
-    #[must_use]
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "generic" | "" => Self::Generic,
-            "anthropic" => Self::Anthropic,
-            "openai" => Self::OpenAi,
-            "openai_responses" => Self::OpenAiResponses,
-            "gemini" => Self::Gemini,
-            "ollama" => Self::Ollama,
-            _ => return None,
-        })
-    }
-}
+pub use crate::family::Family;
 
 /// A generic provider's templates, as Mesh stores them (every field optional on the wire).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -74,10 +51,8 @@ pub struct ChatPlan {
     pub url: Template,
     pub body: Template,
     pub web_search_body: Option<Template>,
-    pub delta: DotPath,
-    pub done_signal: Option<String>,
-    pub usage_in: Option<DotPath>,
-    pub usage_out: Option<DotPath>,
+    /// Where the stream's text, end and usage are (how `/v1/proxy` reads it).
+    pub stream: Arc<StreamPaths>,
 }
 
 /// `/v1/embeddings` rendering and extraction.
@@ -221,10 +196,12 @@ impl Plan {
                     url: text(&format!("{base}/v1/chat/completions")),
                     body: json(OPENAI_CHAT),
                     web_search_body: (family == Family::OpenAi).then(|| json(OPENAI_CHAT_SEARCH)),
-                    delta: DotPath::parse("choices.0.delta.content").expect("static path"),
-                    done_signal: None,
-                    usage_in: path("usage.prompt_tokens"),
-                    usage_out: path("usage.completion_tokens"),
+                    stream: Arc::new(StreamPaths {
+                        delta: DotPath::parse("choices.0.delta.content").expect("static path"),
+                        done_signal: None,
+                        usage_in: path("usage.prompt_tokens"),
+                        usage_out: path("usage.completion_tokens"),
+                    }),
                 },
                 Some(openai_embedding()),
                 (family == Family::OpenAi).then(openai_image),
@@ -235,10 +212,12 @@ impl Plan {
                     url: text(&format!("{base}/v1/responses")),
                     body: json(RESPONSES),
                     web_search_body: Some(json(RESPONSES_SEARCH)),
-                    delta: DotPath::parse("delta").expect("static path"),
-                    done_signal: None,
-                    usage_in: path("response.usage.input_tokens"),
-                    usage_out: path("response.usage.output_tokens"),
+                    stream: Arc::new(StreamPaths {
+                        delta: DotPath::parse("delta").expect("static path"),
+                        done_signal: None,
+                        usage_in: path("response.usage.input_tokens"),
+                        usage_out: path("response.usage.output_tokens"),
+                    }),
                 },
                 Some(openai_embedding()),
                 Some(openai_image()),
@@ -252,10 +231,12 @@ impl Plan {
                     url: text(&format!("{base}/v1/messages")),
                     body: json(ANTHROPIC),
                     web_search_body: Some(json(ANTHROPIC_SEARCH)),
-                    delta: DotPath::parse("delta.text").expect("static path"),
-                    done_signal: None,
-                    usage_in: path("message.usage.input_tokens"),
-                    usage_out: path("usage.output_tokens"),
+                    stream: Arc::new(StreamPaths {
+                        delta: DotPath::parse("delta.text").expect("static path"),
+                        done_signal: None,
+                        usage_in: path("message.usage.input_tokens"),
+                        usage_out: path("usage.output_tokens"),
+                    }),
                 },
                 None,
                 None,
@@ -268,10 +249,12 @@ impl Plan {
                     )),
                     body: json(GEMINI),
                     web_search_body: Some(json(GEMINI_SEARCH)),
-                    delta: DotPath::parse("candidates.0.content.parts.0.text").expect("static path"),
-                    done_signal: None,
-                    usage_in: path("usageMetadata.promptTokenCount"),
-                    usage_out: path("usageMetadata.candidatesTokenCount"),
+                    stream: Arc::new(StreamPaths {
+                        delta: DotPath::parse("candidates.0.content.parts.0.text").expect("static path"),
+                        done_signal: None,
+                        usage_in: path("usageMetadata.promptTokenCount"),
+                        usage_out: path("usageMetadata.candidatesTokenCount"),
+                    }),
                 },
                 Some(EmbeddingPlan {
                     url: text(&format!("{base}/v1beta/models/{{{{model}}}}:embedContent")),
@@ -350,10 +333,12 @@ impl Plan {
                 body: json_body("request_body_template", &body, errors),
                 web_search_body: nonempty(&g.web_search_request_body_template)
                     .map(|t| json_body("web_search_request_body_template", &t, errors)),
-                delta: DotPath::parse(&delta).expect("non-empty path"),
-                done_signal: nonempty(&g.response_done_signal),
-                usage_in: nonempty(&g.usage_input_tokens_path).and_then(|p| path(&p)),
-                usage_out: nonempty(&g.usage_output_tokens_path).and_then(|p| path(&p)),
+                stream: Arc::new(StreamPaths {
+                    delta: DotPath::parse(&delta).expect("non-empty path"),
+                    done_signal: nonempty(&g.response_done_signal),
+                    usage_in: nonempty(&g.usage_input_tokens_path).and_then(|p| path(&p)),
+                    usage_out: nonempty(&g.usage_output_tokens_path).and_then(|p| path(&p)),
+                }),
             });
         } else if family == Family::Generic && plan.chat.is_none() && g.endpoint_url.is_some() {
             errors.push(format!(

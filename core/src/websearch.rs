@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::provider::Family;
+use crate::family::Family;
 use crate::views::{write_int, write_str};
 
 /// At most this many sources are kept; a URL beyond them only sets [`Search::truncated`].

@@ -6,16 +6,18 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use meshfast_core::provider::{Family, Plan};
-use meshfast_core::exchange::{Exchange, Translator};
-use meshfast_core::stream::Stream;
+use meshfast_core::entry::EntryStream;
+use meshfast_core::exchange::Exchange;
+use meshfast_core::websearch::Search;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else { return };
     let families = [Family::Anthropic, Family::OpenAi, Family::OpenAiResponses, Family::Gemini, Family::Ollama];
     let family = families[usize::from(selector) % families.len()];
-    let plan = Arc::new(Plan::preset(family, "http://fuzz", true).expect("a preset").finish());
-    let stream = Stream::new(plan, "req_fuzz", 64, selector & 0x80 != 0);
-    let mut exchange = Exchange::new(Translator::Proxy(Box::new(stream)), None);
+    let plan = Plan::preset(family, "http://fuzz", true).expect("a preset").finish();
+    let paths = Arc::clone(&plan.chat.as_ref().expect("a chat plan").stream);
+    let search = (selector & 0x80 != 0).then(|| Search::new(family));
+    let mut exchange = Exchange::new(EntryStream::mesh(paths, search, "req_fuzz", 64), None);
     let mut out = Vec::new();
     for chunk in rest.chunks(usize::from(selector % 17) + 1) {
         exchange.feed(chunk, &mut out).expect("body bytes are never refused");

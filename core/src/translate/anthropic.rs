@@ -619,6 +619,8 @@ impl StreamEncoder {
                 );
             }
             Event::Finish(reason) => self.stop_reason = Some(*reason),
+            // NOTE: a web search's pages have no event in this format (only Mesh NDJSON streams them).
+            Event::Sources(_) => {}
             Event::End => {
                 // NOTE: usage goes out whole at the end (input_tokens included, API.md), as
                 // upstreams that report usage last cannot fill message_start.

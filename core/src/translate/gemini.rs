@@ -889,6 +889,8 @@ impl StreamEncoder {
             }
             Event::Usage(usage) => self.usage.merge(usage),
             Event::Finish(reason) => self.stop_reason = Some(*reason),
+            // NOTE: a web search's pages have no event in this format (only Mesh NDJSON streams them).
+            Event::Sources(_) => {}
             Event::End => {
                 let mut candidate = json!({"content": {"role": "model", "parts": []}, "index": 0});
                 candidate["finishReason"] = json!(encode_stop(self.stop_reason.unwrap_or(StopReason::EndTurn)));

@@ -37,6 +37,8 @@
 mod anthropic;
 pub mod cache;
 mod gemini;
+pub mod generic;
+mod mesh;
 mod ollama;
 mod openai_chat;
 mod openai_responses;

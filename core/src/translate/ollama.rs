@@ -605,6 +605,8 @@ impl StreamEncoder {
             }
             Event::Usage(usage) => self.usage.merge(usage),
             Event::Finish(reason) => self.stop_reason = Some(*reason),
+            // NOTE: a web search's pages have no event in this format (only Mesh NDJSON streams them).
+            Event::Sources(_) => {}
             Event::End => {
                 let mut value = json!({"model": self.model, "created_at": now_rfc3339(), "message": {"role": "assistant", "content": ""}});
                 done_fields(&mut value, self.stop_reason, &self.usage);

@@ -790,6 +790,8 @@ impl StreamEncoder {
             },
             Event::Usage(usage) => self.usage.get_or_insert_with(Usage::default).merge(usage),
             Event::Finish(reason) => self.chunk(out, json!({}), Some(encode_stop(*reason))),
+            // NOTE: a web search's pages have no event in this format (only Mesh NDJSON streams them).
+            Event::Sources(_) => {}
             Event::End => {
                 if let (true, Some(usage)) = (self.include_usage, &self.usage) {
                     let data = json!({

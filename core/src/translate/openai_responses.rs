@@ -768,6 +768,8 @@ impl StreamEncoder {
             Event::BlockStart { index, block } => self.start(*index, block, out),
             Event::Delta { index, delta } => self.delta(*index, delta, out),
             Event::BlockStop { index } => self.stop(*index, out),
+            // NOTE: a web search's pages have no event in this format (only Mesh NDJSON streams them).
+            Event::Sources(_) => {}
             Event::End => {
                 let response = self.accumulated.response().clone();
                 let usage = encode_usage(&response.usage);

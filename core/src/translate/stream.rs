@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::{anthropic, gemini, ollama, openai_chat, openai_responses};
+use super::{anthropic, gemini, generic, mesh, ollama, openai_chat, openai_responses};
 use super::{Block, Format, Response, StopReason, ToolCall, Usage};
 
 /// A line longer than this is dropped (and counted malformed) rather than buffered further.
@@ -36,6 +36,9 @@ pub enum Event {
     },
     /// Token counts so far; later reports override the classes they set ([`Usage::merge`]).
     Usage(Usage),
+    /// Pages a web search found, new since the last such event (a generic stream's search
+    /// events, [`crate::websearch::Search`]).
+    Sources(Vec<crate::websearch::Citation>),
     Finish(StopReason),
     /// The upstream broke off or reported an error mid-stream; encoders write their format's
     /// error signal instead of a clean end (API.md).
@@ -120,7 +123,7 @@ impl Accumulator {
             }
             Event::Usage(usage) => response.usage.merge(usage),
             Event::Finish(reason) => response.stop_reason = Some(*reason),
-            Event::BlockStop { .. } | Event::Error(_) | Event::End => {}
+            Event::BlockStop { .. } | Event::Sources(_) | Event::Error(_) | Event::End => {}
         }
     }
 
@@ -279,6 +282,7 @@ enum FormatDecoder {
     Anthropic(anthropic::StreamDecoder),
     Gemini(gemini::StreamDecoder),
     Ollama(ollama::StreamDecoder),
+    Generic(generic::StreamDecoder),
 }
 
 /// Turns one format's streamed bytes into [`Event`]s.
@@ -312,6 +316,28 @@ impl Decoder {
         }
     }
 
+    /// A decoder for a stream read through a provider's dot paths (the generic family, and
+    /// every `/v1/proxy` call); `search` extracts the family's web search events too.
+    #[must_use]
+    pub fn generic(paths: std::sync::Arc<generic::StreamPaths>, search: Option<crate::websearch::Search>) -> Self {
+        Self {
+            format: FormatDecoder::Generic(generic::StreamDecoder::new(paths, search)),
+            lines: Lines::default(),
+            sse: Sse::default(),
+            malformed: 0,
+            ended: false,
+        }
+    }
+
+    /// A generic stream's web search results so far (`None` without web search).
+    #[must_use]
+    pub fn search(&self) -> Option<&crate::websearch::Search> {
+        match &self.format {
+            FormatDecoder::Generic(state) => state.search(),
+            _ => None,
+        }
+    }
+
     /// Decodes `chunk`, appending the events its complete wire events produce to `out`.
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Event>) {
         let mut lines = std::mem::take(&mut self.lines);
@@ -334,6 +360,10 @@ impl Decoder {
         self.ended = true;
         let clean = match &mut self.format {
             FormatDecoder::Gemini(state) => state.finish(out),
+            FormatDecoder::Generic(state) => {
+                state.finish(out);
+                return;
+            }
             _ => false,
         };
         out.push(if clean {
@@ -350,12 +380,19 @@ impl Decoder {
     }
 
     fn line(&mut self, line: &str, out: &mut Vec<Event>) {
-        if let FormatDecoder::Ollama(_) = self.format {
-            if !line.trim().is_empty() {
-                self.event("", line, out);
+        match self.format {
+            FormatDecoder::Ollama(_) => {
+                if !line.trim().is_empty() {
+                    self.event("", line, out);
+                }
             }
-        } else if let Some((name, data)) = self.sse.line(line) {
-            self.event(&name, &data, out);
+            // NOTE: every `data:` line is an event of its own, as Mesh reads a provider's stream.
+            FormatDecoder::Generic(_) => self.event("", line, out),
+            _ => {
+                if let Some((name, data)) = self.sse.line(line) {
+                    self.event(&name, &data, out);
+                }
+            }
         }
     }
 
@@ -370,6 +407,7 @@ impl Decoder {
             FormatDecoder::Anthropic(state) => state.event(name, data, out),
             FormatDecoder::Gemini(state) => state.event(data, out),
             FormatDecoder::Ollama(state) => state.event(data, out),
+            FormatDecoder::Generic(state) => state.line(data, out),
         };
         if result.is_err() {
             self.malformed += 1;
@@ -388,6 +426,7 @@ enum FormatEncoder {
     Anthropic(anthropic::StreamEncoder),
     Gemini(gemini::StreamEncoder),
     Ollama(ollama::StreamEncoder),
+    Mesh(mesh::StreamEncoder),
 }
 
 /// Writes [`Event`]s as one format's stream.
@@ -411,6 +450,14 @@ impl Encoder {
         Self { format }
     }
 
+    /// An encoder of Mesh-native NDJSON (`/v1/proxy`) for request `request_id`.
+    #[must_use]
+    pub fn mesh(request_id: &str, max_tokens: i64) -> Self {
+        Self {
+            format: FormatEncoder::Mesh(mesh::StreamEncoder::new(request_id, max_tokens)),
+        }
+    }
+
     /// Appends the wire bytes for `event` to `out` (possibly none: some formats hold usage and
     /// the stop reason for their last event).
     pub fn encode(&mut self, event: &Event, out: &mut Vec<u8>) {
@@ -420,6 +467,22 @@ impl Encoder {
             FormatEncoder::Anthropic(state) => state.encode(event, out),
             FormatEncoder::Gemini(state) => state.encode(event, out),
             FormatEncoder::Ollama(state) => state.encode(event, out),
+            FormatEncoder::Mesh(state) => state.encode(event, out),
+        }
+    }
+
+    /// Writes what a format writes only once the call is settled, after the stream's last
+    /// event: Mesh's final line (the usage as charged, the web search's totals, `incomplete`
+    /// when the upstream body broke off). Other formats end with their stream's events.
+    pub fn close(
+        &mut self,
+        usage: &Usage,
+        search: Option<&crate::websearch::Search>,
+        incomplete: bool,
+        out: &mut Vec<u8>,
+    ) {
+        if let FormatEncoder::Mesh(state) = &self.format {
+            state.close(usage, search, incomplete, out);
         }
     }
 

@@ -1,250 +1,152 @@
-//! The upstream SSE stream of a `/v1/proxy` call, re-encoded as Mesh's NDJSON (mesh-behaviour
-//! §2.6, §4.4). Incremental: [`Stream::feed`] takes chunks split anywhere and keeps at most one
-//! incomplete line between calls. With web search on, a [`Search`] also reads every event.
+//! The generic family: a stream read through a provider's configured dot paths (providers as
+//! data, mesh-behaviour §4.4). This is how `/v1/proxy` reads every upstream, presets included,
+//! since a Mesh provider is its templates and paths; the entry routes read a named family through
+//! its own adapter instead.
+//!
+//! Each `data:` line is one event (no SSE assembly: a generic upstream need not separate events
+//! with blank lines). `[DONE]` or the configured done signal ends the stream; an unparseable
+//! payload is skipped and counted. From each event: a non-empty string at the delta path is a
+//! text delta, the usage paths' numbers are the running totals (the last one seen wins), and with
+//! web search on, the family's search events are extracted ([`Search`]).
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::provider::Plan;
-use crate::views::{write_int, write_str};
-use crate::websearch::{write_citations, Search};
+use super::stream::{BlockKind, Delta, Event};
+use super::Usage;
+use crate::template::DotPath;
+use crate::websearch::Search;
 
-/// A line longer than this is dropped (and counted malformed) rather than buffered further.
-const MAX_LINE_BYTES: usize = 16 << 20;
-
-/// One call's stream state.
-#[derive(Debug)]
-pub struct Stream {
-    plan: Arc<Plan>,
-    /// `{"id":"req_…"` — every NDJSON line starts with it.
-    id_prefix: Vec<u8>,
-    max_tokens: i64,
-    partial: Vec<u8>,
-    /// The stream ended with `[DONE]` or the done signal; later bytes are ignored.
-    pub done: bool,
-    pub malformed: u64,
-    pub deltas: u64,
-    pub text_bytes: u64,
-    /// The deltas' text as written (restored), for a token estimate when no usage is reported.
-    pub text: String,
-    pub input_tokens: i64,
-    pub output_tokens: i64,
-    /// Some usage path matched at least once.
-    pub usage_reported: bool,
-    /// Web search results so far; `None` (and no extra work per event) without web search.
-    pub search: Option<Box<Search>>,
-    /// Data protection's surrogates put back; `None` (and no work per delta) without pseudonymization.
-    restorer: Option<Box<crate::dlp::Restorer>>,
+/// Where a stream's text, end and usage are, compiled once with the provider's plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamPaths {
+    pub delta: DotPath,
+    /// A `data:` payload that ends the stream, besides `[DONE]`.
+    pub done_signal: Option<String>,
+    pub usage_in: Option<DotPath>,
+    pub usage_out: Option<DotPath>,
 }
 
-impl Stream {
-    /// A stream for request `request_id` over `plan`'s chat paths. `plan` must have a chat plan.
-    /// With `web_search`, the family's search events are extracted too (mesh-behaviour §4.5).
+/// One stream's state.
+#[derive(Debug)]
+pub struct StreamDecoder {
+    paths: Arc<StreamPaths>,
+    text_open: bool,
+    input_tokens: u64,
+    output_tokens: u64,
+    /// Web search results so far; `None` (and no work per event) without web search.
+    search: Option<Box<Search>>,
+}
+
+fn count(n: i64) -> u64 {
+    // NOTE: a negative count from an upstream would price the call below zero: it counts as 0.
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl StreamDecoder {
     #[must_use]
-    pub fn new(plan: Arc<Plan>, request_id: &str, max_tokens: i64, web_search: bool) -> Self {
-        let mut id_prefix = Vec::with_capacity(40);
-        id_prefix.extend_from_slice(b"{\"id\":");
-        write_str(&mut id_prefix, request_id);
+    pub fn new(paths: Arc<StreamPaths>, search: Option<Search>) -> Self {
         Self {
-            id_prefix,
-            max_tokens,
-            partial: Vec::new(),
-            done: false,
-            malformed: 0,
-            deltas: 0,
-            text_bytes: 0,
-            text: String::new(),
+            paths,
+            text_open: false,
             input_tokens: 0,
             output_tokens: 0,
-            usage_reported: false,
-            search: web_search.then(|| Box::new(Search::new(plan.family))),
-            plan,
-            restorer: None,
+            search: search.map(Box::new),
         }
     }
 
-    /// Surrogate → original pairs (data protection's pseudonyms): the caller sees the originals.
+    /// The web search results so far (`None` without web search).
     #[must_use]
-    pub fn with_restore(mut self, pairs: Vec<(String, String)>) -> Self {
-        if !pairs.is_empty() {
-            self.restorer = Some(Box::new(crate::dlp::Restorer::new(pairs)));
-        }
-        self
+    pub fn search(&self) -> Option<&Search> {
+        self.search.as_deref()
     }
 
-    #[inline]
-    fn write_delta(id_prefix: &[u8], delta: &str, out: &mut Vec<u8>) {
-        out.extend_from_slice(id_prefix);
-        out.extend_from_slice(b",\"delta\":");
-        write_str(out, delta);
-        out.extend_from_slice(b"}\n");
-    }
-
-    /// Billable web searches so far (0 without web search), for pricing.
-    #[must_use]
-    pub fn web_searches(&self) -> i64 {
-        self.search.as_ref().map_or(0, |s| s.billable())
-    }
-
-    /// Reads `chunk`, appending the NDJSON lines its complete SSE lines produce to `out`.
-    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
-        if self.done {
-            return;
-        }
-        let mut rest = chunk;
-        if !self.partial.is_empty() {
-            let Some(newline) = memchr(rest) else {
-                if self.partial.len() + rest.len() > MAX_LINE_BYTES {
-                    self.partial.clear();
-                    self.malformed += 1;
-                } else {
-                    self.partial.extend_from_slice(rest);
-                }
-                return;
-            };
-            self.partial.extend_from_slice(&rest[..newline]);
-            let line = std::mem::take(&mut self.partial);
-            self.line(&line, out);
-            self.partial = line;
-            self.partial.clear();
-            rest = &rest[newline + 1..];
-        }
-        while !self.done {
-            match memchr(rest) {
-                Some(newline) => {
-                    self.line(&rest[..newline], out);
-                    rest = &rest[newline + 1..];
-                }
-                None => {
-                    if rest.len() <= MAX_LINE_BYTES {
-                        self.partial.extend_from_slice(rest);
-                    } else {
-                        self.malformed += 1;
-                    }
-                    break;
-                }
-            }
-        }
-    }
-
-    fn line(&mut self, line: &[u8], out: &mut Vec<u8>) {
-        if self.done {
-            return;
-        }
-        let Some(payload) = line.trim_ascii().strip_prefix(b"data:") else {
-            return;
+    /// Reads one line (without its line ending). `Err` for a payload that is not JSON.
+    pub(crate) fn line(&mut self, line: &str, out: &mut Vec<Event>) -> Result<(), String> {
+        let Some(payload) = line.trim_ascii().strip_prefix("data:") else {
+            return Ok(());
         };
         let payload = payload.trim_ascii();
-        let chat = self.plan.chat.as_ref().expect("a stream is only made for a chat plan");
         if payload.is_empty() {
-            return;
+            return Ok(());
         }
-        if payload == b"[DONE]"
-            || chat
-                .done_signal
-                .as_deref()
-                .is_some_and(|signal| signal.as_bytes() == payload)
-        {
-            self.done = true;
-            return;
+        if payload == "[DONE]" || self.paths.done_signal.as_deref() == Some(payload) {
+            self.finish(out);
+            return Ok(());
         }
-        let Ok(event) = serde_json::from_slice::<Value>(payload) else {
-            self.malformed += 1;
-            return;
-        };
-        if let Some(Value::String(delta)) = chat.delta.get(&event) {
+        let event: Value = serde_json::from_str(payload).map_err(|e| e.to_string())?;
+        if let Some(Value::String(delta)) = self.paths.delta.get(&event) {
             if !delta.is_empty() {
-                self.deltas += 1;
-                self.text_bytes += delta.len() as u64;
-                if let Some(restorer) = self.restorer.as_deref_mut() {
-                    let restored = restorer.push(delta);
-                    if !restored.is_empty() {
-                        Self::write_delta(&self.id_prefix, &restored, out);
-                        self.text.push_str(&restored);
-                    }
-                } else {
-                    Self::write_delta(&self.id_prefix, delta, out);
-                    self.text.push_str(delta);
+                if !self.text_open {
+                    self.text_open = true;
+                    out.push(Event::BlockStart {
+                        index: 0,
+                        block: BlockKind::Text,
+                    });
                 }
+                out.push(Event::Delta {
+                    index: 0,
+                    delta: Delta::Text(delta.clone()),
+                });
             }
         }
-        if let Some(n) = chat.usage_in.as_ref().and_then(|p| p.get_int(&event)) {
-            self.input_tokens = n;
-            self.usage_reported = true;
-        }
-        if let Some(n) = chat.usage_out.as_ref().and_then(|p| p.get_int(&event)) {
-            self.output_tokens = n;
-            self.usage_reported = true;
+        let input = self.paths.usage_in.as_ref().and_then(|p| p.get_int(&event));
+        let output = self.paths.usage_out.as_ref().and_then(|p| p.get_int(&event));
+        if input.is_some() || output.is_some() {
+            self.input_tokens = input.map_or(self.input_tokens, count);
+            self.output_tokens = output.map_or(self.output_tokens, count);
+            out.push(Event::Usage(Usage {
+                input_tokens: self.input_tokens,
+                output_tokens: self.output_tokens,
+                ..Usage::default()
+            }));
         }
         if let Some(search) = self.search.as_deref_mut() {
             let known = search.sources.len();
             search.observe(&event);
             if search.sources.len() > known {
-                out.extend_from_slice(&self.id_prefix);
-                out.extend_from_slice(b",\"sources\":");
-                write_citations(out, &search.sources[known..]);
-                out.extend_from_slice(b"}\n");
+                out.push(Event::Sources(search.sources[known..].to_vec()));
             }
         }
+        Ok(())
     }
 
-    /// Appends the final line: usage, plus `truncated` when output reached `max_tokens` and
-    /// `incomplete` when the upstream body broke off. When web search was used, `usage` also
-    /// carries `web_searches`, followed by `sources`, `queries`, `search_suggestions_html` and
-    /// `sources_truncated` as present.
-    pub fn finish(&mut self, incomplete: bool, out: &mut Vec<u8>) {
-        if let Some(restorer) = self.restorer.as_deref_mut() {
-            let held = restorer.flush();
-            if !held.is_empty() {
-                Self::write_delta(&self.id_prefix, &held, out);
-            }
+    /// The upstream's body ended: EOF ends a generic stream normally (mesh-behaviour §4.4).
+    pub(crate) fn finish(&mut self, out: &mut Vec<Event>) {
+        if std::mem::take(&mut self.text_open) {
+            out.push(Event::BlockStop { index: 0 });
         }
-        out.extend_from_slice(&self.id_prefix);
-        out.extend_from_slice(b",\"done\":true,\"usage\":{\"input_tokens\":");
-        write_int(out, self.input_tokens);
-        out.extend_from_slice(b",\"output_tokens\":");
-        write_int(out, self.output_tokens);
-        let search = self.search.as_deref().filter(|s| s.used());
-        if let Some(search) = search {
-            search.write_usage_field(out);
-        }
-        out.push(b'}');
-        if let Some(search) = search {
-            search.write_final_fields(out);
-        }
-        if self.max_tokens > 0 && self.output_tokens >= self.max_tokens {
-            out.extend_from_slice(b",\"truncated\":true");
-        }
-        if incomplete {
-            out.extend_from_slice(b",\"incomplete\":true");
-        }
-        out.extend_from_slice(b"}\n");
+        out.push(Event::End);
     }
-}
-
-fn memchr(haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == b'\n')
 }
 
 #[cfg(test)]
 mod tests {
+    //! Through [`EntryStream::mesh`], the stack `/v1/proxy` runs: this decoder, data
+    //! protection's restorer, and the Mesh NDJSON encoder.
     use super::*;
-    use crate::provider::Family;
+    use crate::entry::EntryStream;
+    use crate::family::Family;
+    use crate::provider::Plan;
     use proptest::prelude::*;
     use serde_json::json;
 
-    fn stream() -> Stream {
-        Stream::new(
-            Arc::new(Plan::preset(Family::OpenAi, "http://h", true).unwrap()),
+    fn paths(family: Family) -> Arc<StreamPaths> {
+        Arc::clone(&Plan::preset(family, "http://h", true).unwrap().chat.unwrap().stream)
+    }
+
+    fn mesh(family: Family, max_tokens: i64, web_search: bool) -> EntryStream {
+        EntryStream::mesh(
+            paths(family),
+            web_search.then(|| Search::new(family)),
             "req_1",
-            3,
-            false,
+            max_tokens,
         )
     }
 
-    fn feed_all(chunks: &[&[u8]]) -> (Vec<u8>, Stream) {
-        let mut s = stream();
+    fn feed_all(chunks: &[&[u8]]) -> (Vec<u8>, EntryStream) {
+        let mut s = mesh(Family::OpenAi, 3, false);
         let mut out = Vec::new();
         for chunk in chunks {
             s.feed(chunk, &mut out);
@@ -268,42 +170,37 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
             "{\"id\":\"req_1\",\"delta\":\"He\\\"l\"}\n{\"id\":\"req_1\",\"delta\":\"lo\\u0001\"}\n\
 {\"id\":\"req_1\",\"done\":true,\"usage\":{\"input_tokens\":7,\"output_tokens\":3},\"truncated\":true}\n"
         );
-        assert!(s.done && s.usage_reported);
-        assert_eq!((s.malformed, s.deltas, s.text_bytes), (1, 2, 7));
+        assert!(s.ended() && s.usage_reported());
+        assert_eq!((s.malformed(), s.deltas(), s.output_text().len()), (1, 2, 7));
     }
 
     #[test]
     fn test_custom_done_signal_ends_the_stream() {
-        let mut plan = Plan::preset(Family::OpenAi, "http://h", true).unwrap();
-        plan.chat.as_mut().unwrap().done_signal = Some("END".into());
-        let mut s = Stream::new(Arc::new(plan), "r", 10, false);
+        let mut paths = paths(Family::OpenAi);
+        Arc::make_mut(&mut paths).done_signal = Some("END".into());
+        let mut s = EntryStream::mesh(paths, None, "r", 10);
         let mut out = Vec::new();
         s.feed(
             b"data: END\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n",
             &mut out,
         );
-        assert!(s.done && out.is_empty());
+        assert!(s.ended() && out.is_empty());
     }
 
     const RECORDED: [(Family, &[u8]); 4] = [
-        (Family::OpenAi, include_bytes!("testdata/websearch_openai.sse")),
-        (Family::Anthropic, include_bytes!("testdata/websearch_anthropic.sse")),
+        (Family::OpenAi, include_bytes!("../testdata/websearch_openai.sse")),
+        (Family::Anthropic, include_bytes!("../testdata/websearch_anthropic.sse")),
         (
             Family::OpenAiResponses,
-            include_bytes!("testdata/websearch_openai_responses.sse"),
+            include_bytes!("../testdata/websearch_openai_responses.sse"),
         ),
-        (Family::Gemini, include_bytes!("testdata/websearch_gemini.sse")),
+        (Family::Gemini, include_bytes!("../testdata/websearch_gemini.sse")),
     ];
 
     /// Feeds testserve's recorded web-search stream of `family` in `chunks` (`None`: whole).
-    fn feed_recorded(family: Family, web_search: bool, cuts: Option<&[usize]>) -> (Vec<u8>, Stream) {
+    fn feed_recorded(family: Family, web_search: bool, cuts: Option<&[usize]>) -> (Vec<u8>, EntryStream) {
         let sse = RECORDED.iter().find(|(f, _)| *f == family).unwrap().1;
-        let mut s = Stream::new(
-            Arc::new(Plan::preset(family, "http://h", true).unwrap()),
-            "req_1",
-            100,
-            web_search,
-        );
+        let mut s = mesh(family, 100, web_search);
         let mut out = Vec::new();
         for chunk in split(sse, cuts.unwrap_or(&[])) {
             s.feed(chunk, &mut out);
@@ -411,18 +308,13 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
                 json!({"id": "req_1", "done": true, "usage": {"input_tokens": 7, "output_tokens": 3}}),
                 "{family:?}"
             );
-            assert!(s.search.is_none() && s.web_searches() == 0);
+            assert_eq!(s.web_searches(), 0);
         }
     }
 
     #[test]
     fn test_more_than_100_urls_are_truncated_and_repeats_are_not_resent() {
-        let mut s = Stream::new(
-            Arc::new(Plan::preset(Family::OpenAi, "http://h", true).unwrap()),
-            "r",
-            0,
-            true,
-        );
+        let mut s = EntryStream::mesh(paths(Family::OpenAi), Some(Search::new(Family::OpenAi)), "r", 0);
         let mut out = Vec::new();
         for batch in 0..11 {
             let notes: Vec<_> = (batch * 10..batch * 10 + 10)
@@ -467,7 +359,7 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
             let (whole, w) = feed_all(&[SSE]);
             let (pieces, p) = feed_all(&chunks);
             prop_assert_eq!(whole, pieces);
-            prop_assert_eq!((w.input_tokens, w.output_tokens, w.malformed, w.deltas), (p.input_tokens, p.output_tokens, p.malformed, p.deltas));
+            prop_assert_eq!((w.usage(), w.malformed(), w.deltas()), (p.usage(), p.malformed(), p.deltas()));
         }
 
         /// With web search, any chunking of a recorded stream gives the same lines (sources
