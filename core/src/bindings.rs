@@ -18,7 +18,7 @@ use crate::prepare::{self, Route};
 use crate::redact::Credentials;
 use crate::snapshot::{Caller, Snapshot};
 use crate::translate::Format;
-use crate::{entry, exchange, http1, ids, pricing, shm, stream, views};
+use crate::{entry, exchange, http1, ids, json, pricing, shm, stream, views};
 
 create_exception!(
     meshfast._core,
@@ -1125,7 +1125,7 @@ impl PyPrepared {
     }
     #[getter]
     fn reset_at(&self) -> Option<String> {
-        self.inner.limit.as_ref().map(|l| views::rfc3339(l.reset_at_ms))
+        self.inner.limit.as_ref().map(|l| json::rfc3339(l.reset_at_ms))
     }
     #[getter]
     fn warning(&self) -> Option<&str> {

@@ -10,6 +10,7 @@ pub mod exchange;
 pub mod govern;
 pub mod http1;
 pub mod ids;
+pub mod json;
 pub mod jwt;
 pub mod keyindex;
 pub mod outcome;

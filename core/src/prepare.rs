@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::content::{self, Block, BlockType, RawBlock};
 use crate::govern::{Holds, LeaseWant, ProviderLimits};
+use crate::json::{write_int, write_str, write_time, write_usd};
 use crate::jwt::TokenError;
 use crate::keyindex::extract_token;
 use crate::outcome::Outcome;
@@ -22,7 +23,6 @@ use crate::shm::{self, id_bytes, utc_day, utc_hour, Segment};
 use crate::snapshot::{Caller, Deployment, Grant, Model, ModelKind, Provider, Secret, Snapshot};
 use crate::template::Vars;
 use crate::translate::{self, Format};
-use crate::views::{self, write_int, write_str, write_time, write_usd};
 
 /// Seconds a client is told to wait while the kill switch is tripped (it has no known end).
 pub const KILL_SWITCH_RETRY_S: u32 = 30;
@@ -873,7 +873,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     }
 
     // 6. Policy, kill switch last.
-    let mut counters = views::counters(grant, provider, &segment.map(|s| SegmentRef(s)), req.now_ms);
+    let mut counters = policy::counters(grant, provider, &segment.map(|s| SegmentRef(s)), req.now_ms);
     p.limit = governing(grant, provider, &counters, req.now_ms);
     if let Some((denial, resume_at)) = policy::denial(grant, provider, &counters, req.now_ms) {
         deny_policy(&mut p, denial, resume_at, req.now_ms);

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
+use crate::json::{write_int, write_str};
 use crate::provider::Family;
-use crate::views::{write_int, write_str};
 
 /// At most this many sources are kept; a URL beyond them only sets [`Search::truncated`].
 pub const MAX_SOURCES: usize = 100;
