@@ -9,25 +9,13 @@
 use std::borrow::Cow;
 
 use crate::outcome::{Outcome, UNKNOWN_MESSAGE};
-use crate::provider::Family;
 use crate::redact::Credentials;
 use crate::translate::stream::{Accumulator, Decoder, Encoder, Event};
 use crate::translate::{encode_response, Format, StopReason, Usage};
 use crate::views::write_str;
 
-/// The format a provider family's chat endpoint speaks; `None` for generic providers, whose
-/// templates are Mesh's.
-#[must_use]
-pub fn upstream_format(family: Family) -> Option<Format> {
-    Some(match family {
-        Family::Anthropic => Format::Anthropic,
-        // NOTE: the Ollama preset calls Ollama's OpenAI-compatible endpoint.
-        Family::OpenAi | Family::Ollama => Format::OpenAiChat,
-        Family::OpenAiResponses => Format::OpenAiResponses,
-        Family::Gemini => Format::Gemini,
-        Family::Generic => return None,
-    })
-}
+/// The family → format map is the provider layer's; its old path stays.
+pub use crate::provider::upstream_format;
 
 /// A sentence for a Mesh code, for the `message` field SDKs show ([`Outcome`]'s table).
 #[must_use]

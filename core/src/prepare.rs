@@ -1279,7 +1279,7 @@ fn entry(
         value: mut request,
         unknown,
     } = decoded;
-    let Some(upstream_format) = crate::entry::upstream_format(provider.plan.family) else {
+    let Some(upstream_format) = crate::provider::upstream_format(provider.plan.family) else {
         p.invalid(Some(
             "the model's provider has custom templates; call it through /v1/proxy",
         ));

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::template::{DotPath, Mode, Template, Var};
+use crate::translate::Format;
 
 /// A provider family: how content blocks render and which preset applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +33,20 @@ impl Family {
             _ => return None,
         })
     }
+}
+
+/// The format a provider family's chat endpoint speaks; `None` for generic providers, whose
+/// templates are Mesh's.
+#[must_use]
+pub fn upstream_format(family: Family) -> Option<Format> {
+    Some(match family {
+        Family::Anthropic => Format::Anthropic,
+        // NOTE: the Ollama preset calls Ollama's OpenAI-compatible endpoint.
+        Family::OpenAi | Family::Ollama => Format::OpenAiChat,
+        Family::OpenAiResponses => Format::OpenAiResponses,
+        Family::Gemini => Format::Gemini,
+        Family::Generic => return None,
+    })
 }
 
 /// A generic provider's templates, as Mesh stores them (every field optional on the wire).

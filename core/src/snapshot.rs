@@ -855,7 +855,7 @@ fn serviceable(errors: &mut Vec<String>, what: &str, model: &Model, providers: &
             provider.plan.generation.as_ref().is_some_and(|g| g.is_complete())
         }
     };
-    let translates = |provider: &Provider| crate::entry::upstream_format(provider.plan.family).is_some();
+    let translates = |provider: &Provider| crate::provider::upstream_format(provider.plan.family).is_some();
     let mut seen = vec![(model.provider, model.resolved_model.as_str())];
     for (j, deployment) in model.deployments.iter().enumerate() {
         let at = format!("{what}.deployments[{j}]");
