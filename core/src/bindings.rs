@@ -756,19 +756,9 @@ impl PyCore {
             dlp_model_failed,
         };
         let inner = prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request);
-        let snapshot = &loaded.snapshot;
-        let rates = inner
-            .upstream
-            .as_ref()
-            .and_then(|_| snapshot.model_index(inner.model_id.as_deref()?))
-            .map(|i| {
-                let model = &snapshot.models[i as usize];
-                pricing::Rates::of(model, &snapshot.providers[model.provider as usize])
-            });
         Ok(PyPrepared {
             inner,
             failed_over: AtomicBool::new(false),
-            rates,
         })
     }
 
@@ -913,8 +903,6 @@ struct PyPrepared {
     inner: prepare::Prepared,
     /// Set once by `failover`: from then on the call is the fallback's.
     failed_over: AtomicBool,
-    /// The model's prices as the call was decided (the exchange prices the call with them).
-    rates: Option<pricing::Rates>,
 }
 
 impl PyPrepared {
@@ -1349,6 +1337,7 @@ impl PyPrepared {
         cache_write_1h_tokens: i64,
     ) -> PyResult<(i64, i64)> {
         let rates = self
+            .inner
             .rates
             .as_ref()
             .ok_or_else(|| CoreError::new_err("a denied request has no price"))?;
@@ -1387,7 +1376,7 @@ impl PyPrepared {
             return Err(CoreError::new_err("not a chat call"));
         };
         Ok(PyExchange {
-            inner: exchange::Exchange::new(translator, self.rates),
+            inner: exchange::Exchange::new(translator, self.inner.rates),
             proxy: upstream.entry.is_none(),
             out: Vec::with_capacity(4096),
         })

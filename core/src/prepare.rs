@@ -16,7 +16,7 @@ use crate::jwt::TokenError;
 use crate::keyindex::extract_token;
 use crate::outcome::Outcome;
 use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
-use crate::pricing;
+use crate::pricing::Rates;
 use crate::provider::Plan;
 use crate::rules::{self, Restricted};
 use crate::shm::{self, id_bytes, utc_day, utc_hour, Segment};
@@ -241,6 +241,9 @@ pub struct Prepared {
     pub limit: Option<Governing>,
     /// What an admitted call holds in the segment; released on drop.
     pub holds: Option<Holds>,
+    /// The model's prices as the call was decided, set with [`Self::upstream`]: the reservation
+    /// is priced with them, and so is the call (a config change mid-call moves neither).
+    pub rates: Option<Rates>,
     /// The call on the model's next deployment, for one failover.
     pub fallback: Option<Fallback>,
     /// The entry API whose error shape a denial takes; `None`: Mesh's `{"error": code, ...}`.
@@ -522,22 +525,6 @@ fn governing(grant: &Grant, provider: &Provider, c: &Counters, now_ms: i64) -> O
             }),
         },
     )
-}
-
-/// The worst-case cost of `upstream` in nano-USD: bounds × prices, one web search if asked,
-/// nothing for seconds.
-#[must_use]
-pub fn worst_case_nano(model: &Model, provider: &Provider, upstream: &Upstream) -> i64 {
-    let searches = i64::from(upstream.web_search);
-    let (input, output) = pricing::price(
-        model,
-        provider,
-        upstream.input_tokens_bound,
-        upstream.output_tokens_bound,
-        0.0,
-        searches,
-    );
-    input.saturating_add(output)
 }
 
 impl Prepared {
@@ -937,7 +924,12 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     let holds = Holds::new(segment.cloned(), spend_key, limits, upstream.weight);
     // The instance's place in a cluster, read once for the call (0 alone: every cap held whole).
     let mode = segment.map_or(0, |segment| shm::cluster_mode(segment));
-    let worst = worst_case_nano(model, provider, &upstream);
+    let rates = model.rates(provider);
+    let worst = rates.worst_case(
+        upstream.input_tokens_bound,
+        upstream.output_tokens_bound,
+        i64::from(upstream.web_search),
+    );
     if let Some(segment) = segment.filter(|_| grant.daily_cap_nano_usd > 0) {
         // In a cluster the instance spends only what it declared of its slices (ARCHITECTURE
         // "several hosts"); cut off from the database too, as that is already counted as spent.
@@ -1128,6 +1120,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         }
     }
     p.upstream = Some(upstream);
+    p.rates = Some(rates);
     p.fallback = fallback;
     p
 }
