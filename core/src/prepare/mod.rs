@@ -10,6 +10,7 @@
 //! admitted call to its fallback once. This module holds the types they share.
 
 use std::borrow::Cow;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::govern::{Holds, LeaseWant, ProviderLimits};
@@ -213,6 +214,8 @@ pub struct Prepared {
     pub rates: Option<Rates>,
     /// The call on the model's next deployment, for one failover.
     pub fallback: Option<Fallback>,
+    /// Set once by [`Self::failover`]: from then on the call is the fallback's.
+    failed_over: AtomicBool,
     /// The entry API whose error shape a denial takes; `None`: Mesh's `{"error": code, ...}`.
     error_shape: Option<Format>,
     /// The first enforcing rule's warning whose threshold is reached (`X-Meshfast-Warning`).
