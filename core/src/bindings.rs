@@ -2,7 +2,6 @@
 //! a plain-Rust type; errors cross through one mapping, [`to_py_err`].
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -19,7 +18,7 @@ use crate::redact::Credentials;
 use crate::snapshot::{Caller, Snapshot};
 use crate::translate::Format;
 use crate::websearch::Search;
-use crate::{entry, exchange, http1, ids, pricing, shm, views};
+use crate::{entry, exchange, http1, ids, json, pricing, shm, views};
 
 create_exception!(
     meshfast._core,
@@ -757,20 +756,7 @@ impl PyCore {
             dlp_model_failed,
         };
         let inner = prepare::prepare(&loaded.snapshot, self.segment.as_ref(), &request);
-        let snapshot = &loaded.snapshot;
-        let rates = inner
-            .upstream
-            .as_ref()
-            .and_then(|_| snapshot.model_index(inner.model_id.as_deref()?))
-            .map(|i| {
-                let model = &snapshot.models[i as usize];
-                pricing::Rates::of(model, &snapshot.providers[model.provider as usize])
-            });
-        Ok(PyPrepared {
-            inner,
-            failed_over: AtomicBool::new(false),
-            rates,
-        })
+        Ok(PyPrepared { inner })
     }
 
     /// The counters that moved since the last checkpoint (see the stub).
@@ -912,25 +898,12 @@ impl PyCore {
 #[pyclass(frozen, name = "Prepared", module = "meshfast._core")]
 struct PyPrepared {
     inner: prepare::Prepared,
-    /// Set once by `failover`: from then on the call is the fallback's.
-    failed_over: AtomicBool,
-    /// The model's prices as the call was decided (the exchange prices the call with them).
-    rates: Option<pricing::Rates>,
 }
 
 impl PyPrepared {
-    /// The fallback once the call failed over to it.
-    fn fallback(&self) -> Option<&prepare::Fallback> {
-        self.inner
-            .fallback
-            .as_ref()
-            .filter(|_| self.failed_over.load(Ordering::Acquire))
-    }
-
     /// The upstream call in force: the first deployment's, or the fallback's after a failover.
     fn active(&self) -> Option<&prepare::Upstream> {
-        self.fallback()
-            .map_or(self.inner.upstream.as_ref(), |f| Some(&f.upstream))
+        self.inner.active()
     }
 
     fn upstream(&self) -> PyResult<&prepare::Upstream> {
@@ -1012,8 +985,7 @@ impl PyPrepared {
     }
     #[getter]
     fn provider_id(&self) -> Option<&str> {
-        self.fallback()
-            .map_or(self.inner.provider_id.as_deref(), |f| Some(&f.provider_id))
+        self.inner.active_provider_id()
     }
     #[getter]
     fn model_name(&self) -> Option<&str> {
@@ -1029,25 +1001,14 @@ impl PyPrepared {
     }
     #[getter]
     fn local(&self) -> bool {
-        self.fallback().map_or(self.inner.local, |f| f.local)
+        self.inner.active_local()
     }
 
     /// Switches the call to the model's next deployment, once: false when there is none, it
     /// cannot take this call, its provider's hourly quota is spent, or the call already failed over.
     /// True: the caller must admit the call again (its provider's limits changed).
     fn failover(&self) -> bool {
-        let Some(fallback) = &self.inner.fallback else {
-            return false;
-        };
-        if self.inner.upstream.is_none() || self.failed_over.load(Ordering::Acquire) || !fallback.admit() {
-            return false;
-        }
-        // The failover is admitted anew, by its own provider's limits (the caller awaits that).
-        if let Some(holds) = &self.inner.holds {
-            holds.switch_provider(fallback.limits);
-        }
-        self.failed_over.store(true, Ordering::Release);
-        true
+        self.inner.failover()
     }
     #[getter]
     fn url(&self) -> Option<&str> {
@@ -1126,7 +1087,7 @@ impl PyPrepared {
     }
     #[getter]
     fn reset_at(&self) -> Option<String> {
-        self.inner.limit.as_ref().map(|l| views::rfc3339(l.reset_at_ms))
+        self.inner.limit.as_ref().map(|l| json::rfc3339(l.reset_at_ms))
     }
     #[getter]
     fn warning(&self) -> Option<&str> {
@@ -1305,9 +1266,7 @@ impl PyPrepared {
             dict.into_any()
         };
         let requested = Some(p.requested_model.as_str()).filter(|m| !m.is_empty());
-        let provider_id = self
-            .fallback()
-            .map_or(p.provider_id.as_deref(), |f| Some(&f.provider_id));
+        let provider_id = p.active_provider_id();
         PyTuple::new(
             py,
             [
@@ -1350,6 +1309,7 @@ impl PyPrepared {
         cache_write_1h_tokens: i64,
     ) -> PyResult<(i64, i64)> {
         let rates = self
+            .inner
             .rates
             .as_ref()
             .ok_or_else(|| CoreError::new_err("a denied request has no price"))?;
@@ -1383,7 +1343,7 @@ impl PyPrepared {
             return Err(CoreError::new_err("not a chat call"));
         };
         Ok(PyExchange {
-            inner: exchange::Exchange::new(stream.with_restore(self.inner.dlp_restore.clone()), self.rates),
+            inner: exchange::Exchange::new(stream.with_restore(self.inner.dlp_restore.clone()), self.inner.rates),
             proxy: upstream.entry.is_none(),
             out: Vec::with_capacity(4096),
         })

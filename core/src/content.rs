@@ -5,8 +5,8 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
+use crate::json::{write_escaped, write_str};
 use crate::provider::Family;
-use crate::views::{write_escaped, write_str};
 
 /// A block's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

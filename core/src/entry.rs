@@ -1,33 +1,19 @@
-//! The standard entry routes (API.md "Standard routes"): which wire format a provider family
-//! speaks, each API's own error shape, and the response side of a call: the upstream stream
-//! decoded into IR events and re-encoded in the caller's format, either as a stream or, for a
-//! caller that did not ask for one, as one response at the end.
+//! The response side of a chat call, and the entry routes' error shapes (API.md "Standard
+//! routes"): the upstream stream decoded into IR events (by the family's adapter, or through the
+//! provider's dot paths for `/v1/proxy`) and re-encoded in the caller's format (an entry route's,
+//! or Mesh NDJSON), either as a stream or, for a caller that did not ask for one, as one response
+//! at the end.
 //!
 //! meshfast always streams from the upstream; a non-streaming caller's answer is accumulated
 //! from the events, so there is one response path and every call reports usage.
 
 use std::borrow::Cow;
 
+use crate::json::write_str;
 use crate::outcome::{Outcome, UNKNOWN_MESSAGE};
-use crate::provider::Family;
 use crate::redact::Credentials;
 use crate::translate::stream::{Accumulator, Decoder, Encoder, Event};
 use crate::translate::{encode_response, Format, StopReason, Usage};
-use crate::views::write_str;
-
-/// The format a provider family's chat endpoint speaks; `None` for generic providers, whose
-/// templates are Mesh's.
-#[must_use]
-pub fn upstream_format(family: Family) -> Option<Format> {
-    Some(match family {
-        Family::Anthropic => Format::Anthropic,
-        // NOTE: the Ollama preset calls Ollama's OpenAI-compatible endpoint.
-        Family::OpenAi | Family::Ollama => Format::OpenAiChat,
-        Family::OpenAiResponses => Format::OpenAiResponses,
-        Family::Gemini => Format::Gemini,
-        Family::Generic => return None,
-    })
-}
 
 /// A sentence for a Mesh code, for the `message` field SDKs show ([`Outcome`]'s table).
 #[must_use]

@@ -11,6 +11,7 @@ pub mod family;
 pub mod govern;
 pub mod http1;
 pub mod ids;
+pub mod json;
 pub mod jwt;
 pub mod keyindex;
 pub mod outcome;

@@ -5,6 +5,7 @@ use chrono::{Datelike, Days, NaiveDate, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 
 use crate::outcome::Outcome;
+use crate::shm::{utc_day, utc_hour, CounterRead};
 use crate::snapshot::{Grant, Provider, Window};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -39,6 +40,16 @@ pub struct Counters {
     pub calls_this_hour: i64,
     pub provider_calls_this_hour: i64,
     pub spent_today_nano: i64,
+}
+
+/// A grant's [`Counters`] at `now_ms`: its calls this hour, its provider's, its spend today.
+pub(crate) fn counters(grant: &Grant, provider: &Provider, segment: &impl CounterRead, now_ms: i64) -> Counters {
+    let (day, hour) = (utc_day(now_ms), utc_hour(now_ms));
+    Counters {
+        calls_this_hour: segment.counter(grant.calls_key.at(hour)),
+        provider_calls_this_hour: segment.counter(provider.calls_key.at(hour)),
+        spent_today_nano: segment.counter(grant.spend_key.at(day)),
+    }
 }
 
 /// Start of the next UTC hour after `now_ms`.

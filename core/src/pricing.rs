@@ -4,8 +4,12 @@
 //! Prices are per token class (Cosmos §6): input, output, cache read, cache write (5 min) and
 //! cache write (1 h), with an optional long-context tier that replaces them when the prompt
 //! (input and cached tokens together) exceeds a threshold.
+//!
+//! Every price computation of the crate is here: a call's worst case (what a decision reserves),
+//! its cost (what the exchange settles), the tiers and the config's price classes. The module
+//! depends on nothing else in the crate; the snapshot copies a model's prices into [`Rates`].
 
-use crate::snapshot::{Model, Provider};
+use std::collections::BTreeMap;
 
 /// Per-1k-token prices of one tier in nano-USD, every class resolved (see [`Prices::resolve`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,6 +64,60 @@ pub struct LongContext {
     pub prices: Prices,
 }
 
+impl LongContext {
+    /// The long-context tier: both a positive threshold and prices, or neither. Prices name known
+    /// classes and are non-negative; a class the tier leaves out keeps the base tier's own price
+    /// (`base`, as configured), and unset cache classes fall back within the tier as in [`Prices::resolve`].
+    pub(crate) fn from_config(
+        errors: &mut Vec<String>,
+        what: &str,
+        base: [Option<i64>; 5],
+        threshold: Option<i64>,
+        prices: Option<&BTreeMap<String, i64>>,
+    ) -> Option<LongContext> {
+        let (threshold, prices) = match (threshold, prices) {
+            (None, None) => return None,
+            (Some(threshold), Some(prices)) => (threshold, prices),
+            _ => {
+                errors.push(format!(
+                    "{what}: long_context_threshold_tokens and long_context_prices go together"
+                ));
+                return None;
+            }
+        };
+        if threshold <= 0 {
+            errors.push(format!("{what}: long_context_threshold_tokens must be positive"));
+        }
+        let mut tier = base;
+        for (class, &price) in prices {
+            if price < 0 {
+                errors.push(format!("{what}: long_context_prices.{class} is negative"));
+            }
+            match PRICE_CLASSES.iter().position(|c| c == class) {
+                Some(at) => tier[at] = Some(price),
+                None => errors.push(format!(
+                    "{what}: long_context_prices has unknown class {class:?} (one of {PRICE_CLASSES:?})"
+                )),
+            }
+        }
+        let [input, output, cache_read, cache_write, cache_write_1h] = tier;
+        let prices = Prices::resolve(
+            input.unwrap_or(0),
+            output.unwrap_or(0),
+            cache_read,
+            cache_write,
+            cache_write_1h,
+        );
+        Some(LongContext {
+            threshold_tokens: threshold,
+            prices,
+        })
+    }
+}
+
+/// The token classes a long-context tier may price, in [`Prices::all`] order.
+const PRICE_CLASSES: [&str; 5] = ["input", "output", "cache_read", "cache_write", "cache_write_1h"];
+
 /// Tokens of one call by price class. The classes are disjoint: `input` excludes cached tokens
 /// (the IR's convention); negative counts count as 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,15 +136,6 @@ impl Tokens {
         [self.input, self.cache_read, self.cache_write, self.cache_write_1h]
             .iter()
             .fold(0i64, |sum, &n| sum.saturating_add(n.max(0)))
-    }
-}
-
-/// The prices of `model` for a prompt of `prompt_tokens`.
-#[must_use]
-pub fn tier(model: &Model, prompt_tokens: i64) -> &Prices {
-    match &model.long_context {
-        Some(long) if prompt_tokens > long.threshold_tokens => &long.prices,
-        _ => &model.prices,
     }
 }
 
@@ -115,13 +164,12 @@ pub struct Rates {
 }
 
 impl Rates {
+    /// The prices for a prompt of `prompt_tokens`: the long-context tier above its threshold.
     #[must_use]
-    pub fn of(model: &Model, provider: &Provider) -> Self {
-        Self {
-            prices: model.prices,
-            long_context: model.long_context,
-            per_second_nano: model.price_per_second_nano,
-            web_search_nano: provider.web_search_price_nano,
+    pub fn tier(&self, prompt_tokens: i64) -> &Prices {
+        match &self.long_context {
+            Some(long) if prompt_tokens > long.threshold_tokens => &long.prices,
+            _ => &self.prices,
         }
     }
 
@@ -131,10 +179,7 @@ impl Rates {
     /// at microsecond precision (rounded half up), the only float involved.
     #[must_use]
     pub fn price(&self, tokens: &Tokens, seconds: f64, web_searches: i64) -> (i64, i64) {
-        let prices = match &self.long_context {
-            Some(long) if tokens.prompt() > long.threshold_tokens => &long.prices,
-            _ => &self.prices,
-        };
+        let prices = self.tier(tokens.prompt());
         let class = |n: i64, price: i64| i128::from(n.max(0)) * i128::from(price);
         let prompt = class(tokens.input, prices.input)
             + class(tokens.cache_read, prices.cache_read)
@@ -157,36 +202,20 @@ impl Rates {
         ));
         (input, output)
     }
-}
 
-/// [`Rates::price`] of `model` on `provider`.
-#[must_use]
-pub fn price_tokens(
-    model: &Model,
-    provider: &Provider,
-    tokens: &Tokens,
-    seconds: f64,
-    web_searches: i64,
-) -> (i64, i64) {
-    Rates::of(model, provider).price(tokens, seconds, web_searches)
-}
-
-/// [`price_tokens`] for a call without cached tokens.
-#[must_use]
-pub fn price(
-    model: &Model,
-    provider: &Provider,
-    input_tokens: i64,
-    output_tokens: i64,
-    seconds: f64,
-    web_searches: i64,
-) -> (i64, i64) {
-    let tokens = Tokens {
-        input: input_tokens,
-        output: output_tokens,
-        ..Tokens::default()
-    };
-    price_tokens(model, provider, &tokens, seconds, web_searches)
+    /// The worst-case cost of a call in nano-USD, what a decision reserves: `input_tokens` and
+    /// `output_tokens` (the call's bounds, no cached tokens) × prices, `web_searches` × the
+    /// per-search price, nothing for seconds.
+    #[must_use]
+    pub fn worst_case(&self, input_tokens: i64, output_tokens: i64, web_searches: i64) -> i64 {
+        let tokens = Tokens {
+            input: input_tokens,
+            output: output_tokens,
+            ..Tokens::default()
+        };
+        let (input, output) = self.price(&tokens, 0.0, web_searches);
+        input.saturating_add(output)
+    }
 }
 
 /// Tokens in `text` by OpenAI's `cl100k_base` BPE (embedded in the binary, no download). The
@@ -203,7 +232,23 @@ pub fn estimate_tokens(text: &str) -> usize {
 mod tests {
     use super::*;
     use crate::snapshot::test_support::{provider, snapshot};
+    use crate::snapshot::{Model, Provider};
     use proptest::prelude::*;
+
+    /// [`Rates::price`] of `model` on `provider`.
+    fn price_tokens(model: &Model, provider: &Provider, tokens: &Tokens, seconds: f64, searches: i64) -> (i64, i64) {
+        model.rates(provider).price(tokens, seconds, searches)
+    }
+
+    /// [`price_tokens`] for a call without cached tokens.
+    fn price(model: &Model, provider: &Provider, input: i64, output: i64, seconds: f64, searches: i64) -> (i64, i64) {
+        let tokens = Tokens {
+            input,
+            output,
+            ..Tokens::default()
+        };
+        price_tokens(model, provider, &tokens, seconds, searches)
+    }
 
     #[test]
     fn test_price_rounds_half_up_and_adds_searches_and_seconds() {
@@ -287,6 +332,27 @@ mod tests {
             price_tokens(&model, &provider(), &above, 0.0, 0),
             (1_000 + 100 + 2, 4_000),
             "output too"
+        );
+    }
+
+    #[test]
+    fn test_worst_case_prices_the_bounds_and_searches_but_no_seconds() {
+        let s = snapshot();
+        let mut model = s.models[0].clone(); // 1000 / 2000 nano per 1k
+        model.price_per_second_nano = 1_000;
+        let mut p = provider();
+        p.web_search_price_nano = 10_000_000;
+        let rates = model.rates(&p);
+        assert_eq!(rates.worst_case(1, 4096, 0), 1 + 8192);
+        assert_eq!(rates.worst_case(1, 4096, 1), 1 + 8192 + 10_000_000);
+        model.long_context = Some(LongContext {
+            threshold_tokens: 10,
+            prices: Prices::resolve(2_000, 4_000, None, None, None),
+        });
+        assert_eq!(
+            model.rates(&p).worst_case(11, 1000, 0),
+            22 + 4_000,
+            "the tier the bound selects"
         );
     }
 

@@ -8,8 +8,23 @@ use serde::Deserialize;
 
 use crate::template::{DotPath, Mode, Template, Var};
 use crate::translate::generic::StreamPaths;
+use crate::translate::Format;
 
 pub use crate::family::Family;
+
+/// The format a provider family's chat endpoint speaks; `None` for generic providers, whose
+/// templates are Mesh's.
+#[must_use]
+pub fn upstream_format(family: Family) -> Option<Format> {
+    Some(match family {
+        Family::Anthropic => Format::Anthropic,
+        // NOTE: the Ollama preset calls Ollama's OpenAI-compatible endpoint.
+        Family::OpenAi | Family::Ollama => Format::OpenAiChat,
+        Family::OpenAiResponses => Format::OpenAiResponses,
+        Family::Gemini => Format::Gemini,
+        Family::Generic => return None,
+    })
+}
 
 /// A generic provider's templates, as Mesh stores them (every field optional on the wire).
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -22,9 +22,9 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 
 use crate::govern::LeaseWant;
+use crate::json::{rfc3339, write_str, write_usd};
 use crate::shm::{self, CounterRead, KeyTemplate, Lease, Segment};
 use crate::snapshot::{Model, Snapshot};
-use crate::views::{rfc3339, write_str, write_usd};
 
 #[derive(Deserialize)]
 pub(crate) struct RawRule {

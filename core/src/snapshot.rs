@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::jwt::{Identity, Issuer, TokenCache, TokenError};
 use crate::keyindex::{Digest, KeyIndex};
-use crate::pricing::{LongContext, Prices};
+use crate::pricing::{LongContext, Prices, Rates};
 use crate::provider::{Family, GenericTemplates, Plan};
 use crate::shm::{id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY};
 
@@ -542,6 +542,19 @@ pub struct Model {
     pub key_bytes: [u8; 16],
 }
 
+impl Model {
+    /// What a call on this model through `provider` is priced at (see [`Rates`]).
+    #[must_use]
+    pub fn rates(&self, provider: &Provider) -> Rates {
+        Rates {
+            prices: self.prices,
+            long_context: self.long_context,
+            per_second_nano: self.price_per_second_nano,
+            web_search_nano: provider.web_search_price_nano,
+        }
+    }
+}
+
 /// Another place a model is served: a provider and that provider's name for the model.
 #[derive(Clone, Debug)]
 pub struct Deployment {
@@ -702,58 +715,6 @@ fn minute(errors: &mut Vec<String>, what: &str, value: Option<i64>) -> Option<u1
     Some(value as u16)
 }
 
-/// The long-context tier: both a positive threshold and prices, or neither. Prices name known
-/// classes and are non-negative; a class the tier leaves out keeps the base tier's own price
-/// (`base`, as configured), and unset cache classes fall back within the tier as in [`Prices::resolve`].
-fn long_context(
-    errors: &mut Vec<String>,
-    what: &str,
-    base: [Option<i64>; 5],
-    threshold: Option<i64>,
-    prices: Option<&BTreeMap<String, i64>>,
-) -> Option<LongContext> {
-    let (threshold, prices) = match (threshold, prices) {
-        (None, None) => return None,
-        (Some(threshold), Some(prices)) => (threshold, prices),
-        _ => {
-            errors.push(format!(
-                "{what}: long_context_threshold_tokens and long_context_prices go together"
-            ));
-            return None;
-        }
-    };
-    if threshold <= 0 {
-        errors.push(format!("{what}: long_context_threshold_tokens must be positive"));
-    }
-    let mut tier = base;
-    for (class, &price) in prices {
-        if price < 0 {
-            errors.push(format!("{what}: long_context_prices.{class} is negative"));
-        }
-        match PRICE_CLASSES.iter().position(|c| c == class) {
-            Some(at) => tier[at] = Some(price),
-            None => errors.push(format!(
-                "{what}: long_context_prices has unknown class {class:?} (one of {PRICE_CLASSES:?})"
-            )),
-        }
-    }
-    let [input, output, cache_read, cache_write, cache_write_1h] = tier;
-    let prices = Prices::resolve(
-        input.unwrap_or(0),
-        output.unwrap_or(0),
-        cache_read,
-        cache_write,
-        cache_write_1h,
-    );
-    Some(LongContext {
-        threshold_tokens: threshold,
-        prices,
-    })
-}
-
-/// The token classes a long-context tier may price, in [`Prices::all`] order.
-const PRICE_CLASSES: [&str; 5] = ["input", "output", "cache_read", "cache_write", "cache_write_1h"];
-
 /// The manager chains: every loop (a principal managing themselves included) is one error
 /// naming its members. Each principal is walked once, so this is linear in their number.
 fn chains(errors: &mut Vec<String>, principals: &[Principal]) {
@@ -855,7 +816,7 @@ fn serviceable(errors: &mut Vec<String>, what: &str, model: &Model, providers: &
             provider.plan.generation.as_ref().is_some_and(|g| g.is_complete())
         }
     };
-    let translates = |provider: &Provider| crate::entry::upstream_format(provider.plan.family).is_some();
+    let translates = |provider: &Provider| crate::provider::upstream_format(provider.plan.family).is_some();
     let mut seen = vec![(model.provider, model.resolved_model.as_str())];
     for (j, deployment) in model.deployments.iter().enumerate() {
         let at = format!("{what}.deployments[{j}]");
@@ -1036,7 +997,7 @@ impl Snapshot {
                     m.cache_write_price_nano_per_1k,
                     m.cache_write_1h_price_nano_per_1k,
                 ];
-                let long_context = long_context(
+                let long_context = LongContext::from_config(
                     e,
                     &what,
                     base,

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use crate::views::write_escaped;
+use crate::json::write_escaped;
 
 /// A `{{name}}` placeholder with a value per request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,80 +1,12 @@
 //! JSON bodies for `GET /v1/models` and `GET /v1/usage`, written by hand into one buffer.
 
-use chrono::{DateTime, SecondsFormat};
-
-use crate::policy::{self, Counters, Status};
-use crate::shm::{utc_day, utc_hour, CounterRead};
+use crate::json::{write_fixed, write_int, write_str, write_time, write_usd};
+use crate::policy::{self, counters, Counters, Status};
+use crate::shm::CounterRead;
 use crate::snapshot::{Grant, Model, ModelKind, Provider, Snapshot};
 
 /// The 401 body for a missing, unknown, revoked or expired key.
 pub const UNAUTHORIZED_BODY: &[u8] = b"{\"error\":\"invalid_or_revoked_key\"}\n";
-
-/// Appends `s` as a JSON string literal: quotes, backslashes and control characters escaped.
-pub fn write_str(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    write_escaped(out, s);
-    out.push(b'"');
-}
-
-/// Appends the inside of a JSON string literal for `s`, without the quotes: Mesh's minimal
-/// escaper (`"`, `\`, `\n`, `\r`, `\t` escaped, other bytes below 0x20 as `\u00XX`, all other
-/// UTF-8 unchanged). The one escaper of the crate: views, templates and NDJSON lines use it.
-pub fn write_escaped(out: &mut Vec<u8>, s: &str) {
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x00..=0x1F => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        if escape.is_empty() {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]);
-        } else {
-            out.extend_from_slice(escape);
-        }
-        start = i + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-}
-
-pub(crate) fn write_int(out: &mut Vec<u8>, value: i64) {
-    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
-}
-
-/// Appends `units / 10^scale` as an exact JSON number with trailing zeros trimmed
-/// (`2500000000, 9` -> `2.5`), so no float noise reaches a client.
-fn write_fixed(out: &mut Vec<u8>, units: i128, scale: u32) {
-    if units < 0 {
-        out.push(b'-');
-    }
-    let magnitude = units.unsigned_abs();
-    let divisor = 10u128.pow(scale);
-    out.extend_from_slice(itoa::Buffer::new().format(magnitude / divisor).as_bytes());
-    let mut fraction = magnitude % divisor;
-    if fraction != 0 {
-        let mut digits = scale as usize;
-        while fraction.is_multiple_of(10) {
-            fraction /= 10;
-            digits -= 1;
-        }
-        out.push(b'.');
-        let text = itoa::Buffer::new().format(fraction).to_owned();
-        out.extend(std::iter::repeat_n(b'0', digits - text.len()));
-        out.extend_from_slice(text.as_bytes());
-    }
-}
-
-/// Appends nano-USD as a USD JSON number with up to 9 decimals.
-pub fn write_usd(out: &mut Vec<u8>, nano_usd: i64) {
-    write_fixed(out, i128::from(nano_usd), 9);
-}
 
 /// Appends `used / limit` as a percentage with up to 2 decimals (rounded down); a limit of 0
 /// or less reads as fully used.
@@ -85,16 +17,6 @@ fn write_percent(out: &mut Vec<u8>, used: i64, limit: i64) {
         i128::from(used.max(0)) * 10_000 / i128::from(limit)
     };
     write_fixed(out, hundredths, 2);
-}
-
-/// `unix_ms` as RFC 3339 UTC to the second (`2025-03-05T13:00:00Z`).
-#[must_use]
-pub fn rfc3339(unix_ms: i64) -> String {
-    DateTime::from_timestamp_millis(unix_ms).map_or_else(String::new, |t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
-}
-
-pub(crate) fn write_time(out: &mut Vec<u8>, unix_ms: i64) {
-    write_str(out, &rfc3339(unix_ms));
 }
 
 fn write_hhmm(out: &mut Vec<u8>, minute: u16) {
@@ -122,15 +44,6 @@ fn write_cap(out: &mut Vec<u8>, cap_nano: i64) {
         write_usd(out, cap_nano);
     } else {
         out.extend_from_slice(b"null");
-    }
-}
-
-pub(crate) fn counters(grant: &Grant, provider: &Provider, segment: &impl CounterRead, now_ms: i64) -> Counters {
-    let (day, hour) = (utc_day(now_ms), utc_hour(now_ms));
-    Counters {
-        calls_this_hour: segment.counter(grant.calls_key.at(hour)),
-        provider_calls_this_hour: segment.counter(provider.calls_key.at(hour)),
-        spent_today_nano: segment.counter(grant.spend_key.at(day)),
     }
 }
 
@@ -347,27 +260,11 @@ pub fn usage_json_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::Segment;
+    use crate::shm::{utc_day, utc_hour, Segment};
     use crate::snapshot::test_support::snapshot;
-    use proptest::prelude::*;
     use serde_json::{json, Value};
 
     const NOON_WEDNESDAY: i64 = 1_741_176_000_000; // 2025-03-05T12:00:00Z
-
-    fn usd(nano: i64) -> String {
-        let mut out = Vec::new();
-        write_usd(&mut out, nano);
-        String::from_utf8(out).unwrap()
-    }
-
-    #[test]
-    fn test_usd_is_exact_decimal_text() {
-        assert_eq!(usd(0), "0");
-        assert_eq!(usd(2_500_000_000), "2.5");
-        assert_eq!(usd(1), "0.000000001");
-        assert_eq!(usd(-1_050_000_000), "-1.05");
-        assert_eq!(usd(i64::MIN), "-9223372036.854775808");
-    }
 
     #[test]
     fn test_models_json_lists_both_shapes_sorted_with_status() {
@@ -423,26 +320,5 @@ mod tests {
             json!({"id": "policy.hourly_calls", "utilization": 42, "reset": "2025-03-05T13:00:00Z"})
         );
         std::fs::remove_file(path).unwrap();
-    }
-
-    proptest! {
-        #[test]
-        fn prop_escaped_string_round_trips_through_serde_json(s: String) {
-            let mut out = Vec::new();
-            write_str(&mut out, &s);
-            prop_assert_eq!(serde_json::from_slice::<String>(&out).unwrap(), s);
-        }
-
-        #[test]
-        fn prop_usd_text_equals_exact_division(nano: i64) {
-            let expected = {
-                let sign = if nano < 0 { "-" } else { "" };
-                let m = i128::from(nano).unsigned_abs();
-                let text = format!("{sign}{}.{:09}", m / 1_000_000_000, m % 1_000_000_000);
-                text.trim_end_matches('0').trim_end_matches('.').to_string()
-            };
-            let expected = if expected.is_empty() || expected == "-" { "0".to_string() } else { expected };
-            prop_assert_eq!(usd(nano), expected);
-        }
     }
 }

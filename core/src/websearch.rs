@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use crate::family::Family;
-use crate::views::{write_int, write_str};
+use crate::json::{write_int, write_str};
 
 /// At most this many sources are kept; a URL beyond them only sets [`Search::truncated`].
 pub const MAX_SOURCES: usize = 100;

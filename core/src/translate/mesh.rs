@@ -9,7 +9,7 @@
 
 use super::stream::{Delta, Event};
 use super::Usage;
-use crate::views::{write_int, write_str};
+use crate::json::{write_int, write_str};
 use crate::websearch::{write_citations, Search};
 
 /// One call's NDJSON writer.
