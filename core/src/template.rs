@@ -292,6 +292,15 @@ impl DotPath {
         })
     }
 
+    /// The value at this path, mutably (to take a string out without copying it).
+    pub fn get_mut<'v>(&self, value: &'v mut Value) -> Option<&'v mut Value> {
+        self.steps.iter().try_fold(value, |v, step| match (step, v) {
+            (Step::Index(i, _), Value::Array(items)) => items.get_mut(*i),
+            (Step::Index(_, key) | Step::Key(key), Value::Object(map)) => map.get_mut(key),
+            _ => None,
+        })
+    }
+
     /// The number at this path, truncated to an integer (Mesh's usage rule).
     #[must_use]
     pub fn get_int(&self, value: &Value) -> Option<i64> {

@@ -63,20 +63,31 @@ impl StreamDecoder {
     }
 
     /// Reads one line (without its line ending). `Err` for a payload that is not JSON.
-    pub(crate) fn line(&mut self, line: &str, out: &mut Vec<Event>) -> Result<(), String> {
-        let Some(payload) = line.trim_ascii().strip_prefix("data:") else {
+    pub(crate) fn line(&mut self, line: &[u8], out: &mut Vec<Event>) -> Result<(), String> {
+        let Some(payload) = line.trim_ascii().strip_prefix(b"data:") else {
             return Ok(());
         };
         let payload = payload.trim_ascii();
         if payload.is_empty() {
             return Ok(());
         }
-        if payload == "[DONE]" || self.paths.done_signal.as_deref() == Some(payload) {
+        if payload == b"[DONE]" || self.paths.done_signal.as_deref().map(str::as_bytes) == Some(payload) {
             self.finish(out);
             return Ok(());
         }
-        let event: Value = serde_json::from_str(payload).map_err(|e| e.to_string())?;
-        if let Some(Value::String(delta)) = self.paths.delta.get(&event) {
+        // NOTE: checking the UTF-8 whole, then parsing text, costs less than the parser's own check.
+        let payload = std::str::from_utf8(payload).map_err(|e| e.to_string())?;
+        let mut event: Value = serde_json::from_str(payload).map_err(|e| e.to_string())?;
+        let input = self.paths.usage_in.as_ref().and_then(|p| p.get_int(&event));
+        let output = self.paths.usage_out.as_ref().and_then(|p| p.get_int(&event));
+        // NOTE: the pages go after the text on the wire (Mesh's order), but are read first, so
+        // the delta's text can then be moved out of the event rather than copied.
+        let sources = self.search.as_deref_mut().and_then(|search| {
+            let known = search.sources.len();
+            search.observe(&event);
+            (search.sources.len() > known).then(|| search.sources[known..].to_vec())
+        });
+        if let Some(Value::String(delta)) = self.paths.delta.get_mut(&mut event) {
             if !delta.is_empty() {
                 if !self.text_open {
                     self.text_open = true;
@@ -87,12 +98,10 @@ impl StreamDecoder {
                 }
                 out.push(Event::Delta {
                     index: 0,
-                    delta: Delta::Text(delta.clone()),
+                    delta: Delta::Text(std::mem::take(delta)),
                 });
             }
         }
-        let input = self.paths.usage_in.as_ref().and_then(|p| p.get_int(&event));
-        let output = self.paths.usage_out.as_ref().and_then(|p| p.get_int(&event));
         if input.is_some() || output.is_some() {
             self.input_tokens = input.map_or(self.input_tokens, count);
             self.output_tokens = output.map_or(self.output_tokens, count);
@@ -102,12 +111,8 @@ impl StreamDecoder {
                 ..Usage::default()
             }));
         }
-        if let Some(search) = self.search.as_deref_mut() {
-            let known = search.sources.len();
-            search.observe(&event);
-            if search.sources.len() > known {
-                out.push(Event::Sources(search.sources[known..].to_vec()));
-            }
+        if let Some(sources) = sources {
+            out.push(Event::Sources(sources));
         }
         Ok(())
     }

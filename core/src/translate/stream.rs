@@ -191,15 +191,15 @@ pub fn encode_stream(format: Format, response: &Response, include_usage: bool) -
 #[derive(Debug, Default)]
 struct Lines {
     partial: Vec<u8>,
-    /// Lines dropped for being too long or not UTF-8.
+    /// Lines dropped for being too long.
     malformed: u64,
 }
 
 impl Lines {
     /// Calls `line` for every complete line of `partial + chunk`, without its line ending.
-    fn feed(&mut self, chunk: &[u8], mut line: impl FnMut(&str)) {
+    fn feed(&mut self, chunk: &[u8], mut line: impl FnMut(&[u8])) {
         let mut rest = chunk;
-        while let Some(newline) = rest.iter().position(|&b| b == b'\n') {
+        while let Some(newline) = memchr::memchr(b'\n', rest) {
             let (head, tail) = rest.split_at(newline);
             rest = &tail[1..];
             if self.partial.is_empty() {
@@ -219,19 +219,15 @@ impl Lines {
     }
 
     /// Hands over an unterminated last line at the end of the stream.
-    fn finish(&mut self, mut line: impl FnMut(&str)) {
+    fn finish(&mut self, mut line: impl FnMut(&[u8])) {
         let tail = std::mem::take(&mut self.partial);
         if !tail.is_empty() {
             self.emit(&tail, &mut line);
         }
     }
 
-    fn emit(&mut self, raw: &[u8], line: &mut impl FnMut(&str)) {
-        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-        match std::str::from_utf8(raw) {
-            Ok(text) => line(text),
-            Err(_) => self.malformed += 1,
-        }
+    fn emit(&mut self, raw: &[u8], line: &mut impl FnMut(&[u8])) {
+        line(raw.strip_suffix(b"\r").unwrap_or(raw));
     }
 }
 
@@ -379,15 +375,32 @@ impl Decoder {
         self.malformed + self.lines.malformed
     }
 
-    fn line(&mut self, line: &str, out: &mut Vec<Event>) {
+    fn line(&mut self, raw: &[u8], out: &mut Vec<Event>) {
+        if let FormatDecoder::Generic(state) = &mut self.format {
+            // NOTE: every `data:` line is an event of its own, as Mesh reads a provider's stream
+            // (and a line that is no `data:` line is skipped unread).
+            if self.ended {
+                return;
+            }
+            let start = out.len();
+            if state.line(raw, out).is_err() {
+                self.malformed += 1;
+            }
+            if out[start..].iter().any(|e| matches!(e, Event::End | Event::Error(_))) {
+                self.ended = true;
+            }
+            return;
+        }
+        let Ok(line) = std::str::from_utf8(raw) else {
+            self.malformed += 1;
+            return;
+        };
         match self.format {
             FormatDecoder::Ollama(_) => {
                 if !line.trim().is_empty() {
                     self.event("", line, out);
                 }
             }
-            // NOTE: every `data:` line is an event of its own, as Mesh reads a provider's stream.
-            FormatDecoder::Generic(_) => self.event("", line, out),
             _ => {
                 if let Some((name, data)) = self.sse.line(line) {
                     self.event(&name, &data, out);
@@ -407,7 +420,7 @@ impl Decoder {
             FormatDecoder::Anthropic(state) => state.event(name, data, out),
             FormatDecoder::Gemini(state) => state.event(data, out),
             FormatDecoder::Ollama(state) => state.event(data, out),
-            FormatDecoder::Generic(state) => state.line(data, out),
+            FormatDecoder::Generic(_) => unreachable!("a generic stream is read by lines"),
         };
         if result.is_err() {
             self.malformed += 1;
