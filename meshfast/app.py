@@ -902,7 +902,7 @@ class App:
         try:
             async with asyncio.timeout(2):
                 async with self.gateway_pool.acquire() as conn:
-                    await conn.fetchval("SELECT 1")
+                    await conn.fetchval(sql.PING)
         except Exception:
             body = {"status": "degraded", "reason": "database_unreachable", "load": load}
             proto.response_bytes(503, [("content-type", JSON)], _json.encode(body) + b"\n")

@@ -344,6 +344,7 @@ async def _applications(args: argparse.Namespace) -> Any:
     from meshfast import errors, validate
     from meshfast.admin import applications
     from meshfast.admin import service as svc
+    from meshfast.store import sql
 
     async with _admin_service() as service:
         apps = applications.ApplicationService(service._pool, service._secrets, service._write, svc.label)
@@ -352,8 +353,7 @@ async def _applications(args: argparse.Namespace) -> Any:
                 owner = args.owner
                 if "@" in owner:
                     async with service._pool.acquire() as conn:
-                        found = await conn.fetchval("SELECT id::text FROM users WHERE email = $1 AND kind = 'user'",
-                                                    owner.strip().lower())
+                        found = await conn.fetchval(sql.USER_ID_TEXT_BY_EMAIL, owner.strip().lower())
                     if found is None:
                         raise SystemExit(f"meshfast: no user has the email {owner}")
                     owner = found

@@ -56,6 +56,35 @@ from meshfast._core import (
     demand_key,
 )
 from meshfast.secrets import Secrets
+from meshfast.store.cluster import (
+    APPLIED_MIGRATIONS,
+    BEAT,
+    DECLARE,
+    DELETE_INSTANCE,
+    DELETE_OWN_LEASES,
+    DELETE_OWN_SHARES,
+    FOREIGN_HOLDINGS,
+    GRANT,
+    INSERT_FINGERPRINT,
+    INSERT_INSTANCE,
+    LIST_INSTANCES,
+    LOCK_ALLOWANCE,
+    LOCK_CLUSTER,
+    LOCK_ORPHANED,
+    MIGRATIONS_TABLE_EXISTS,
+    OTHER_SHARES,
+    OTHERS,
+    OWN_LEASES,
+    REAP_DEAD,
+    REAP_EXPIRED,
+    REAP_ORPHANED,
+    REAP_SHARES,
+    RETURN_LEASE,
+    SELECT_FINGERPRINT,
+    SET_MODE,
+    SHARE_LOCK,
+    UPSERT_SHARE,
+)
 
 log = logging.getLogger("meshfast.cluster")
 
@@ -104,91 +133,18 @@ def mode_of(segment: Any) -> int:
     return int(segment.get(cluster_key()))
 
 
-INSERT_FINGERPRINT = "INSERT INTO cluster_secrets (fingerprint) VALUES ($1) ON CONFLICT (id) DO NOTHING"
-SELECT_FINGERPRINT = "SELECT fingerprint FROM cluster_secrets"
-# A member is reclaimed 20 s after its last beat; an instance holding the caps whole only after
-# LONE_REAP_S (it keeps serving through a database outage, so a newcomer waits that long).
-REAP_DEAD = """
-DELETE FROM instances
-WHERE last_seen < now() - make_interval(secs => CASE WHEN mode = 'lone' THEN $2::float8 ELSE $1::float8 END)
-"""
-# NOTE: the allowance rows first (in one order), then the lease rows, as every other writer.
-LOCK_ORPHANED = """
-SELECT 1 FROM allowances WHERE resource IN (
-    SELECT resource FROM leases l WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = l.instance_id))
-ORDER BY resource FOR UPDATE
-"""
-# What an instance that is gone declared stays counted; the rest of its slices returns.
-REAP_ORPHANED = """
-WITH gone AS (
-    DELETE FROM leases l WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = l.instance_id)
-    RETURNING resource, amount - declared AS back
-)
-UPDATE allowances a SET used = a.used - g.back
-FROM (SELECT resource, sum(back)::bigint AS back FROM gone GROUP BY resource) g
-WHERE a.resource = g.resource
-"""
-REAP_SHARES = "DELETE FROM provider_shares WHERE instance_id NOT IN (SELECT id FROM instances)"
-REAP_EXPIRED = "DELETE FROM allowances WHERE expires_at < now()"
-OTHERS = "SELECT count(*) FROM instances WHERE id <> $1"
-FOREIGN_HOLDINGS = """
-SELECT (SELECT count(*) FROM leases WHERE instance_id <> $1)
-     + (SELECT count(*) FROM provider_shares WHERE instance_id <> $1)
-     + (SELECT count(*) FROM allowances)
-"""
-INSERT_INSTANCE = """
-INSERT INTO instances (id, host, port, pid, workers, mode) VALUES ($1, $2, $3, $4, $5, $6)
-"""
-BEAT = "UPDATE instances SET last_seen = now() WHERE id = $1 RETURNING mode"
-SET_MODE = "UPDATE instances SET mode = $2 WHERE id = $1"
-LIST_INSTANCES = """
-SELECT id::text, host, port, workers, started_at, last_seen, mode,
-       last_seen > now() - make_interval(secs => $1) AS alive
-FROM instances ORDER BY started_at, id
-"""
-OWN_LEASES = "SELECT resource, amount, declared, need, kind FROM leases WHERE instance_id = $1"
-# Raises what the instance declared (before its calls may use it), within its slice.
-DECLARE = """
-UPDATE leases l SET declared = l.declared + r.more FROM unnest($2::bytea[], $3::bigint[]) AS r(resource, more)
-WHERE l.instance_id = $1 AND l.resource = r.resource AND l.declared + r.more <= l.amount
-RETURNING l.resource
-"""
-# Gives back a slice's room (already taken out of shared memory) and its undeclared part: what
-# stays is what the instance used.
-LOCK_ALLOWANCE = "SELECT 1 FROM allowances WHERE resource = $1 FOR UPDATE"
-RETURN_LEASE = """
-WITH old AS (
-    SELECT amount, declared FROM leases WHERE resource = $1 AND instance_id = $2 AND declared >= $3 FOR UPDATE
-), upd AS (
-    UPDATE leases l SET amount = old.declared - $3, declared = old.declared - $3 FROM old
-    WHERE l.resource = $1 AND l.instance_id = $2 RETURNING old.amount - (old.declared - $3) AS back
-)
-UPDATE allowances SET used = used - (SELECT back FROM upd) WHERE resource = $1 AND EXISTS (SELECT 1 FROM upd)
-"""
-GRANT = "SELECT meshfast_lease_grant($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
 # How long a lone instance that others joined waits for the calls it admitted under the whole
 # caps to settle before it lets the others lease (a longer stream counts as if leased).
 JOIN_WAIT_S = 30.0
 # A lease that did not move for this many beats gives back what it does not use.
 IDLE_BEATS = 4
-SHARE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
-OTHER_SHARES = """
-SELECT coalesce(sum(held), 0)::bigint AS held, count(*) FILTER (WHERE wanting) AS wanting
-FROM provider_shares WHERE provider_id = $1 AND kind = $2 AND instance_id <> $3
-"""
-UPSERT_SHARE = """
-INSERT INTO provider_shares (provider_id, kind, instance_id, held, wanting) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (provider_id, kind, instance_id) DO UPDATE SET held = EXCLUDED.held, wanting = EXCLUDED.wanting,
-    updated_at = now()
-"""
 
 
 async def check_schema(conn: asyncpg.Connection, known: set[int], join: bool) -> None:
     """Refuse a database whose schema this build does not know: newer migrations always; with
     ``join`` (no migrations of its own), also an older one."""
-    applied = {int(v) for v in await conn.fetchval(
-        "SELECT coalesce(array_agg(version), '{}') FROM meshfast_migrations")} if await conn.fetchval(
-        "SELECT to_regclass('meshfast_migrations') IS NOT NULL") else set()
+    applied = {int(v) for v in await conn.fetchval(APPLIED_MIGRATIONS)} \
+        if await conn.fetchval(MIGRATIONS_TABLE_EXISTS) else set()
     unknown = sorted(applied - known)
     if unknown:
         raise SchemaUnknown(
@@ -205,7 +161,7 @@ async def register(conn: asyncpg.Connection, secrets: Secrets, instance_id: str,
     """Check the secrets against the cluster's and register this instance; returns its mode."""
     mine = fingerprint(secrets)
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", CLUSTER_LOCK)
+        await conn.execute(LOCK_CLUSTER, CLUSTER_LOCK)
         await conn.execute(INSERT_FINGERPRINT, mine)
         theirs = await conn.fetchval(SELECT_FINGERPRINT)
         if bytes(theirs) != mine:
@@ -232,9 +188,9 @@ async def unregister(conn: asyncpg.Connection, segment: Any, instance_id: str) -
             room = max(0, segment.get(ceiling_key(key, mode)) - segment.get(key)) if mode else 0
             await conn.execute(LOCK_ALLOWANCE, key)
             await conn.execute(RETURN_LEASE, key, instance_id, min(room, row["declared"]))
-        await conn.execute("DELETE FROM leases WHERE instance_id = $1", instance_id)
-        await conn.execute("DELETE FROM provider_shares WHERE instance_id = $1", instance_id)
-        await conn.execute("DELETE FROM instances WHERE id = $1", instance_id)
+        await conn.execute(DELETE_OWN_LEASES, instance_id)
+        await conn.execute(DELETE_OWN_SHARES, instance_id)
+        await conn.execute(DELETE_INSTANCE, instance_id)
 
 
 async def reap(conn: asyncpg.Connection) -> None:
@@ -424,7 +380,7 @@ class Agent:
 
     async def _reap(self, conn: asyncpg.Connection) -> None:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", CLUSTER_LOCK)
+            await conn.execute(LOCK_CLUSTER, CLUSTER_LOCK)
             await reap(conn)
             await conn.execute(REAP_EXPIRED)
 

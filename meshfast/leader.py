@@ -40,7 +40,7 @@ async def apply_retention(conn: asyncpg.Connection, days: int) -> None:
     admin sessions."""
     import json
 
-    result = json.loads(await conn.fetchval("SELECT meshfast_retention($1)::text", days))
+    result = json.loads(await conn.fetchval(sql.RETENTION, days))
     if any(result.values()):
         log.info("retention (%d days): %s", days, result)
 
@@ -81,7 +81,7 @@ class Leader:
                 await asyncio.sleep(self._retry_s)
                 continue
             try:
-                if await conn.fetchval("SELECT pg_try_advisory_lock($1)", self._lock):
+                if await conn.fetchval(sql.TRY_LEADER_LOCK, self._lock):
                     self.is_leader = True
                     log.info("this worker is the %s", self._name)
                     await self._lead(conn)

@@ -4,9 +4,9 @@ The protocol (the rows are the only state; a worker keeps none a restart could l
 
 - **Insert.** A row enters the outbox once per natural key (rule, entry, person, window instance,
   threshold, action, channel): notify events with the request row that crossed the threshold
-  (the telemetry ingest, ``ON CONFLICT DO NOTHING``), leadership digests here
-  (:data:`_MAKE_DIGESTS`, the same way). Its ``delivery_id`` is fixed at insert, so every attempt
-  carries the same id and a receiver can drop a repeat.
+  (the telemetry ingest, ``ON CONFLICT DO NOTHING``), leadership digests here (``MAKE_DIGESTS``
+  in meshfast/store/notifications.py, the same way). Its ``delivery_id`` is fixed at insert, so
+  every attempt carries the same id and a receiver can drop a repeat.
 - **Claim.** The leader's ``notify`` job takes due pending rows ``FOR UPDATE SKIP LOCKED`` and, in
   the same statement, counts the attempt and moves ``next_attempt_at`` a lease ahead
   (:attr:`NotifySettings.lease_s`, longer than any attempt). A second claimer (a new leader while
@@ -58,9 +58,10 @@ import asyncpg
 from cryptography.exceptions import InvalidTag
 
 from meshfast import snapshot
-from meshfast.admin.notifications import SELECT_SETTINGS, SMTP_PASSWORD_AD, WEBHOOK_SECRET_AD, open_secret
+from meshfast.admin.notifications import SMTP_PASSWORD_AD, WEBHOOK_SECRET_AD, open_secret
 from meshfast.http1 import ForbiddenAddress, forbidden_address
 from meshfast.settings import _float_env
+from meshfast.store import notifications as notifications_sql
 
 if TYPE_CHECKING:
     import aiohttp
@@ -109,96 +110,6 @@ class NotifySettings:
         return min(MAX_BACKOFF_S, self.backoff_s * 2 ** min(attempts - 1, 30))
 
 
-# --- SQL -----------------------------------------------------------------------------------
-
-_DELIVERABLE = "status = 'pending' AND action IN ('notify', 'digest')"
-CLAIM_DUE = f"""
-WITH due AS (
-    SELECT id FROM rule_events
-    WHERE {_DELIVERABLE} AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE rule_events e
-SET attempts = e.attempts + 1, next_attempt_at = now() + make_interval(secs => $2)
-FROM due
-WHERE e.id = due.id
-RETURNING e.id, e.delivery_id, e.rule_id, e.entry, e.user_id, e.action, e.channel, e."window",
-          e.window_start, e.threshold_nano, e.spend_nano, e.detail::text AS detail, e.attempts, e.created_at
-"""
-# An application's notices go to its owner.
-_USERS = """
-SELECT u.id, COALESCE(u.email, o.email) AS email, u.display_name, u.business_unit
-FROM users u LEFT JOIN users o ON o.id = u.owner_id WHERE u.id = ANY($1::uuid[])
-"""
-_MARK_DELIVERED = """
-UPDATE rule_events SET status = 'delivered', delivered_at = now(), last_error = NULL
-WHERE id = $1 AND status = 'pending'
-"""
-_MARK_SKIPPED = "UPDATE rule_events SET status = 'skipped', last_error = $2 WHERE id = $1 AND status = 'pending'"
-# A failed attempt: retried at now + $3 s, or failed for good once the row is $4 s old.
-_MARK_FAILURE = """
-UPDATE rule_events SET
-    status = CASE WHEN now() - created_at >= make_interval(secs => $4) THEN 'failed' ELSE 'pending' END,
-    next_attempt_at = now() + make_interval(secs => $3),
-    last_error = $5
-WHERE id = $1 AND attempts = $2 AND status = 'pending'
-RETURNING status
-"""
-_RELEASE = """
-UPDATE rule_events SET next_attempt_at = now(), attempts = greatest(attempts - 1, 0)
-WHERE id = ANY($1::bigint[]) AND status = 'pending'
-"""
-# The end of a window instance, in the calendar's zone ($1): a day, a week or a calendar month on.
-_WINDOW_END = """((window_start AT TIME ZONE $1::text) + CASE "window" WHEN 'daily' THEN interval '1 day'
-    WHEN 'weekly' THEN interval '7 days' ELSE interval '1 month' END) AT TIME ZONE $1::text"""
-# Window instances with crossings that ended between $2 and $3 s ago.
-_ENDED_INSTANCES = f"""
-SELECT DISTINCT "window", window_start FROM rule_events
-WHERE action = 'notify'
-  AND window_start >= now() - make_interval(secs => $2) - interval '32 days'
-  AND {_WINDOW_END} BETWEEN now() - make_interval(secs => $2) AND now() - make_interval(secs => $3)
-"""
-# One window instance ($1, $2): each leader above someone who crossed a notify threshold in it gets
-# a digest row per channel ($3), listing those people (the chain walked up from them, so the
-# cost follows the people who crossed, not the size of the organisation).
-_MAKE_DIGESTS = f"""
-WITH RECURSIVE crossed AS (
-    SELECT user_id, rule_id, entry, threshold_nano, max(spend_nano) AS spend_nano
-    FROM rule_events
-    WHERE action = 'notify' AND "window" = $1 AND window_start = $2
-    GROUP BY 1, 2, 3, 4
-),
-chain (member_id, leader_id, depth) AS (
-    SELECT c.user_id, u.manager_id, 1
-    FROM (SELECT DISTINCT user_id FROM crossed) c JOIN users u ON u.id = c.user_id
-    WHERE u.manager_id IS NOT NULL
-    UNION
-    SELECT ch.member_id, u.manager_id, ch.depth + 1
-    FROM chain ch JOIN users u ON u.id = ch.leader_id
-    WHERE u.manager_id IS NOT NULL AND ch.depth < {MAX_CHAIN_DEPTH}
-),
-digests AS (
-    SELECT l.leader_id, jsonb_build_object('people', jsonb_agg(jsonb_build_object(
-               'user_id', c.user_id, 'email', p.email, 'person', p.display_name,
-               'business_unit', p.business_unit, 'rule_id', c.rule_id, 'entry', c.entry,
-               'threshold_nano', c.threshold_nano, 'spend_nano', c.spend_nano)
-           ORDER BY p.email, c.rule_id, c.entry, c.threshold_nano)) AS detail
-    FROM crossed c
-    JOIN (SELECT DISTINCT member_id, leader_id FROM chain) l ON l.member_id = c.user_id
-    LEFT JOIN users p ON p.id = c.user_id
-    WHERE l.leader_id <> c.user_id
-    GROUP BY l.leader_id
-)
-INSERT INTO rule_events (rule_id, entry, user_id, action, channel, "window", window_start,
-                         threshold_nano, spend_nano, detail)
-SELECT '*', -1, d.leader_id, 'digest', ch.channel, $1, $2, 0, 0, d.detail
-FROM digests d CROSS JOIN unnest($3::text[]) AS ch (channel)
-ON CONFLICT DO NOTHING
-"""
-
-
 # --- channels ------------------------------------------------------------------------------
 
 
@@ -229,7 +140,7 @@ class Channels:
 
 
 async def load_channels(conn: asyncpg.Connection, master_key: bytes) -> Channels:
-    row = await conn.fetchrow(SELECT_SETTINGS)
+    row = await conn.fetchrow(notifications_sql.SELECT_SETTINGS)
     if row is None:
         return Channels()
     try:
@@ -476,12 +387,12 @@ class Notifier:
                 log.exception("making leadership digests failed; next try in %.0f s", self.settings.digest_s)
         if self._batch is not None and not self._batch.done():
             return
-        rows = await conn.fetch(CLAIM_DUE, BATCH_ROWS, self.settings.lease_s)
+        rows = await conn.fetch(notifications_sql.CLAIM_DUE, BATCH_ROWS, self.settings.lease_s)
         if not rows:
             return
         self._unfinished.update(r["id"] for r in rows)
         channels = await load_channels(conn, self._master_key)
-        users = {u["id"]: u for u in await conn.fetch(_USERS, list({r["user_id"] for r in rows}))}
+        users = {u["id"]: u for u in await conn.fetch(notifications_sql.RECIPIENTS, list({r["user_id"] for r in rows}))}
         self._batch = asyncio.create_task(self._deliver(rows, channels, users), name="meshfast:notify")
 
     async def make_digests(self, conn: asyncpg.Connection) -> None:
@@ -491,11 +402,12 @@ class Notifier:
         zone = snapshot.calendar_tz()
         now = time.time()
         self._digested = {k: t for k, t in self._digested.items() if now - t < 2 * DIGEST_HORIZON_S}
-        for instance in await conn.fetch(_ENDED_INSTANCES, zone, DIGEST_HORIZON_S, DIGEST_GRACE_S):
+        for instance in await conn.fetch(notifications_sql.ENDED_INSTANCES, zone, DIGEST_HORIZON_S, DIGEST_GRACE_S):
             key = (instance["window"], instance["window_start"])
             if key in self._digested:
                 continue
-            status = await conn.execute(_MAKE_DIGESTS, instance["window"], instance["window_start"], channels)
+            status = await conn.execute(notifications_sql.MAKE_DIGESTS, instance["window"], instance["window_start"],
+                                        channels, MAX_CHAIN_DEPTH)
             self._digested[key] = now
             made = int(status.split()[-1])
             if made:
@@ -511,7 +423,7 @@ class Notifier:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
                     async with self._pool.acquire() as conn:
-                        await conn.execute(_RELEASE, list(self._unfinished))
+                        await conn.execute(notifications_sql.RELEASE, list(self._unfinished))
             self._unfinished.clear()
 
     async def _deliver(self, rows: list[asyncpg.Record], channels: Channels,
@@ -575,7 +487,7 @@ class Notifier:
             return
         delay_s = self.settings.retry_delay_s(row["attempts"])
         async with self._pool.acquire() as conn:
-            status = await conn.fetchval(_MARK_FAILURE, row["id"], row["attempts"], delay_s,
+            status = await conn.fetchval(notifications_sql.MARK_FAILURE, row["id"], row["attempts"], delay_s,
                                          self.settings.give_up_s, error)
         if status == "failed":
             log.warning("notification %s failed for good after %d attempts: %s", delivery_id, row["attempts"], error)
@@ -586,9 +498,9 @@ class Notifier:
     async def _finish(self, row: asyncpg.Record, status: str, why: str | None) -> None:
         async with self._pool.acquire() as conn:
             if status == "delivered":
-                await conn.execute(_MARK_DELIVERED, row["id"])
+                await conn.execute(notifications_sql.MARK_DELIVERED, row["id"])
             else:
-                await conn.execute(_MARK_SKIPPED, row["id"], why)
+                await conn.execute(notifications_sql.MARK_SKIPPED, row["id"], why)
                 log.info("notification %s skipped: %s", row["delivery_id"], why)
 
     async def _post(self, session: aiohttp.ClientSession, channels: Channels, message: Message,

@@ -31,6 +31,7 @@ from meshfast._core import CLUSTER_LEASED, Segment
 from meshfast.secrets import Secrets, ensure_data_dir, load_or_create, new_admin_token, restrict_data_dir
 from meshfast.settings import Settings
 from meshfast.startclock import StartClock
+from meshfast.store import cluster as cluster_sql
 from meshfast.store import database, sql
 
 log = logging.getLogger("meshfast.supervisor")
@@ -198,7 +199,7 @@ async def _seed_counters(url: str, segment: Segment, instance_id: str) -> None:
     conn = await database.connect(url, role=database.GATEWAY_ROLE)
     beats = asyncio.create_task(_beat_while_seeding(url, segment, instance_id))
     try:
-        await conn.execute(f"SET statement_timeout = {SEED_STATEMENT_TIMEOUT_MS}")
+        await conn.execute(sql.SET_STATEMENT_TIMEOUT, str(SEED_STATEMENT_TIMEOUT_MS))
         loaded = await counters.seed(segment, conn, time.time_ns() // 1_000_000, timing=applied)
     finally:
         beats.cancel()
@@ -218,7 +219,7 @@ async def _beat_while_seeding(url: str, segment: Segment, instance_id: str) -> N
     try:
         while True:
             await asyncio.sleep(cluster.HEARTBEAT_S)
-            await conn.fetchval(cluster.BEAT, instance_id)
+            await conn.fetchval(cluster_sql.BEAT, instance_id)
             hb = cluster.heartbeat_key()
             segment.add(hb, time.time_ns() // 1_000_000 - segment.get(hb))
     finally:

@@ -52,7 +52,8 @@ import msgspec
 
 from meshfast import background, useragent
 from meshfast._core import GLOBAL_INFLIGHT, counter_key
-from meshfast.store import database
+from meshfast.store import database, sql
+from meshfast.store.telemetry import INGEST_COLUMNS, INGEST_TABLE, INSERT_RULE_EVENTS
 
 log = logging.getLogger("meshfast.telemetry")
 
@@ -162,26 +163,8 @@ class Row(msgspec.Struct, array_like=True, omit_defaults=True):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Row)
 
-COLUMNS = (
-    "id", "request_id", "created_at", "mesh_key_id", "user_id", "provider_id", "model_id", "model_name",
-    "requested_model", "route", "outcome", "deny_reason", "status_code", "latency_ms", "ttfb_ms",
-    "tokens_in", "tokens_out", "cache_read_tokens", "cache_write_tokens", "usage_estimated",
-    "input_cost", "output_cost", "web_searches", "generated_seconds", "source_ip", "user_agent",
-    "browser", "browser_version", "os", "os_version", "device_type", "count",
-    "business_unit", "manager_id", "tier", "would_deny", "tags", "trace_id",
-    "tools_declared", "tools_declared_bytes", "tools_invoked", "cache_write_1h_tokens",
-    "principal_kind", "token_issuer", "token_subject", "call_tags", "dlp", "dlp_action",
-)
-# What the outbox takes from a row's events (migration 0014), one array per column.
-INSERT_RULE_EVENTS = """
-INSERT INTO rule_events (rule_id, entry, user_id, action, channel, "window", window_start, threshold_nano,
-                         spend_nano, detail)
-SELECT rule_id, entry, user_id, action, channel, "window", window_start, threshold_nano, spend_nano, detail::jsonb
-FROM unnest($1::text[], $2::int4[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::timestamptz[],
-            $8::int8[], $9::int8[], $10::text[])
-     AS e (rule_id, entry, user_id, action, channel, "window", window_start, threshold_nano, spend_nano, detail)
-ON CONFLICT DO NOTHING
-"""
+# The order of to_record's fields: request_logs_ingest's columns as the COPY names them.
+COLUMNS = INGEST_COLUMNS
 # The values rule_events' CHECK constraints take; an event outside them is dropped (logged), so it
 # never costs its row.
 EVENT_ACTIONS = frozenset({"notify", "pause"})
@@ -792,7 +775,7 @@ class Telemetry:
         try:
             async with asyncio.timeout(2):
                 async with self._pool.acquire() as conn:
-                    await conn.fetchval("SELECT 1")
+                    await conn.fetchval(sql.PING)
         except Exception:
             return False
         return True
@@ -885,12 +868,10 @@ class Telemetry:
                 async with asyncio.timeout(COPY_TIMEOUT_S):
                     async with self._pool.acquire() as conn:
                         if columns is None:
-                            await conn.copy_records_to_table("request_logs_ingest", records=records,
-                                                             columns=COLUMNS)
+                            await conn.copy_records_to_table(INGEST_TABLE, records=records, columns=COLUMNS)
                         else:
                             async with conn.transaction():
-                                await conn.copy_records_to_table("request_logs_ingest", records=records,
-                                                                 columns=COLUMNS)
+                                await conn.copy_records_to_table(INGEST_TABLE, records=records, columns=COLUMNS)
                                 # NOTE: after the COPY, under the ingest's advisory lock (migration
                                 # 0011), so concurrent batches carrying one event never wait on
                                 # each other's uncommitted outbox row in opposite orders.

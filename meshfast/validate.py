@@ -25,6 +25,7 @@ from msgspec import Meta
 
 from meshfast import errors
 from meshfast._core import forbidden_address
+from meshfast.store import sql
 
 # --- the table ---------------------------------------------------------------------------------
 
@@ -204,7 +205,6 @@ def moment(value: str | None, name: str) -> dt.datetime | None:
 # know; chrono-tz in the core knows every IANA name. Filled once per process by
 # :func:`load_timezones`; until then only zoneinfo's list is consulted.
 _timezones: frozenset[str] | None = None
-_TIMEZONES_SQL = "SELECT name FROM pg_timezone_names"
 
 
 def _python_timezones() -> frozenset[str]:
@@ -218,7 +218,7 @@ async def load_timezones(conn: Any) -> frozenset[str]:
     """The zones both zoneinfo and PostgreSQL know (cached for the life of the process)."""
     global _timezones
     if _timezones is None:
-        known = {row[0] for row in await conn.fetch(_TIMEZONES_SQL)}
+        known = {row[0] for row in await conn.fetch(sql.TIMEZONE_NAMES)}
         _timezones = _python_timezones() & known
     return _timezones
 

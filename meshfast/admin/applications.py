@@ -25,6 +25,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from meshfast import errors
 from meshfast.secrets import Secrets, new_mesh_key
+from meshfast.store import applications as applications_sql
 from meshfast.validate import Id, Label
 
 # A name is what a token's application claim and the dashboard show: ASCII letters, digits,
@@ -47,39 +48,6 @@ class ApplicationUpdate(msgspec.Struct, forbid_unknown_fields=True):
     owner_id: Id | UnsetType = UNSET
     business_unit: Label | None | UnsetType = UNSET
     status: Literal["active", "revoked"] | UnsetType = UNSET
-
-
-_COLUMNS = """
-a.id, a.display_name AS name, a.owner_id, o.email AS owner_email, a.business_unit, a.status, a.version,
-a.created_at, a.updated_at, k.key_prefix
-"""
-_FROM = """
-FROM users a
-JOIN users o ON o.id = a.owner_id
-LEFT JOIN LATERAL (
-    SELECT key_prefix FROM mesh_api_keys
-    WHERE user_id = a.id AND name IS NULL AND status = 'active' AND replaced_by IS NULL
-    ORDER BY created_at DESC LIMIT 1
-) k ON true
-"""
-LIST = f"SELECT {_COLUMNS} {_FROM} WHERE a.kind = 'application' ORDER BY lower(a.display_name)"
-GET = f"SELECT {_COLUMNS} {_FROM} WHERE a.id = $1 AND a.kind = 'application'"
-# The owner held (FOR KEY SHARE) until the write commits, so it cannot be deleted meanwhile.
-OWNER_EXISTS = "SELECT 1 FROM users WHERE id = $1 AND kind = 'user' FOR KEY SHARE"
-INSERT = """
-INSERT INTO users (kind, display_name, owner_id, business_unit) VALUES ('application', $1, $2, $3) RETURNING id
-"""
-INSERT_KEY = "INSERT INTO mesh_api_keys (user_id, key_hash, key_prefix) VALUES ($1, $2, $3)"
-FOR_UPDATE = """
-SELECT display_name, owner_id, business_unit, status, version FROM users
-WHERE id = $1 AND kind = 'application' FOR UPDATE
-"""
-UPDATE = """
-UPDATE users SET display_name = $2, owner_id = $3, business_unit = $4, status = $5, version = version + 1,
-    updated_at = now()
-WHERE id = $1
-"""
-DELETE = "DELETE FROM users WHERE id = $1 AND kind = 'application' RETURNING id"
 
 
 def application_name(value: str) -> str:
@@ -154,13 +122,13 @@ class ApplicationService:
         digest = self._secrets.hash_key(key)
 
         async def work(conn: asyncpg.Connection) -> uuid.UUID:
-            if await conn.fetchval(OWNER_EXISTS, owner) is None:
+            if await conn.fetchval(applications_sql.OWNER_EXISTS, owner) is None:
                 raise errors.InvalidRequest("owner_id names no user")
             try:
-                app_id = await conn.fetchval(INSERT, name, owner, unit)
+                app_id = await conn.fetchval(applications_sql.INSERT_APPLICATION, name, owner, unit)
             except asyncpg.UniqueViolationError:
                 raise errors.ApplicationExists("an application has this name already") from None
-            await conn.execute(INSERT_KEY, app_id, digest, prefix)
+            await conn.execute(applications_sql.INSERT_APPLICATION_KEY, app_id, digest, prefix)
             return app_id
 
         app_id = await self._write(actor, "create_application", name, {"owner_id": str(owner)}, work)
@@ -175,12 +143,12 @@ class ApplicationService:
 
     async def list(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            return [_json(r) for r in await conn.fetch(LIST)]
+            return [_json(r) for r in await conn.fetch(applications_sql.LIST_APPLICATIONS)]
 
     async def get(self, app_id: str) -> dict[str, Any]:
         uid = _path(app_id)
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(GET, uid)
+            row = await conn.fetchrow(applications_sql.GET_APPLICATION, uid)
         if row is None:
             raise errors.ApplicationNotFound()
         return _json(row)
@@ -199,17 +167,19 @@ class ApplicationService:
             changes["status"] = body.status
 
         async def work(conn: asyncpg.Connection) -> None:
-            row = await conn.fetchrow(FOR_UPDATE, uid)
+            row = await conn.fetchrow(applications_sql.APPLICATION_FOR_UPDATE, uid)
             if row is None:
                 raise errors.ApplicationNotFound()
             if if_match and if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
                 raise errors.VersionConflict()
             wanted = {**dict(row), **changes}
-            if "owner_id" in changes and await conn.fetchval(OWNER_EXISTS, wanted["owner_id"]) is None:
+            if "owner_id" in changes and \
+                    await conn.fetchval(applications_sql.OWNER_EXISTS, wanted["owner_id"]) is None:
                 raise errors.InvalidRequest("owner_id names no user")
             try:
                 await conn.execute(
-                    UPDATE, uid, wanted["display_name"], wanted["owner_id"], wanted["business_unit"], wanted["status"]
+                    applications_sql.UPDATE_APPLICATION, uid, wanted["display_name"], wanted["owner_id"],
+                    wanted["business_unit"], wanted["status"]
                 )
             except asyncpg.UniqueViolationError:
                 raise errors.ApplicationExists("an application has this name already") from None
@@ -226,7 +196,7 @@ class ApplicationService:
         uid = _path(app_id)
 
         async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(DELETE, uid) is None:
+            if await conn.fetchval(applications_sql.DELETE_APPLICATION, uid) is None:
                 raise errors.ApplicationNotFound()
 
         await self._write(actor, "delete_application", str(uid), {}, work)

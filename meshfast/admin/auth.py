@@ -37,6 +37,8 @@ from msgspec import Meta
 
 from meshfast import errors
 from meshfast._core import ShmError
+from meshfast.store import admin as admin_sql
+from meshfast.store import sql
 from meshfast.validate import Email, Name
 
 log = logging.getLogger("meshfast.admin")
@@ -102,39 +104,6 @@ InvalidCredentials = errors.InvalidCredentials
 TokenNotFound = errors.TokenNotFound
 TooManyAttempts = errors.TooManyAttempts
 WeakPassword = errors.WeakPassword
-
-
-# One atomic step per login attempt, before its password is checked: count the attempt and, at the
-# LOCK_AFTER-th, lock the account. A correct password then resets both (_LOGIN_SUCCEEDED), so the
-# counter holds the failures since the last success, as in Mesh, and concurrent attempts past the
-# LOCK_AFTER-th are refused as locked without a password check. No row: locked, paused or unknown.
-_CLAIM_ATTEMPT = """
-UPDATE admins SET failed_login_attempts = failed_login_attempts + 1,
-    locked_until = CASE WHEN failed_login_attempts + 1 >= $2 THEN now() + $3::interval ELSE locked_until END
-WHERE email = $1 AND status = 'active' AND (locked_until IS NULL OR locked_until <= now())
-RETURNING id, password_hash, failed_login_attempts
-"""
-_IS_LOCKED = """
-SELECT locked_until > now() FROM admins WHERE email = $1 AND status = 'active'
-"""
-_LOGIN_SUCCEEDED = """
-UPDATE admins SET failed_login_attempts = 0, locked_until = NULL WHERE id = $1 AND status = 'active'
-RETURNING is_super
-"""
-_SESSION_BY_HASH = """
-SELECT a.id, a.email, a.is_super, s.csrf_hash FROM admin_sessions s JOIN admins a ON a.id = s.admin_id
-WHERE s.token_hash = $1 AND s.expires_at > now() AND a.status = 'active'
-"""
-# A token is refused while the admin it answers to (owner_admin_id, see migration 0012) is paused or
-# once they are deleted.
-_TOKEN_BY_HASH = """
-SELECT t.id, t.name, t.is_super, t.owner_admin_id FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
-WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.owner_admin_id IS NULL OR a.status = 'active')
-"""
-_TOKEN_FOR_REVOKE = """
-SELECT name, is_super FROM admin_tokens WHERE id = $1::uuid AND revoked_at IS NULL FOR UPDATE
-"""
-_REVOKE_TOKEN = "UPDATE admin_tokens SET revoked_at = now() WHERE id = $1::uuid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +198,9 @@ class AdminAuth:
         throttle (:meth:`throttle`) before reading the body."""
         email = body.email.strip().lower()
         async with self._pool.acquire() as conn:
-            claimed = await conn.fetchrow(_CLAIM_ATTEMPT, email, LOCK_AFTER, LOCK_FOR)
+            claimed = await conn.fetchrow(admin_sql.CLAIM_ATTEMPT, email, LOCK_AFTER, LOCK_FOR)
             if claimed is None:
-                if await conn.fetchval(_IS_LOCKED, email):
+                if await conn.fetchval(admin_sql.IS_LOCKED, email):
                     await _audit(conn, email, "login_failed", email, {"reason": "account_locked", "ip": ip})
                     raise AccountLocked()
                 await _verify(await asyncio.to_thread(dummy_hash), body.password)
@@ -244,12 +213,11 @@ class AdminAuth:
                 raise InvalidCredentials()
             token, csrf = new_token(), new_token()
             async with conn.transaction():
-                is_super = await conn.fetchval(_LOGIN_SUCCEEDED, claimed["id"])
+                is_super = await conn.fetchval(admin_sql.LOGIN_SUCCEEDED, claimed["id"])
                 if is_super is None:  # paused or deleted while the password was checked
                     raise InvalidCredentials()
                 await conn.execute(
-                    "INSERT INTO admin_sessions (admin_id, token_hash, csrf_hash, expires_at) "
-                    "VALUES ($1, $2, $3, now() + $4::interval)",
+                    admin_sql.INSERT_SESSION,
                     claimed["id"], _sha256(token), _sha256(csrf), SESSION_TTL)
                 await _audit(conn, email, "login", email, {"ip": ip})
         session = Session(str(claimed["id"]), email, is_super, _sha256(csrf), _sha256(token))
@@ -265,7 +233,7 @@ class AdminAuth:
             return None
         digest = _sha256(token)
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(_SESSION_BY_HASH, digest)
+            row = await conn.fetchrow(admin_sql.SESSION_BY_HASH, digest)
         if row is None:
             raise errors.Unauthorized()
         found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest)
@@ -285,7 +253,7 @@ class AdminAuth:
         if scheme.lower() != "bearer" or not token or self._hash_token is None:
             raise errors.Unauthorized()
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(_TOKEN_BY_HASH, self._hash_token(token))
+            row = await conn.fetchrow(admin_sql.TOKEN_BY_HASH, self._hash_token(token))
         if row is None:
             raise errors.Unauthorized()
         owner = row["owner_admin_id"]
@@ -293,14 +261,14 @@ class AdminAuth:
 
     async def logout(self, session: Session) -> None:
         async with self._pool.acquire() as conn:
-            await conn.execute("DELETE FROM admin_sessions WHERE token_hash = $1", session.session_hash)
+            await conn.execute(admin_sql.DELETE_SESSION, session.session_hash)
             await _audit(conn, session.email, "logout", session.email, {})
 
     async def change_password(self, session: Session, body: PasswordChange) -> dict[str, Any]:
         if len(body.new_password) < MIN_PASSWORD:
             raise WeakPassword()
         async with self._pool.acquire() as conn:
-            current = await conn.fetchval("SELECT password_hash FROM admins WHERE id = $1", session.admin_id)
+            current = await conn.fetchval(admin_sql.PASSWORD_HASH, session.admin_id)
             if current is None:
                 raise errors.Unauthorized("invalid_session")
             if not await _verify(current, body.old_password):
@@ -308,9 +276,8 @@ class AdminAuth:
                 raise InvalidCredentials()
             new_hash = await asyncio.to_thread(_hasher.hash, body.new_password)
             async with conn.transaction():
-                await conn.execute("UPDATE admins SET password_hash = $2 WHERE id = $1", session.admin_id, new_hash)
-                await conn.execute("DELETE FROM admin_sessions WHERE admin_id = $1 AND token_hash <> $2",
-                                   session.admin_id, session.session_hash)
+                await conn.execute(admin_sql.SET_PASSWORD_HASH, session.admin_id, new_hash)
+                await conn.execute(admin_sql.DELETE_OTHER_SESSIONS, session.admin_id, session.session_hash)
                 await _audit(conn, session.email, "change_password", session.email, {})
         return {"status": "ok"}
 
@@ -327,10 +294,7 @@ class AdminAuth:
         password_hash = await asyncio.to_thread(_hasher.hash, body.password)
         async with self._pool.acquire() as conn:
             try:
-                row = await conn.fetchrow(
-                    "INSERT INTO admins (email, password_hash, is_super, created_by) VALUES ($1, $2, $3, $4) "
-                    "RETURNING id, email, status, is_super, created_by, created_at",
-                    email, password_hash, body.is_super, actor)
+                row = await conn.fetchrow(admin_sql.INSERT_ADMIN, email, password_hash, body.is_super, actor)
             except asyncpg.UniqueViolationError:
                 raise errors.EmailExists() from None
             await _audit(conn, actor, "create_admin", email, {"is_super": body.is_super})
@@ -338,8 +302,7 @@ class AdminAuth:
 
     async def list_admins(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch("SELECT id, email, status, is_super, created_by, created_at FROM admins "
-                                    "ORDER BY created_at DESC")
+            rows = await conn.fetch(admin_sql.LIST_ADMINS)
         return [_admin(r) for r in rows]
 
     async def set_admin_status(self, actor: str, actor_admin_id: str | None, admin_id: str,
@@ -351,16 +314,15 @@ class AdminAuth:
             async with conn.transaction():
                 try:
                     if status is None:
-                        row = await conn.fetchrow("DELETE FROM admins WHERE id = $1::uuid RETURNING email", admin_id)
+                        row = await conn.fetchrow(admin_sql.DELETE_ADMIN, admin_id)
                     else:
-                        row = await conn.fetchrow("UPDATE admins SET status = $2 WHERE id = $1::uuid RETURNING email",
-                                                  admin_id, status)
+                        row = await conn.fetchrow(admin_sql.SET_ADMIN_STATUS, admin_id, status)
                 except asyncpg.DataError:
                     raise AdminNotFound() from None
                 if row is None:
                     raise AdminNotFound()
                 if status != "active":
-                    await conn.execute("DELETE FROM admin_sessions WHERE admin_id = $1::uuid", admin_id)
+                    await conn.execute(admin_sql.DELETE_ADMIN_SESSIONS, admin_id)
                 action = {"paused": "pause_admin", "active": "resume_admin", None: "delete_admin"}[status]
                 await _audit(conn, actor, action, row["email"], {})
         return {"status": "ok"}
@@ -379,16 +341,13 @@ class AdminAuth:
         token = "mesh_admin_" + new_token()
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(
-                "INSERT INTO admin_tokens (name, token_hash, is_super, created_by, owner_admin_id) "
-                "VALUES ($1, $2, $3, $4, $5::uuid) RETURNING id, name, is_super, created_by, created_at",
-                name, hash_token(token), body.is_super, actor, owner_admin_id)
+                admin_sql.INSERT_TOKEN, name, hash_token(token), body.is_super, actor, owner_admin_id)
             await _audit(conn, actor, "create_admin_token", name, {"is_super": body.is_super})
         return {**_token(row), "token": token}
 
     async def list_tokens(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch("SELECT id, name, is_super, created_by, created_at, revoked_at FROM admin_tokens "
-                                    "ORDER BY created_at DESC")
+            rows = await conn.fetch(admin_sql.LIST_TOKENS)
         return [_token(r) for r in rows]
 
     async def revoke_token(self, actor: str, actor_is_super: bool, token_id: str) -> dict[str, Any]:
@@ -396,21 +355,21 @@ class AdminAuth:
         async with self._pool.acquire() as conn:
             async with conn.transaction():
                 try:
-                    row = await conn.fetchrow(_TOKEN_FOR_REVOKE, token_id)
+                    row = await conn.fetchrow(admin_sql.TOKEN_FOR_REVOKE, token_id)
                 except asyncpg.DataError:
                     raise TokenNotFound() from None
                 if row is None:
                     raise TokenNotFound()
                 if row["is_super"] and not actor_is_super:
                     raise errors.Forbidden()
-                await conn.execute(_REVOKE_TOKEN, token_id)
+                await conn.execute(admin_sql.REVOKE_TOKEN, token_id)
                 await _audit(conn, actor, "revoke_admin_token", row["name"], {})
         return {"status": "revoked"}
 
     async def sweep(self) -> int:
         """Deletes expired sessions (the leader's retention job)."""
         async with self._pool.acquire() as conn:
-            result = await conn.execute("DELETE FROM admin_sessions WHERE expires_at <= now()")
+            result = await conn.execute(admin_sql.DELETE_EXPIRED_SESSIONS)
         return int(result.split()[-1])
 
 
@@ -424,8 +383,7 @@ async def _verify(password_hash: str, password: str) -> bool:
 
 
 async def _audit(conn: asyncpg.Connection, actor: str, action: str, target: str | None, detail: dict[str, Any]) -> None:
-    await conn.execute("INSERT INTO admin_audit_log (actor, action, target, detail) VALUES ($1, $2, $3, $4::jsonb)",
-                       actor, action, target, json.dumps(detail))
+    await conn.execute(sql.INSERT_AUDIT, actor, action, target, json.dumps(detail))
 
 
 def _admin(row: asyncpg.Record) -> dict[str, Any]:

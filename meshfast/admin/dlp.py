@@ -26,6 +26,7 @@ import asyncpg
 
 from meshfast import errors, validate
 from meshfast._core import dlp_pattern_problem
+from meshfast.store import dlp as dlp_sql
 
 BUILT_IN = ("card", "iban", "email", "phone", "ssn", "ip", "secret")
 # Found by a local detection model when one is configured (MESHFAST_DLP_MODEL_URL); a policy may
@@ -38,20 +39,6 @@ _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 _DETECTOR = re.compile(r"[a-z0-9_-]{1,64}\Z")
 MAX_CUSTOM = 100
 MAX_LIST = 1000
-
-LIST = "SELECT name, body::text AS body, version, created_at, updated_at FROM dlp_policies ORDER BY name"
-GET = "SELECT name, body::text AS body, version, created_at, updated_at FROM dlp_policies WHERE name = $1"
-UPSERT = """
-INSERT INTO dlp_policies (name, body) VALUES ($1, $2::jsonb)
-ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body, version = dlp_policies.version + 1, updated_at = now()
-RETURNING name, body::text AS body, version, created_at, updated_at
-"""
-DELETE = "DELETE FROM dlp_policies WHERE name = $1 RETURNING name"
-OTHERS = "SELECT name, body::text AS body FROM dlp_policies WHERE name <> $1"
-LOCK_POLICIES = "SELECT pg_advisory_xact_lock(7164805235869627513)"
-KNOWN_MODELS = "SELECT name FROM models WHERE name = ANY($1::text[])"
-KNOWN_PROVIDERS = "SELECT name FROM providers WHERE name = ANY($1::text[])"
-KNOWN_PRINCIPALS = "SELECT id::text FROM users WHERE id = ANY($1::uuid[]) AND kind = $2"
 
 
 def _invalid(problems: list[str]) -> errors.MeshfastError:
@@ -165,19 +152,19 @@ async def problems_in_database(conn: asyncpg.Connection, name: str, stored: dict
     take turns until the transaction ends."""
     found: list[str] = []
     applies = stored["applies_to"]
-    for field, sql in (("models", KNOWN_MODELS), ("providers", KNOWN_PROVIDERS)):
+    for field, sql in (("models", dlp_sql.KNOWN_MODELS), ("providers", dlp_sql.KNOWN_PROVIDERS)):
         if applies.get(field):
             known = {r[0] for r in await conn.fetch(sql, applies[field])} | file_models
             found += [f"applies_to.{field}: no {field[:-1]} is named {n!r}" for n in applies[field] if n not in known]
     for field, kind in (("applications", "application"), ("users", "user"), ("leaders", "user")):
         if applies.get(field):
-            known = {r[0] for r in await conn.fetch(KNOWN_PRINCIPALS, applies[field], kind)}
+            known = {r[0] for r in await conn.fetch(dlp_sql.KNOWN_PRINCIPALS, applies[field], kind)}
             found += [f"applies_to.{field}: no {kind} has the id {i}" for i in applies[field] if i not in known]
     # One name, one pattern: a custom detector another policy defines must match it; and the
     # core takes at most MAX_CUSTOM of them in all.
-    await conn.execute(LOCK_POLICIES)
+    await conn.execute(dlp_sql.LOCK_POLICIES)
     names = {c["name"] for c in stored["custom"]}
-    for other in await conn.fetch(OTHERS, name):
+    for other in await conn.fetch(dlp_sql.OTHER_POLICIES, name):
         theirs = {c["name"]: c["pattern"] for c in json.loads(other["body"]).get("custom", [])}
         names |= set(theirs)
         found += [f"custom detector {c['name']!r} is defined with another pattern by policy {other['name']!r}"
@@ -187,19 +174,13 @@ async def problems_in_database(conn: asyncpg.Connection, name: str, stored: dict
     return found
 
 
-PEOPLE_BY_EMAIL = "SELECT lower(email), id::text FROM users WHERE kind = 'user' AND lower(email) = ANY($1::text[])"
-APPLICATIONS_BY_NAME = ("SELECT lower(display_name), id::text FROM users WHERE kind = 'application' "
-                        "AND lower(display_name) = ANY($1::text[])")
-STORED_BODY = "SELECT body::text FROM dlp_policies WHERE name = $1"
-
-
 async def resolve_names(conn: asyncpg.Connection, stored: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A registry file's policy with its people (by email) and applications (by name) as ids, and
     the names that match nobody."""
     applies = dict(stored["applies_to"])
     problems: list[str] = []
-    for field, sql, what in (("users", PEOPLE_BY_EMAIL, "user"), ("leaders", PEOPLE_BY_EMAIL, "user"),
-                             ("applications", APPLICATIONS_BY_NAME, "application")):
+    for field, sql, what in (("users", dlp_sql.PEOPLE_BY_EMAIL, "user"), ("leaders", dlp_sql.PEOPLE_BY_EMAIL, "user"),
+                             ("applications", dlp_sql.APPLICATIONS_BY_NAME, "application")):
         listed = applies.get(field) or []
         named = [v for v in listed if not _is_id(v)]
         ids = dict(await conn.fetch(sql, [v.lower() for v in named])) if named else {}
@@ -232,11 +213,11 @@ async def apply_file_policy(conn: asyncpg.Connection, name: str, stored: dict[st
     problems += await problems_in_database(conn, name, resolved, file_models)
     if problems:
         return [f"dlp policy {name!r}: {p}" for p in problems]
-    before = await conn.fetchval(STORED_BODY, name)
+    before = await conn.fetchval(dlp_sql.STORED_BODY, name)
     if before is not None and json.loads(before) == resolved:
         summary["unchanged"].append(f"dlp policy {name}")
         return []
-    await conn.fetchrow(UPSERT, name, json.dumps(resolved))
+    await conn.fetchrow(dlp_sql.UPSERT_POLICY, name, json.dumps(resolved))
     summary["created" if before is None else "updated"].append(f"dlp policy {name}")
     return []
 
@@ -267,21 +248,21 @@ class DlpService:
             found = await problems_in_database(conn, name, stored)
             if found:
                 raise _invalid(found)
-            return await conn.fetchrow(UPSERT, name, json.dumps(stored))
+            return await conn.fetchrow(dlp_sql.UPSERT_POLICY, name, json.dumps(stored))
 
         row = await self._write(actor, "put_dlp_policy", name, {"enabled": stored["enabled"]}, work)
         return _json(row)
 
     async def list(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            return [_json(r) for r in await conn.fetch(LIST)]
+            return [_json(r) for r in await conn.fetch(dlp_sql.LIST_POLICIES)]
 
     async def delete(self, actor: str, name: str) -> dict[str, Any]:
         if not _NAME.match(name):
             raise errors.NotFound()
 
         async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(DELETE, name) is None:
+            if await conn.fetchval(dlp_sql.DELETE_POLICY, name) is None:
                 raise errors.NotFound("no data protection policy has this name")
 
         await self._write(actor, "delete_dlp_policy", name, {}, work)

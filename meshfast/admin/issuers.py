@@ -33,6 +33,7 @@ from msgspec import Meta
 
 from meshfast import errors, snapshot, tokens, validate
 from meshfast._core import check_jwks
+from meshfast.store import issuers as issuers_sql
 from meshfast.store import sql
 
 log = logging.getLogger("meshfast.issuers")
@@ -170,79 +171,30 @@ def issuer_json(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-_COLUMNS = """id, issuer, audiences, algorithms, clock_skew_s, claims::text AS claims, jit_provisioning, local,
-              jwks_url, jwks::text AS jwks, fetched_jwks::text AS fetched_jwks, fetched_at, fetch_error, created_at"""
-INSERT_ISSUER = f"""
-INSERT INTO issuers (issuer, audiences, algorithms, claims, jwks_url, jwks, clock_skew_s, jit_provisioning, local)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6::jsonb, $7, $8, $9)
-RETURNING {_COLUMNS}
-"""
-LIST_ISSUERS = f"SELECT {_COLUMNS} FROM issuers ORDER BY issuer"
-GET_ISSUER = f"SELECT {_COLUMNS} FROM issuers WHERE id = $1"
-DELETE_ISSUER = "DELETE FROM issuers WHERE id = $1 RETURNING issuer"
-COUNT_ISSUERS = "SELECT count(*) FROM issuers"
-# What the leader fetches: due by age, or asked for by a worker since the last attempt, and never
-# twice within the minimum interval.
-DUE_ISSUERS = """
-SELECT id, issuer, jwks_url, local, algorithms, fetched_jwks::text AS fetched_jwks, published_at
-FROM issuers
-WHERE jwks_url IS NOT NULL
-  AND (fetch_attempted_at IS NULL OR fetch_attempted_at < now() - make_interval(secs => $2))
-  AND (fetched_at IS NULL OR fetched_at < now() - make_interval(secs => $1)
-       OR (fetch_requested_at IS NOT NULL AND fetch_requested_at > fetch_attempted_at))
-ORDER BY issuer
-"""
-MARK_ATTEMPT = "UPDATE issuers SET fetch_attempted_at = now() WHERE id = $1"
-STORE_FAILURE = "UPDATE issuers SET fetch_error = $2 WHERE id = $1"
-STORE_FETCH = """
-UPDATE issuers SET fetched_jwks = $2::jsonb, fetched_at = now(), fetch_error = NULL,
-                   published_at = CASE WHEN $3 THEN now() ELSE published_at END
-WHERE id = $1
-"""
-REQUEST_FETCH = """
-UPDATE issuers SET fetch_requested_at = now()
-WHERE issuer = $1 AND jwks_url IS NOT NULL
-  AND (fetch_requested_at IS NULL OR fetch_requested_at < now() - make_interval(secs => $2))
-"""
-
-
-STORED_ISSUER = """
-SELECT audiences, algorithms, claims::text AS claims, jwks_url, jwks::text AS jwks, clock_skew_s, jit_provisioning,
-       local
-FROM issuers WHERE issuer = $1
-"""
-UPDATE_ISSUER = """
-UPDATE issuers SET audiences = $2, algorithms = $3, claims = $4::jsonb, jwks_url = $5, jwks = $6::jsonb,
-                   clock_skew_s = $7, jit_provisioning = $8, local = $9,
-                   fetched_jwks = CASE WHEN jwks_url IS DISTINCT FROM $5 THEN NULL ELSE fetched_jwks END
-WHERE issuer = $1
-"""
-
-
 async def apply_file_issuer(conn: asyncpg.Connection, body: IssuerCreate, summary: dict[str, list[str]]) -> None:
     """One issuer of a registry file, by its ``issuer``: created, updated or unchanged. A changed
     ``jwks_url`` forgets the keys fetched from the old one."""
     issuer, audiences, algorithms, claims, url, jwks_text = check(body)
-    row = await conn.fetchrow(STORED_ISSUER, issuer)
+    row = await conn.fetchrow(issuers_sql.STORED_ISSUER, issuer)
     values = (audiences, algorithms, claims, url, None if jwks_text is None else json.loads(jwks_text),
               body.clock_skew_s, body.jit_provisioning, body.local)
     if row is None:
-        if await conn.fetchval(COUNT_ISSUERS) >= MAX_ISSUERS:
+        if await conn.fetchval(issuers_sql.COUNT_ISSUERS) >= MAX_ISSUERS:
             raise errors.InvalidRequest(f"at most {MAX_ISSUERS} issuers")
-        await conn.fetchrow(INSERT_ISSUER, issuer, audiences, algorithms, json.dumps(claims), url, jwks_text,
-                            body.clock_skew_s, body.jit_provisioning, body.local)
+        await conn.fetchrow(issuers_sql.INSERT_ISSUER, issuer, audiences, algorithms, json.dumps(claims), url,
+                            jwks_text, body.clock_skew_s, body.jit_provisioning, body.local)
         summary["created"].append(f"issuer {issuer}")
     elif (list(row["audiences"]), list(row["algorithms"]), json.loads(row["claims"]), row["jwks_url"],
           None if row["jwks"] is None else json.loads(row["jwks"]), row["clock_skew_s"], row["jit_provisioning"],
           row["local"]) == values:
         summary["unchanged"].append(f"issuer {issuer}")
     else:
-        await conn.execute(UPDATE_ISSUER, issuer, audiences, algorithms, json.dumps(claims), url, jwks_text,
+        await conn.execute(issuers_sql.UPDATE_ISSUER, issuer, audiences, algorithms, json.dumps(claims), url, jwks_text,
                            body.clock_skew_s, body.jit_provisioning, body.local)
         summary["updated"].append(f"issuer {issuer}")
     if url is not None:
         # The first fetch, soon: the leader picks the request up at its next tick.
-        await conn.execute(REQUEST_FETCH, issuer, 0.0)
+        await conn.execute(issuers_sql.REQUEST_FETCH, issuer, 0.0)
 
 
 class IssuerService:
@@ -257,11 +209,12 @@ class IssuerService:
         issuer, audiences, algorithms, claims, url, jwks_text = check(body)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            if await conn.fetchval(COUNT_ISSUERS) >= MAX_ISSUERS:
+            if await conn.fetchval(issuers_sql.COUNT_ISSUERS) >= MAX_ISSUERS:
                 raise errors.InvalidRequest(f"at most {MAX_ISSUERS} issuers")
             try:
-                return await conn.fetchrow(INSERT_ISSUER, issuer, audiences, algorithms, json.dumps(claims), url,
-                                           jwks_text, body.clock_skew_s, body.jit_provisioning, body.local)
+                return await conn.fetchrow(issuers_sql.INSERT_ISSUER, issuer, audiences, algorithms,
+                                           json.dumps(claims), url, jwks_text, body.clock_skew_s,
+                                           body.jit_provisioning, body.local)
             except asyncpg.UniqueViolationError:
                 raise IssuerExists() from None
 
@@ -269,17 +222,17 @@ class IssuerService:
         if url is not None:
             # The first fetch, soon: the leader picks the request up at its next tick.
             async with self._pool.acquire() as conn:
-                await conn.execute(REQUEST_FETCH, issuer, 0.0)
+                await conn.execute(issuers_sql.REQUEST_FETCH, issuer, 0.0)
         return issuer_json(row)
 
     async def list(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            return [issuer_json(r) for r in await conn.fetch(LIST_ISSUERS)]
+            return [issuer_json(r) for r in await conn.fetch(issuers_sql.LIST_ISSUERS)]
 
     async def get(self, issuer_id: str) -> dict[str, Any]:
         iid = _uuid(issuer_id)
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(GET_ISSUER, iid)
+            row = await conn.fetchrow(issuers_sql.GET_ISSUER, iid)
         if row is None:
             raise IssuerNotFound()
         return issuer_json(row)
@@ -288,7 +241,7 @@ class IssuerService:
         iid = _uuid(issuer_id)
 
         async def work(conn: asyncpg.Connection) -> str:
-            name = await conn.fetchval(DELETE_ISSUER, iid)
+            name = await conn.fetchval(issuers_sql.DELETE_ISSUER, iid)
             if name is None:
                 raise IssuerNotFound()
             return str(name)
@@ -328,7 +281,7 @@ class KeySets:
     async def _ask(self, issuer: str) -> None:
         try:
             async with self._pool.acquire() as conn:
-                await conn.execute(REQUEST_FETCH, issuer, min_interval_s())
+                await conn.execute(issuers_sql.REQUEST_FETCH, issuer, min_interval_s())
         except Exception as exc:  # noqa: BLE001 - a lost request only delays the fetch to its period
             log.warning("could not ask for a key set fetch of %r: %s", issuer, type(exc).__name__)
 
@@ -351,20 +304,20 @@ class KeySets:
     async def tick(self, _conn: asyncpg.Connection | None = None) -> None:
         """Fetches every due set (the leader's job; runs as the admin role, which may publish)."""
         async with self._pool.acquire() as conn:
-            due = await conn.fetch(DUE_ISSUERS, refresh_s(), min_interval_s())
+            due = await conn.fetch(issuers_sql.DUE_ISSUERS, refresh_s(), min_interval_s())
         for row in due:
             await self._refresh(row)
 
     async def _refresh(self, row: asyncpg.Record) -> None:
         async with self._pool.acquire() as conn:
-            await conn.execute(MARK_ATTEMPT, row["id"])
+            await conn.execute(issuers_sql.MARK_ATTEMPT, row["id"])
         try:
             text = await fetch_jwks(row["jwks_url"], local=row["local"], algorithms=list(row["algorithms"]))
         except Exception as exc:  # noqa: BLE001 - every failure keeps the last good set
             why = str(exc)[:300] or type(exc).__name__
             log.warning("key set of issuer %r not fetched: %s", row["issuer"], why)
             async with self._pool.acquire() as conn:
-                await conn.execute(STORE_FAILURE, row["id"], why)
+                await conn.execute(issuers_sql.STORE_FAILURE, row["id"], why)
             return
         old = row["fetched_jwks"]
         changed = old is None or json.loads(old) != json.loads(text)
@@ -373,7 +326,7 @@ class KeySets:
             snapshot.jwks_max_age_s() / 2
         async with self._pool.acquire() as conn:
             async with conn.transaction():
-                await conn.execute(STORE_FETCH, row["id"], text, changed or stale)
+                await conn.execute(issuers_sql.STORE_FETCH, row["id"], text, changed or stale)
                 if changed or stale:
                     seq = await conn.fetchval(sql.NEXT_CONFIG_SEQ)
                     await conn.execute(sql.NOTIFY_CONFIG, str(seq))
@@ -427,13 +380,6 @@ async def fetch_jwks(url: str, *, local: bool, algorithms: list[str], timeout_s:
 
 # --- just-in-time provisioning ------------------------------------------------------------------
 
-INSERT_JIT_USER = """
-INSERT INTO users (email, display_name, business_unit, tier, manager_id)
-VALUES ($1, $2, $3, $4, (SELECT id FROM users WHERE email = $5))
-ON CONFLICT (email) DO NOTHING
-RETURNING id
-"""
-
 
 async def provision(pool: asyncpg.Pool, claims: dict[str, Any]) -> int | None:
     """Creates the person a valid token names (its issuer provisions just in time) from what the
@@ -455,8 +401,9 @@ async def provision(pool: asyncpg.Pool, claims: dict[str, Any]) -> int | None:
     manager = label(claims.get("manager_email"))
     async with pool.acquire() as conn:
         async with conn.transaction():
-            created = await conn.fetchval(INSERT_JIT_USER, email, display_name, label(claims.get("business_unit")),
-                                          label(claims.get("tier")), manager.lower() if manager else None)
+            created = await conn.fetchval(issuers_sql.INSERT_JIT_USER, email, display_name,
+                                          label(claims.get("business_unit")), label(claims.get("tier")),
+                                          manager.lower() if manager else None)
             if created is None:
                 return None
             seq = await conn.fetchval(sql.NEXT_CONFIG_SEQ)

@@ -24,34 +24,24 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, settings, validate
+from meshfast.store import logs as logs_sql
 
 STATUS_OUTCOME = {"success": "success", "error": "upstream_error", "denied": "denied"}
-SORTS = {"created_at": "created_at", "latency_ms": "latency_ms", "cost": "(input_cost + output_cost)",
-         "tokens": "(tokens_in + tokens_out)"}
+SORTS = tuple(logs_sql.SORT_KEYS)
 MAX_PAGE_SIZE = 500
 DEFAULT_WINDOW = dt.timedelta(days=1)
 SUMMARY_WINDOW = dt.timedelta(days=30)
 MAX_SUMMARY_WINDOW = dt.timedelta(days=400)
 HOUR = dt.timedelta(hours=1)
 NANOS = Decimal(1_000_000_000)
-LIST_COLUMNS = (
-    "id, request_id, created_at, user_id, mesh_key_id, provider_id, model_id, model_name, requested_model, route, "
-    "outcome, deny_reason, status_code, latency_ms, ttfb_ms, tokens_in, tokens_out, cache_read_tokens, "
-    "cache_write_tokens, usage_estimated, input_cost, output_cost, web_searches, source_ip, user_agent, browser, "
-    "os, device_type, count, business_unit, manager_id, tier, would_deny, tags AS model_tags, call_tags AS tags, "
-    "trace_id, tools_declared, "
-    "tools_declared_bytes, tools_invoked, cache_write_1h_tokens, principal_kind, mesh_key_id AS key_id, token_issuer, "
-    "token_subject, CASE WHEN principal_kind = 'application' THEN user_id END AS application_id, dlp, dlp_action"
-)
+# The listing's columns (bench/logs_bench.py reads them here).
+LIST_COLUMNS = logs_sql.LIST_COLUMNS
 # A tool definition's prompt cost is estimated from its JSON size at this many bytes per token.
 BYTES_PER_TOKEN = 4
 # group_by= of the summary: the row's own value at call time, as kept in request_rollup_hourly;
-# every attribution tag key (MESHFAST_TAG_KEYS) groups by the value callers sent under it.
-GROUP_BY = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag",
-            "principal_kind": "principal_kind", "token_issuer": "token_issuer",
-            "application_id": "CASE WHEN principal_kind = 'application' THEN user_id::text END",
-            # NOTE: the keys are checked (a-z 0-9 _ -) by settings.tag_keys_env: safe in a literal.
-            **{key: f"call_tags->>'{key}'" for key in settings.tag_keys_env()}}
+# every attribution tag key (MESHFAST_TAG_KEYS, none of them a built-in key's name) groups by the
+# value callers sent under it.
+GROUP_BY = (*logs_sql.GROUP_KEYS, *settings.tag_keys_env())
 
 
 class Query:
@@ -78,7 +68,7 @@ class Query:
         sort = raw.get("sort", "created_at")
         if sort not in SORTS:
             raise errors.InvalidRequest(f"sort must be one of {', '.join(SORTS)}")
-        self.sort = SORTS[sort]
+        self.sort = sort
         order = raw.get("order", "desc")
         if order not in ("asc", "desc"):
             raise errors.InvalidRequest("order must be asc or desc")
@@ -96,29 +86,22 @@ class Query:
             raise errors.InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}")
         self.group_by = group_by
 
-    def where(self, first_param: int = 1) -> tuple[str, list[Any]]:
-        """The shared filter (time window excluded), for request_logs and the rollup alike."""
-        clauses, args = [], []
-        for column, value in (("user_id", self.user_id), ("model_id", self.model_id), ("outcome", self.outcome)):
-            if value is not None:
-                args.append(value)
-                clauses.append(f"{column} = ${first_param + len(args) - 1}")
-        return (" AND ".join(clauses) or "true"), args
+    def filters(self) -> tuple[bool, bool, bool]:
+        """Which of the shared filters (user, model, outcome) apply: the store's statements take
+        them as ``$3``-``$5`` (None when one does not apply), after the window."""
+        return self.user_id is not None, self.model_id is not None, self.outcome is not None
 
-    def row_filters(self) -> tuple[str, list[Any]]:
-        """The filter over request_logs rows (window, filters, search), with its arguments."""
-        where, args = self.where(3)
-        params: list[Any] = [self.since, self.to, *args]
-        search = ""
-        if self.q:
-            params.append(self.q)
-            n = len(params)
-            search = (f" AND (request_id = ${n} OR model_name ILIKE '%' || ${n} || '%'"
-                      f" OR requested_model ILIKE '%' || ${n} || '%')")
-        if self.request_id:
-            params.append(self.request_id)
-            search += f" AND request_id = ${len(params)}"
-        return f"created_at >= $1 AND created_at < $2 AND {where}{search}", params
+    def filter_args(self) -> list[Any]:
+        return [self.user_id, self.model_id, self.outcome]
+
+    def row_filters(self) -> tuple[bool, bool, bool, bool, bool]:
+        """Which filters over request_logs rows apply: the shared ones, then the search and the
+        request id (``$6``, ``$7``)."""
+        return (*self.filters(), self.q is not None, self.request_id is not None)
+
+    def row_args(self) -> list[Any]:
+        """The window, the filters and the search, as the store's row statements take them."""
+        return [self.since, self.to, *self.filter_args(), self.q, self.request_id]
 
 
 _KNOWN = frozenset({"user_id", "model_id", "status", "from", "to", "page", "page_size", "sort", "order", "q",
@@ -172,41 +155,31 @@ def _usd(value: Decimal | None) -> float:
 
 
 async def list_logs(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
-    where, args = q.where(3)
-    filters, base_args = q.row_filters()
     offset = (q.page - 1) * q.page_size
-    rows = await conn.fetch(
-        f"SELECT {LIST_COLUMNS} FROM request_logs WHERE {filters} "
-        f"ORDER BY {q.sort} {q.order}, request_id {q.order} LIMIT {q.page_size} OFFSET {offset}", *base_args)
+    rows = await conn.fetch(logs_sql.list_rows(*q.row_filters(), q.sort, q.order), *q.row_args(), q.page_size,
+                            offset)
     if q.q or q.request_id:
-        total = await conn.fetchval(f"SELECT count(*) FROM request_logs WHERE {filters}", *base_args)
+        total = await conn.fetchval(logs_sql.count_rows(*q.row_filters()), *q.row_args())
     else:
-        total = await _count_rows(conn, q, where, args)
+        total = await _count_rows(conn, q)
     return {"logs": [_log(r) for r in rows], "total": int(total), "page": q.page, "page_size": q.page_size}
 
 
-async def _count_rows(conn: asyncpg.Connection, q: Query, where: str, args: list[Any]) -> int:
+async def _count_rows(conn: asyncpg.Connection, q: Query) -> int:
     """Whole hours from the rollup, the partial hours at either edge from the rows."""
     inner_from, inner_to = _ceil_hour(q.since), _floor_hour(q.to)
     if inner_from >= inner_to:
-        return int(await conn.fetchval(
-            f"SELECT count(*) FROM request_logs WHERE created_at >= $1 AND created_at < $2 AND {where}",
-            q.since, q.to, *args))
-    table = "request_rollup_hourly" if q.user_id else "request_rollup_hourly_all"
-    whole = await conn.fetchval(
-        f"SELECT coalesce(sum(rows), 0) FROM {table} WHERE hour >= $1 AND hour < $2 AND {where}",
-        inner_from, inner_to, *args)
-    return int(whole) + await _edge_count(conn, q, inner_from, inner_to, where, args)
+        return int(await conn.fetchval(logs_sql.count_window_rows(*q.filters()), q.since, q.to, *q.filter_args()))
+    whole = await conn.fetchval(logs_sql.count_rollup_rows(*q.filters()), inner_from, inner_to, *q.filter_args())
+    return int(whole) + await _edge_count(conn, q, inner_from, inner_to)
 
 
-async def _edge_count(conn: asyncpg.Connection, q: Query, inner_from: dt.datetime, inner_to: dt.datetime,
-                      where: str, args: list[Any]) -> int:
+async def _edge_count(conn: asyncpg.Connection, q: Query, inner_from: dt.datetime, inner_to: dt.datetime) -> int:
     total = 0
     for start, end in ((q.since, inner_from), (inner_to, q.to)):
         if start < end:
-            total += int(await conn.fetchval(
-                f"SELECT count(*) FROM request_logs WHERE created_at >= $1 AND created_at < $2 AND {where}",
-                start, end, *args))
+            total += int(await conn.fetchval(logs_sql.count_window_rows(*q.filters()), start, end,
+                                             *q.filter_args()))
     return total
 
 
@@ -226,19 +199,9 @@ def _log(r: asyncpg.Record) -> dict[str, Any]:
     return out
 
 
-_MEASURES = ("coalesce(sum(calls), 0) AS calls, coalesce(sum(tokens_in), 0) AS tokens_in, "
-             "coalesce(sum(tokens_out), 0) AS tokens_out, coalesce(sum(input_cost + output_cost), 0) AS cost, "
-             "coalesce(sum(input_cost), 0) AS input_cost, coalesce(sum(output_cost), 0) AS output_cost, "
-             "coalesce(sum(latency_ms), 0) AS latency_ms, "
-             "coalesce(sum(cache_read_tokens), 0) AS cache_read_tokens, "
-             "coalesce(sum(cache_write_tokens), 0) AS cache_write_tokens, "
-             "coalesce(sum(cache_write_1h_tokens), 0) AS cache_write_1h_tokens, "
-             # Mesh's error_calls: every answer with a status of 400 or more, denials included.
-             "coalesce(sum(calls) FILTER (WHERE status_code >= 400), 0) AS failed")
-
-
-# One scan of the rollup answers every breakdown: the grouping sets, told apart by GROUPING().
-_GROUPS = ("model_id", "provider_id", "outcome", "deny_reason", "bucket", "status_code")
+# The summary's grouping sets (one scan of the rollup answers every breakdown), in the order
+# GROUPING() reports them.
+_GROUPS = logs_sql.SUMMARY_GROUPS
 # The latency columns' upper edges (ms; None: slower than the last) and Mesh's labels for them.
 _LATENCY = ((100, "lat_100", "<100ms"), (500, "lat_500", "<500ms"), (1000, "lat_1000", "<1s"),
             (5000, "lat_5000", "<5s"), (30000, "lat_30000", "<30s"), (None, "lat_slower", ">30s"))
@@ -249,20 +212,7 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     reason and latency, over whole hours (``from`` rounded down, ``to`` up)."""
     since, until = _floor_hour(q.since), _ceil_hour(q.to)
     validate.timezone(q.tz_name, "tz", await validate.load_timezones(conn))
-    where, args = q.where(3)
-    table = "request_rollup_hourly" if q.user_id else "request_rollup_hourly_all"
-    params = [since, until, *args, q.tz_name]
-    tz = f"${len(params)}"
-    rows = await conn.fetch(
-        f"WITH r AS (SELECT *, date_trunc('{q.bucket}', hour AT TIME ZONE {tz}) AS bucket FROM {table} "
-        f"WHERE hour >= $1 AND hour < $2 AND {where}) "
-        f"SELECT {', '.join(_GROUPS)}, GROUPING({', '.join(_GROUPS)}) AS grouping, min(model_name) AS model_name, "
-        f"{_MEASURES}, coalesce(sum(calls) FILTER (WHERE outcome = 'upstream_error'), 0) AS errors, "
-        f"coalesce(sum(calls) FILTER (WHERE outcome = 'denied'), 0) AS denials, "
-        f"coalesce(sum(lat_100), 0) AS lat_100, coalesce(sum(lat_500), 0) AS lat_500, "
-        f"coalesce(sum(lat_1000), 0) AS lat_1000, coalesce(sum(lat_5000), 0) AS lat_5000, "
-        f"coalesce(sum(lat_30000), 0) AS lat_30000, coalesce(sum(lat_slower), 0) AS lat_slower "
-        f"FROM r GROUP BY GROUPING SETS ((), {', '.join(f'({g})' for g in _GROUPS)})", *params)
+    rows = await conn.fetch(logs_sql.summary(*q.filters()), since, until, *q.filter_args(), q.tz_name, q.bucket)
     # GROUPING() sets the bit of each column left out: the set grouped by column i has every bit
     # but bit (len - 1 - i) set; the empty set has them all.
     everything = (1 << len(_GROUPS)) - 1
@@ -320,15 +270,10 @@ async def summary(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     }
 
 
-def _tool_where(q: Query) -> tuple[str, list[Any]]:
-    """The user and model filters over tool_rollup_hourly ($1, $2 are the window). The rollup
-    counts successful calls only, so the status filter does not apply."""
-    clauses, args = [], []
-    for column, value in (("user_id", q.user_id), ("model_id", q.model_id)):
-        if value is not None:
-            args.append(value)
-            clauses.append(f"{column} = ${2 + len(args)}")
-    return (" AND ".join(clauses) or "true"), args
+def _tool_filters(q: Query) -> tuple[bool, bool]:
+    """The user and model filters over tool_rollup_hourly (``$3``, ``$4``, after the window). The
+    rollup counts successful calls only, so the status filter does not apply."""
+    return q.user_id is not None, q.model_id is not None
 
 
 def _tokens(definition_bytes: int, declared_calls: int) -> int:
@@ -342,12 +287,7 @@ async def _by_tool(conn: asyncpg.Connection, q: Query, since: dt.datetime, until
                    limit: int = 100) -> list[dict[str, Any]]:
     """Context signals: per tool, how many calls declared it and how many the model called it
     in, with the estimated tokens one declaration costs; the most declared first."""
-    where, args = _tool_where(q)
-    rows = await conn.fetch(
-        "SELECT tool, sum(declared_calls) AS declared, sum(invoked_calls) AS invoked, "
-        "sum(definition_bytes) AS bytes FROM tool_rollup_hourly "
-        f"WHERE hour >= $1 AND hour < $2 AND {where} GROUP BY tool "
-        f"ORDER BY sum(declared_calls) DESC, sum(invoked_calls) DESC, tool LIMIT {limit}", since, until, *args)
+    rows = await conn.fetch(logs_sql.tools(*_tool_filters(q)), since, until, q.user_id, q.model_id, limit)
     return [{"tool": r["tool"], "declared_calls": int(r["declared"]), "invoked_calls": int(r["invoked"]),
              "invocation_rate": round(int(r["invoked"]) / int(r["declared"]), 4) if r["declared"] else None,
              "estimated_tokens_per_declaration": _tokens(int(r["bytes"]), int(r["declared"]))} for r in rows]
@@ -358,11 +298,7 @@ async def unused_tools(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     never called, with the prompt tokens per request that removing them would save (estimated
     from their definitions' size); the people who would save the most first."""
     since, until = _floor_hour(q.since), _ceil_hour(q.to)
-    where, args = _tool_where(q)
-    rows = await conn.fetch(
-        "SELECT user_id, tool, sum(declared_calls) AS declared, sum(definition_bytes) AS bytes "
-        f"FROM tool_rollup_hourly WHERE hour >= $1 AND hour < $2 AND {where} "
-        "GROUP BY user_id, tool HAVING sum(invoked_calls) = 0 AND sum(declared_calls) > 0", since, until, *args)
+    rows = await conn.fetch(logs_sql.unused_tools(*_tool_filters(q)), since, until, q.user_id, q.model_id)
     people: dict[str | None, list[dict[str, Any]]] = {}
     for r in rows:
         key = None if r["user_id"] is None else str(r["user_id"])
@@ -383,11 +319,6 @@ async def unused_tools(conn: asyncpg.Connection, q: Query) -> dict[str, Any]:
     return {"from": since.isoformat(), "to": until.isoformat(), "bytes_per_token": BYTES_PER_TOKEN, "users": users}
 
 
-_GROUP_MEASURES = (
-    "coalesce(sum(calls), 0) AS calls, coalesce(sum(calls) FILTER (WHERE outcome = 'denied'), 0) AS denied_calls, "
-    "coalesce(sum(calls) FILTER (WHERE status_code >= 400), 0) AS error_calls, "
-    "coalesce(sum(tokens_in), 0) AS tokens_in, coalesce(sum(tokens_out), 0) AS tokens_out, "
-    "coalesce(sum(input_cost), 0) AS input_cost, coalesce(sum(output_cost), 0) AS output_cost")
 NINE_PLACES = Decimal("0.000000001")
 
 
@@ -397,13 +328,9 @@ async def _groups(conn: asyncpg.Connection, q: Query, since: dt.datetime, until:
     grouped by tag, a row counts once per tag of its model (and not at all without tags), so the
     groups' sum is the total only for the other groupings."""
     assert q.group_by is not None
-    where, args = q.where(3)
-    source = "request_rollup_hourly"
-    if q.group_by == "tag":
-        source += " CROSS JOIN LATERAL unnest(tags) AS t (tag)"
-    rows = await conn.fetch(
-        f"SELECT {GROUP_BY[q.group_by]} AS key, {_GROUP_MEASURES} FROM {source} "
-        f"WHERE hour >= $1 AND hour < $2 AND {where} GROUP BY 1", since, until, *args)
+    # An attribution tag's key is the statement's $6 (the built-in keys are columns).
+    tag = [] if q.group_by in logs_sql.GROUP_KEYS else [q.group_by]
+    rows = await conn.fetch(logs_sql.groups(q.group_by, *q.filters()), since, until, *q.filter_args(), *tag)
     emails = await _emails(conn, [r["key"] for r in rows]) if q.group_by == "manager" else {}
     groups = []
     for r in rows:
@@ -437,9 +364,7 @@ async def _emails(conn: asyncpg.Connection, user_ids: list[str | None]) -> dict[
     ids = [uid for uid in user_ids if uid is not None]
     if not ids:
         return {}
-    # An application has no email: it shows as "application: <name>".
-    rows = await conn.fetch("SELECT id::text AS id, COALESCE(email, 'application: ' || display_name) AS email "
-                            "FROM users WHERE id = ANY($1::uuid[])", ids)
+    rows = await conn.fetch(logs_sql.EMAILS, ids)
     return {r["id"]: r["email"] for r in rows}
 
 
@@ -447,21 +372,15 @@ async def _by_user(conn: asyncpg.Connection, q: Query, since: dt.datetime, until
                    limit: int = 100) -> list[dict[str, Any]]:
     """Spend by person: whole UTC days from the daily rollup, the hours of partial days at the
     edges from the hourly one (exact either way); one model's view comes from the hourly one."""
-    where, args = q.where(3)
-    hourly = ("SELECT user_id, sum(calls) AS calls, sum(tokens_in) AS tokens_in, sum(tokens_out) AS tokens_out, "
-              f"sum(input_cost + output_cost) AS cost FROM request_rollup_hourly WHERE hour >= $1 AND hour < $2 "
-              f"AND {where} GROUP BY 1")
+    args = q.filter_args()
+    hourly = logs_sql.spend_by_user_hourly(*q.filters())
     first_day = (since + dt.timedelta(days=1)).date() if since.time() != dt.time(0) else since.date()
     last_day = until.date()  # exclusive
     parts: list[tuple[str, list[Any]]] = []
     if q.user_id or q.model_id or first_day >= last_day:
         parts.append((hourly, [since, until, *args]))
     else:
-        day_where, day_args = _outcome_only(q, 3)
-        parts.append(("SELECT user_id, sum(calls) AS calls, sum(tokens_in) AS tokens_in, "
-                      "sum(tokens_out) AS tokens_out, sum(input_cost + output_cost) AS cost "
-                      f"FROM request_rollup_daily_user WHERE day >= $1 AND day < $2 AND {day_where} GROUP BY 1",
-                      [first_day, last_day, *day_args]))
+        parts.append((logs_sql.SPEND_BY_USER_DAILY[q.outcome is not None], [first_day, last_day, q.outcome]))
         day_start = dt.datetime.combine(first_day, dt.time(0), dt.UTC)
         day_end = dt.datetime.combine(last_day, dt.time(0), dt.UTC)
         for start, end in ((since, day_start), (day_end, until)):
@@ -478,12 +397,6 @@ async def _by_user(conn: asyncpg.Connection, q: Query, since: dt.datetime, until
             entry["tokens_out"] += int(r["tokens_out"] or 0)
             entry["cost_usd"] = round(entry["cost_usd"] + _usd(r["cost"]), 9)
     return sorted(merged.values(), key=lambda e: (-e["cost_usd"], -e["calls"]))[:limit]
-
-
-def _outcome_only(q: Query, first_param: int) -> tuple[str, list[Any]]:
-    if q.outcome is None:
-        return "true", []
-    return f"outcome = ${first_param}", [q.outcome]
 
 
 def _measures(r: asyncpg.Record, head: dict[str, Any], cache: bool = False) -> dict[str, Any]:
@@ -503,24 +416,14 @@ def _measures(r: asyncpg.Record, head: dict[str, Any], cache: bool = False) -> d
 async def audit(conn: asyncpg.Connection, query_string: str | None) -> dict[str, Any]:
     """``GET /admin/audit``: the audit log, newest first, filtered by actor, action and time."""
     raw = validate.query(_parse(query_string), _AUDIT_KNOWN)
-    clauses: list[str] = []
-    args: list[Any] = []
-    for column, value in (("actor", raw.get("actor")), ("action", raw.get("action"))):
-        if value:
-            args.append(value)
-            clauses.append(f"{column} = ${len(args)}")
-    for op, name in ((">=", "from"), ("<", "to")):
-        moment = validate.moment(raw.get(name), name)
-        if moment is not None:
-            args.append(moment)
-            clauses.append(f"created_at {op} ${len(args)}")
+    # The filters as the store's statements take them ($1 actor, $2 action, $3-$4 the window).
+    args: list[Any] = [raw.get("actor") or None, raw.get("action") or None,
+                       validate.moment(raw.get("from"), "from"), validate.moment(raw.get("to"), "to")]
     page = _int(raw.get("page"), "page", 1, 1_000_000, 1)
     page_size = _int(raw.get("page_size"), "page_size", 1, MAX_PAGE_SIZE, 50)
-    where = " AND ".join(clauses) or "true"
-    rows = await conn.fetch(
-        f"SELECT id, actor, action, target, detail, created_at FROM admin_audit_log WHERE {where} "
-        f"ORDER BY created_at DESC, id DESC LIMIT {page_size} OFFSET {(page - 1) * page_size}", *args)
-    total = await conn.fetchval(f"SELECT count(*) FROM admin_audit_log WHERE {where}", *args)
+    applied = tuple(arg is not None for arg in args)
+    rows = await conn.fetch(logs_sql.audit(*applied), *args, page_size, (page - 1) * page_size)
+    total = await conn.fetchval(logs_sql.count_audit(*applied), *args)
     entries = [{"id": r["id"], "actor": r["actor"], "action": r["action"], "target": r["target"],
                 "detail": _detail(r["detail"]), "created_at": r["created_at"].isoformat()} for r in rows]
     return {"entries": entries, "total": int(total), "page": page, "page_size": page_size}
@@ -549,11 +452,6 @@ EXPORT_HEADER = (
     "tools_invoked", "tags", "principal_kind", "key_id", "token_issuer", "token_subject", "application_id",
     "dlp", "dlp_action",
 )
-# The export's columns as the rows hold them (the API's names differ for three).
-_EXPORT_SQL = {"cost": "(input_cost + output_cost) AS cost", "model_tags": "tags AS model_tags",
-               "tags": "call_tags AS tags", "key_id": "mesh_key_id AS key_id",
-               "application_id": "CASE WHEN principal_kind = 'application' THEN user_id END AS application_id"}
-_EXPORT_COLUMNS = ", ".join(_EXPORT_SQL.get(c, c) for c in EXPORT_HEADER if c != "user_email")
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection). Some read
 # a cell with its leading whitespace trimmed (LibreOffice's "trim spaces" import), and the
 # full-width forms as the ASCII ones.
@@ -603,16 +501,11 @@ async def export_csv(pool: asyncpg.Pool, q: Query) -> AsyncGenerator[bytes, None
     a 503 rather than an empty 200. Costs are exact decimals (nine places); ``user_email`` is the
     user's email now, the organisation columns are the row's own, from call time.
     """
-    if q.sort != SORTS["created_at"]:
+    if q.sort != "created_at":
         raise errors.InvalidRequest("the export is ordered by created_at")
-    filters, params = q.row_filters()
-    after_op = "<" if q.order == "desc" else ">"
-    n = len(params)
-    order = f"ORDER BY created_at {q.order}, request_id {q.order} LIMIT {EXPORT_PAGE_ROWS}"
-    first_sql = f"SELECT {_EXPORT_COLUMNS} FROM request_logs WHERE {filters} {order}"
-    next_sql = (f"SELECT {_EXPORT_COLUMNS} FROM request_logs WHERE {filters} "
-                f"AND created_at {after_op}= ${n + 1} AND (created_at, request_id) {after_op} (${n + 1}, ${n + 2}) "
-                f"{order}")
+    params = [*q.row_args(), EXPORT_PAGE_ROWS]
+    first_sql = logs_sql.export_page(*q.row_filters(), q.order, first=True)
+    next_sql = logs_sql.export_page(*q.row_filters(), q.order, first=False)
 
     async def page(after: tuple[dt.datetime, str] | None) -> tuple[list[asyncpg.Record], bytes]:
         async with pool.acquire() as conn:

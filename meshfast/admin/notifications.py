@@ -21,6 +21,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from meshfast import errors, validate
 from meshfast.sealing import open_sealed, seal
+from meshfast.store import notifications as notifications_sql
 from meshfast.store import sql
 from meshfast.validate import ApiKey, Email, Label, Name, Url
 
@@ -54,35 +55,6 @@ class NotificationsBody(msgspec.Struct, forbid_unknown_fields=True):
     webhook_local: bool | UnsetType = UNSET
     smtp: SmtpBody | None | UnsetType = UNSET
 
-
-_ENSURE_ROW = "INSERT INTO notification_settings (id) VALUES (true) ON CONFLICT DO NOTHING"
-_SELECT_FOR_UPDATE = "SELECT * FROM notification_settings WHERE id FOR UPDATE"
-SELECT_SETTINGS = "SELECT * FROM notification_settings WHERE id"
-_UPDATE = """
-UPDATE notification_settings SET
-    webhook_url = $1, webhook_local = $2, webhook_secret_sealed = $3, webhook_secret_nonce = $4,
-    smtp_host = $5, smtp_port = $6, smtp_from = $7, smtp_username = $8,
-    smtp_password_sealed = $9, smtp_password_nonce = $10, smtp_starttls = $11,
-    version = version + 1, updated_at = now()
-WHERE id
-RETURNING *
-"""
-# Notifications and digests (pauses are rule_events too, but not deliveries), newest first.
-_DELIVERY_FILTER = """
-WHERE action <> 'pause'
-  AND ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR channel = $2)
-  AND ($3::text IS NULL OR rule_id = $3) AND ($4::uuid IS NULL OR user_id = $4)
-  AND ($5::text IS NULL OR action = $5)
-"""
-_LIST_DELIVERIES = """
-SELECT delivery_id, rule_id, entry, user_id, action, channel, "window", window_start, threshold_nano,
-       spend_nano, status, attempts, next_attempt_at, last_error, created_at, delivered_at
-FROM rule_events
-""" + _DELIVERY_FILTER + """
-ORDER BY id DESC
-LIMIT $6 OFFSET $7
-"""
-_COUNT_DELIVERIES = "SELECT count(*) FROM rule_events" + _DELIVERY_FILTER
 
 _DELIVERY_QUERY = frozenset({"page", "page_size", "status", "channel", "rule_id", "user_id", "action"})
 
@@ -161,17 +133,17 @@ class NotificationsAdmin:
 
     async def get(self) -> dict[str, Any]:
         async with self._pool.acquire() as conn:
-            return settings_json(await conn.fetchrow(SELECT_SETTINGS))
+            return settings_json(await conn.fetchrow(notifications_sql.SELECT_SETTINGS))
 
     async def put(self, actor: str, body: NotificationsBody) -> dict[str, Any]:
         """Merge ``body`` into the stored channels, check the result as a whole (every problem
         listed), and store it with its audit row in one transaction."""
         async with self._pool.acquire() as conn:
             async with conn.transaction():
-                await conn.execute(_ENSURE_ROW)
-                current = await conn.fetchrow(_SELECT_FOR_UPDATE)
+                await conn.execute(notifications_sql.ENSURE_SETTINGS_ROW)
+                current = await conn.fetchrow(notifications_sql.SETTINGS_FOR_UPDATE)
                 args, detail = self._merge(current, body)
-                row = await conn.fetchrow(_UPDATE, *args)
+                row = await conn.fetchrow(notifications_sql.UPDATE_SETTINGS, *args)
                 await conn.execute(sql.INSERT_AUDIT, actor, "update_notifications", "notifications",
                                    json.dumps(detail))
         return settings_json(row)
@@ -237,8 +209,8 @@ class NotificationsAdmin:
         page_size = _int(raw.get("page_size"), "page_size", 1, MAX_PAGE_SIZE, 50)
         filters = (raw.get("status"), raw.get("channel"), raw.get("rule_id"), user_id, raw.get("action"))
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch(_LIST_DELIVERIES, *filters, page_size, (page - 1) * page_size)
-            total = await conn.fetchval(_COUNT_DELIVERIES, *filters)
+            rows = await conn.fetch(notifications_sql.LIST_DELIVERIES, *filters, page_size, (page - 1) * page_size)
+            total = await conn.fetchval(notifications_sql.COUNT_DELIVERIES, *filters)
         return {"deliveries": [_delivery_json(r) for r in rows], "total": int(total), "page": page,
                 "page_size": page_size}
 

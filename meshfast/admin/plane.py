@@ -19,6 +19,7 @@ from meshfast.admin import auth, logs, notifications
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationUpdate
 from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream
+from meshfast.store import admin as admin_sql
 
 Handler = Callable[..., Awaitable[Reply]]
 # Shown once, never stored: a replayed create answers without them.
@@ -179,12 +180,9 @@ class AdminPlane:
             raise errors.InvalidRequest("Idempotency-Key is at most 200 characters")
         digest = hashlib.sha256(path.encode() + b"\0" + body).hexdigest()
         async with self._pool.acquire() as conn:
-            claimed = await conn.fetchval(
-                "INSERT INTO admin_idempotency (actor, key, request_hash) VALUES ($1, $2, $3) "
-                "ON CONFLICT DO NOTHING RETURNING true", actor.id, key, digest)
+            claimed = await conn.fetchval(admin_sql.CLAIM_IDEMPOTENCY_KEY, actor.id, key, digest)
             if not claimed:
-                row = await conn.fetchrow("SELECT request_hash, status, response FROM admin_idempotency "
-                                          "WHERE actor = $1 AND key = $2", actor.id, key)
+                row = await conn.fetchrow(admin_sql.IDEMPOTENCY_KEY, actor.id, key)
                 if row is None or row["request_hash"] != digest:
                     raise errors.IdempotencyConflict()
                 if row["status"] == 0:
@@ -195,13 +193,12 @@ class AdminPlane:
             reply = await run()
         except BaseException:
             async with self._pool.acquire() as conn:
-                await conn.execute("DELETE FROM admin_idempotency WHERE actor = $1 AND key = $2", actor.id, key)
+                await conn.execute(admin_sql.RELEASE_IDEMPOTENCY_KEY, actor.id, key)
             raise
         kept = {k: v for k, v in reply.body.items() if k not in _SECRET_FIELDS} if isinstance(reply.body, dict) \
             else reply.body
         async with self._pool.acquire() as conn:
-            await conn.execute("UPDATE admin_idempotency SET status = $3, response = $4::jsonb "
-                               "WHERE actor = $1 AND key = $2", actor.id, key, reply.status,
+            await conn.execute(admin_sql.KEEP_IDEMPOTENT_REPLY, actor.id, key, reply.status,
                                msgspec.json.encode(kept).decode())
         return reply
 

@@ -18,6 +18,7 @@ from meshfast.admin.issuers import IssuerCreate, IssuerService
 from meshfast.admin.rules import RuleService, decode_body
 from meshfast.admin.workflows import WorkflowCreate, WorkflowService
 from meshfast.secrets import Secrets
+from meshfast.store import admin as admin_sql
 
 _json = msgspec.json.Encoder()
 
@@ -152,7 +153,7 @@ class AdminRouter:
         if not actor.id.startswith("admin:"):
             raise errors.Forbidden("a session token is for a logged-in admin (an admin token has no user)")
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow("SELECT id, email, status FROM users WHERE email = $1", actor.name.lower())
+            row = await conn.fetchrow(admin_sql.USER_BY_EMAIL, actor.name.lower())
         if row is None or row["status"] != "active":
             raise errors.UserNotFound("no active user has your email")
         token, expires = tokens.mint(self._secrets.master_key, str(row["id"]), row["email"])

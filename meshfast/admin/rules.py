@@ -20,35 +20,12 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, rules, snapshot
+from meshfast.store import rules as rules_sql
 from meshfast.store import sql
 
 if TYPE_CHECKING:  # the admin service imports this module
     from meshfast.admin.service import AdminService
 
-LIST_RULES = "SELECT id, body, version, created_at, updated_at FROM rules ORDER BY id"
-GET_RULE = "SELECT id, body, version, created_at, updated_at FROM rules WHERE id = $1"
-STORED_RULES = "SELECT id, body FROM rules"
-RULE_FOR_UPDATE = "SELECT version FROM rules WHERE id = $1 FOR UPDATE"
-INSERT_RULE = """
-INSERT INTO rules (id, body) VALUES ($1, $2::jsonb) ON CONFLICT (id) DO NOTHING
-RETURNING id, body, version, created_at, updated_at
-"""
-UPDATE_RULE = """
-UPDATE rules SET body = $2::jsonb, version = version + 1, updated_at = now() WHERE id = $1
-RETURNING id, body, version, created_at, updated_at
-"""
-DELETE_RULE = "DELETE FROM rules WHERE id = $1 RETURNING id"
-# People as their ids, applications marked (rules.APPLICATION_MARK): a leader must be a person.
-KNOWN_USERS = """
-SELECT CASE WHEN kind = 'application' THEN 'application:' || id::text ELSE id::text END
-FROM users WHERE id = ANY($1::uuid[])
-"""
-MODEL_NAMES = "SELECT name, aliases, tags FROM models"
-GET_ENFORCEMENT = "SELECT enforce_rules FROM gateway_state"
-SET_ENFORCEMENT = "UPDATE gateway_state SET enforce_rules = $1, updated_at = now() RETURNING enforce_rules"
-SET_RESTRICTIONS = """
-UPDATE models SET restrictions = $2::jsonb, version = version + 1, updated_at = now() WHERE id = $1
-"""
 
 # A draft rule (stored form) -> the core's dry-run answer, from the worker serving the request.
 DryRun = Callable[[dict[str, Any]], bytes]
@@ -94,7 +71,7 @@ def invalid(problems: list[str]) -> errors.MeshfastError:
 async def known_models(conn: asyncpg.Connection) -> dict[str, str]:
     """Every model name and alias -> the model's name (rules name models by name)."""
     out: dict[str, str] = {}
-    for row in await conn.fetch(MODEL_NAMES):
+    for row in await conn.fetch(rules_sql.MODEL_NAMES):
         out[row["name"]] = row["name"]
         for alias in row["aliases"] or ():
             out.setdefault(alias, row["name"])
@@ -104,11 +81,11 @@ async def known_models(conn: asyncpg.Connection) -> dict[str, str]:
 async def known_users(conn: asyncpg.Connection, body: Any) -> set[str]:
     """Those of the user ids ``body`` names that exist."""
     wanted = rules.referenced_users(body)
-    return {row[0] for row in await conn.fetch(KNOWN_USERS, wanted)} if wanted else set()
+    return {row[0] for row in await conn.fetch(rules_sql.KNOWN_USERS, wanted)} if wanted else set()
 
 
 async def stored_rules(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
-    return {row["id"]: _json(row["body"]) for row in await conn.fetch(STORED_RULES)}
+    return {row["id"]: _json(row["body"]) for row in await conn.fetch(rules_sql.STORED_RULES)}
 
 
 async def checked(conn: asyncpg.Connection, body: Any, others: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,11 +122,11 @@ class RuleService:
 
     async def list(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            return [rule_json(row) for row in await conn.fetch(LIST_RULES)]
+            return [rule_json(row) for row in await conn.fetch(rules_sql.LIST_RULES)]
 
     async def get(self, rule_id: str) -> dict[str, Any]:
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(GET_RULE, _rule_id(rule_id))
+            row = await conn.fetchrow(rules_sql.GET_RULE, _rule_id(rule_id))
         if row is None:
             raise errors.RuleNotFound()
         return rule_json(row)
@@ -161,7 +138,7 @@ class RuleService:
             stored = await stored_rules(conn)
             rule_id = draft.get("id") if isinstance(draft, dict) else None
             rule = await checked(conn, draft, [r for i, r in stored.items() if i != rule_id])
-            row = await conn.fetchrow(INSERT_RULE, rule["id"], json.dumps(rule))
+            row = await conn.fetchrow(rules_sql.INSERT_RULE, rule["id"], json.dumps(rule))
             if row is None:
                 raise errors.RuleExists()
             return row
@@ -184,14 +161,14 @@ class RuleService:
             draft = {**draft, "id": rule_id}
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            row = await conn.fetchrow(RULE_FOR_UPDATE, rule_id)
+            row = await conn.fetchrow(rules_sql.RULE_FOR_UPDATE, rule_id)
             if row is None:
                 raise errors.RuleNotFound()
             if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
                 raise errors.VersionConflict()
             stored = await stored_rules(conn)
             rule = await checked(conn, draft, [r for i, r in stored.items() if i != rule_id])
-            return await conn.fetchrow(UPDATE_RULE, rule_id, json.dumps(rule))
+            return await conn.fetchrow(rules_sql.UPDATE_RULE, rule_id, json.dumps(rule))
 
         return rule_json(await self._write(actor, "update_rule", rule_id, {}, work))
 
@@ -199,7 +176,7 @@ class RuleService:
         rule_id = _rule_id(rule_id)
 
         async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(DELETE_RULE, rule_id) is None:
+            if await conn.fetchval(rules_sql.DELETE_RULE, rule_id) is None:
                 raise errors.RuleNotFound()
 
         await self._write(actor, "delete_rule", rule_id, {}, work)
@@ -207,11 +184,11 @@ class RuleService:
 
     async def enforcement(self) -> dict[str, Any]:
         async with self._pool.acquire() as conn:
-            return {"enforce": bool(await conn.fetchval(GET_ENFORCEMENT))}
+            return {"enforce": bool(await conn.fetchval(rules_sql.GET_ENFORCEMENT))}
 
     async def set_enforcement(self, actor: str, body: rules.EnforcementBody) -> dict[str, Any]:
         async def work(conn: asyncpg.Connection) -> bool:
-            return bool(await conn.fetchval(SET_ENFORCEMENT, body.enforce))
+            return bool(await conn.fetchval(rules_sql.SET_ENFORCEMENT, body.enforce))
 
         state = await self._service._write(actor, "update_enforcement", "rules", {"enforce": body.enforce}, work,
                                            change="rules")
@@ -276,20 +253,17 @@ async def rename_model(conn: asyncpg.Connection, old: str, new: str) -> list[str
         for entry in hits:
             entry["scope"] = {**entry["scope"], "model": new}
         if hits:
-            await conn.execute(UPDATE_RULE, rule_id, json.dumps(body))
+            await conn.execute(rules_sql.UPDATE_RULE, rule_id, json.dumps(body))
             changed.append(rule_id)
     return changed
 
 
 async def set_restrictions(conn: asyncpg.Connection, model_id: uuid.UUID,
                            value: rules.RestrictionsBody | None) -> None:
-    await conn.execute(SET_RESTRICTIONS, model_id, await checked_restrictions(conn, value))
+    await conn.execute(rules_sql.SET_RESTRICTIONS, model_id, await checked_restrictions(conn, value))
 
 
 # --- registry files ------------------------------------------------------------------------------
-
-USER_EMAILS = "SELECT email, id::text FROM users WHERE kind = 'user'"
-RESTRICTIONS_BY_NAME = "SELECT id, name, restrictions FROM models WHERE name = ANY($1::text[])"
 
 
 def parse_file_rules(entries: list[Any]) -> list[str]:
@@ -366,7 +340,7 @@ async def plan_registry(conn: asyncpg.Connection, file_rules: list[Any], restric
             problems.extend(f"rule {rule['id']!r}: {p}" for p in rules.conflicts(rule, kept + plan.rules[i + 1:]))
     emails: dict[str, str] = {}
     if any(value is not None for value in restrictions.values()):
-        emails = {row["email"]: row["id"] for row in await conn.fetch(USER_EMAILS)}
+        emails = {row["email"]: row["id"] for row in await conn.fetch(rules_sql.USER_EMAILS)}
         users |= set(emails.values())
     for name, value in restrictions.items():
         if value is None:
@@ -385,27 +359,27 @@ async def apply_plan(conn: asyncpg.Connection, plan: RegistryPlan, enforce_rules
     for rule in plan.rules:
         label = f"rule {rule['id']}"
         if rule["id"] not in stored:
-            await conn.execute(INSERT_RULE, rule["id"], json.dumps(rule))
+            await conn.execute(rules_sql.INSERT_RULE, rule["id"], json.dumps(rule))
             summary["created"].append(label)
         elif stored[rule["id"]] == rule:
             summary["unchanged"].append(label)
         else:
-            await conn.execute(UPDATE_RULE, rule["id"], json.dumps(rule))
+            await conn.execute(rules_sql.UPDATE_RULE, rule["id"], json.dumps(rule))
             summary["updated"].append(label)
     if plan.restrictions:
-        for row in await conn.fetch(RESTRICTIONS_BY_NAME, list(plan.restrictions)):
+        for row in await conn.fetch(rules_sql.RESTRICTIONS_BY_NAME, list(plan.restrictions)):
             wanted = plan.restrictions[row["name"]]
             if _json(row["restrictions"]) == wanted:
                 continue
-            await conn.execute(SET_RESTRICTIONS, row["id"], None if wanted is None else json.dumps(wanted))
+            await conn.execute(rules_sql.SET_RESTRICTIONS, row["id"], None if wanted is None else json.dumps(wanted))
             label = f"model {row['name']}"
             if label in summary["unchanged"]:
                 summary["unchanged"].remove(label)
             if label not in summary["created"] and label not in summary["updated"]:
                 summary["updated"].append(label)
     if enforce_rules is not None:
-        if bool(await conn.fetchval(GET_ENFORCEMENT)) == enforce_rules:
+        if bool(await conn.fetchval(rules_sql.GET_ENFORCEMENT)) == enforce_rules:
             summary["unchanged"].append("enforcement")
         else:
-            await conn.execute(SET_ENFORCEMENT, enforce_rules)
+            await conn.execute(rules_sql.SET_ENFORCEMENT, enforce_rules)
             summary["updated"].append("enforcement")

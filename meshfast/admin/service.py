@@ -24,6 +24,7 @@ from meshfast.admin import rules as rule_admin
 from meshfast.admin import workflows as workflow_admin
 from meshfast.sealing import open_sealed, seal
 from meshfast.secrets import Secrets, new_mesh_key
+from meshfast.store import applications as applications_sql
 from meshfast.store import sql
 from meshfast.validate import (
     ApiKey,
@@ -850,11 +851,10 @@ async def _apply_applications(conn: asyncpg.Connection, entries: list[RegistryAp
     """A registry file's applications (see :class:`RegistryApplication`); the problems found
     (an owner or a model nobody registered), in which case nothing was changed."""
     owners = {r["email"]: r["id"] for r in await conn.fetch(
-        "SELECT email, id FROM users WHERE kind = 'user' AND email = ANY($1::text[])",
-        [a.owner_email for a in entries])}
+        sql.USER_IDS_BY_EMAIL, [a.owner_email for a in entries])}
     wanted_models = sorted({m for a in entries for m in a.models})
     models = {r["name"]: r["id"] for r in await conn.fetch(
-        "SELECT name, id FROM models WHERE name = ANY($1::text[])", wanted_models)}
+        sql.MODEL_IDS_BY_NAME, wanted_models)}
     problems = [f"application {a.name!r}: owner {a.owner_email!r} is not a registered user" for a in entries
                 if a.owner_email not in owners]
     problems += [f"application {a.name!r}: model {m!r} is neither in the file nor registered" for a in entries
@@ -862,17 +862,14 @@ async def _apply_applications(conn: asyncpg.Connection, entries: list[RegistryAp
     if problems:
         return problems
     stored = {r["key"]: r for r in await conn.fetch(
-        "SELECT lower(display_name) AS key, id, owner_id, business_unit FROM users WHERE kind = 'application' "
-        "AND lower(display_name) = ANY($1::text[])", [a.name.lower() for a in entries])}
+        applications_sql.APPLICATIONS_BY_NAME, [a.name.lower() for a in entries])}
     for a in entries:
         row = stored.get(a.name.lower())
         owner = owners[a.owner_email]
         if row is None:
             unit = None if a.business_unit is UNSET else a.business_unit
             try:
-                app_id = await conn.fetchval(
-                    "INSERT INTO users (kind, display_name, owner_id, business_unit) VALUES ('application', $1, $2, "
-                    "$3) RETURNING id", a.name, owner, unit)
+                app_id = await conn.fetchval(applications_sql.INSERT_APPLICATION, a.name, owner, unit)
             except asyncpg.UniqueViolationError:
                 return [f"application {a.name!r} was created meanwhile: apply the file again"]
             summary["created"].append(f"application {a.name}")
@@ -880,14 +877,12 @@ async def _apply_applications(conn: asyncpg.Connection, entries: list[RegistryAp
             app_id = row["id"]
             unit = row["business_unit"] if a.business_unit is UNSET else a.business_unit
             if (row["owner_id"], row["business_unit"]) != (owner, unit):
-                await conn.execute("UPDATE users SET owner_id = $2, business_unit = $3, version = version + 1, "
-                                   "updated_at = now() WHERE id = $1", app_id, owner, unit)
+                await conn.execute(applications_sql.UPDATE_APPLICATION_OWNER, app_id, owner, unit)
                 summary["updated"].append(f"application {a.name}")
             else:
                 summary["unchanged"].append(f"application {a.name}")
         for m in a.models:
-            if await conn.fetchval("INSERT INTO user_model_access (user_id, model_id) VALUES ($1, $2) "
-                                   "ON CONFLICT DO NOTHING RETURNING 1", app_id, models[m]):
+            if await conn.fetchval(sql.GRANT_ACCESS_IF_NEW, app_id, models[m]):
                 summary["created"].append(f"grant {a.name} -> {m}")
     return []
 
@@ -1223,12 +1218,12 @@ class AdminService:
             old = await conn.fetchrow(sql.KEY_FOR_UPDATE, kid)
             if old is None:
                 raise errors.KeyNotFound()
-            expired = old["expires_at"] is not None and old["expires_at"] <= await conn.fetchval("SELECT now()")
+            expired = old["expires_at"] is not None and old["expires_at"] <= await conn.fetchval(sql.NOW)
             if old["status"] != "active" or old["replaced_by"] is not None or expired:
                 raise errors.KeyNotCurrent()
             until = None
             if body.overlap_s:
-                until = await conn.fetchval("SELECT now() + make_interval(secs => $1)", body.overlap_s)
+                until = await conn.fetchval(sql.NOW_PLUS_SECONDS, body.overlap_s)
             # NOTE: the old key leaves the unique indexes (replaced, by itself for a moment)
             # before its successor takes its place.
             await conn.execute(sql.RETIRE_KEY, kid, kid, until)
@@ -1435,8 +1430,7 @@ class AdminService:
         name, api_key, base_url, settings = _provider_fields(checked)
 
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            row = await conn.fetchrow("SELECT version, encrypted_api_key, key_nonce FROM providers "
-                                      "WHERE id = $1 FOR UPDATE", pid)
+            row = await conn.fetchrow(sql.PROVIDER_FOR_UPDATE, pid)
             if row is None:
                 raise errors.ProviderNotFound()
             if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
@@ -1446,7 +1440,7 @@ class AdminService:
             else:
                 sealed, nonce = seal(self._secrets.master_key, str(pid), api_key)
             try:
-                await conn.execute("UPDATE providers SET name = $2 WHERE id = $1", pid, name)
+                await conn.execute(sql.RENAME_PROVIDER, pid, name)
             except asyncpg.UniqueViolationError:
                 raise errors.ProviderExists() from None
             return await conn.fetchrow(
@@ -1519,7 +1513,7 @@ class AdminService:
             args = _model_args(body)
 
         async def work(conn: asyncpg.Connection) -> None:
-            row = await conn.fetchrow("SELECT version, name FROM models WHERE id = $1 FOR UPDATE", mid)
+            row = await conn.fetchrow(sql.MODEL_FOR_UPDATE, mid)
             if row is None:
                 raise errors.ModelNotFound()
             if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
@@ -1528,7 +1522,7 @@ class AdminService:
                 if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
                     raise errors.InvalidRequest("provider_not_found")
                 try:
-                    await conn.execute("UPDATE models SET name = $2 WHERE id = $1", mid, args[0])
+                    await conn.execute(sql.RENAME_MODEL, mid, args[0])
                 except asyncpg.UniqueViolationError:
                     raise errors.ModelExists() from None
                 await conn.execute(sql.UPDATE_MODEL, mid, provider_id, *args[1:])

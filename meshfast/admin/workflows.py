@@ -23,6 +23,7 @@ import msgspec
 from msgspec import Meta
 
 from meshfast import counters, errors, validate
+from meshfast.store import workflows as workflows_sql
 
 WorkflowNotFound = errors.WorkflowNotFound
 WorkflowExists = errors.WorkflowExists
@@ -38,18 +39,6 @@ class WorkflowCreate(msgspec.Struct, forbid_unknown_fields=True):
     limit_usd: Annotated[float, Meta(gt=0)] | Annotated[str, Meta(max_length=32)]
     window: str
     principals: Annotated[list[dict[str, str]], Meta(max_length=MAX_PRINCIPALS)] | None = None
-
-
-_COLUMNS = 'uid, id, limit_nano_usd, "window", principals::text AS principals, created_at'
-INSERT_WORKFLOW = f"""
-INSERT INTO workflows (id, limit_nano_usd, "window", principals) VALUES ($1, $2, $3, $4::jsonb)
-RETURNING {_COLUMNS}
-"""
-LIST_WORKFLOWS = f"SELECT {_COLUMNS} FROM workflows ORDER BY id"
-GET_WORKFLOW = f"SELECT {_COLUMNS} FROM workflows WHERE id = $1"
-DELETE_WORKFLOW = "DELETE FROM workflows WHERE id = $1 RETURNING uid"
-SPENT = "SELECT spend_nano_usd FROM workflow_spend WHERE workflow_uid = $1 AND period = $2"
-KNOWN_PRINCIPALS = "SELECT id FROM users WHERE id = ANY($1::uuid[]) AND kind = $2"
 
 
 def _limit_nano(value: float | str) -> int:
@@ -113,18 +102,11 @@ async def check_principals(conn: asyncpg.Connection, principals: list[dict[str, 
         listed = [uuid.UUID(p[field]) for p in principals or () if field in p]
         if not listed:
             continue
-        known = {r["id"] for r in await conn.fetch(KNOWN_PRINCIPALS, listed, kind)}
+        known = {r["id"] for r in await conn.fetch(workflows_sql.KNOWN_PRINCIPALS, listed, kind)}
         missing = [str(p) for p in listed if p not in known]
         if missing:
             raise errors.InvalidRequest(f"principals name {kind}s that do not exist: {', '.join(missing[:5])}",
                                         errors=[f"no {kind} {m}" for m in missing])
-
-
-# A registry file's workflow (meshfast.admin.service): created, or updated in place by id.
-STORED_WORKFLOW = 'SELECT limit_nano_usd, "window", principals::text AS principals FROM workflows WHERE id = $1'
-UPDATE_WORKFLOW = """
-UPDATE workflows SET limit_nano_usd = $2, "window" = $3, principals = $4::jsonb WHERE id = $1
-"""
 
 
 async def apply_file_workflow(conn: asyncpg.Connection, body: WorkflowCreate, summary: dict[str, list[str]]) -> None:
@@ -132,15 +114,15 @@ async def apply_file_workflow(conn: asyncpg.Connection, body: WorkflowCreate, su
     limit, principals = check(body)
     await check_principals(conn, principals)
     wanted = None if principals is None else json.dumps(principals)
-    row = await conn.fetchrow(STORED_WORKFLOW, body.id)
+    row = await conn.fetchrow(workflows_sql.STORED_WORKFLOW, body.id)
     if row is None:
-        await conn.fetchrow(INSERT_WORKFLOW, body.id, limit, body.window, wanted)
+        await conn.fetchrow(workflows_sql.INSERT_WORKFLOW, body.id, limit, body.window, wanted)
         summary["created"].append(f"workflow {body.id}")
     elif (int(row["limit_nano_usd"]), row["window"],
           None if row["principals"] is None else json.loads(row["principals"])) == (limit, body.window, principals):
         summary["unchanged"].append(f"workflow {body.id}")
     else:
-        await conn.execute(UPDATE_WORKFLOW, body.id, limit, body.window, wanted)
+        await conn.execute(workflows_sql.UPDATE_WORKFLOW, body.id, limit, body.window, wanted)
         summary["updated"].append(f"workflow {body.id}")
 
 
@@ -164,7 +146,7 @@ class WorkflowService:
         async def work(conn: asyncpg.Connection) -> asyncpg.Record:
             await check_principals(conn, principals)
             try:
-                return await conn.fetchrow(INSERT_WORKFLOW, body.id, limit, body.window,
+                return await conn.fetchrow(workflows_sql.INSERT_WORKFLOW, body.id, limit, body.window,
                                            None if principals is None else json.dumps(principals))
             except asyncpg.UniqueViolationError:
                 raise WorkflowExists() from None
@@ -175,13 +157,13 @@ class WorkflowService:
 
     async def list(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch(LIST_WORKFLOWS)
+            rows = await conn.fetch(workflows_sql.LIST_WORKFLOWS)
             return [await self._json(r, conn) for r in rows]
 
     async def get(self, workflow_id: str) -> dict[str, Any]:
         _path_id(workflow_id)
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(GET_WORKFLOW, workflow_id)
+            row = await conn.fetchrow(workflows_sql.GET_WORKFLOW, workflow_id)
             if row is None:
                 raise WorkflowNotFound()
             return await self._json(row, conn)
@@ -190,7 +172,7 @@ class WorkflowService:
         _path_id(workflow_id)
 
         async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(DELETE_WORKFLOW, workflow_id) is None:
+            if await conn.fetchval(workflows_sql.DELETE_WORKFLOW, workflow_id) is None:
                 raise WorkflowNotFound()
 
         await self._write(actor, "delete_workflow", workflow_id, {}, work)
@@ -203,9 +185,9 @@ class WorkflowService:
         period = counters.workflow_period(row["window"], today)
         if conn is None:
             async with self._pool.acquire() as c:
-                spent = await c.fetchval(SPENT, row["uid"], period)
+                spent = await c.fetchval(workflows_sql.SPENT, row["uid"], period)
         else:
-            spent = await conn.fetchval(SPENT, row["uid"], period)
+            spent = await conn.fetchval(workflows_sql.SPENT, row["uid"], period)
         limit = int(row["limit_nano_usd"])
         return {
             "id": row["id"], "limit_usd": float(Decimal(limit) / NANOS), "window": row["window"],

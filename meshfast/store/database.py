@@ -55,6 +55,8 @@ CREATE TABLE IF NOT EXISTS meshfast_migrations (
 """
 _APPLIED_VERSIONS = "SELECT version FROM meshfast_migrations ORDER BY version"
 _RECORD_MIGRATION = "INSERT INTO meshfast_migrations (version, name) VALUES ($1, $2)"
+_LOCK_MIGRATIONS = "SELECT pg_advisory_lock($1)"
+_UNLOCK_MIGRATIONS = "SELECT pg_advisory_unlock($1)"
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -104,7 +106,7 @@ async def migrate(url: str) -> list[Migration]:
     """Create the roles if needed and apply pending migrations; returns what was applied."""
     conn = await connect(url)
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+        await conn.execute(_LOCK_MIGRATIONS, _MIGRATION_LOCK)
         try:
             if await conn.fetchval(_IS_SUPERUSER):
                 await conn.execute(_ENSURE_ROLES)
@@ -122,7 +124,7 @@ async def migrate(url: str) -> list[Migration]:
                 done.append(migration)
             return done
         finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+            await conn.execute(_UNLOCK_MIGRATIONS, _MIGRATION_LOCK)
     finally:
         await conn.close()
 

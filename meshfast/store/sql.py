@@ -387,3 +387,42 @@ SET_KILL_SWITCH = "UPDATE gateway_state SET kill_switch = $1, updated_at = now()
 # --- maintenance (leader) --------------------------------------------------------------------
 
 ENSURE_LOG_PARTITIONS = "SELECT meshfast_ensure_log_partitions($1)"
+
+# --- registry files: owners, models and grants -----------------------------------------------
+
+USER_IDS_BY_EMAIL = "SELECT email, id FROM users WHERE kind = 'user' AND email = ANY($1::text[])"
+MODEL_IDS_BY_NAME = "SELECT name, id FROM models WHERE name = ANY($1::text[])"
+# Returns 1 when the grant is new, nothing when it was there.
+GRANT_ACCESS_IF_NEW = """
+INSERT INTO user_model_access (user_id, model_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+"""
+
+# --- the database's clock --------------------------------------------------------------------
+
+NOW = "SELECT now()"
+NOW_PLUS_SECONDS = "SELECT now() + make_interval(secs => $1)"
+
+# --- provider and model renames (a name is unique: a clash is reported as such) ------------
+
+PROVIDER_FOR_UPDATE = "SELECT version, encrypted_api_key, key_nonce FROM providers WHERE id = $1 FOR UPDATE"
+RENAME_PROVIDER = "UPDATE providers SET name = $2 WHERE id = $1"
+MODEL_FOR_UPDATE = "SELECT version, name FROM models WHERE id = $1 FOR UPDATE"
+RENAME_MODEL = "UPDATE models SET name = $2 WHERE id = $1"
+# {"dropped": ..., ...} as JSON text: what retention removed, older than $1 days.
+RETENTION = "SELECT meshfast_retention($1)::text"
+# The leader lock: one worker at a time leads (session-level, held while its connection lives).
+TRY_LEADER_LOCK = "SELECT pg_try_advisory_lock($1)"
+# A session-level setting; SET takes no parameters, set_config does ($1: the value as text).
+SET_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', $1, false)"
+
+# --- health ----------------------------------------------------------------------------------
+
+PING = "SELECT 1"
+
+# --- time zones ------------------------------------------------------------------------------
+
+TIMEZONE_NAMES = "SELECT name FROM pg_timezone_names"
+
+# --- principals ------------------------------------------------------------------------------
+
+USER_ID_TEXT_BY_EMAIL = "SELECT id::text FROM users WHERE email = $1 AND kind = 'user'"
