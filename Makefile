@@ -42,7 +42,7 @@ run: setup ## set up and run the gateway on $(PORT) with $(WORKERS) workers
 
 .PHONY: test
 test: setup ## set up and run every test: Rust unit tests, Python tests, benchmark gates
-	cargo test --locked -p meshfast-core
+	cargo test --release --locked -p meshfast-core
 	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q --durations=30 tests
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
@@ -51,7 +51,7 @@ test: setup ## set up and run every test: Rust unit tests, Python tests, benchma
 
 .PHONY: test-rust
 test-rust: ## Rust unit and property tests only
-	cargo test --locked -p meshfast-core
+	cargo test --release --locked -p meshfast-core
 
 .PHONY: test-py
 test-py: ## Python tests only (assumes `make setup`)
@@ -226,7 +226,7 @@ fuzz-admin: ## schemathesis on the admin API, FUZZ_EXAMPLES per operation (defau
 
 .PHONY: fuzz-quick
 fuzz-quick: ## a short fuzz run of every target (CI); skipped without a nightly toolchain
-	@if cargo +nightly --version >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=15; \
+	@if cargo +nightly --version >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=10; \
 	else echo "fuzz-quick: no nightly toolchain, skipped (the Hypothesis parser tests still ran)"; fi
 
 .PHONY: lock

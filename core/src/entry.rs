@@ -399,10 +399,10 @@ impl EntryStream {
                     block: crate::translate::stream::BlockKind::ToolCall { name, .. },
                     ..
                 } => {
-                    crate::prepare::record_tool_name(
+                    crate::signals::record_tool_name(
                         &mut self.tools_invoked,
                         name,
-                        crate::prepare::INVOKED_NAME_BUDGET,
+                        crate::signals::INVOKED_NAME_BUDGET,
                         String::as_str,
                         |n| n,
                     );
@@ -474,7 +474,7 @@ impl EntryStream {
         &self.output_text
     }
     /// The tools the model called so far: each distinct name once, in order, within
-    /// [`crate::prepare::INVOKED_NAME_BUDGET`] bytes of names.
+    /// [`crate::signals::INVOKED_NAME_BUDGET`] bytes of names.
     #[must_use]
     pub fn tools_invoked(&self) -> &[String] {
         &self.tools_invoked

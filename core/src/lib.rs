@@ -22,6 +22,7 @@ pub mod provider;
 pub mod redact;
 pub mod rules;
 pub mod shm;
+pub mod signals;
 pub mod snapshot;
 pub mod template;
 pub mod translate;

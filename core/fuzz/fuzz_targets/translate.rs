@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use meshfast_core::entry::EntryStream;
-use meshfast_core::exchange::{Exchange, Translator};
+use meshfast_core::exchange::Exchange;
 use meshfast_core::http1::ResponseParser;
 use meshfast_core::translate::{self, Format};
 
@@ -23,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = translate::translate_response(from, to, rest);
     let client_stream = selector & 0x80 != 0;
     let es = EntryStream::new(from, to, client_stream, selector & 0x40 != 0, "m".to_owned());
-    let mut exchange = Exchange::new(Translator::Entry(Box::new(es)), None);
+    let mut exchange = Exchange::new(es, None);
     let framed = selector & 0x20 != 0;
     if framed {
         // Arbitrary socket bytes: the head and framing are fuzzed too.
