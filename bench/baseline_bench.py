@@ -35,11 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
 from bench.baselines import install  # noqa: E402
-from bench.models_bench import BenchError, Server  # noqa: E402
+from bench.harness import BenchError, Server  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 LITELLM_MASTER_KEY = "sk-bench-litellm-0000"
@@ -83,7 +82,7 @@ def start_baselines(args, st: pb.Stack, work_dir: Path) -> tuple[list[Server], d
         if litellm is None:
             info[name] = {"skipped": install.why_missing("litellm")}
             continue
-        port = mb.free_port()
+        port = harness.free_port()
         cfg = litellm_config(work_dir, st.testserve_url)
         s = Server(name, [str(litellm), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
                           "--num_workers", str(workers)],
@@ -96,13 +95,13 @@ def start_baselines(args, st: pb.Stack, work_dir: Path) -> tuple[list[Server], d
             {"authorization": f"Bearer {LITELLM_MASTER_KEY}", "content-type": "application/json"},
             chat_body("b-openai"), CHAT_END)
         info[name] = {"version": install.litellm_version(), "workers": workers, "url": url,
-                      "ready": lambda u=url: mb.http_request("GET", u + "/health/liveliness", timeout_s=2.0)[0] == 200}
+                      "ready": lambda u=url: harness.http_request("GET", u + "/health/liveliness", timeout_s=2.0)[0] == 200}
     if "portkey" in wanted:
         node_entry = install.portkey_entry()
         if node_entry is None:
             info["portkey"] = {"skipped": install.why_missing("portkey")}
         else:
-            port = mb.free_port()
+            port = harness.free_port()
             s = Server("portkey", ["node", str(node_entry), f"--port={port}", "--headless"],
                        dict(env, NODE_ENV="production"), work_dir / "portkey.log")
             servers.append(s)
@@ -113,14 +112,14 @@ def start_baselines(args, st: pb.Stack, work_dir: Path) -> tuple[list[Server], d
                  "x-portkey-provider": "openai", "x-portkey-custom-host": f"{st.testserve_url}/openai/v1"},
                 chat_body("dummy-chat"), CHAT_END)
             info["portkey"] = {"versions": install.portkey_versions(), "workers": 1, "url": url,
-                               "ready": lambda u=url: mb.http_request("GET", u + "/", timeout_s=2.0)[0] < 500}
+                               "ready": lambda u=url: harness.http_request("GET", u + "/", timeout_s=2.0)[0] < 500}
     for s in servers:
         s.start()
         st.groups.sessions[s.name] = s.proc.pid
     for s in servers:
         ready = info[s.name].pop("ready")
         try:
-            info[s.name]["ready_s"] = mb.wait_until(ready, READY_TIMEOUT_S, s, "ready")
+            info[s.name]["ready_s"] = harness.wait_until(ready, READY_TIMEOUT_S, s, "ready")
             pb._exchange_once(targets[s.name])
         except BenchError as exc:
             info[s.name]["failed"] = str(exc)[:2000]
@@ -172,8 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wrk-duration", type=int, default=10, help="measured wrk seconds per target")
     p.add_argument("--wrk-warmup", type=int, default=2, help="wrk seconds before each, kept apart (0: none)")
     p.add_argument("--quick", action="store_true", help="smoke check (3 s per target, 3 s wrk, LiteLLM 1 worker)")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast")
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd())
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/baselines-<timestamp>.json)")
     args = p.parse_args(argv)
     if args.quick:
@@ -191,14 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "baselines",
         "description": ("POST /v1/chat/completions (streamed) through meshfast, LiteLLM proxy and Portkey "
                         "gateway vs direct to testserve: added latency at a fixed rate, max requests/s"),
-        **mb.run_header(argv, started, pb.provenance(args)),
+        **harness.run_header(argv, started, pb.provenance(args)),
         "config": {"workers": args.workers, "litellm_workers": list(args.litellm_workers),
                    "baselines": list(args.baselines), "rate_rps": args.rate, "duration_s_per_target": args.duration,
                    "wrk": {"connections": args.connections, "threads": args.threads,
                            "duration_s": args.wrk_duration, "warmup_s": args.wrk_warmup},
                    "quick": args.quick, "request_body": chat_body("<model>").decode()},
         "note": pb.NOTE.format(slice_s=1.0),
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     failures: list[str] = []
     stack: pb.Stack | None = None
@@ -226,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, b in doc["baselines"].items():
                 if "skipped" in b or "failed" in b:
                     print(f"[baselines] {name}: {b.get('skipped') or b.get('failed')[:300]}", flush=True)
-            doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets()))
+            doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets()))
                               for s in [*stack.servers(), *extra]}
             doc["setup"] = stack.setup
             print(f"[baselines] latency: {len(targets)} targets x {args.duration:g} s at {args.rate:g} req/s ...",

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import models_bench as mb  # noqa: E402
+from bench import harness  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -66,12 +66,12 @@ ARMS = (
 def _provision(st: pb.Stack) -> None:
     st.setup["models"] = {}
     for family in ("anthropic", "openai"):
-        mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+        harness.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
             "name": f"cache-{family}", "family": family, "base_url": f"{st.testserve_url}/{family}",
             "api_key": pb.TESTSERVE_KEY, "local": True, "verify": False, "models": []})
     providers = {p["name"]: p["id"] for p in _admin(st, "GET", "/admin/providers")}
     for _, family, suffix, fields, _ in ARMS:
-        model = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/models", {
+        model = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/models", {
             "provider_id": providers[f"cache-{family}"], "name": f"cache-{suffix}", "kind": "chat",
             "resolved_model": f"{suffix}-promptcache", "max_output_tokens": 256, "verify": False,
             **PRICES[family], **fields})
@@ -79,11 +79,7 @@ def _provision(st: pb.Stack) -> None:
 
 
 def _admin(st: pb.Stack, method: str, path: str, body: Any = None) -> Any:
-    status, _, raw = mb.http_request(method, st.meshfast_url + path, {"authorization": f"Bearer {st.admin_token}"},
-                                     body, timeout_s=30.0)
-    if status >= 300:
-        raise mb.BenchError(f"{method} {path} answered {status}: {raw[:300]!r}")
-    return json.loads(raw) if raw else None
+    return harness.admin_call(st.meshfast_url, st.admin_token, method, path, body, expect=range(300), detail=300)
 
 
 def _person(st: pb.Stack, model_id: str) -> dict[str, Any]:
@@ -103,17 +99,17 @@ def run_arm(st: pb.Stack, arm: tuple[str, str, str, dict[str, Any], dict[str, st
 
     def ready() -> bool:
         return any(m["id"] == f"cache-{suffix}" for m in json.loads(
-            mb.http_request("GET", st.meshfast_url + "/v1/models", auth, timeout_s=5.0)[2]).get("data", []))
+            harness.http_request("GET", st.meshfast_url + "/v1/models", auth, timeout_s=5.0)[2]).get("data", []))
 
-    mb.wait_until(ready, 30.0, st.meshfast, f"cache-{suffix} granted on a worker")
+    harness.wait_until(ready, 30.0, st.meshfast, f"cache-{suffix} granted on a worker")
     messages: list[Any] = [{"role": "system", "content": SYSTEM},
                            {"role": "user", "content": "The nightly reconciliation job fails on March data; fix it."}]
     for turn in range(turns):
-        status, _, raw = mb.http_request("POST", st.meshfast_url + "/v1/chat/completions", auth,
-                                         {"model": f"cache-{suffix}", "messages": messages, "tools": TOOLS,
+        status, _, raw = harness.http_request("POST", st.meshfast_url + "/v1/chat/completions", auth,
+                                              {"model": f"cache-{suffix}", "messages": messages, "tools": TOOLS,
                                           "max_tokens": 256}, timeout_s=60.0)
         if status != 200:
-            raise mb.BenchError(f"{name} turn {turn}: {status} {raw[:300]!r}")
+            raise harness.BenchError(f"{name} turn {turn}: {status} {raw[:300]!r}")
         reply = json.loads(raw)["choices"][0]["message"].get("content") or ""
         call = f"call_{turn}"
         messages += [
@@ -130,7 +126,7 @@ def run_arm(st: pb.Stack, arm: tuple[str, str, str, dict[str, Any], dict[str, st
         rows = _admin(st, "GET", f"/admin/logs?user_id={user['id']}&page_size=500")["logs"]
         return len(rows) >= turns
 
-    mb.wait_until(all_rows, 30.0, st.meshfast, f"{turns} rows of {name}")
+    harness.wait_until(all_rows, 30.0, st.meshfast, f"{turns} rows of {name}")
     prompt_in = sum(r["tokens_in"] for r in rows)
     read = sum(r["cache_read_tokens"] for r in rows)
     write = sum(r["cache_write_tokens"] for r in rows)
@@ -166,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     turns = 6 if args.quick else args.turns
     work = Path(tempfile.mkdtemp(prefix="cache-bench-"))
     started = dt.datetime.now(dt.UTC)
-    prov = mb.provenance(argparse.Namespace(meshfast_cmd=args.meshfast_cmd, only="meshfast"))
-    doc: dict[str, Any] = {**mb.run_header(argv, started, prov), "bench": "cache",
+    prov = harness.provenance(argparse.Namespace(meshfast_cmd=args.meshfast_cmd, only="meshfast"))
+    doc: dict[str, Any] = {**harness.run_header(argv, started, prov), "bench": "cache",
                            "started_at": started.isoformat(), "turns": turns, "prices_per_1k": PRICES, "arms": []}
     st = pb.start_stack(args, work, forwarder=False, provision=_provision)
     try:

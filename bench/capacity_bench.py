@@ -43,10 +43,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench import models_bench as mb  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
 from bench.flood import flood, request_bytes  # noqa: E402
-from bench.models_bench import BenchError  # noqa: E402
+from bench.harness import BenchError  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 BAD_KEY = "mesh_live_" + "x" * 43
@@ -95,7 +96,7 @@ def restore_somaxconn(state: dict) -> None:
             pass
 
 
-def meshfast_pids(server: mb.Server) -> list[int]:
+def meshfast_pids(server: harness.Server) -> list[int]:
     import psutil
 
     root = psutil.Process(server.proc.pid)
@@ -174,23 +175,23 @@ def wrk(args, live: mb.Live, groups: pb.Groups, path: str, headers: dict[str, st
 
     def argv(duration_s: int) -> list[str]:
         a = ["wrk", "--threads", str(threads), "--connections", str(connections), "--duration", f"{duration_s}s",
-             "--timeout", mb.WRK_TIMEOUT, "--script", str(mb.WRK_LUA)]
+             "--timeout", harness.WRK_TIMEOUT, "--script", str(harness.WRK_LUA)]
         for k, v in headers.items():
             a += ["--header", f"{k}: {v}"]
         return a + [url]
 
     run: dict = {"path": path, "connections": connections, "threads": threads}
     if args.warmup > 0:
-        warm = mb.run_wrk(argv(args.warmup), args.warmup)
+        warm = harness.run_wrk(argv(args.warmup), args.warmup)
         warm.pop("stdout", None)
         run["warmup"] = warm
     run["idle_rss_mb"] = rss_mb(pids)
     meter = pb.CpuMeter(groups)
     with Sampler(pids, port) as sampler:
-        result = mb.run_wrk(argv(args.duration), args.duration)
+        result = harness.run_wrk(argv(args.duration), args.duration)
     run["cpu"] = meter.stop()
     run["resources"] = sampler.report()
-    run["wrk_command"] = shlex.join(mb.redact(argv(args.duration), live.secrets))
+    run["wrk_command"] = shlex.join(harness.redact(argv(args.duration), live.secrets))
     run["wrk_stdout"] = result.pop("stdout")
     run["wrk"] = result
     seconds = result["duration_us"] / 1e6
@@ -286,7 +287,7 @@ def phase_flood(args, live: mb.Live, groups: pb.Groups) -> dict:
            "statuses": {str(k): v for k, v in result.statuses.items()}, "socket_errors": result.errors,
            "seconds": round(result.seconds, 2),
            "requests_per_s": round(result.sent / result.seconds, 1) if result.seconds else None, "cpu": cpu}
-    out["healthz_after"] = mb.http_request("GET", base + "/healthz", timeout_s=5.0)[0]
+    out["healthz_after"] = harness.http_request("GET", base + "/healthz", timeout_s=5.0)[0]
     out["telemetry"] = asyncio.run(_denials(live.temp_dir, args.flood_requests))
     out["telemetry_counters"] = pb.settled_telemetry(base, live.secrets[0])
     return out
@@ -307,8 +308,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "admits twice that per instance before the listen backlog")
     p.add_argument("--probe-count", type=int, default=200, help="sequential requests per probe (0: none)")
     p.add_argument("--quick", action="store_true", help="smoke check (3 s runs, 1,000 held, 20,000 flood)")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast")
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd())
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/capacity-<timestamp>.json)")
     args = p.parse_args(argv)
     if args.quick:
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     out_path = args.out or RESULTS_DIR / f"capacity-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    nofile = mb.raise_nofile()
+    nofile = harness.raise_nofile()
     somaxconn = raise_somaxconn(DEFAULT_BACKLOG)
     if args.max_connections:
         # NOTE: read by `meshfast serve` (mb.start_meshfast copies this environment).
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "capacity",
         "description": ("Raw capacity of meshfast: /healthz, authenticated /v1/models, invalid-key 401s, "
                         "held connections with RSS and sockets, and a bad-key flood's denial accounting"),
-        **mb.run_header(argv, started, mb.provenance(args)),
+        **harness.run_header(argv, started, harness.provenance(args)),
         "config": {"workers": args.workers, "duration_s": args.duration, "warmup_s": args.warmup,
                    "connections": args.connections, "threads": args.threads, "held": list(args.held),
                    "flood_requests": args.flood_requests, "quick": args.quick, "nofile": nofile,
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                          "401 on the invalid-key run, or a flood answer that is not 401 fails the run (ok=false, "
                          "exit 1; the JSON is still written). Held-connection runs record their socket errors "
                          "without failing (they find the limits)."),
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
         "runs": {},
     }
     failures: list[str] = []
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                                data_dirs={"meshfast_postgres": live.temp_dir})
             port = int(live.url.split(":")[2].split("/")[0])
             pids = meshfast_pids(live.server)
-            doc["server"] = shlex.join(mb.redact(live.server.argv, live.secrets))
+            doc["server"] = shlex.join(harness.redact(live.server.argv, live.secrets))
             doc["setup"] = live.setup
             doc["idle"] = {"rss_mb": rss_mb(pids), "processes": len(pids)}
             bad = {"Authorization": f"Bearer {BAD_KEY}"}
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             failures.append("interrupted")
         finally:
             if live is not None:
-                doc["server_log_tail"] = mb.redact([live.server.log_tail(3000)], live.secrets)[0]
+                doc["server_log_tail"] = harness.redact([live.server.log_tail(3000)], live.secrets)[0]
                 doc["stop"] = mb.cleanup_meshfast(live)
             restore_somaxconn(somaxconn)
     doc["failures"] = failures

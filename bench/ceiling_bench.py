@@ -40,10 +40,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import governance_bench as gb
-from bench import hello_app, loadgen
+from bench import harness, hello_app, loadgen
 from bench import models_bench as mb
 from bench import proxy_bench as pb
-from bench.models_bench import BenchError
+from bench.harness import BenchError
 
 RESULTS_DIR = ROOT / "bench" / "results"
 SERVER = "trivial_server"
@@ -275,8 +275,7 @@ def summary_of(doc: dict) -> dict:
     }
 
 
-def _f(x) -> str:
-    return "-" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+_f = harness.format_number
 
 
 def print_tables(doc: dict) -> None:
@@ -321,10 +320,7 @@ def print_tables(doc: dict) -> None:
 
 
 def provenance(args) -> dict:
-    prov = mb.provenance(args)  # args.only == "hello": no meshfast probe (not involved)
-    for dist in ("hdrhistogram",):
-        prov["versions"][dist] = mb._dist_version(dist)
-    return prov
+    return harness.provenance(args, ("hdrhistogram",))  # args.only == "hello": no meshfast probe (not involved)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -368,12 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("the load generators against a trivial Granian server (fixed ~1 KB SSE stream): wrk's "
                         "max req/s, loadgen's closed-loop req/s and CPU per request, loadgen's open loop at "
                         "fixed rates (schedule kept?), governance_bench's closed loop at the paper's user count"),
-        **mb.run_header(argv, started, provenance(args)),
+        **harness.run_header(argv, started, provenance(args)),
         "config": {
             "workers": args.workers, "server": "bench.hello_app:app (Granian RSGI), POST -> fixed SSE stream",
             "stream_body_bytes": len(hello_app.STREAM_BODY), "request_body": REQUEST_BODY.decode(),
             "wrk": {"connections": args.connections, "threads": args.threads, "duration_s": args.wrk_duration,
-                    "warmup_s": args.wrk_warmup, "timeout": mb.WRK_TIMEOUT},
+                    "warmup_s": args.wrk_warmup, "timeout": harness.WRK_TIMEOUT},
             "closed_duration_s": args.closed_duration, "open_duration_s": args.open_duration,
             "open_rates_rps": list(args.rates), "governance_users": list(args.users),
             "governance_duration_s": args.gov_duration, "governance_warmup_s": args.gov_warmup,
@@ -384,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                          "non-2xx, socket error or incomplete stream in a phase (loadgen, wrk, governance "
                          "client), or the server dying fails the run (ok=false, exit 1; the JSON is still "
                          "written). Whether a rate's schedule was kept is a result, not a failure."),
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     failures: list[str] = []
     live = None
@@ -434,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         if not wrk["wrk"]["requests"]:
             failures.append("wrk: no requests")
     doc["summary"] = summary_of(doc)
-    return mb.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
+    return harness.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
 
 
 if __name__ == "__main__":

@@ -94,10 +94,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import floor_bench as fb  # noqa: E402
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
-from bench.models_bench import BenchError, Server  # noqa: E402
+from bench.harness import BenchError, Server  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 PHASES = ("idle", "far", "near", "return")
@@ -385,14 +384,14 @@ class ClusterStack:
             s.check_alive()
 
     def admin(self, gw: str, method: str, path: str, body: object | None = None) -> dict:
-        status, _, raw = mb.http_request(method, self.gateways[gw].url + path,
-                                         {"authorization": f"Bearer {self.admin_token}"}, body, timeout_s=30.0)
+        status, _, raw = harness.http_request(method, self.gateways[gw].url + path,
+                                              {"authorization": f"Bearer {self.admin_token}"}, body, timeout_s=30.0)
         if status not in (200, 201, 204):
             raise BenchError(f"{gw}: {method} {path} answered {status}: {raw[:500]!r}")
         return json.loads(raw) if raw else {}
 
     def stop_into(self, doc: dict) -> None:
-        doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], self.secrets())[0] for s in self.servers()}
+        doc["server_log_tails"] = {s.name: harness.redact([s.log_tail(3000)], self.secrets())[0] for s in self.servers()}
         report: dict = {}
         # The idle instances first, so the measured one is the last to leave (no mode switches meanwhile).
         for name in ("cluster-c", "cluster-b", "cluster-a", "lone"):
@@ -413,11 +412,11 @@ class ClusterStack:
 
 def _wait_ready(gw: Gateway) -> float:
     def ready() -> bool:
-        if mb.http_request("GET", gw.url + "/readyz", timeout_s=2.0)[0] != 200:
+        if harness.http_request("GET", gw.url + "/readyz", timeout_s=2.0)[0] != 200:
             return False
         return len(fb.worker_pids(gw.server)) == gw.workers
 
-    return mb.wait_until(ready, pb.MESHFAST_READY_TIMEOUT_S, gw.server, "GET /readyz == 200 and every worker up")
+    return harness.wait_until(ready, pb.MESHFAST_READY_TIMEOUT_S, gw.server, "GET /readyz == 200 and every worker up")
 
 
 def start_stack(args, work_dir: Path) -> ClusterStack:
@@ -425,11 +424,10 @@ def start_stack(args, work_dir: Path) -> ClusterStack:
     env.pop("DATABASE_URL", None)
     for var in ("MESHFAST_LOOP", "MESHFAST_TASK_IMPL", "MESHFAST_RUNTIME_MODE"):
         env.pop(var, None)  # Granian's defaults for every gateway alike
-    port = mb.free_port()
+    port = harness.free_port()
     conf = work_dir / "nginx.conf"
     conf.write_text(fb.nginx_conf(work_dir, port, args.upstream_workers))
-    upstream = Server("upstream", ["nginx", "-p", str(work_dir), "-e", str(work_dir / "nginx-error.log"), "-c",
-                                   str(conf), "-g", "daemon off;"], env, work_dir / "nginx.log")
+    upstream = harness.nginx_server(work_dir, conf, env)
     dbs = {"pg-lone": Postgres("pg-lone", work_dir / "pg-lone", ["lone"]),
            "pg-cluster": Postgres("pg-cluster", work_dir / "pg-cluster", [ROLES[n] for n in INSTANCES])}
     st = ClusterStack(upstream=upstream, upstream_url=f"http://127.0.0.1:{port}", dbs=dbs, gateways={},
@@ -443,13 +441,13 @@ def start_stack(args, work_dir: Path) -> ClusterStack:
         st.setup["postgres_settings"] = {name: db.settings for name, db in dbs.items()}
         upstream.start()
         st.groups.sessions["upstream"] = upstream.proc.pid
-        st.setup["upstream_ready_s"] = mb.wait_until(lambda: fb._answers(st.upstream_url + "/healthz"), 30.0,
-                                                     upstream, "an answer")
+        st.setup["upstream_ready_s"] = harness.wait_until(lambda: fb._answers(st.upstream_url + "/healthz"), 30.0,
+                                                          upstream, "an answer")
         for name in ("lone", *INSTANCES):
             workers = args.workers if name in ("lone", "cluster-a") else args.idle_workers
             db = dbs["pg-lone" if name == "lone" else "pg-cluster"]
             data_dir = tempfile.mkdtemp(prefix=f"meshfast-{name}-", dir=work_dir)
-            gw_port = mb.free_port()
+            gw_port = harness.free_port()
             mf_env = dict(env, MESHFAST_DATA_DIR=data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token,
                           DATABASE_URL=db.url_as(ROLES[name]))
             server = Server(name, shlex.split(args.meshfast_cmd) + [
@@ -472,8 +470,8 @@ def start_stack(args, work_dir: Path) -> ClusterStack:
             st.groups.sessions[name] = gw.server.proc.pid
         for name in INSTANCES[1:]:
             st.setup[f"{name}_ready_s"] = _wait_ready(st.gateways[name])
-        st.setup["cluster_mode_s"] = mb.wait_until(lambda: _whole_cluster(st), 30.0, st.gateways["cluster-a"].server,
-                                                   "all three instances alive in cluster mode")
+        st.setup["cluster_mode_s"] = harness.wait_until(lambda: _whole_cluster(st), 30.0, st.gateways["cluster-a"].server,
+                                                        "all three instances alive in cluster mode")
         listed = _instances(st, "cluster-a")
         for name in INSTANCES:
             gw = st.gateways[name]
@@ -509,7 +507,7 @@ def provision(st: ClusterStack) -> None:
         st.user_keys.append(fs.user_key)
         st.setup[f"{name}_provision"] = fs.setup
         provider = next(p for p in st.admin(name, "GET", "/admin/providers") if p["name"] == "f-openai")
-        near = mb.admin_create(gw.url, st.admin_token, "/admin/models", {
+        near = harness.admin_create(gw.url, st.admin_token, "/admin/models", {
             "provider_id": provider["id"], "name": NEAR_MODEL, "resolved_model": fb.RESOLVED, "kind": "chat",
             "input_price_per_1k_tokens": "0", "output_price_per_1k_tokens": "1", "verify": False})
         st.near_model_ids[gw.db.name] = near["id"]
@@ -522,7 +520,7 @@ def provision(st: ClusterStack) -> None:
 
 
 def _serves(url: str, key: str, model: str, cap: Decimal) -> bool:
-    status, _, raw = mb.http_request("GET", url + "/v1/usage", {"authorization": f"Bearer {key}"}, timeout_s=5.0)
+    status, _, raw = harness.http_request("GET", url + "/v1/usage", {"authorization": f"Bearer {key}"}, timeout_s=5.0)
     if status != 200:
         return False
     entry = next((u for u in json.loads(raw).get("usage", []) if u.get("model") == model), None)
@@ -538,7 +536,7 @@ def _wait_serves(st: ClusterStack, gw: str, key: str, model: str, cap: Decimal) 
         seen = seen + 1 if _serves(st.gateways[gw].url, key, model, cap) else 0
         return seen >= pb.PROPAGATION_CONFIRMATIONS
 
-    return mb.wait_until(ok, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.gateways[gw].server, f"{model} with its cap on {gw}")
+    return harness.wait_until(ok, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.gateways[gw].server, f"{model} with its cap on {gw}")
 
 
 # ------------------------------------------------------------------------------------ counting
@@ -832,8 +830,8 @@ def _mean(xs: list) -> float | None:
 def new_near_user(st: ClusterStack, via: str, cap_calls: int, tag: str) -> dict:
     """A fresh person with the near-cap model and a daily cap that fits `cap_calls` calls (no hourly cap)."""
     gw = st.gateways[via]
-    user = mb.admin_create(gw.url, st.admin_token, "/admin/users",
-                           {"email": f"{tag}@example.com", "display_name": tag})
+    user = harness.admin_create(gw.url, st.admin_token, "/admin/users",
+                                {"email": f"{tag}@example.com", "display_name": tag})
     model = {"id": st.near_model_ids[gw.db.name]}
     cap = cap_calls * CALL_USD
     st.admin(via, "POST", "/admin/access", {"user_id": user["id"], "model_id": model["id"]})
@@ -1255,10 +1253,7 @@ def problems_of(doc: dict) -> list[str]:
     return problems
 
 
-def _f(x, digits: int = 1) -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.{digits}f}"
+_f = harness.format_number
 
 
 def print_tables(doc: dict) -> None:
@@ -1317,7 +1312,7 @@ def working_tree() -> dict:
     if so:
         out["core_so"] = {"path": str(so[0].relative_to(ROOT)), "sha256": hashlib.sha256(so[0].read_bytes()).hexdigest(),
                           "mtime": dt.datetime.fromtimestamp(so[0].stat().st_mtime, dt.UTC).isoformat()}
-    rc, status = mb._cmd_output(["git", "status", "--porcelain", "--", ".", ":!bench/results", ":!paper"])
+    rc, status = harness.cmd_output(["git", "status", "--porcelain", "--", ".", ":!bench/results", ":!paper"])
     out["dirty_files"] = status.splitlines() if rc == 0 else None
     return out
 
@@ -1348,7 +1343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke check (~1.5 min): 3 s idle, 4 x 1 s back to back, one resume, wrk 3 + 3 s once, a cap "
                         "of 500 calls once, one lease return")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")),
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(fallback=False),
                    help="command that takes `serve ...` (meshfast is imported from the working tree)")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/cluster-<timestamp>.json)")
     args = p.parse_args(argv)
@@ -1380,7 +1375,7 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("scale-out: one lone instance vs one instance of a 3-instance cluster on one PostgreSQL, side by "
                         "side on nginx: added latency and CPU far from any cap, near a cap (slices shrink), database "
                         "round trips per 1,000 calls, heartbeat statements, the time an unused lease takes to return"),
-        **mb.run_header(argv, started, prov),
+        **harness.run_header(argv, started, prov),
         "config": {**{k: v for k, v in vars(args).items() if k not in ("out", "only")},
                    "runtime": {"loop": "auto (Granian default)", "task_impl": "asyncio (Granian default)",
                                "runtime_mode": "auto (Granian default)"},
@@ -1393,7 +1388,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "pg_stat_user_functions (track_functions = pl)"),
                    "upstream_body": fb.SSE_STREAM.decode()},
         "note": NOTE,
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     failures: list[str] = []
     stack: ClusterStack | None = None
@@ -1417,7 +1412,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("[cluster] starting nginx, two PostgreSQL servers, lone and a 3-instance cluster ...", flush=True)
             stack = start_stack(args, work_dir)
-            doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
+            doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets())) for s in stack.servers()}
             doc["worker_pids"] = {g.name: fb.worker_pids(g.server) for g in stack.gateways.values()}
             doc["setup"] = stack.setup
             run("idle", lambda: phase_idle(args, stack))
@@ -1452,7 +1447,7 @@ def main(argv: list[str] | None = None) -> int:
                 _RUNNER.close()
     doc["loadavg_end"] = list(os.getloadavg())
     busy = doc.get("background_cpu_busy_pct")
-    doc["quiet_machine"] = busy is not None and busy < pb.BUSY_WARN_PCT
+    doc["quiet_machine"] = busy is not None and busy < harness.BUSY_WARN_PCT
     check = doc.get("grant_cross_check") or {}
     for name, c in check.items():
         if c["pg_stat_user_functions_calls"] != c["log_statements"]:
@@ -1460,7 +1455,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{c['pg_stat_user_functions_calls']}")
     failures += problems_of(doc)
     doc["summary"] = summary_of(doc)
-    return mb.finish(doc, failures, started, out_path, "cluster", print_tables, indent=1)
+    return harness.finish(doc, failures, started, out_path, "cluster", print_tables, indent=1)
 
 
 if __name__ == "__main__":

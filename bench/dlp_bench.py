@@ -53,10 +53,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import floor_bench as fb  # noqa: E402
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
-from bench.models_bench import BenchError, Server  # noqa: E402
+from bench.harness import BenchError, Server  # noqa: E402
 from meshfast._core import dlp_scan  # noqa: E402
 
 CORPUS = ROOT / "bench" / "dlp-corpus.txt"
@@ -126,15 +125,14 @@ def prompt_of(size: int) -> str:
 def start_stack(args, work_dir: Path) -> fb.FloorStack:
     """nginx and one gateway, provisioned as floor_bench does (its person is `off`)."""
     env = fb.server_env(argparse.Namespace(loop=None))
-    port = mb.free_port()
+    port = harness.free_port()
     conf = work_dir / "nginx.conf"
     # NOTE: the chat route's upstream body for a 512 KiB prompt nears nginx's default 1 MiB body limit (413).
     conf.write_text(fb.nginx_conf(work_dir, port, 1).replace("access_log off;",
                                                              "access_log off;\n    client_max_body_size 0;"))
     st = fb.FloorStack(urls={"upstream": f"http://127.0.0.1:{port}"})
-    st.extra["upstream"] = Server("upstream", ["nginx", "-p", str(work_dir), "-e", str(work_dir / "nginx-error.log"),
-                                               "-c", str(conf), "-g", "daemon off;"], env, work_dir / "nginx.log")
-    st.meshfast_url = f"http://127.0.0.1:{mb.free_port()}"
+    st.extra["upstream"] = harness.nginx_server(work_dir, conf, env)
+    st.meshfast_url = f"http://127.0.0.1:{harness.free_port()}"
     st.data_dir = tempfile.mkdtemp(prefix="meshfast-dlp-")
     st.admin_token = secrets.token_urlsafe(32)
     mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
@@ -147,10 +145,10 @@ def start_stack(args, work_dir: Path) -> fb.FloorStack:
             s.start()
             st.groups.sessions[s.name] = s.proc.pid
         st.groups.data_dirs["meshfast_postgres"] = st.data_dir
-        st.setup["upstream_ready_s"] = mb.wait_until(lambda: fb._answers(st.urls["upstream"] + "/healthz"),
-                                                     fb.READY_TIMEOUT_S, st.extra["upstream"], "an answer")
-        st.setup["meshfast_ready_s"] = mb.wait_until(
-            lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
+        st.setup["upstream_ready_s"] = harness.wait_until(lambda: fb._answers(st.urls["upstream"] + "/healthz"),
+                                                          fb.READY_TIMEOUT_S, st.extra["upstream"], "an answer")
+        st.setup["meshfast_ready_s"] = harness.wait_until(
+            lambda: harness.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
             pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
         fb.provision(st)
     except BaseException:
@@ -160,17 +158,13 @@ def start_stack(args, work_dir: Path) -> fb.FloorStack:
 
 
 def _admin(st: pb.Stack, method: str, path: str, body: object | None = None) -> dict:
-    status, _, raw = mb.http_request(method, st.meshfast_url + path, {"authorization": f"Bearer {st.admin_token}"},
-                                     body, timeout_s=30.0)
-    if status not in (200, 201, 204):
-        raise BenchError(f"{method} {path} answered {status}: {raw[:500]!r}")
-    return json.loads(raw) if raw else {}
+    return harness.admin_call(st.meshfast_url, st.admin_token, method, path, body, empty={})
 
 
 def _proxy_status(st: pb.Stack, key: str, query: str) -> int:
     """One `/v1/proxy` call on a fresh connection (either worker may take it)."""
-    return mb.http_request("POST", f"{st.meshfast_url}/v1/proxy?model={fb.MODEL}", {"authorization": f"Bearer {key}"},
-                           {"query": query, "max_tokens": 64}, timeout_s=10.0)[0]
+    return harness.http_request("POST", f"{st.meshfast_url}/v1/proxy?model={fb.MODEL}", {"authorization": f"Bearer {key}"},
+                                {"query": query, "max_tokens": 64}, timeout_s=10.0)[0]
 
 
 def _until_in_a_row(st: pb.Stack, check, what: str) -> float:
@@ -181,14 +175,14 @@ def _until_in_a_row(st: pb.Stack, check, what: str) -> float:
         seen = seen + 1 if check() else 0
         return seen >= pb.PROPAGATION_CONFIRMATIONS
 
-    return mb.wait_until(steady, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast, what)
+    return harness.wait_until(steady, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast, what)
 
 
 def provision_on(st: fb.FloorStack) -> dict:
     """The second person (same grant and budget as floor_bench's) and the policy that covers only them,
     on every worker before anything is timed."""
-    person = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
-                             {"email": "bench-dlp@example.com", "display_name": "Bench DLP"})
+    person = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
+                                  {"email": "bench-dlp@example.com", "display_name": "Bench DLP"})
     listed = _admin(st, "GET", "/admin/models")
     models = listed if isinstance(listed, list) else listed.get("models") or listed.get("data") or []
     model_id = next(m["id"] for m in models if m["name"] == fb.MODEL)
@@ -257,7 +251,7 @@ def check_rows(st: pb.Stack, keys: dict[str, str], bodies: dict[str, bytes], rou
 
 
 def _post_raw(url: str, key: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
-    """mb.http_request with a body already encoded (the prompt is not encoded twice)."""
+    """harness.http_request with a body already encoded (the prompt is not encoded twice)."""
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
     try:
@@ -304,7 +298,7 @@ def phase_proxy(args, work_dir: Path) -> tuple[dict, list[str]]:
         on = provision_on(st)
         keys = {"off": st.user_key, "on": on.pop("key")}
         doc["setup"] = {**st.setup, "on": on, "off": {"user_id": st.user_id}}
-        doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, [*st.secrets(), keys["on"]])) for s in st.servers()}
+        doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, [*st.secrets(), keys["on"]])) for s in st.servers()}
         for size in args.sizes:
             print(f"[dlp] {size:,} B prompt: {len(args.routes)} routes x off/on x {args.count} ...", flush=True)
             result = measure_size(args, st, keys, size)
@@ -327,8 +321,7 @@ def phase_proxy(args, work_dir: Path) -> tuple[dict, list[str]]:
 # -------------------------------------------------------------------------------------------- table
 
 
-def _f(x) -> str:
-    return "-" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+_f = harness.format_number
 
 
 def show(doc: dict) -> None:
@@ -351,7 +344,7 @@ def show(doc: dict) -> None:
     print("scanner matches per prompt: " + "; ".join(
         f"{s['prompt_bytes'] // 1024} KB {sum(s['scanner_us']['matches'].values())}" for s in proxy["sizes"]))
     other = max((s["cpu"].get("other_busy_pct") or 0 for s in proxy["sizes"]), default=0)
-    if other > mb.BUSY_WARN_PCT:
+    if other > harness.BUSY_WARN_PCT:
         print(f"WARNING: other processes used up to {other:.0f}% of the CPUs during a size (other%); numbers are noisy")
     print(f"background cpu before the run: {doc.get('background_cpu_busy_pct')}%; "
           f"loadavg at start {doc['provenance']['host']['loadavg_at_start']}")
@@ -372,7 +365,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-s", type=float, default=0.005, help="proxy: pause after each call")
     p.add_argument("--scan-rounds", type=int, default=200, help="proxy: in-process scans of each prompt")
     p.add_argument("--quick", action="store_true", help="30 scans; proxy: 30 calls per target, 30 scans per prompt")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")),
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(fallback=False),
                    help="command that takes `serve ...` (meshfast is imported from the working tree)")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/dlp-<timestamp>.json)")
     args = p.parse_args(argv)
@@ -394,13 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     out = args.out or RESULTS_DIR / f"dlp-{started:%Y%m%dT%H%M%SZ}.json"
     prov = {"corpus": str(CORPUS.relative_to(ROOT)), "bytes": len(CORPUS.read_bytes()),
-            **(fb.provenance(args) if args.proxy else mb.provenance(args))}
-    doc = {**mb.run_header(argv, started, prov),
+            **(fb.provenance(args) if args.proxy else harness.provenance(args))}
+    doc = {**harness.run_header(argv, started, prov),
            "benchmark": "dlp",
            "config": {"quick": args.quick, "rounds": args.rounds, "proxy": args.proxy, "workers": args.workers,
                       "sizes_bytes": list(args.sizes), "routes": list(args.routes), "count": args.count,
                       "pause_s": args.pause_s, "scan_rounds": args.scan_rounds, "detectors": list(DETECTORS)},
-           "background_cpu_busy_pct": mb.cpu_busy_pct() if args.proxy else None,
+           "background_cpu_busy_pct": harness.cpu_busy_pct() if args.proxy else None,
            **phase_scanner(args.rounds)}
     failures: list[str] = []
     if args.proxy:
@@ -411,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                            **{route: {k: r[k] for k in ("off_us", "on_us", "added_us")}
                               for route, r in s["routes"].items()}}
                           for s in doc["proxy"]["sizes"]]
-    return mb.finish(doc, failures, started, out, "dlp", show)
+    return harness.finish(doc, failures, started, out, "dlp", show)
 
 
 if __name__ == "__main__":

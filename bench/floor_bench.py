@@ -64,10 +64,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen
-from bench import models_bench as mb
+from bench import harness, loadgen
 from bench import proxy_bench as pb
-from bench.models_bench import BenchError, Server
+from bench.harness import BenchError, Server
 
 RESULTS_DIR = ROOT / "bench" / "results"
 FORWARDER_RS = ROOT / "target" / "bench-forwarder" / "release" / "forwarder-rs"
@@ -190,14 +189,13 @@ def start_stack(args, work_dir: Path) -> FloorStack:
     st = FloorStack()
     env = server_env(args)
     py = sys.executable
-    ports = {name: mb.free_port() for name in ("upstream", "compiled", "py-aiohttp", "py-native", "hello",
-                                               "meshfast")}
+    ports = {name: harness.free_port() for name in ("upstream", "compiled", "py-aiohttp", "py-native", "hello",
+                                                    "meshfast")}
     st.urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     upstream = st.urls["upstream"]
     conf = work_dir / "nginx.conf"
     conf.write_text(nginx_conf(work_dir, ports["upstream"], args.upstream_workers))
-    st.extra["upstream"] = Server("upstream", ["nginx", "-p", str(work_dir), "-e", str(work_dir / "nginx-error.log"),
-                                               "-c", str(conf), "-g", "daemon off;"], env, work_dir / "nginx.log")
+    st.extra["upstream"] = harness.nginx_server(work_dir, conf, env)
     st.extra["compiled"] = Server("compiled", [str(args.forwarder_rs), "--listen", f"127.0.0.1:{ports['compiled']}",
                                                "--upstream", upstream, "--workers", str(args.workers)],
                                   env, work_dir / "compiled.log")
@@ -230,10 +228,10 @@ def start_stack(args, work_dir: Path) -> FloorStack:
             st.groups.data_dirs["meshfast_postgres"] = st.data_dir
         for name, s in st.extra.items():
             url = st.urls[name] + ("/healthz" if name in ("upstream", "compiled") else "/")
-            st.setup[f"{name}_ready_s"] = mb.wait_until(lambda u=url: _answers(u), READY_TIMEOUT_S, s, "an answer")
+            st.setup[f"{name}_ready_s"] = harness.wait_until(lambda u=url: _answers(u), READY_TIMEOUT_S, s, "an answer")
         if st.meshfast is not None:
-            st.setup["meshfast_ready_s"] = mb.wait_until(
-                lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
+            st.setup["meshfast_ready_s"] = harness.wait_until(
+                lambda: harness.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
                 pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
             provision(st)
     except BaseException:
@@ -244,13 +242,13 @@ def start_stack(args, work_dir: Path) -> FloorStack:
 
 def _answers(url: str) -> bool:
     """Any HTTP answer at all (the forwarders answer a GET with 404): the server is listening."""
-    return mb.http_request("GET", url, timeout_s=2.0)[0] > 0
+    return harness.http_request("GET", url, timeout_s=2.0)[0] > 0
 
 
 def provision(st: FloorStack) -> None:
     """One openai-family provider on the upstream with one priced model, and one governed user."""
     t0 = time.monotonic()
-    provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+    provider = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
         "name": "f-openai", "family": "openai", "base_url": f"{st.urls['upstream']}/sse",
         "api_key": UPSTREAM_KEY, "local": True, "verify": False,
         "models": [{"name": MODEL, "resolved_model": RESOLVED, "kind": "chat",
@@ -481,8 +479,7 @@ def problems_of(doc: dict) -> list[str]:
 # ------------------------------------------------------------------------------------------ table
 
 
-def _f(x) -> str:
-    return "-" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+_f = harness.format_number
 
 
 def print_tables(doc: dict) -> None:
@@ -554,11 +551,11 @@ def print_compare(paths: list[Path]) -> None:
 
 def provenance(args) -> dict:
     prov = pb.provenance(args)
-    _, nginx = mb._cmd_output(["nginx", "-v"])
+    _, nginx = harness.cmd_output(["nginx", "-v"])
     prov["versions"]["nginx"] = nginx.strip() or None
     for dist in ("uvloop", "rloop"):
         prov["versions"][dist] = _loop_version(dist) if args.loop in (dist, None) else None
-    rc, sha = mb._cmd_output(["sha256sum", str(args.forwarder_rs)])
+    rc, sha = harness.cmd_output(["sha256sum", str(args.forwarder_rs)])
     prov["forwarder_rs"] = {"path": str(args.forwarder_rs), "sha256": sha.split()[0] if rc == 0 else None}
     return prov
 
@@ -595,7 +592,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-meshfast", action="store_true",
                    help="the baselines only (a runtime meshfast cannot start on, e.g. --loop rloop)")
     p.add_argument("--forwarder-rs", type=Path, default=FORWARDER_RS, help="the compiled forwarder's binary")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")),
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(fallback=False),
                    help="command that takes `serve ...` (meshfast is imported from the working tree)")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/floor-<timestamp>.json)")
     p.add_argument("--compare", type=Path, nargs="+", metavar="JSON",
@@ -634,13 +631,13 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "floor",
         "description": ("direct upstream vs compiled forwarder vs Python forwarders vs Granian hello world vs "
                         "governed meshfast (chat, non-streamed; /v1/proxy SSE -> NDJSON), one upstream (nginx)"),
-        **mb.run_header(argv, started, provenance(args)),
+        **harness.run_header(argv, started, provenance(args)),
         "config": {
             "workers": args.workers, "upstream_workers": args.upstream_workers, "runtime": rt,
             "b2b": {"rounds": args.b2b_rounds, "duration_s": args.b2b_duration},
             "rate_rps": args.rate, "duration_s_per_target": args.duration,
             "wrk": {"connections": args.connections, "threads": args.threads, "duration_s": args.wrk_duration,
-                    "warmup_s": args.wrk_warmup, "timeout": mb.WRK_TIMEOUT},
+                    "warmup_s": args.wrk_warmup, "timeout": harness.WRK_TIMEOUT},
             "quick": args.quick, "no_meshfast": args.no_meshfast, "policy": POLICY,
             "goals": {"added_p50_us": GOAL_ADDED_P50_US, "added_p99_us": GOAL_ADDED_P99_US,
                       "rps_over_py_aiohttp": GOAL_RPS_OVER_PY, "rps_over_compiled": GOAL_RPS_OVER_COMPILED,
@@ -648,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             "upstream_body": SSE_STREAM.decode(),
         },
         "note": NOTE,
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     failures: list[str] = []
     stack: FloorStack | None = None
@@ -657,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"[floor] starting nginx, the forwarders, hello, meshfast (runtime {rt}) ...", flush=True)
             stack = start_stack(args, work_dir)
-            doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
+            doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets())) for s in stack.servers()}
             doc["worker_pids"] = {s.name: worker_pids(s) for s in stack.servers()}
             doc["setup"] = stack.setup
             targets = build_targets(stack)
@@ -682,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     failures += problems_of(doc)
     doc["summary"] = summary(doc)
     doc["goals"] = goals(doc["summary"])
-    return mb.finish(doc, failures, started, out_path, "floor", print_tables)
+    return harness.finish(doc, failures, started, out_path, "floor", print_tables)
 
 
 if __name__ == "__main__":

@@ -46,10 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen
-from bench import models_bench as mb
+from bench import harness, loadgen
 from bench import proxy_bench as pb
-from bench.models_bench import BenchError
+from bench.harness import BenchError
 from bench.proxy_bench import Stack
 
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -91,7 +90,7 @@ def start_stack(args, work_dir: Path) -> Stack:
 
 def provision(st: Stack, rps_limit: int) -> None:
     t0 = time.monotonic()
-    provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+    provider = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
         "name": "g-anthropic", "family": "anthropic", "base_url": f"{st.testserve_url}/anthropic",
         "api_key": pb.TESTSERVE_KEY, "local": True, "verify": False, "max_outbound_rps": rps_limit,
         "models": [{"name": MODEL_NAME, "resolved_model": "dummy-chat", "kind": "chat",
@@ -563,7 +562,7 @@ def print_tables(doc: dict) -> None:
               f"{ip['goal_ns'] / 1000:g} us: {'yes' if ip['meets_goal'] else 'NO'}")
     others = [r["cpu"]["other_busy_pct"] or 0 for p in ("closed_loop", "open_loop")
               for r in (doc.get(p) or {}).get("runs", [])]
-    if others and max(others) > pb.BUSY_WARN_PCT:
+    if others and max(others) > harness.BUSY_WARN_PCT:
         print(f"WARNING: processes outside the bench used up to {max(others):.0f}% of the CPUs in a level; "
               "numbers are noisy")
 
@@ -585,8 +584,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", action="append", default=[], choices=("closed", "open", "inproc"),
                    help="leave a phase out (repeatable)")
     p.add_argument("--quick", action="store_true", help="smoke check in < 60 s (3 levels each, 4 s)")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast",
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(),
                    help="command that takes `serve ...`")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/governance-<timestamp>.json)")
     args = p.parse_args(argv)
@@ -610,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("POST /v1/proxy through one provider limited to rps_limit req/s: closed loop with N users, "
                         "open loop at fixed arrival rates (knee, shedding past the wait ceiling), and the "
                         "in-process cost of governance in meshfast._core"),
-        **mb.run_header(argv, started, pb.provenance(args)),
+        **harness.run_header(argv, started, pb.provenance(args)),
         "config": {
             "workers": args.workers, "testserve_workers": 1, "rps_limit": args.rps_limit,
             "wait_ceiling_s": WAIT_CEILING_S, "duration_s": args.duration, "users": list(args.users),
@@ -621,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         "note": NOTE,
         "error_policy": ("Any answer but 200 with a complete stream or 503 provider_busy, a socket error, or a "
                          "server that dies fails the run (ok=false, exit 1; the JSON is still written)."),
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     failures: list[str] = []
     if "inproc" not in args.skip:
@@ -636,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 print("[bench] starting testserve, meshfast ...", flush=True)
                 stack = start_stack(args, Path(work))
-                doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
+                doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets())) for s in stack.servers()}
                 doc["setup"] = stack.setup
                 target = proxy_target(stack)
                 t_send, t_end, status, err = _call(loadgen.Conn(target.host, target.port), target)
@@ -656,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                 if stack is not None:
                     stack.stop_into(doc)
     failures += problems_of(doc)
-    return mb.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
+    return harness.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,9 @@ if str(ROOT / "tests") not in sys.path:
     sys.path.append(str(ROOT / "tests"))
 
 from bench import floor_bench as fb  # noqa: E402
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
-from bench.models_bench import BenchError, Server  # noqa: E402
+from bench.harness import BenchError, Server  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 NOTE = ("Everything (nginx, the gateway with its embedded PostgreSQL, the load generator) shares this machine's "
@@ -100,14 +99,13 @@ def _issuer_and_tokens(user_email: str) -> tuple[dict, dict[str, str]]:
 
 def phase_proxy(args, work_dir: Path) -> dict:
     env = fb.server_env(argparse.Namespace(loop=None))
-    port = mb.free_port()
+    port = harness.free_port()
     conf = work_dir / "nginx.conf"
     conf.write_text(fb.nginx_conf(work_dir, port, 1))
-    upstream = Server("upstream", ["nginx", "-p", str(work_dir), "-e", str(work_dir / "nginx-error.log"), "-c",
-                                   str(conf), "-g", "daemon off;"], env, work_dir / "nginx.log")
+    upstream = harness.nginx_server(work_dir, conf, env)
     upstream_url = f"http://127.0.0.1:{port}"
     st = pb.Stack()
-    st.meshfast_url = f"http://127.0.0.1:{mb.free_port()}"
+    st.meshfast_url = f"http://127.0.0.1:{harness.free_port()}"
     st.data_dir = tempfile.mkdtemp(prefix="identity-")
     st.admin_token = secrets.token_urlsafe(32)
     mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
@@ -120,21 +118,21 @@ def phase_proxy(args, work_dir: Path) -> dict:
     try:
         upstream.start()
         st.meshfast.start()
-        mb.wait_until(lambda: fb._answers(upstream_url + "/healthz"), 30.0, upstream, "an answer")
-        mb.wait_until(lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
-                      pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
+        harness.wait_until(lambda: fb._answers(upstream_url + "/healthz"), 30.0, upstream, "an answer")
+        harness.wait_until(lambda: harness.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
+                           pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
         fs = fb.FloorStack(meshfast=st.meshfast, meshfast_url=st.meshfast_url, admin_token=st.admin_token,
                            urls={"upstream": upstream_url})
         fs.groups.sessions["upstream"] = upstream.proc.pid
         fs.groups.sessions["meshfast"] = st.meshfast.proc.pid
         fs.groups.data_dirs["meshfast_postgres"] = st.data_dir
         fb.provision(fs)
-        status, _, raw = mb.http_request("GET", f"{st.meshfast_url}/admin/users/{fs.user_id}",
-                                         {"authorization": f"Bearer {st.admin_token}"}, timeout_s=10.0)
+        status, _, raw = harness.http_request("GET", f"{st.meshfast_url}/admin/users/{fs.user_id}",
+                                              {"authorization": f"Bearer {st.admin_token}"}, timeout_s=10.0)
         if status != 200:
             raise BenchError(f"GET the bench user answered {status}")
         issuer, tokens = _issuer_and_tokens(json.loads(raw)["email"])
-        mb.admin_create(st.meshfast_url, st.admin_token, "/admin/issuers", issuer)
+        harness.admin_create(st.meshfast_url, st.admin_token, "/admin/issuers", issuer)
         up_auth = {"authorization": f"Bearer {fb.UPSTREAM_KEY}", "content-type": "application/json"}
         targets = {"direct": loadgen.Target.post("direct", f"{upstream_url}/sse/v1/chat/completions", up_auth,
                                                  fb.STREAM_REQUEST % fb.RESOLVED.encode(), fb.SSE_END)}
@@ -169,7 +167,7 @@ def main() -> int:
     p.add_argument("--b2b-rounds", type=int, default=4)
     p.add_argument("--skip", action="append", default=[], choices=("in_process", "proxy"))
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")))
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(fallback=False))
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.quick:
@@ -178,11 +176,11 @@ def main() -> int:
     doc: dict = {
         "benchmark": "identity",
         "description": "authentication cost: an issued key vs platform tokens, in process and on the proxy path",
-        **mb.run_header(sys.argv[1:], started, fb.provenance(argparse.Namespace(
+        **harness.run_header(sys.argv[1:], started, fb.provenance(argparse.Namespace(
             **{**vars(args), "loop": None, "only": None, "forwarder_rs": fb.FORWARDER_RS}))),
         "config": {k: str(v) for k, v in vars(args).items() if k != "out"},
         "note": NOTE,
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     if "in_process" not in args.skip:
         doc["in_process"] = phase_in_process(args)

@@ -54,12 +54,12 @@ def run_header(argv: list[str] | None) -> dict:
     """The header every bench result opens with; the counts come from a `--release` build."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from bench import models_bench as mb
+    from bench import harness
 
-    prov = mb.provenance(argparse.Namespace(meshfast_cmd="meshfast", only="hello"))
+    prov = harness.provenance(argparse.Namespace(meshfast_cmd="meshfast", only="hello"))
     prov["build_profile"], prov["build_profile_source"] = "release", "cargo build --release (this script)"
     prov["versions"]["valgrind"] = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
-    return mb.run_header(argv, dt.datetime.now(dt.UTC), prov)
+    return harness.run_header(argv, dt.datetime.now(dt.UTC), prov)
 
 
 def main(argv: list[str] | None = None) -> int:

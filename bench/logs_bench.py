@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 import asyncpg  # noqa: E402
 
-from bench import models_bench as mb  # noqa: E402
+from bench import harness  # noqa: E402
 from meshfast.admin import logs  # noqa: E402
 from meshfast.store import database  # noqa: E402
 
@@ -136,11 +136,8 @@ async def run(args: argparse.Namespace, url: str) -> dict:
 def provenance() -> dict:
     """The run header's provenance (git sha, build profile, CPU, host, versions) for an
     in-process bench: meshfast is imported from this tree, PostgreSQL is pgserver's."""
-    meshfast_cmd = Path(sys.executable).with_name("meshfast")
-    prov = mb.provenance(argparse.Namespace(meshfast_cmd=str(meshfast_cmd) if meshfast_cmd.exists() else "meshfast",
-                                            only=None))
-    for dist in ("asyncpg", "pgserver"):
-        prov["versions"][dist] = mb._dist_version(dist)
+    prov = harness.provenance(argparse.Namespace(meshfast_cmd=harness.default_meshfast_cmd(), only=None),
+                              ("asyncpg", "pgserver"))
     prov["meshfast_import"] = "working tree (ROOT on sys.path)"
     return prov
 
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     started = dt.datetime.now(dt.UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    doc: dict = {"benchmark": "logs", **mb.run_header(argv, started, provenance()),
+    doc: dict = {"benchmark": "logs", **harness.run_header(argv, started, provenance()),
                  "config": {"rows": args.rows, "repeat": args.repeat, "chunk": CHUNK, "cpu_count": os.cpu_count()},
                  "budget_ms": BUDGET_MS}
     with tempfile.TemporaryDirectory(prefix="meshfast-logs-bench-") as work:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import models_bench as mb  # noqa: E402
+from bench import harness  # noqa: E402
 
 SCENARIOS = ROOT / "bench" / "scenarios.json"
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -177,10 +177,8 @@ def build_pdf(run_dir: Path, out_dir: Path) -> bool:
 
 
 def provenance(args) -> dict:
-    prov = mb.provenance(argparse.Namespace(meshfast_cmd=args.meshfast_cmd, only=None))
-    for dist in ("aiohttp", "matplotlib", "typst", "jupytext", "psutil", "asyncpg"):
-        prov["versions"][dist] = mb._dist_version(dist)
-    return prov
+    return harness.provenance(argparse.Namespace(meshfast_cmd=args.meshfast_cmd, only=None),
+                              ("aiohttp", "matplotlib", "typst", "jupytext", "psutil", "asyncpg"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -192,8 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-figures", action="store_true", help="run the scenarios only")
     p.add_argument("--no-install", action="store_true", help="do not install the baselines (skipped if absent)")
     p.add_argument("--workers", type=int, default=2, help="Granian workers for meshfast and the forwarders")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast")
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd())
     p.add_argument("--run-dir", type=Path, help="where to write (default bench/results/paper-<timestamp>[-quick])")
     p.add_argument("--paper-out", type=Path, help="where figures, data/summary.json and the PDF go (default: "
                    "paper/ for a full run and --figures-only, RUN_DIR/paper for --quick and --only)")
@@ -213,11 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     record: dict = {
         "pipeline": "paper",
-        **mb.run_header(argv, started, provenance(args)),
+        **harness.run_header(argv, started, provenance(args)),
         "mode": "quick" if args.quick else "full",
         "workers": args.workers,
         "only": args.only,
-        "nofile": mb.raise_nofile(),
+        "nofile": harness.raise_nofile(),
         "scenarios": {},
     }
     (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -27,11 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
 from bench.forwarder_app import render  # noqa: E402
-from bench.models_bench import BenchError  # noqa: E402
+from bench.harness import BenchError  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 WORDS = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
@@ -49,8 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--count", type=int, default=20, help="requests per size and target")
     p.add_argument("--rate", type=float, default=5.0, help="requests/s (sequential)")
     p.add_argument("--quick", action="store_true", help="5 requests per size")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast")
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd())
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/payload-<timestamp>.json)")
     args = p.parse_args(argv)
     if args.quick:
@@ -66,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict = {
         "benchmark": "payload",
         "description": "POST /v1/proxy latency against the size of the query, meshfast vs direct to testserve",
-        **mb.run_header(argv, started, pb.provenance(args)),
+        **harness.run_header(argv, started, pb.provenance(args)),
         "config": {"workers": args.workers, "sizes_bytes": list(args.sizes), "count": args.count,
                    "rate_rps": args.rate, "quick": args.quick},
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
         "sizes": [],
     }
     failures: list[str] = []
@@ -78,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("[payload] starting testserve, meshfast ...", flush=True)
             stack = pb.start_stack(args, Path(work), forwarder=False)
-            doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
+            doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets())) for s in stack.servers()}
             auth = {"authorization": f"Bearer {stack.user_key}", "content-type": "application/json"}
             direct_headers = {"content-type": "application/json", "x-api-key": pb.TESTSERVE_KEY,
                               "anthropic-version": "2023-06-01"}
@@ -111,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if stack is not None:
                 stack.stop_into(doc)
-    return mb.finish(doc, failures, started, out_path, "payload", print_sizes)
+    return harness.finish(doc, failures, started, out_path, "payload", print_sizes)
 
 
 def print_sizes(doc: dict) -> None:

@@ -45,12 +45,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen
-from bench import models_bench as mb
-from bench.models_bench import BenchError, Server
+from bench import harness, loadgen
+from bench.harness import BenchError, Server
 
 RESULTS_DIR = ROOT / "bench" / "results"
-WRK_LUA = ROOT / "bench" / "wrk_report.lua"
 
 FAMILIES = ("anthropic", "openai", "gemini")
 # What each family's upstream stream ends with (direct targets), and meshfast's last NDJSON line.
@@ -72,7 +70,6 @@ CONFIG_PROPAGATION_TIMEOUT_S = 30.0
 PROPAGATION_CONFIRMATIONS = 8
 SLICE_S = 1.0
 TTFB_COUNT = 50
-BUSY_WARN_PCT = 20.0
 
 # The issue's criteria (ARCHITECTURE.md, "The request path", the budget paragraph).
 FORWARDER_ADDED_P50_REFERENCE_US = 350.0
@@ -230,7 +227,7 @@ class Stack:
 
     def stop_into(self, doc: dict) -> None:
         """Stop every server, keeping in `doc` each one's log tail (secrets redacted) and the stop report."""
-        doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], self.secrets())[0] for s in self.servers()}
+        doc["server_log_tails"] = {s.name: harness.redact([s.log_tail(3000)], self.secrets())[0] for s in self.servers()}
         doc["stop"] = self.stop()
 
     def stop(self) -> dict:
@@ -239,7 +236,7 @@ class Stack:
             if s is not None:
                 report[s.name] = s.stop()
         if self.data_dir:
-            leftovers = mb.stop_processes_mentioning(self.data_dir)
+            leftovers = harness.stop_processes_mentioning(self.data_dir)
             if leftovers:
                 report["leftover_pids_stopped"] = leftovers
             shutil.rmtree(self.data_dir, ignore_errors=True)
@@ -256,7 +253,7 @@ def start_stack(args, work_dir: Path, *, forwarder: bool = True,
     """
     st = Stack()
     py = sys.executable
-    ts_port, mf_port = mb.free_port(), mb.free_port()
+    ts_port, mf_port = harness.free_port(), harness.free_port()
     st.testserve_url = f"http://127.0.0.1:{ts_port}"
     st.meshfast_url = f"http://127.0.0.1:{mf_port}"
     env = dict(os.environ)
@@ -266,7 +263,7 @@ def start_stack(args, work_dir: Path, *, forwarder: bool = True,
         env, work_dir / "testserve.log",
     )
     if forwarder:
-        fw_port = mb.free_port()
+        fw_port = harness.free_port()
         st.forwarder_url = f"http://127.0.0.1:{fw_port}"
         fw_env = dict(env, FORWARDER_UPSTREAM=f"{st.testserve_url}/anthropic/v1/messages",
                       FORWARDER_API_KEY=TESTSERVE_KEY)
@@ -277,7 +274,7 @@ def start_stack(args, work_dir: Path, *, forwarder: bool = True,
             fw_env, work_dir / "forwarder.log",
         )
         # The same forwarder on meshfast's own upstream client: the client's share, measured apart.
-        fn_port = mb.free_port()
+        fn_port = harness.free_port()
         st.forwarder_native_url = f"http://127.0.0.1:{fn_port}"
         st.forwarder_native = Server(
             "forwarder-native",
@@ -302,19 +299,19 @@ def start_stack(args, work_dir: Path, *, forwarder: bool = True,
             s.start()
             st.groups.sessions[s.name] = s.proc.pid  # start_new_session: the leader's pid is the sid
         st.groups.data_dirs["meshfast_postgres"] = st.data_dir
-        st.setup["testserve_ready_s"] = mb.wait_until(
-            lambda: mb.http_request("GET", st.testserve_url + "/healthz", timeout_s=2.0)[0] == 200,
+        st.setup["testserve_ready_s"] = harness.wait_until(
+            lambda: harness.http_request("GET", st.testserve_url + "/healthz", timeout_s=2.0)[0] == 200,
             READY_TIMEOUT_S, st.testserve, "GET /healthz == 200")
         if st.forwarder is not None:
-            st.setup["forwarder_ready_s"] = mb.wait_until(
+            st.setup["forwarder_ready_s"] = harness.wait_until(
                 lambda: _forwarder_answers(st.forwarder_url), READY_TIMEOUT_S, st.forwarder,
                 "POST /v1/proxy == 200")
         if st.forwarder_native is not None:
-            st.setup["forwarder_native_ready_s"] = mb.wait_until(
+            st.setup["forwarder_native_ready_s"] = harness.wait_until(
                 lambda: _forwarder_answers(st.forwarder_native_url), READY_TIMEOUT_S, st.forwarder_native,
                 "POST /v1/proxy == 200")
-        st.setup["meshfast_ready_s"] = mb.wait_until(
-            lambda: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
+        st.setup["meshfast_ready_s"] = harness.wait_until(
+            lambda: harness.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
             MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
         (provision or provision_families)(st)
     except BaseException:
@@ -340,7 +337,7 @@ def provision_families(st: Stack) -> None:
              "input_price_per_1k_tokens": "0.001", "output_price_per_1k_tokens": "0.002", "verify": False}
             for name, resolved in ((f"b-{family}", "dummy-chat"), (f"b-{family}-huge", "dummy-huge"))
         ]
-        provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+        provider = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
             "name": f"b-{family}", "family": family, "base_url": f"{st.testserve_url}/{family}",
             "api_key": TESTSERVE_KEY, "local": True, "verify": False, "models": models,
         })
@@ -358,15 +355,15 @@ def provider_settings(provider: dict) -> dict:
 def grant_user(st: Stack, model_ids: list[str], policy: dict | None = None) -> None:
     """One user (its key in `st.user_key`) with access to each model and the bench budget (or `policy`) on it."""
     admin = {"authorization": f"Bearer {st.admin_token}"}
-    user = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
-                           {"email": "bench@example.com", "display_name": "Bench"})
+    user = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
+                                {"email": "bench@example.com", "display_name": "Bench"})
     st.user_key, st.user_id = user["key"], user["id"]
     for model_id in model_ids:
         for method, path, body in (
             ("POST", "/admin/access", {"user_id": user["id"], "model_id": model_id}),
             ("PUT", f"/admin/users/{user['id']}/policies/{model_id}", policy or BUDGET_POLICY),
         ):
-            status, _, raw = mb.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
+            status, _, raw = harness.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
             if status not in (200, 201, 204):
                 raise BenchError(f"{method} {path} answered {status}: {raw[:500]!r}")
 
@@ -379,15 +376,15 @@ def wait_for_models(st: Stack, count: int, what: str) -> None:
     def every_worker_has_it() -> bool:
         # Fresh connections land on either worker: several in a row must show all grants and the cap.
         nonlocal seen
-        status, _, raw = mb.http_request("GET", st.meshfast_url + "/v1/models", auth, timeout_s=2.0)
+        status, _, raw = harness.http_request("GET", st.meshfast_url + "/v1/models", auth, timeout_s=2.0)
         doc = json.loads(raw) if status == 200 else {}
         ready = [m for m in doc.get("models", [])
                  if (m.get("usage") or {}).get("daily_cap_usd") == BUDGET_POLICY["daily_cap_usd"]]
         seen = seen + 1 if len(ready) == count else 0
         return seen >= PROPAGATION_CONFIRMATIONS
 
-    st.setup["propagation_s"] = mb.wait_until(every_worker_has_it, CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast,
-                                              what)
+    st.setup["propagation_s"] = harness.wait_until(every_worker_has_it, CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast,
+                                                   what)
 
 
 # ---------------------------------------------------------------------------------------- targets
@@ -407,7 +404,7 @@ def _exchange_once(target: loadgen.Target) -> tuple[loadgen.Sample, bytes]:
 
 
 def _last_upstream_call(st: Stack) -> dict:
-    status, _, raw = mb.http_request("GET", st.testserve_url + "/_debug/last", timeout_s=5.0)
+    status, _, raw = harness.http_request("GET", st.testserve_url + "/_debug/last", timeout_s=5.0)
     if status != 200:
         raise BenchError(f"testserve /_debug/last answered {status}")
     return json.loads(raw)
@@ -478,7 +475,7 @@ def write_wrk_script(work_dir: Path, name: str, target: loadgen.Target) -> Path:
         if k.lower() in ("host", "content-length"):
             continue
         script.append(f"wrk.headers[{_lua_string(k.strip().encode())}] = {_lua_string(v.strip().encode())}")
-    script.append(f"dofile({_lua_string(str(WRK_LUA).encode())})")
+    script.append(f"dofile({_lua_string(str(harness.WRK_LUA).encode())})")
     path = work_dir / f"wrk-{name}.lua"
     path.write_text("\n".join(script) + "\n")
     return path
@@ -494,21 +491,21 @@ def run_wrk_target(args, work_dir: Path, name: str, target: loadgen.Target, st: 
 
     def argv(duration_s: int) -> list[str]:
         return ["wrk", "--threads", str(args.threads), "--connections", str(args.connections),
-                "--duration", f"{duration_s}s", "--timeout", mb.WRK_TIMEOUT, "--script", str(script), url]
+                "--duration", f"{duration_s}s", "--timeout", harness.WRK_TIMEOUT, "--script", str(script), url]
 
     run: dict = {"target": name, "url": url}
     if args.wrk_warmup > 0:
-        warm = mb.run_wrk(argv(args.wrk_warmup), args.wrk_warmup)
+        warm = harness.run_wrk(argv(args.wrk_warmup), args.wrk_warmup)
         warm.pop("stdout", None)
         run["warmup"] = warm
     meter = CpuMeter(st.groups)
     stop_measure = measure() if measure is not None else None
-    result = mb.run_wrk(argv(args.wrk_duration), args.wrk_duration)
+    result = harness.run_wrk(argv(args.wrk_duration), args.wrk_duration)
     if stop_measure is not None:
         run["worker_cpu"] = stop_measure()
     run["cpu"] = meter.stop()
     run["wrk_command"] = shlex.join(argv(args.wrk_duration))
-    run["wrk_script"] = mb.redact([script.read_text()], st.secrets())[0]
+    run["wrk_script"] = harness.redact([script.read_text()], st.secrets())[0]
     run["wrk_stdout"] = result.pop("stdout")
     run["wrk"] = result
     seconds = result["duration_us"] / 1e6
@@ -531,8 +528,8 @@ def scrape_metrics(st: Stack) -> dict[str, float]:
 
 def metrics_at(base_url: str, admin_token: str) -> dict[str, float]:
     """meshfast's /admin/metrics (instance-wide: every worker adds to the same shared counters)."""
-    status, _, raw = mb.http_request("GET", base_url + "/admin/metrics",
-                                     {"authorization": f"Bearer {admin_token}"}, timeout_s=10.0)
+    status, _, raw = harness.http_request("GET", base_url + "/admin/metrics",
+                                          {"authorization": f"Bearer {admin_token}"}, timeout_s=10.0)
     if status != 200:
         raise BenchError(f"GET /admin/metrics answered {status}")
     out: dict[str, float] = {}
@@ -667,7 +664,7 @@ def _get_target(name: str, url: str, headers: dict[str, str]) -> loadgen.Target:
 
 def provision_embeddings(st: Stack) -> None:
     """One more provider with an embedding model, granted to the bench user."""
-    provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+    provider = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
         "name": EMBED_MODEL, "family": "openai", "base_url": f"{st.testserve_url}/openai",
         "api_key": TESTSERVE_KEY, "local": True, "verify": False,
         "models": [{"name": EMBED_MODEL, "resolved_model": "dummy-embed", "kind": "embedding",
@@ -680,7 +677,7 @@ def provision_embeddings(st: Stack) -> None:
         ("POST", "/admin/access", {"user_id": st.user_id, "model_id": model_id}),
         ("PUT", f"/admin/users/{st.user_id}/policies/{model_id}", BUDGET_POLICY),
     ):
-        status, _, raw = mb.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
+        status, _, raw = harness.http_request(method, st.meshfast_url + path, admin, body, timeout_s=30.0)
         if status not in (200, 201, 204):
             raise BenchError(f"{method} {path} answered {status}: {raw[:500]!r}")
     wait_for_models(st, MODEL_COUNT + 1, "the embedding model on every worker")
@@ -822,8 +819,7 @@ def criteria(doc: dict) -> dict:
 # ------------------------------------------------------------------------------------------ table
 
 
-def _f(x) -> str:
-    return "-" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+_f = harness.format_number
 
 
 def _print_split(split: dict | None) -> None:
@@ -888,7 +884,7 @@ def print_tables(doc: dict) -> None:
             if isinstance(v, bool):
                 print(f"  {k}: {'yes' if v else 'NO'}")
     others = [p["cpu"]["other_busy_pct"] for p in _phase_cpus(doc)]
-    if others and max(o or 0 for o in others) > BUSY_WARN_PCT:
+    if others and max(o or 0 for o in others) > harness.BUSY_WARN_PCT:
         print(f"WARNING: processes outside the bench used up to {max(others):.0f}% of the CPUs in a phase; "
               "numbers are noisy")
 
@@ -910,9 +906,7 @@ def _print_cpu(label: str, cpu: dict) -> None:
 
 
 def provenance(args) -> dict:
-    prov = mb.provenance(args)
-    for dist in ("aiohttp",):
-        prov["versions"][dist] = mb._dist_version(dist)
+    prov = harness.provenance(args, ("aiohttp",))
     prov["versions"]["testserve"] = "in-tree (git_sha)"
     return prov
 
@@ -933,8 +927,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="meshfast's upstream client (MESHFAST_UPSTREAM_CLIENT)")
     p.add_argument("--quick", action="store_true",
                    help="smoke check in < 60 s (3 s per target, 10 TTFB requests, 3 s wrk)")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast",
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(),
                    help="command that takes `serve ...`")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/proxy-<timestamp>.json)")
     args = p.parse_args(argv)
@@ -954,21 +947,21 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("POST /v1/proxy on meshfast vs a bare Granian+aiohttp forwarder vs a direct call to "
                         "testserve with the same upstream request: added latency at a fixed rate, TTFB of "
                         "short vs huge streams, max requests/s"),
-        **mb.run_header(argv, started, provenance(args)),
+        **harness.run_header(argv, started, provenance(args)),
         "config": {
             "workers": args.workers, "testserve_workers": 1, "rate_rps": args.rate,
             "meshfast_upstream_client": args.meshfast_client,
             "duration_s_per_target": args.duration, "slice_s": SLICE_S, "ttfb_count": args.ttfb_count,
             "endpoint_duration_s_per_target": args.endpoint_duration,
             "wrk": {"connections": args.connections, "threads": args.threads, "duration_s": args.wrk_duration,
-                    "warmup_s": args.wrk_warmup, "timeout": mb.WRK_TIMEOUT},
+                    "warmup_s": args.wrk_warmup, "timeout": harness.WRK_TIMEOUT},
             "quick": args.quick, "proxy_body": PROXY_BODY.decode(), "budget_policy": BUDGET_POLICY,
         },
         "note": NOTE.format(slice_s=SLICE_S),
         "error_policy": ("Any non-2xx answer, a stream without its terminator, a socket error or timeout "
                          "(loadgen or wrk), or a server that dies fails the run: ok=false, exit 1; "
                          "the JSON is still written. The criteria are reported, not enforced."),
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     failures: list[str] = []
     stack: Stack | None = None
@@ -977,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("[bench] starting testserve, forwarder, meshfast ...", flush=True)
             stack = start_stack(args, work_dir)
-            doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
+            doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets())) for s in stack.servers()}
             doc["setup"] = stack.setup
             targets, doc["wire_shapes"] = build_targets(stack)
             print(f"[bench] latency: 8 targets x {args.duration:g} s at {args.rate:g} req/s ...", flush=True)

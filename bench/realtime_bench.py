@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import models_bench as mb  # noqa: E402
-from bench.models_bench import BenchError, Server  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.harness import BenchError, Server  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 NOTE = ("testserve, meshfast (with its embedded PostgreSQL) and the client share this machine's CPUs unpinned. "
@@ -119,7 +119,7 @@ def main() -> int:
     started = dt.datetime.now(dt.UTC)
     work_dir = Path(tempfile.mkdtemp(prefix="realtime-bench-"))
     env = dict(os.environ)
-    ts_port, mf_port = mb.free_port(), mb.free_port()
+    ts_port, mf_port = harness.free_port(), harness.free_port()
     ts_url, mf_url = f"http://127.0.0.1:{ts_port}", f"http://127.0.0.1:{mf_port}"
     admin_token = secrets.token_urlsafe(32)
     testserve = Server("testserve", [sys.executable, "-m", "testserve", "--host", "127.0.0.1", "--port",
@@ -130,26 +130,26 @@ def main() -> int:
         "serve", "--workers", str(args.workers), "--host", "127.0.0.1", "--port", str(mf_port)],
         mf_env, work_dir / "meshfast.log")
     failures: list[str] = []
-    doc: dict = {**mb.run_header(sys.argv[1:], started, {"git_sha": _git_sha(), "workers": args.workers}),
+    doc: dict = {**harness.run_header(sys.argv[1:], started, {"git_sha": _git_sha(), "workers": args.workers}),
                  "config": {"rounds": args.rounds, "sessions": args.sessions, "max_output_tokens": 8}, "note": NOTE}
     try:
         testserve.start()
         meshfast.start()
-        mb.wait_until(lambda: mb.http_request("GET", ts_url + "/healthz", timeout_s=2.0)[0] == 200, 30.0,
-                      testserve, "testserve /healthz")
-        mb.wait_until(lambda: mb.http_request("GET", mf_url + "/readyz", timeout_s=2.0)[0] == 200, 120.0,
-                      meshfast, "meshfast /readyz")
-        provider = mb.admin_create(mf_url, admin_token, "/admin/providers", {
+        harness.wait_until(lambda: harness.http_request("GET", ts_url + "/healthz", timeout_s=2.0)[0] == 200, 30.0,
+                           testserve, "testserve /healthz")
+        harness.wait_until(lambda: harness.http_request("GET", mf_url + "/readyz", timeout_s=2.0)[0] == 200, 120.0,
+                           meshfast, "meshfast /readyz")
+        provider = harness.admin_create(mf_url, admin_token, "/admin/providers", {
             "name": "rt-bench", "family": "openai", "base_url": f"{ts_url}/openai", "api_key": TESTSERVE_KEY,
             "local": True, "verify": False})
-        model = mb.admin_create(mf_url, admin_token, "/admin/models", {
+        model = harness.admin_create(mf_url, admin_token, "/admin/models", {
             "provider_id": provider["id"], "name": "rt-bench-model", "resolved_model": "gpt-realtime-bench",
             "kind": "chat", "input_price_per_1k_tokens": "0.001", "output_price_per_1k_tokens": "0.002",
             "verify": False})
-        user = mb.admin_create(mf_url, admin_token, "/admin/users", {"email": "rt-bench@example.com",
+        user = harness.admin_create(mf_url, admin_token, "/admin/users", {"email": "rt-bench@example.com",
                                                                     "display_name": "rt bench"})
-        status, _, _ = mb.http_request("POST", mf_url + "/admin/access", {"authorization": f"Bearer {admin_token}"},
-                                       {"user_id": user["id"], "model_id": model["id"]}, timeout_s=10.0)
+        status, _, _ = harness.http_request("POST", mf_url + "/admin/access", {"authorization": f"Bearer {admin_token}"},
+                                            {"user_id": user["id"], "model_id": model["id"]}, timeout_s=10.0)
         if status != 200:
             raise BenchError(f"the grant answered {status}")
         time.sleep(1.5)  # every worker has the grant
@@ -166,7 +166,7 @@ def main() -> int:
         for server in (meshfast, testserve):
             server.stop()
     out = args.out or RESULTS_DIR / f"realtime-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.json"
-    return mb.finish(doc, failures, started, out, "realtime", _print)
+    return harness.finish(doc, failures, started, out, "realtime", _print)
 
 
 def _git_sha() -> str:

@@ -67,10 +67,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import floor_bench as fb  # noqa: E402
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
-from bench.models_bench import BenchError, Server  # noqa: E402
+from bench.harness import BenchError, Server  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 PHASES = ("oversubscription", "in_process", "instructions", "proxy", "shm", "start", "propagation")
@@ -102,16 +101,13 @@ NOTE = (
 
 def _admin(st: pb.Stack, method: str, path: str, body: object | None = None,
            expect: tuple[int, ...] = (200, 201, 204)) -> dict:
-    status, _, raw = mb.http_request(method, st.meshfast_url + path, {"authorization": f"Bearer {st.admin_token}"},
-                                     body, timeout_s=60.0)
-    if status not in expect:
-        raise BenchError(f"{method} {path} answered {status}: {raw[:500]!r}")
-    return json.loads(raw) if raw else {}
+    return harness.admin_call(st.meshfast_url, st.admin_token, method, path, body, expect=expect,
+                              timeout_s=60.0, empty={})
 
 
 def _usage_rules(st: pb.Stack, key: str) -> dict[str, dict] | None:
-    status, _, raw = mb.http_request("GET", st.meshfast_url + "/v1/usage", {"authorization": f"Bearer {key}"},
-                                     timeout_s=5.0)
+    status, _, raw = harness.http_request("GET", st.meshfast_url + "/v1/usage", {"authorization": f"Bearer {key}"},
+                                          timeout_s=5.0)
     return {r["id"]: r for r in json.loads(raw).get("rules", [])} if status == 200 else None
 
 
@@ -125,7 +121,7 @@ def _wait_rules(st: pb.Stack, key: str, rule_ids: set[str], what: str) -> float:
         seen = seen + 1 if shown is not None and rule_ids <= set(shown) else 0
         return seen >= PROPAGATION_CONFIRMATIONS
 
-    return mb.wait_until(loaded, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast, what)
+    return harness.wait_until(loaded, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast, what)
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -153,7 +149,7 @@ class Trial:
 
 def _provision_oversub(st: pb.Stack) -> None:
     """One openai-family provider on testserve; models and people are made per trial."""
-    provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+    provider = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
         "name": "rules-openai", "family": "openai", "base_url": f"{st.testserve_url}/openai",
         "api_key": pb.TESTSERVE_KEY, "local": True, "verify": False, "models": []})
     st.setup["provider_id"] = provider["id"]
@@ -163,12 +159,12 @@ def _trial_setup(st: pb.Stack, trial: Trial, n_calls: int, k: int) -> dict:
     tag = f"over-{trial.name}-{k}"
     models = []
     for i in range(2):
-        models.append(mb.admin_create(st.meshfast_url, st.admin_token, "/admin/models", {
+        models.append(harness.admin_create(st.meshfast_url, st.admin_token, "/admin/models", {
             "provider_id": st.setup["provider_id"], "name": f"{tag}-m{i}", "resolved_model": "dummy-chat",
             "kind": "chat", "input_price_per_1k_tokens": "0", "output_price_per_1k_tokens": "1", "tags": [tag],
             "verify": False}))
-    person = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
-                             {"email": f"{tag}@example.com", "display_name": tag})
+    person = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/users",
+                                  {"email": f"{tag}@example.com", "display_name": tag})
     for m in models:
         _admin(st, "POST", "/admin/access", {"user_id": person["id"], "model_id": m["id"]})
         # The grant's default $20 a day must not be the cap that binds; always open.
@@ -209,9 +205,9 @@ async def _burst(url: str, key: str, model_names: list[str], calls: int) -> list
 
 
 def _one_call(st: pb.Stack, key: str, model: str) -> tuple[int, dict]:
-    status, _, raw = mb.http_request("POST", f"{st.meshfast_url}/v1/proxy?model={model}",
-                                     {"authorization": f"Bearer {key}"},
-                                     {"query": PROMPT, "max_tokens": MAX_TOKENS}, timeout_s=30.0)
+    status, _, raw = harness.http_request("POST", f"{st.meshfast_url}/v1/proxy?model={model}",
+                                          {"authorization": f"Bearer {key}"},
+                                          {"query": PROMPT, "max_tokens": MAX_TOKENS}, timeout_s=30.0)
     return status, (json.loads(raw) if status != 200 and raw.startswith(b"{") else {})
 
 
@@ -231,7 +227,7 @@ def _rows(st: pb.Stack, user_id: str, expected_calls: int) -> list[dict]:
         rows = got
         return sum(r.get("count") or 1 for r in rows) >= expected_calls
 
-    mb.wait_until(all_in, 30.0, st.meshfast, f"{expected_calls} rows of {user_id}")
+    harness.wait_until(all_in, 30.0, st.meshfast, f"{expected_calls} rows of {user_id}")
     return rows
 
 
@@ -240,15 +236,15 @@ def _run_trial(st: pb.Stack, trial: Trial, n_calls: int, k: int) -> dict:
     person, models = setup["person"], setup["models"]
     names = [m["name"] for m in models]
     calls = trial.multiple * n_calls
-    mb.http_request("DELETE", st.testserve_url + "/_debug/requests", timeout_s=5.0)
-    mb.http_request("POST", st.testserve_url + "/_debug/config", body={"delta_delay_ms": DELTA_DELAY_MS})
+    harness.http_request("DELETE", st.testserve_url + "/_debug/requests", timeout_s=5.0)
+    harness.http_request("POST", st.testserve_url + "/_debug/config", body={"delta_delay_ms": DELTA_DELAY_MS})
     t0 = time.monotonic()
     try:
         answers = asyncio.run(_burst(st.meshfast_url, person["key"], names, calls))
     finally:
-        mb.http_request("POST", st.testserve_url + "/_debug/config", body={"delta_delay_ms": 0})
+        harness.http_request("POST", st.testserve_url + "/_debug/config", body={"delta_delay_ms": 0})
     burst_s = time.monotonic() - t0
-    status, _, raw = mb.http_request("GET", st.testserve_url + "/_debug/stats", timeout_s=5.0)
+    status, _, raw = harness.http_request("GET", st.testserve_url + "/_debug/stats", timeout_s=5.0)
     peak = json.loads(raw).get("peak_in_flight") if status == 200 else None
     statuses: dict[str, int] = {}
     refused_by: dict[str, int] = {}
@@ -515,24 +511,23 @@ class ProxySides:
             s.check_alive()
 
     def stop_into(self, doc: dict) -> None:
-        doc["server_log_tails"] = {s.name: mb.redact([s.log_tail(3000)], self.secrets())[0] for s in self.servers()}
+        doc["server_log_tails"] = {s.name: harness.redact([s.log_tail(3000)], self.secrets())[0] for s in self.servers()}
         doc["stop"] = {name: side.stop() for name, side in self.sides.items()}
         doc["stop"]["upstream"] = self.upstream.stop()
 
 
 def start_proxy_sides(args, work_dir: Path) -> ProxySides:
     env = server_env()
-    port = mb.free_port()
+    port = harness.free_port()
     conf = work_dir / "nginx.conf"
     conf.write_text(fb.nginx_conf(work_dir, port, 1))
-    upstream = Server("upstream", ["nginx", "-p", str(work_dir), "-e", str(work_dir / "nginx-error.log"), "-c", str(conf),
-                                   "-g", "daemon off;"], env, work_dir / "nginx.log")
+    upstream = harness.nginx_server(work_dir, conf, env)
     ps = ProxySides(upstream=upstream, upstream_url=f"http://127.0.0.1:{port}", sides={})
     import secrets as _secrets
 
     for name in ("meshfast-norules", "meshfast-rules"):
         st = pb.Stack()
-        st.meshfast_url = f"http://127.0.0.1:{mb.free_port()}"
+        st.meshfast_url = f"http://127.0.0.1:{harness.free_port()}"
         st.data_dir = tempfile.mkdtemp(prefix=f"{name}-")
         st.admin_token = _secrets.token_urlsafe(32)
         mf_env = dict(env, MESHFAST_DATA_DIR=st.data_dir, MESHFAST_ADMIN_TOKEN=st.admin_token)
@@ -547,11 +542,11 @@ def start_proxy_sides(args, work_dir: Path) -> ProxySides:
             ps.groups.sessions[s.name] = s.proc.pid
         for name, st in ps.sides.items():
             ps.groups.data_dirs[f"{name}_postgres"] = st.data_dir
-        ps.setup["upstream_ready_s"] = mb.wait_until(lambda: fb._answers(ps.upstream_url + "/healthz"), 30.0, upstream,
-                                                     "an answer")
+        ps.setup["upstream_ready_s"] = harness.wait_until(lambda: fb._answers(ps.upstream_url + "/healthz"), 30.0, upstream,
+                                                          "an answer")
         for name, st in ps.sides.items():
-            ps.setup[f"{name}_ready_s"] = mb.wait_until(
-                lambda st=st: mb.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
+            ps.setup[f"{name}_ready_s"] = harness.wait_until(
+                lambda st=st: harness.http_request("GET", st.meshfast_url + "/readyz", timeout_s=2.0)[0] == 200,
                 pb.MESHFAST_READY_TIMEOUT_S, st.meshfast, "GET /readyz == 200")
             fs = fb.FloorStack(meshfast=st.meshfast, meshfast_url=st.meshfast_url, admin_token=st.admin_token,
                                urls={"upstream": ps.upstream_url})
@@ -575,13 +570,13 @@ def load_rules(args, st: pb.Stack) -> dict:
                 "tier": tiers[i % 3]}
         if i >= 10:
             body["manager_email"] = f"org{(i * 7919) % i}@example.com"
-        users.append(mb.admin_create(st.meshfast_url, st.admin_token, "/admin/users", body))
+        users.append(harness.admin_create(st.meshfast_url, st.admin_token, "/admin/users", body))
     users_s = time.monotonic() - t0
     # The bench user reports to the last person, so the chain above it has several leaders.
-    status, headers, raw = mb.http_request("GET", f"{st.meshfast_url}/admin/users/{st.user_id}",
-                                           {"authorization": f"Bearer {st.admin_token}"}, timeout_s=10.0)
+    status, headers, raw = harness.http_request("GET", f"{st.meshfast_url}/admin/users/{st.user_id}",
+                                                {"authorization": f"Bearer {st.admin_token}"}, timeout_s=10.0)
     etag = {k.lower(): v for k, v in headers.items()}.get("etag")
-    status, _, raw = mb.http_request(
+    status, _, raw = harness.http_request(
         "PUT", f"{st.meshfast_url}/admin/users/{st.user_id}",
         {"authorization": f"Bearer {st.admin_token}", "if-match": etag or "*"},
         {"manager_email": users[-1]["email"] if users else None, "business_unit": "bu0", "tier": "normal"},
@@ -621,7 +616,7 @@ def load_rules(args, st: pb.Stack) -> dict:
         expected = set(shown)
         return bool(expected) or not args.rules
 
-    mb.wait_until(stable, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast, "the rules in /v1/usage")
+    harness.wait_until(stable, pb.CONFIG_PROPAGATION_TIMEOUT_S, st.meshfast, "the rules in /v1/usage")
     time.sleep(1.5)  # NOTE: the last rule's NOTIFY reaches the workers within a second
     shown = _usage_rules(st, st.user_key) or {}
     propagation_s = _wait_rules(st, st.user_key, set(shown), "the bench user's rules on every worker")
@@ -638,7 +633,7 @@ def phase_proxy(args, work_dir: Path) -> dict:
     try:
         ps = start_proxy_sides(args, work_dir)
         doc["setup"] = ps.setup
-        doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, ps.secrets())) for s in ps.servers()}
+        doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, ps.secrets())) for s in ps.servers()}
         up_auth = {"authorization": f"Bearer {fb.UPSTREAM_KEY}", "content-type": "application/json"}
         targets = {"direct": loadgen.Target.post("direct", f"{ps.upstream_url}/sse/v1/chat/completions", up_auth,
                                                  fb.STREAM_REQUEST % fb.RESOLVED.encode(), fb.SSE_END)}
@@ -989,7 +984,7 @@ def problems_of(doc: dict) -> list[str]:
 
 
 def _f(x) -> str:
-    return "-" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}"
+    return harness.format_number(x, 2)
 
 
 def print_tables(doc: dict) -> None:
@@ -1073,7 +1068,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="smoke check (~1 min): N=5, one repeat, 10,000 people in process, 20 rules and 100 "
                         "people on the proxy side, 1 x 1 s back to back, wrk 1 + 2 s, no instructions or "
                         "propagation (CI runs both as tests)")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")),
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(fallback=False),
                    help="command that takes `serve ...` (meshfast is imported from the working tree)")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/rules-<timestamp>.json)")
     args = p.parse_args(argv)
@@ -1099,11 +1094,11 @@ def main(argv: list[str] | None = None) -> int:
         "description": ("spend rules: no overshoot under oversubscription, decision cost in process and in "
                         "instructions, proxy added latency with and without 100 rules, shared-memory size, "
                         "change propagation"),
-        **mb.run_header(argv, started, fb.provenance(argparse.Namespace(**{**vars(args), "loop": None,
-                                                                           "forwarder_rs": fb.FORWARDER_RS}))),
+        **harness.run_header(argv, started, fb.provenance(argparse.Namespace(**{**vars(args), "loop": None,
+                                                                                "forwarder_rs": fb.FORWARDER_RS}))),
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "only")},
         "note": NOTE,
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     failures: list[str] = []
 
@@ -1135,14 +1130,14 @@ def main(argv: list[str] | None = None) -> int:
         failures.append("interrupted")
     doc["loadavg_end"] = list(os.getloadavg())
     busy = doc.get("background_cpu_busy_pct")
-    doc["quiet_machine"] = busy is not None and busy < pb.BUSY_WARN_PCT
+    doc["quiet_machine"] = busy is not None and busy < harness.BUSY_WARN_PCT
     if not doc["quiet_machine"]:
         doc["machine_note"] = (f"not a quiet machine: {busy}% of the CPUs busy before the run (other people's builds, "
                                f"tests and servers); load average {doc['provenance']['host']['loadavg_at_start']} at "
                                f"the start, {doc['loadavg_end']} at the end; each phase's cpu.other_busy_pct says how "
                                "much of it overlapped the measurements")
     failures += problems_of(doc)
-    return mb.finish(doc, failures, started, out_path, "rules", print_tables, indent=1)
+    return harness.finish(doc, failures, started, out_path, "rules", print_tables, indent=1)
 
 
 if __name__ == "__main__":

@@ -50,10 +50,9 @@ if str(ROOT) not in sys.path:
 
 from bench import capacity_bench as cb  # noqa: E402
 from bench import governance_bench as gb  # noqa: E402
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
-from bench.models_bench import BenchError  # noqa: E402
+from bench.harness import BenchError  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 DECLARED_BYTES = 100
@@ -220,7 +219,7 @@ class LoadSampler(cb.Sampler):
         out: dict = {"t_s": round(time.monotonic() - self.t0, 2), "sockets": cb.established_on(self.port),
                      "rss_mb": cb.rss_mb(self.pids)}
         try:
-            status, _, raw = mb.http_request("GET", self.st.meshfast_url + "/readyz", timeout_s=2.0)
+            status, _, raw = harness.http_request("GET", self.st.meshfast_url + "/readyz", timeout_s=2.0)
             out["readyz_status"] = status
             body = json.loads(raw) if raw.startswith(b"{") else {}
             out["readyz"] = {"status": body.get("status"), "load": body.get("load")}
@@ -431,8 +430,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "attack outlasts the phase)")
     p.add_argument("--goal-p99-ms", type=float, default=50.0, help="p99 of valid calls during the attack")
     p.add_argument("--quick", action="store_true", help="smoke check (3 s phases, 500 stalled connections)")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast",
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(),
                    help="command that takes `serve ...` (point it at an older build for a before/after)")
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/slowbody-<timestamp>.json)")
     args = p.parse_args(argv)
@@ -455,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "slowbody",
         "description": ("valid POST /v1/proxy calls at a fixed rate before, during and after a slow-body attack "
                         "(connections that send a request head declaring a body, then nothing)"),
-        **mb.run_header(argv, started, pb.provenance(args)),
+        **harness.run_header(argv, started, pb.provenance(args)),
         "config": {
             "workers": args.workers, "testserve_workers": 1, "rate_rps": args.rate, "duration_s": args.duration,
             "warmup_s": args.warmup, "connections": args.connections, "valid_share": args.valid_share,
@@ -467,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         "error_policy": ("A valid call that is not a 200 with a complete stream (in any phase), or a p99 during "
                          "the attack above goal_p99_ms, fails the run (ok=false, exit 1; the JSON is still "
                          "written); the other criteria are reported."),
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
     }
     # The servers inherit it: meshfast reads it at start (a build without the body timeouts ignores it).
     os.environ["MESHFAST_BODY_IDLE_TIMEOUT_S"] = str(args.body_idle_timeout)
@@ -479,8 +477,8 @@ def main(argv: list[str] | None = None) -> int:
             stack = pb.start_stack(args, Path(work), forwarder=False,
                                    provision=lambda st: gb.provision(st, PROVIDER_RPS))
             # The servers keep the limit they started with; the attacker needs a descriptor per socket.
-            doc["nofile"] = mb.raise_nofile()
-            doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
+            doc["nofile"] = harness.raise_nofile()
+            doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets())) for s in stack.servers()}
             doc["setup"] = stack.setup
             run_phases(args, stack, doc)
         except BenchError as exc:
@@ -493,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
                 stack.stop_into(doc)
     failures += problems_of(doc, args.goal_p99_ms)
     doc["criteria"] = criteria(doc, args.goal_p99_ms)
-    return mb.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
+    return harness.finish(doc, failures, started, out_path, "bench", print_tables, indent=2)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import models_bench as mb  # noqa: E402
+from bench import harness  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
 from bench.flood import flood, leak_rate_mb_per_min, request_bytes  # noqa: E402
 
@@ -70,10 +70,10 @@ def _warnings(stack: pb.Stack, limit: int = 40) -> list[str]:
     except OSError:
         return []
     lines = [line for line in text.splitlines() if "WARNING" in line.upper() or "ERROR" in line.upper()]
-    return mb.redact(lines[:limit], stack.secrets())
+    return harness.redact(lines[:limit], stack.secrets())
 
 
-def _worker_pids(server: mb.Server) -> list[int]:
+def _worker_pids(server: harness.Server) -> list[int]:
     import psutil
 
     root = psutil.Process(server.proc.pid)
@@ -87,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--pipeline", type=int, default=4)
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")))
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(fallback=False))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     args.only, args.meshfast_client = None, "native"
     started = dt.datetime.now(dt.UTC)
     out_path = args.out or RESULTS_DIR / f"soak-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    doc: dict = {"benchmark": "soak", **mb.run_header(argv, started, mb.provenance(args)),
+    doc: dict = {"benchmark": "soak", **harness.run_header(argv, started, harness.provenance(args)),
                  "config": {"requests": args.requests, "workers": args.workers, "connections": args.connections,
                             "pipeline": args.pipeline}}
     with tempfile.TemporaryDirectory(prefix="meshfast-soak-") as work:

@@ -32,12 +32,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import governance_bench as gb  # noqa: E402
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
 from bench.capacity_bench import meshfast_pids, rss_mb  # noqa: E402
 from bench.flood import leak_rate_mb_per_min  # noqa: E402
-from bench.models_bench import BenchError  # noqa: E402
+from bench.harness import BenchError  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 FAMILIES = ("anthropic", "openai", "gemini")
@@ -48,7 +47,7 @@ def provision(st: pb.Stack, rps_limit: int) -> None:
     t0 = time.monotonic()
     model_ids = []
     for family in FAMILIES:
-        provider = mb.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
+        provider = harness.admin_create(st.meshfast_url, st.admin_token, "/admin/providers", {
             "name": f"s-{family}", "family": family, "base_url": f"{st.testserve_url}/{family}",
             "api_key": pb.TESTSERVE_KEY, "local": True, "verify": False, "max_outbound_rps": rps_limit,
             "models": [{"name": f"s-{family}", "resolved_model": "dummy-chat", "kind": "chat",
@@ -112,8 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stages", type=parse_stages, default=parse_stages("140:180,200:120"),
                    help="RATE:SECONDS,... (default 140:180,200:120)")
     p.add_argument("--quick", action="store_true", help="stages 140:15,200:15")
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast"))
-                   if Path(sys.executable).with_name("meshfast").exists() else "meshfast")
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd())
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/soak-paced-<timestamp>.json)")
     args = p.parse_args(argv)
     if args.quick:
@@ -130,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "soak-paced",
         "description": ("Mixed POST /v1/proxy over three providers limited to rps_limit each, open loop at fixed "
                         "rates: under capacity (all admitted) and over it (the excess shed as 503 provider_busy)"),
-        **mb.run_header(argv, started, pb.provenance(args)),
+        **harness.run_header(argv, started, pb.provenance(args)),
         "config": {"workers": args.workers, "rps_limit": args.rps_limit, "families": list(FAMILIES),
                    "stages": [{"rate_rps": r, "duration_s": d} for r, d in args.stages], "quick": args.quick,
                    "proxy_body": pb.PROXY_BODY.decode(), "wait_ceiling_s": gb.WAIT_CEILING_S},
         "note": gb.NOTE,
-        "background_cpu_busy_pct": mb.cpu_busy_pct(),
+        "background_cpu_busy_pct": harness.cpu_busy_pct(),
         "stages": [],
     }
     failures: list[str] = []
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             print("[soak-paced] starting testserve, meshfast ...", flush=True)
             stack = pb.start_stack(args, Path(work), forwarder=False,
                                    provision=lambda st: provision(st, args.rps_limit))
-            doc["servers"] = {s.name: shlex.join(mb.redact(s.argv, stack.secrets())) for s in stack.servers()}
+            doc["servers"] = {s.name: shlex.join(harness.redact(s.argv, stack.secrets())) for s in stack.servers()}
             doc["setup"] = stack.setup
             auth = {"authorization": f"Bearer {stack.user_key}", "content-type": "application/json"}
             targets = [loadgen.Target.post(f"s-{f}", f"{stack.meshfast_url}/v1/proxy?model=s-{f}", auth,
@@ -173,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if stack is not None:
                 stack.stop_into(doc)
-    return mb.finish(doc, failures, started, out_path, "soak-paced", print_stages)
+    return harness.finish(doc, failures, started, out_path, "soak-paced", print_stages)
 
 
 def print_stages(doc: dict) -> None:

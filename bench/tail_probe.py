@@ -35,8 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen
-from bench import models_bench as mb
+from bench import harness, loadgen
 from bench import proxy_bench as pb
 
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -51,8 +50,8 @@ _LAG = re.compile(r'^meshfast_loop_lag_seconds_bucket\{le="([^"]+)"\} (\d+)$')
 
 def lag_buckets(st: pb.Stack) -> dict[str, int]:
     """Cumulative loop-lag buckets (le -> count) from /admin/metrics; {} if the series is absent."""
-    status, _, raw = mb.http_request("GET", st.meshfast_url + "/admin/metrics",
-                                     {"authorization": f"Bearer {st.admin_token}"}, timeout_s=10.0)
+    status, _, raw = harness.http_request("GET", st.meshfast_url + "/admin/metrics",
+                                          {"authorization": f"Bearer {st.admin_token}"}, timeout_s=10.0)
     if status != 200:
         return {}
     out = {}
@@ -114,7 +113,7 @@ def run_route(target: loadgen.Target, duration_s: float, stall_ns: int) -> dict:
 
 def start_spy(st: pb.Stack, args: argparse.Namespace, label: str) -> subprocess.Popen:
     """py-spy on the worker that answers (1 worker: the only one), sampling from 2 s into the route."""
-    _, _, raw = mb.http_request("GET", st.meshfast_url + "/healthz", timeout_s=5.0)
+    _, _, raw = harness.http_request("GET", st.meshfast_url + "/healthz", timeout_s=5.0)
     pid = json.loads(raw)["pid"]
     out = (args.out or RESULTS_DIR / "tail").with_suffix(f".{label}.spy.txt")
     seconds = min(args.spy, max(1.0, args.duration - 3))
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         os.environ[key] = value
     work_dir = Path(tempfile.mkdtemp(prefix="tail-probe-"))
-    doc: dict = {"bench": "tail_probe", **mb.run_header(argv, started, mb.provenance(args)),
+    doc: dict = {"bench": "tail_probe", **harness.run_header(argv, started, harness.provenance(args)),
                  "config": vars(args) | {"out": str(args.out)}, "rounds": []}
     st = pb.start_stack(args, work_dir, forwarder=False)
     try:

@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen  # noqa: E402
-from bench import models_bench as mb  # noqa: E402
+from bench import harness, loadgen  # noqa: E402
 from bench import proxy_bench as pb  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--wrk-duration", type=int, default=10)
     p.add_argument("--wrk-warmup", type=int, default=2)
-    p.add_argument("--meshfast-cmd", default=str(Path(sys.executable).with_name("meshfast")))
+    p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd(fallback=False))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args.only, args.meshfast_client = None, "native"
     started = dt.datetime.now(dt.UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    doc: dict = {"benchmark": "translate", **mb.run_header(argv, started, mb.provenance(args)),
+    doc: dict = {"benchmark": "translate", **harness.run_header(argv, started, harness.provenance(args)),
                  "config": {"workers": args.workers, "count": args.count, "wrk_duration_s": args.wrk_duration,
                             "connections": args.connections}}
     with tempfile.TemporaryDirectory(prefix="meshfast-translate-bench-") as work:

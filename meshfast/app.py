@@ -15,7 +15,9 @@ import os
 import signal
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
 import asyncpg
 import msgspec
@@ -39,7 +41,6 @@ from meshfast.dataplane import (
     gemini_call,
     mesh_key_shaped,
     ollama_tags,
-    openai_embeddings_call,
 )
 from meshfast.dispatch import Dispatcher, Timeouts
 from meshfast.leader import Leader, apply_retention, ensure_log_partitions
@@ -87,7 +88,6 @@ ENV_GATEWAY_DATABASE_URL = "MESHFAST_RUNTIME_GATEWAY_DATABASE_URL"
 ENV_SHM_PATH = "MESHFAST_RUNTIME_SHM_PATH"
 # Requests one worker serves at once (MESHFAST_MAX_CONNECTIONS split over the workers).
 ENV_WORKER_LIMIT = "MESHFAST_RUNTIME_WORKER_LIMIT"
-_ALWAYS_ANSWERED = frozenset({"/healthz", "/readyz"})
 
 JSON = "application/json"
 _SECURITY_HEADERS = [
@@ -103,7 +103,6 @@ COUNTER_CHECKPOINT_S = 5.0
 JWKS_POLL_S = 2.0
 COUNTER_PURGE_S = 600.0
 SATURATION_PUBLISH_S = 1.0
-_MESH_ROUTES: dict[str, Route] = {"/v1/proxy": "proxy", "/v1/embeddings": "embeddings", "/v1/generate": "generate"}
 
 
 class ConfigFeed:
@@ -681,41 +680,33 @@ class App:
         if task is not None:
             self._in_flight.add(task)
         try:
-            # NOTE: data-plane POSTs check the request limit themselves, after the key (a bad key is
-            # always a 401 and costs no slot).
-            if method == "POST" and openai_embeddings_call(path, scope.query_string):
-                await self.data.handle(scope, proto, "openai_embeddings", self._body, busy=self._busy)  # type: ignore[union-attr]
-            elif path in _MESH_ROUTES and method == "POST":
-                await self.data.handle(scope, proto, _MESH_ROUTES[path], self._body, busy=self._busy)  # type: ignore[union-attr]
-            elif method == "POST" and path in ENTRY_ROUTES:
-                await self.data.handle(scope, proto, ENTRY_ROUTES[path], self._body, busy=self._busy)  # type: ignore[union-attr]
-            elif method == "POST" and (gemini := gemini_call(path)) is not None:
-                await self.data.handle(scope, proto, "gemini", self._body, *gemini, busy=self._busy)  # type: ignore[union-attr]
-            elif self._busy() and path not in _ALWAYS_ANSWERED:
+            # The route table (below the class): an exact row, else the first pattern that matches.
+            methods = _EXACT.get(path)
+            endpoint = None if methods is None else methods.get(method) or methods.get(ANY)
+            model = stream = None
+            if endpoint is None:
+                for pattern_method, match, candidate in _PATTERNS:
+                    if pattern_method == method or pattern_method == ANY:
+                        found = match(path)
+                        if found is not None:
+                            endpoint = candidate
+                            model, stream = found
+                            break
+            if endpoint is not None and endpoint.kind == "data":
+                # NOTE: data-plane POSTs check the request limit themselves, after the key (a bad
+                # key is always a 401 and costs no slot).
+                route = endpoint.route
+                if endpoint.query_route is not None and endpoint.query_route[0] in (scope.query_string or ""):
+                    route = endpoint.query_route[1]
+                await self.data.handle(scope, proto, route, self._body, model, stream,  # type: ignore[union-attr]
+                                       busy=self._busy)
+            elif (endpoint is None or endpoint.kind != "probe") and self._busy():
                 error = errors.ServerBusy(retry_after_s=1)
                 proto.response_bytes(error.status, [("content-type", JSON), ("retry-after", "1")], error.body())
-            elif path == "/api/tags":
-                await self._ollama_tags(scope, proto, method)
-            elif path == "/v1/models" or path == "/v1/usage":
-                await self._data_view(scope, proto, path, method)
-            elif path == "/admin/metrics":
-                await self._metrics(scope, proto, method)
-            elif path == "/admin/openapi.json" and method == "GET":
-                proto.response_bytes(200, [("content-type", JSON), ("cache-control", "no-cache")], self._openapi)
-            elif path.startswith("/admin/"):
-                await self._admin(scope, proto, path, method)
-            elif path == dashboard.PREFIX or path.startswith(dashboard.PREFIX + "/"):
-                self._dashboard(scope, proto, path, method)
-            elif path == "/healthz":
-                proto.response_bytes(200, [("content-type", JSON)], self._health)
-            elif path == "/.well-known/jwks.json" and method == "GET":
-                # meshfast's own token keys (public; the same on every instance sharing the secrets).
-                proto.response_bytes(200, [("content-type", JSON), ("cache-control", "public, max-age=300")],
-                                     self._jwks)
-            elif path == "/readyz":
-                await self._readyz(proto)
-            else:
+            elif endpoint is None:
                 self._error(proto, errors.NotFound())
+            else:
+                await endpoint.handler(self, scope, proto, path, method)
         except asyncio.CancelledError:
             if not self._draining:
                 raise
@@ -762,7 +753,7 @@ class App:
             status, body = view(*sources, time.time_ns() // 1_000_000)
         return status, body
 
-    async def _ollama_tags(self, scope: Any, proto: Any, method: str) -> None:
+    async def _ollama_tags(self, scope: Any, proto: Any, path: str, method: str) -> None:
         rid = request_id()
         if method != "GET":
             error = errors.MethodNotAllowed
@@ -786,7 +777,7 @@ class App:
         status, body = await self._view(view, scope)
         proto.response_bytes(status, [("content-type", JSON), ("x-request-id", rid)], body)
 
-    async def _metrics(self, scope: Any, proto: Any, method: str) -> None:
+    async def _metrics(self, scope: Any, proto: Any, path: str, method: str) -> None:
         """``GET /admin/metrics``: the instance's counters in Prometheus text (admin auth)."""
         assert self.admin is not None and self.metrics is not None
         try:
@@ -853,7 +844,7 @@ class App:
         finally:
             await stream.chunks.aclose()
 
-    def _dashboard(self, scope: Any, proto: Any, path: str, method: str) -> None:
+    async def _dashboard(self, scope: Any, proto: Any, path: str, method: str) -> None:
         """The dashboard's page and assets (public; its data comes from ``/admin/*``)."""
         try:
             dashboard.serve(proto, path, method, scope.headers)
@@ -891,7 +882,17 @@ class App:
             "instances": instances,
         }
 
-    async def _readyz(self, proto: Any) -> None:
+    async def _openapi_document(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        proto.response_bytes(200, [("content-type", JSON), ("cache-control", "no-cache")], self._openapi)
+
+    async def _healthz(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        proto.response_bytes(200, [("content-type", JSON)], self._health)
+
+    async def _jwks_document(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        """meshfast's own token keys (public; the same on every instance sharing the secrets)."""
+        proto.response_bytes(200, [("content-type", JSON), ("cache-control", "public, max-age=300")], self._jwks)
+
+    async def _readyz(self, scope: Any, proto: Any, path: str, method: str) -> None:
         assert self.gateway_pool is not None
         if self._draining:
             # A load balancer stops sending work here while in-flight calls finish.
@@ -919,5 +920,100 @@ class App:
             headers.append(("retry-after", str(exc.retry_after_s)))
         proto.response_bytes(exc.status, headers, exc.body())
 
+
+# --- the route table --------------------------------------------------------------------------
+#
+# Every HTTP route of the edge, one row each: (method, path) for an exact path, (method, matcher)
+# for a path pattern. ANY answers every method (the handler answers 405 itself where it has to).
+# Exact rows are looked up first (one dict lookup), then the patterns in order; an exact row for
+# one method does not hide a pattern for another (``POST /admin/openapi.json`` is the admin
+# plane's). Nothing matched is a 404.
+#
+# A route's kind decides what happens before its handler, in this order:
+#   "data"   a data-plane POST (DataPlane.handle, in the row's wire format): it authenticates and
+#            checks the worker's request limit itself, after the key, so a bad key is always a 401
+#            and costs no slot;
+#   "edge"   everything else, and a path matched by no row: a quick 503 server_busy past the
+#            request limit, else the handler;
+#   "probe"  answered even past the limit (health checks).
+
+ANY = "*"
+RouteKind: TypeAlias = Literal["data", "edge", "probe"]
+Handler: TypeAlias = Callable[[App, Any, Any, str, str], Awaitable[None]]
+# What a path pattern reads from the path, for a data route: (model, stream), as Gemini's path
+# names them (DataPlane.handle's arguments); _NO_ARGS elsewhere.
+PathArgs: TypeAlias = "tuple[str | None, bool | None]"
+_NO_ARGS: PathArgs = (None, None)
+# A path pattern: what it reads from a path that matches, else None.
+Matcher: TypeAlias = Callable[[str], "PathArgs | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where one row of the table leads."""
+
+    kind: RouteKind
+    # An App method, (app, scope, proto, path, method); unused by a data route.
+    handler: Handler
+    # A data route's wire format; query_route: (text, format) when a query string holding text
+    # switches it (``?model=`` makes /v1/embeddings Mesh's, the model in the body OpenAI's).
+    route: Route = "proxy"
+    query_route: tuple[str, Route] | None = None
+
+
+async def _no_handler(app: App, scope: Any, proto: Any, path: str, method: str) -> None:
+    raise AssertionError("a data route is answered by the data plane")
+
+
+def _data(route: Route, query_route: tuple[str, Route] | None = None) -> Endpoint:
+    return Endpoint("data", _no_handler, route, query_route)
+
+
+def _edge(handler: Handler) -> Endpoint:
+    return Endpoint("edge", handler)
+
+
+def _admin_path(path: str) -> PathArgs | None:
+    return _NO_ARGS if path.startswith("/admin/") else None
+
+
+def _dashboard_path(path: str) -> PathArgs | None:
+    return _NO_ARGS if path == dashboard.PREFIX or path.startswith(dashboard.PREFIX + "/") else None
+
+
+_ROUTES: dict[tuple[str, str], Endpoint] = {
+    # The data plane: Mesh's routes and the standard entry routes (ENTRY_ROUTES: path -> format).
+    ("POST", "/v1/proxy"): _data("proxy"),
+    ("POST", "/v1/embeddings"): _data("openai_embeddings", query_route=("model=", "embeddings")),
+    ("POST", "/v1/generate"): _data("generate"),
+    **{("POST", path): _data(fmt) for path, fmt in ENTRY_ROUTES.items()},
+    # Read-only views for a key.
+    (ANY, "/api/tags"): _edge(App._ollama_tags),
+    (ANY, "/v1/models"): _edge(App._data_view),
+    (ANY, "/v1/usage"): _edge(App._data_view),
+    # The admin plane's own documents and metrics (the rest of /admin/ is a pattern below).
+    (ANY, "/admin/metrics"): _edge(App._metrics),
+    ("GET", "/admin/openapi.json"): _edge(App._openapi_document),
+    ("GET", "/.well-known/jwks.json"): _edge(App._jwks_document),
+    (ANY, "/healthz"): Endpoint("probe", App._healthz),
+    (ANY, "/readyz"): Endpoint("probe", App._readyz),
+}
+_PATTERNS: tuple[tuple[str, Matcher, Endpoint], ...] = (
+    # models/{model}:generateContent (or :streamGenerateContent) under /v1beta or /v1.
+    ("POST", gemini_call, _data("gemini")),
+    (ANY, _admin_path, _edge(App._admin)),
+    (ANY, _dashboard_path, _edge(App._dashboard)),
+)
+
+
+def _by_path(routes: dict[tuple[str, str], Endpoint]) -> dict[str, dict[str, Endpoint]]:
+    """The dispatcher's form of the exact rows: path -> method -> endpoint."""
+    by_path: dict[str, dict[str, Endpoint]] = {}
+    for (method, path), endpoint in routes.items():
+        by_path.setdefault(path, {})[method] = endpoint
+    return by_path
+
+
+_EXACT = _by_path(_ROUTES)
 
 app = App()
