@@ -53,6 +53,7 @@ __all__ = [
     "Principal",
     "Core",
     "Prepared",
+    "config_schema",
     "counter_key",
     "request_id",
 ]
@@ -173,6 +174,10 @@ def ceiling_key(key: bytes, mode: int) -> bytes:
 def demand_key(key: bytes) -> bytes:
     """In a cluster, the key counting the calls refused (or queued) for want of the share or
     lease at ``key``."""
+
+def config_schema() -> str:
+    """The configuration's shape as ``Core.load`` reads it, as JSON: a struct is an object of its
+    fields, a sequence a one-element array, anything else ``null``."""
 
 def request_id() -> str:
     """A fresh request id: ``"req_"`` followed by a 26-character ULID (sorts by creation time)."""

@@ -84,6 +84,8 @@ class GenericTemplates(msgspec.Struct, omit_defaults=True):
     generation_poll_interval_ms: int | None = None
     generation_max_wait_seconds: int | None = None
     generation_duration_seconds_path: str | None = None
+    generation_usage_input_tokens_path: str | None = None
+    generation_usage_output_tokens_path: str | None = None
 
 
 TEMPLATE_FIELDS = ("request_body_template", "web_search_request_body_template",

@@ -318,6 +318,13 @@ impl PyLease {
     }
 }
 
+/// The configuration's shape as `Core.load` reads it, as JSON: a struct is an object of its
+/// fields, a sequence a one-element array, anything else `null` (see [`crate::schema`]).
+#[pyfunction]
+fn config_schema() -> String {
+    crate::snapshot::config_shape().to_json()
+}
+
 /// Why `pattern` cannot be a data protection detector (None: it can).
 #[pyfunction]
 fn dlp_pattern_problem(pattern: &str) -> Option<String> {
@@ -1733,6 +1740,7 @@ fn meshfast_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyResponseParser>()?;
     m.add_class::<PyExchange>()?;
     m.add_class::<PyOutcome>()?;
+    m.add_function(wrap_pyfunction!(config_schema, m)?)?;
     m.add_function(wrap_pyfunction!(entry_error, m)?)?;
     m.add_function(wrap_pyfunction!(entry_stream_content_type, m)?)?;
     m.add_function(wrap_pyfunction!(known_request_fields, m)?)?;

@@ -21,6 +21,7 @@ pub mod pricing;
 pub mod provider;
 pub mod redact;
 pub mod rules;
+pub mod schema;
 pub mod shm;
 pub mod signals;
 pub mod snapshot;

@@ -846,6 +846,13 @@ fn serviceable(errors: &mut Vec<String>, what: &str, model: &Model, providers: &
     }
 }
 
+/// The configuration's shape as [`Snapshot::from_bytes`] decodes it, for checking the writer's
+/// (Python's) field by field.
+#[must_use]
+pub fn config_shape() -> crate::schema::Shape {
+    crate::schema::shape::<RawConfig>()
+}
+
 impl Snapshot {
     /// Decodes and validates `config` (msgpack), hashing tokens with `pepper`. On any problem
     /// returns [`Error::Snapshot`] listing all of them.

@@ -59,6 +59,8 @@ class GenericSettings(snapshot.GenericTemplates, forbid_unknown_fields=True, omi
     generation_poll_interval_ms: Annotated[int, Meta(ge=1, le=3_600_000)] | None = None
     generation_max_wait_seconds: Annotated[int, Meta(ge=1, le=86_400)] | None = None
     generation_duration_seconds_path: Path | None = None
+    generation_usage_input_tokens_path: Path | None = None
+    generation_usage_output_tokens_path: Path | None = None
 
 
 _GENERIC_FIELDS = tuple(GenericSettings.__struct_fields__)
