@@ -308,7 +308,9 @@ impl EntryStream {
                         });
                     }
                 }
-                Event::Usage(_) => out.push(event),
+                // NOTE: usage and a web search's pages say nothing about the text: text held back
+                // for a surrogate that may continue in the next delta stays held across them.
+                Event::Usage(_) | Event::Sources(_) => out.push(event),
                 other => {
                     if let Some((index, kind)) = self.open.take() {
                         let restorer = if kind == 2 {
@@ -348,13 +350,28 @@ impl EntryStream {
         }
     }
 
-    /// The upstream ended (cleanly or not; `incomplete`: its body broke off). A streaming caller
-    /// gets the stream's last bytes (or its format's error signal, or Mesh's final line); a
-    /// non-streaming caller gets the whole response, unless the stream broke
-    /// ([`error`](Self::error) is then set and the caller answers an error).
+    /// The upstream ended (cleanly or not; `incomplete`: its body broke off): [`end_input`]
+    /// then [`close`].
+    ///
+    /// [`end_input`]: Self::end_input
+    /// [`close`]: Self::close
     pub fn finish(&mut self, incomplete: bool, out: &mut Vec<u8>) {
+        self.end_input(out);
+        self.close(incomplete, out);
+    }
+
+    /// The upstream's body ended: what is left of it (an unterminated last line) is decoded and
+    /// its events passed on, so the usage, text and deltas are final when the call is settled.
+    pub fn end_input(&mut self, out: &mut Vec<u8>) {
         self.decoder.finish(&mut self.events);
         self.drain(out);
+    }
+
+    /// Writes the caller's last bytes, with the usage as settled ([`set_usage`](Self::set_usage)
+    /// before): a streaming caller gets its format's end (Mesh's final line); a non-streaming
+    /// caller gets the whole response, unless the stream broke ([`error`](Self::error) is then
+    /// set and the caller answers an error).
+    pub fn close(&mut self, incomplete: bool, out: &mut Vec<u8>) {
         if let Some(encoder) = self.encoder.as_mut() {
             encoder.flush(out);
             encoder.close(&self.usage, self.decoder.search(), incomplete, out);

@@ -145,6 +145,9 @@ impl Exchange {
         let cut_short = incomplete || client_gone;
         let mut settlement = Settlement::default();
         let es = &mut self.stream;
+        // NOTE: the rest of the body (an unterminated last line) is read before anything is
+        // counted, so the row, the price and the caller's last line agree.
+        es.end_input(out);
         let u = es.usage();
         let (mut input, mut output) = (u.input_tokens, u.output_tokens);
         if !es.usage_reported() {
@@ -157,7 +160,7 @@ impl Exchange {
             es.set_usage(input, output);
         }
         settlement.tools_invoked = es.tools_invoked().to_vec();
-        es.finish(incomplete, out);
+        es.close(incomplete, out);
         settlement.error = es.error().map(str::to_owned);
         settlement.web_searches = es.web_searches();
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -342,6 +345,24 @@ data: {\"choices\":[{\"delta\":{\"content\":\"one two three four five six\"}}]}\
             ex.finish(false, false, String::new, &mut out).tokens.output,
             1,
             "a whole stream: as reported"
+        );
+    }
+
+    #[test]
+    fn an_unterminated_last_line_is_counted_before_the_call_is_settled() {
+        // A generic upstream that ends its body without a newline, its usage on that last line.
+        let sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}";
+        let mut ex = proxy();
+        let mut out = Vec::new();
+        ex.feed(sse, &mut out).unwrap();
+        let s = ex.finish(false, false, || unreachable!("usage was reported"), &mut out);
+        assert_eq!((s.tokens.input, s.tokens.output, s.estimated), (5, 2, false));
+        assert_eq!((s.input_nano, s.output_nano), (5_000, 4_000));
+        let last: serde_json::Value = serde_json::from_slice(out.split(|&b| b == b'\n').nth(1).unwrap()).unwrap();
+        assert_eq!(
+            last["usage"],
+            serde_json::json!({"input_tokens": 5, "output_tokens": 2})
         );
     }
 

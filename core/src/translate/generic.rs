@@ -348,6 +348,23 @@ data: {\"choices\":[{\"delta\":{\"content\":\"after\"}}]}\n";
         );
     }
 
+    #[test]
+    fn test_a_sources_line_does_not_cut_a_surrogate_held_across_deltas() {
+        let mut s = mesh(Family::OpenAi, 0, true).with_restore(vec![("PERSON_1".into(), "Alice".into())]);
+        let mut out = Vec::new();
+        let first = json!({"choices": [{"delta": {"content": "Hi PER",
+            "annotations": [{"type": "url_citation", "url": "https://u/1"}]}}]});
+        let second = json!({"choices": [{"delta": {"content": "SON_1, hello"}}]});
+        s.feed(format!("data: {first}\n\ndata: {second}\n\n").as_bytes(), &mut out);
+        s.finish(false, &mut out);
+        let got = lines(&out);
+        let text: String = got.iter().filter_map(|l| l["delta"].as_str()).collect();
+        assert_eq!(text, "Hi Alice, hello");
+        assert!(got
+            .iter()
+            .any(|l| l.get("sources").is_some() && l.get("done").is_none()));
+    }
+
     proptest! {
         /// Any chunking gives the same output and usage as feeding the stream whole.
         #[test]
