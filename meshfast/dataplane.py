@@ -838,11 +838,6 @@ def _shape(fmt: str) -> str:
     return "openai_chat" if fmt == "openai_embeddings" else fmt
 
 
-def openai_embeddings_call(path: str, query: str | None) -> bool:
-    """``POST /v1/embeddings`` with the model in the body (OpenAI) rather than ``?model=`` (Mesh)."""
-    return path == "/v1/embeddings" and "model=" not in (query or "")
-
-
 def gemini_call(path: str) -> tuple[str, bool] | None:
     """``(model, stream)`` of a Gemini ``models/{model}:generateContent`` (or
     ``:streamGenerateContent``) path under ``/v1beta`` or ``/v1``; None for any other path."""
