@@ -33,6 +33,12 @@ class Actor:
     id: str
     # The admin a credential answers to (None for the bootstrap token and tokens it made).
     owner_admin_id: str | None = None
+    # A business-unit administrator's units (or a scoped token's); None: not scoped to units.
+    business_units: frozenset[str] | None = None
+
+    @property
+    def scoped(self) -> bool:
+        return self.business_units is not None
 
 
 @dataclass(slots=True)
