@@ -110,12 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rps-limit", type=int, default=50, help="each provider's max_outbound_rps")
     p.add_argument("--stages", type=parse_stages, default=parse_stages("140:180,200:120"),
                    help="RATE:SECONDS,... (default 140:180,200:120)")
-    p.add_argument("--quick", action="store_true", help="stages 140:15,200:15")
+    p.add_argument("--quick", action="store_true", help="stages 140:6,200:6")
     p.add_argument("--meshfast-cmd", default=harness.default_meshfast_cmd())
     p.add_argument("--out", type=Path, help="result JSON (default bench/results/soak-paced-<timestamp>.json)")
     args = p.parse_args(argv)
     if args.quick:
-        args.stages = parse_stages("140:15,200:15")
+        args.stages = parse_stages("140:6,200:6")
     args.only, args.meshfast_client = None, "native"
     return args
 
