@@ -1,5 +1,5 @@
-//! The response side of a chat call, and the entry routes' error shapes (API.md "Standard
-//! routes"): the upstream stream decoded into IR events (by the family's adapter, or through the
+//! The response side of a chat call, and the entry routes' error bodies (API.md "Standard
+//! routes"; each API's adapter in `translate/` writes its own shape): the upstream stream decoded into IR events (by the family's adapter, or through the
 //! provider's dot paths for `/v1/proxy`) and re-encoded in the caller's format (an entry route's,
 //! or Mesh NDJSON), either as a stream or, for a caller that did not ask for one, as one response
 //! at the end.
@@ -9,7 +9,6 @@
 
 use std::borrow::Cow;
 
-use crate::json::write_str;
 use crate::outcome::{Outcome, UNKNOWN_MESSAGE};
 use crate::redact::Credentials;
 use crate::translate::stream::{Accumulator, Decoder, Encoder, Event};
@@ -19,42 +18,6 @@ use crate::translate::{encode_response, Format, StopReason, Usage};
 #[must_use]
 pub fn message_for(code: &str) -> &'static str {
     Outcome::from_code(code).map_or(UNKNOWN_MESSAGE, |o| o.spec().message)
-}
-
-fn anthropic_type(status: u16) -> &'static str {
-    match status {
-        400 | 413 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        _ => "api_error",
-    }
-}
-
-fn google_status(status: u16) -> &'static str {
-    match status {
-        400 | 413 => "INVALID_ARGUMENT",
-        401 => "UNAUTHENTICATED",
-        403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        429 => "RESOURCE_EXHAUSTED",
-        503 => "UNAVAILABLE",
-        502 | 504 => "UNAVAILABLE",
-        _ => "INTERNAL",
-    }
-}
-
-fn openai_type(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        429 => "rate_limit_error",
-        500.. => "api_error",
-        _ => "invalid_request_error",
-    }
 }
 
 /// An error body in `format`'s own shape, so the official SDKs raise their usual exception for
@@ -76,71 +39,13 @@ pub fn error_body_naming(
     detail: Option<&str>,
     detectors: &[String],
 ) -> Vec<u8> {
-    let list = |out: &mut Vec<u8>| {
-        if !detectors.is_empty() {
-            out.extend_from_slice(b",\"detectors\":[");
-            for (i, detector) in detectors.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_str(out, detector);
-            }
-            out.push(b']');
-        }
-    };
     let base = message_for(code);
     let message = match detail {
         Some(d) if !d.is_empty() => format!("{base} {d}"),
         _ => base.to_owned(),
     };
     let mut out = Vec::with_capacity(160 + message.len());
-    match format {
-        Format::OpenAiChat | Format::OpenAiResponses => {
-            out.extend_from_slice(b"{\"error\":{\"message\":");
-            write_str(&mut out, &message);
-            out.extend_from_slice(b",\"type\":");
-            write_str(&mut out, openai_type(status));
-            out.extend_from_slice(b",\"param\":null,\"code\":");
-            write_str(&mut out, code);
-            list(&mut out);
-            out.extend_from_slice(b"}}");
-        }
-        Format::Anthropic => {
-            out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
-            write_str(&mut out, code);
-            out.extend_from_slice(b",\"message\":");
-            write_str(&mut out, &message);
-            out.extend_from_slice(b",\"category\":");
-            write_str(&mut out, anthropic_type(status));
-            list(&mut out);
-            out.extend_from_slice(b"}}");
-        }
-        Format::Gemini => {
-            out.extend_from_slice(b"{\"error\":{\"code\":");
-            out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
-            out.extend_from_slice(b",\"message\":");
-            write_str(&mut out, &message);
-            out.extend_from_slice(b",\"status\":");
-            write_str(&mut out, google_status(status));
-            out.extend_from_slice(b",\"details\":[{\"@type\":\"type.googleapis.com/google.rpc.ErrorInfo\",\"reason\":");
-            write_str(&mut out, code);
-            out.extend_from_slice(b",\"domain\":\"meshfast\"");
-            if !detectors.is_empty() {
-                out.extend_from_slice(b",\"metadata\":{\"detectors\":");
-                write_str(&mut out, &detectors.join(","));
-                out.push(b'}');
-            }
-            out.extend_from_slice(b"}]}}");
-        }
-        Format::Ollama => {
-            out.extend_from_slice(b"{\"error\":");
-            write_str(&mut out, &message);
-            out.extend_from_slice(b",\"code\":");
-            write_str(&mut out, code);
-            list(&mut out);
-            out.push(b'}');
-        }
-    }
+    crate::translate::write_error(format, &mut out, status, code, &message, detectors);
     out.push(b'\n');
     out
 }

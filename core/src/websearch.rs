@@ -1,6 +1,8 @@
-//! Web search in a chat stream (mesh-behaviour §2.6, §4.5): the family-specific extraction of
-//! citations, queries, reported search counts and Gemini's suggestion HTML from upstream events,
-//! and [`Search`], which de-duplicates and merges them by URL and writes them as NDJSON.
+//! Web search in a chat stream (mesh-behaviour §2.6, §4.5): [`Search`] accumulates the
+//! citations, queries, reported search counts and Gemini's suggestion HTML that each family's
+//! adapter extracts from its upstream events (`observe_search` in `translate/<family>.rs`,
+//! dispatched by [`crate::translate::observe_search`]), de-duplicates and merges them by URL and
+//! writes them as NDJSON.
 
 use std::collections::HashMap;
 
@@ -56,28 +58,21 @@ pub struct Search {
 }
 
 /// `value[key]` as a string, or `""`.
-fn text<'a>(value: &'a Value, key: &str) -> &'a str {
+pub(crate) fn text<'a>(value: &'a Value, key: &str) -> &'a str {
     value.get(key).and_then(Value::as_str).unwrap_or("")
 }
 
-fn array<'a>(value: Option<&'a Value>, key: &str) -> &'a [Value] {
+/// `value[key]` as an array, or empty.
+pub(crate) fn array<'a>(value: Option<&'a Value>, key: &str) -> &'a [Value] {
     value
         .and_then(|v| v.get(key))
         .and_then(Value::as_array)
         .map_or(&[], Vec::as_slice)
 }
 
-fn is_type(value: &Value, kind: &str) -> bool {
+/// `value.type == kind`.
+pub(crate) fn is_type(value: &Value, kind: &str) -> bool {
     value.get("type").and_then(Value::as_str) == Some(kind)
-}
-
-/// `usage.server_tool_use.web_search_requests` of `usage`, truncated to an int as Mesh does.
-fn search_requests(usage: Option<&Value>) -> Option<i64> {
-    let n = usage?.get("server_tool_use")?.get("web_search_requests")?;
-    n.as_i64().or_else(|| {
-        #[expect(clippy::cast_possible_truncation, reason = "Mesh truncates a JSON number to an int")]
-        n.as_f64().map(|f| f as i64)
-    })
 }
 
 impl Search {
@@ -138,155 +133,29 @@ impl Search {
         });
     }
 
-    fn query(&mut self, query: &str) {
+    /// Records one distinct query.
+    pub fn query(&mut self, query: &str) {
         if !query.is_empty() && !self.queries.iter().any(|q| q == query) {
             self.queries.push(query.to_owned());
         }
     }
 
-    /// Reads one upstream event (mesh-behaviour §4.5).
-    pub fn observe(&mut self, event: &Value) {
-        if !event.is_object() {
-            return;
-        }
-        match self.family {
-            Family::Anthropic => self.anthropic(event),
-            Family::OpenAi | Family::Ollama => {
-                let cited = self.cited;
-                self.openai_chat(event);
-                if self.cited == cited {
-                    self.responses(event);
-                }
-            }
-            Family::OpenAiResponses => self.responses(event),
-            Family::Gemini => self.gemini(event),
-            Family::Generic => {}
-        }
+    /// The family whose events this accumulator reads.
+    #[must_use]
+    pub fn family(&self) -> Family {
+        self.family
     }
 
-    fn anthropic(&mut self, event: &Value) {
-        match event.get("type").and_then(Value::as_str) {
-            Some("content_block_start") => {
-                let block = event
-                    .get("content_block")
-                    .filter(|b| is_type(b, "web_search_tool_result"));
-                for result in array(block, "content")
-                    .iter()
-                    .filter(|r| is_type(r, "web_search_result"))
-                {
-                    self.cite(text(result, "url"), text(result, "title"), "", text(result, "page_age"));
-                }
-            }
-            Some("content_block_delta") => {
-                let delta = event.get("delta").filter(|d| is_type(d, "citations_delta"));
-                if let Some(citation) = delta.and_then(|d| d.get("citation")).filter(|c| c.is_object()) {
-                    self.cite(
-                        text(citation, "url"),
-                        text(citation, "title"),
-                        text(citation, "cited_text"),
-                        "",
-                    );
-                }
-            }
-            _ => {}
-        }
-        let reported =
-            search_requests(event.get("usage")).or_else(|| search_requests(event.get("message")?.get("usage")));
-        if let Some(n) = reported {
-            self.reported = self.reported.max(n);
-        }
+    /// Citations recorded so far, duplicates included (OpenAI's fallback to the Responses
+    /// rules reads it: an event that cited nothing through one is read through the other).
+    #[must_use]
+    pub fn cited(&self) -> u64 {
+        self.cited
     }
 
-    /// A `url_citation` annotation, its fields flat or nested under `url_citation`.
-    fn url_citation(&mut self, annotation: &Value) {
-        if !is_type(annotation, "url_citation") {
-            return;
-        }
-        let fields = annotation
-            .get("url_citation")
-            .filter(|n| n.is_object())
-            .unwrap_or(annotation);
-        self.cite(text(fields, "url"), text(fields, "title"), "", "");
-    }
-
-    fn openai_chat(&mut self, event: &Value) {
-        for choice in array(Some(event), "choices") {
-            let annotations = |key: &str| {
-                choice
-                    .get(key)
-                    .and_then(|m| m.get("annotations"))
-                    .and_then(Value::as_array)
-            };
-            for annotation in annotations("delta")
-                .or_else(|| annotations("message"))
-                .map_or(&[][..], Vec::as_slice)
-            {
-                self.url_citation(annotation);
-            }
-        }
-    }
-
-    fn responses(&mut self, event: &Value) {
-        match event.get("type").and_then(Value::as_str) {
-            Some("response.output_text.annotation.added") => {
-                if let Some(annotation) = event.get("annotation") {
-                    self.url_citation(annotation);
-                }
-                return;
-            }
-            Some("response.output_item.added" | "response.output_item.done") => {
-                if let Some(item) = event.get("item") {
-                    self.responses_item(item);
-                }
-                return;
-            }
-            _ => {}
-        }
-        let output = match event.get("output").and_then(Value::as_array) {
-            Some(output) => output.as_slice(),
-            None => array(event.get("response").filter(|r| r.is_object()), "output"),
-        };
-        for item in output {
-            self.responses_item(item);
-        }
-    }
-
-    fn responses_item(&mut self, item: &Value) {
-        match item.get("type").and_then(Value::as_str) {
-            Some("web_search_call") => {
-                if let Some(action) = item.get("action") {
-                    self.query(text(action, "query"));
-                }
-            }
-            Some("message") => {
-                for part in array(Some(item), "content") {
-                    for annotation in array(Some(part), "annotations") {
-                        self.url_citation(annotation);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn gemini(&mut self, event: &Value) {
-        for candidate in array(Some(event), "candidates") {
-            let Some(meta) = candidate.get("groundingMetadata").filter(|m| m.is_object()) else {
-                continue;
-            };
-            for chunk in array(Some(meta), "groundingChunks") {
-                if let Some(web) = chunk.get("web").filter(|w| w.is_object()) {
-                    self.cite(text(web, "uri"), text(web, "title"), "", "");
-                }
-            }
-            for query in array(Some(meta), "webSearchQueries") {
-                self.query(query.as_str().unwrap_or(""));
-            }
-            let rendered = meta.get("searchEntryPoint").map_or("", |e| text(e, "renderedContent"));
-            if !rendered.is_empty() {
-                self.suggestions_html = Some(rendered.to_owned());
-            }
-        }
+    /// A search count the upstream reported: the highest one wins.
+    pub fn report(&mut self, searches: i64) {
+        self.reported = self.reported.max(searches);
     }
 
     /// The final line's fields after `usage` (which the caller has closed): `sources`, and
@@ -349,16 +218,21 @@ pub fn write_citations(out: &mut Vec<u8>, citations: &[Citation]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::translate::observe_search as observe;
     use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
     fn test_anthropic_search_count_comes_from_usage_or_message_usage() {
         let mut s = Search::new(Family::Anthropic);
-        s.observe(
+        observe(
+            &mut s,
             &json!({"type": "message_start", "message": {"usage": {"server_tool_use": {"web_search_requests": 2}}}}),
         );
-        s.observe(&json!({"type": "message_delta", "usage": {"server_tool_use": {"web_search_requests": 1.9}}}));
+        observe(
+            &mut s,
+            &json!({"type": "message_delta", "usage": {"server_tool_use": {"web_search_requests": 1.9}}}),
+        );
         assert_eq!(
             (s.reported, s.billable(), s.used()),
             (2, 2, true),
@@ -369,10 +243,13 @@ mod tests {
     #[test]
     fn test_openai_annotations_flat_or_nested_and_message_fallback() {
         let mut s = Search::new(Family::OpenAi);
-        s.observe(&json!({"choices": [
-            {"delta": {"annotations": [{"type": "url_citation", "url": "https://a", "title": "A"}, {"type": "file_citation", "url": "https://x"}]}},
-            {"delta": {"content": "x"}, "message": {"annotations": [{"type": "url_citation", "url_citation": {"url": "https://b"}}]}},
-        ]}));
+        observe(
+            &mut s,
+            &json!({"choices": [
+                {"delta": {"annotations": [{"type": "url_citation", "url": "https://a", "title": "A"}, {"type": "file_citation", "url": "https://x"}]}},
+                {"delta": {"content": "x"}, "message": {"annotations": [{"type": "url_citation", "url_citation": {"url": "https://b"}}]}},
+            ]}),
+        );
         let urls: Vec<&str> = s.sources.iter().map(|c| c.url.as_str()).collect();
         assert_eq!(urls, ["https://a", "https://b"]);
         assert_eq!(s.billable(), 1, "citations without a count or query bill one search");
@@ -381,22 +258,28 @@ mod tests {
     #[test]
     fn test_openai_falls_back_to_responses_rules() {
         let mut s = Search::new(Family::Ollama);
-        s.observe(&json!({"response": {"output": [
-            {"type": "web_search_call", "action": {"query": "q1"}},
-            {"type": "web_search_call", "action": {"query": "q1"}},
-            {"type": "message", "content": [{"annotations": [{"type": "url_citation", "url": "https://c"}]}]},
-        ]}}));
+        observe(
+            &mut s,
+            &json!({"response": {"output": [
+                {"type": "web_search_call", "action": {"query": "q1"}},
+                {"type": "web_search_call", "action": {"query": "q1"}},
+                {"type": "message", "content": [{"annotations": [{"type": "url_citation", "url": "https://c"}]}]},
+            ]}}),
+        );
         assert_eq!((s.queries.len(), s.sources.len(), s.billable()), (1, 1, 1));
     }
 
     #[test]
     fn test_gemini_grounding_queries_and_suggestions() {
         let mut s = Search::new(Family::Gemini);
-        s.observe(&json!({"candidates": [{"groundingMetadata": {
-            "groundingChunks": [{"web": {"uri": "https://g", "title": "G"}}, {"retrievedContext": {}}],
-            "webSearchQueries": ["a", "b", "a", ""],
-            "searchEntryPoint": {"renderedContent": "<div/>"},
-        }}]}));
+        observe(
+            &mut s,
+            &json!({"candidates": [{"groundingMetadata": {
+                "groundingChunks": [{"web": {"uri": "https://g", "title": "G"}}, {"retrievedContext": {}}],
+                "webSearchQueries": ["a", "b", "a", ""],
+                "searchEntryPoint": {"renderedContent": "<div/>"},
+            }}]}),
+        );
         assert_eq!(
             (
                 s.sources.len(),
@@ -411,9 +294,12 @@ mod tests {
     #[test]
     fn test_generic_and_non_objects_extract_nothing() {
         let mut s = Search::new(Family::Generic);
-        s.observe(&json!({"choices": [{"delta": {"annotations": [{"type": "url_citation", "url": "https://a"}]}}]}));
+        observe(
+            &mut s,
+            &json!({"choices": [{"delta": {"annotations": [{"type": "url_citation", "url": "https://a"}]}}]}),
+        );
         let mut t = Search::new(Family::OpenAi);
-        t.observe(&json!([1, 2]));
+        observe(&mut t, &json!([1, 2]));
         assert!(!s.used() && !t.used());
         assert_eq!(s.billable(), 0);
     }

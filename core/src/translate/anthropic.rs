@@ -21,6 +21,8 @@ use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str
 use super::{decode_call_id, encode_call_id, Block, Decoded, Image, Message, Request, Response, Role, StopReason};
 use super::{CacheMark, CachePoint};
 use super::{Effort, OutputFormat, Reasoning, Tool, ToolCall, ToolChoice, ToolResult, Usage};
+use crate::json::write_str;
+use crate::websearch::{self as ws, Search};
 
 pub(crate) const MAPPED: &[&str] = &[
     "model",
@@ -655,6 +657,84 @@ impl StreamEncoder {
     fn wire_index(&self, index: usize) -> Option<usize> {
         self.indices.iter().find(|(i, _)| *i == index).map(|&(_, w)| w)
     }
+}
+
+// --- web search (mesh-behaviour §4.5) ---------------------------------------------------------
+
+/// Reads one upstream event's web search (mesh-behaviour §4.5): `web_search_tool_result`
+/// blocks, `citations_delta`s and the reported `web_search_requests`.
+pub(crate) fn observe_search(search: &mut Search, event: &Value) {
+    match event.get("type").and_then(Value::as_str) {
+        Some("content_block_start") => {
+            let block = event
+                .get("content_block")
+                .filter(|b| ws::is_type(b, "web_search_tool_result"));
+            for result in ws::array(block, "content")
+                .iter()
+                .filter(|r| ws::is_type(r, "web_search_result"))
+            {
+                search.cite(
+                    ws::text(result, "url"),
+                    ws::text(result, "title"),
+                    "",
+                    ws::text(result, "page_age"),
+                );
+            }
+        }
+        Some("content_block_delta") => {
+            let delta = event.get("delta").filter(|d| ws::is_type(d, "citations_delta"));
+            if let Some(citation) = delta.and_then(|d| d.get("citation")).filter(|c| c.is_object()) {
+                search.cite(
+                    ws::text(citation, "url"),
+                    ws::text(citation, "title"),
+                    ws::text(citation, "cited_text"),
+                    "",
+                );
+            }
+        }
+        _ => {}
+    }
+    let reported = search_requests(event.get("usage")).or_else(|| search_requests(event.get("message")?.get("usage")));
+    if let Some(n) = reported {
+        search.report(n);
+    }
+}
+
+/// `usage.server_tool_use.web_search_requests` of `usage`, truncated to an int as Mesh does.
+fn search_requests(usage: Option<&Value>) -> Option<i64> {
+    let n = usage?.get("server_tool_use")?.get("web_search_requests")?;
+    n.as_i64().or_else(|| {
+        #[expect(clippy::cast_possible_truncation, reason = "Mesh truncates a JSON number to an int")]
+        n.as_f64().map(|f| f as i64)
+    })
+}
+
+// --- errors in this API's shape (API.md "Standard routes") ------------------------------------
+
+/// The error category the Anthropic SDK maps `status` to.
+fn error_category(status: u16) -> &'static str {
+    match status {
+        400 | 413 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// `{"type": "error", "error": {type, message, category, detectors?}}`; the Mesh `code` is the
+/// error's `type`.
+pub(crate) fn write_error(out: &mut Vec<u8>, status: u16, code: &str, message: &str, detectors: &[String]) {
+    out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
+    write_str(out, code);
+    out.extend_from_slice(b",\"message\":");
+    write_str(out, message);
+    out.extend_from_slice(b",\"category\":");
+    write_str(out, error_category(status));
+    wire::write_detectors(out, detectors);
+    out.extend_from_slice(b"}}");
 }
 
 #[cfg(test)]

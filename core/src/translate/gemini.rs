@@ -35,6 +35,8 @@ use super::stream::{write_sse, BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, Calls, Drift};
 use super::{Block, Decoded, Image, Message, Request, Response, Role, StopReason, Tool, ToolCall, ToolChoice};
 use super::{Effort, OutputFormat, Reasoning, ToolResult, Usage};
+use crate::json::write_str;
+use crate::websearch::{self as ws, Search};
 
 const SYNTH_PREFIX: &str = "gcall_";
 
@@ -930,6 +932,68 @@ fn standard_base64(data: &str) -> String {
         out.push('=');
     }
     out
+}
+
+// --- web search (mesh-behaviour §4.5) ---------------------------------------------------------
+
+/// Reads one upstream event's web search (mesh-behaviour §4.5): grounding chunks, search
+/// queries and the search entry point's HTML.
+pub(crate) fn observe_search(search: &mut Search, event: &Value) {
+    for candidate in ws::array(Some(event), "candidates") {
+        let Some(meta) = candidate.get("groundingMetadata").filter(|m| m.is_object()) else {
+            continue;
+        };
+        for chunk in ws::array(Some(meta), "groundingChunks") {
+            if let Some(web) = chunk.get("web").filter(|w| w.is_object()) {
+                search.cite(ws::text(web, "uri"), ws::text(web, "title"), "", "");
+            }
+        }
+        for query in ws::array(Some(meta), "webSearchQueries") {
+            search.query(query.as_str().unwrap_or(""));
+        }
+        let rendered = meta
+            .get("searchEntryPoint")
+            .map_or("", |e| ws::text(e, "renderedContent"));
+        if !rendered.is_empty() {
+            search.suggestions_html = Some(rendered.to_owned());
+        }
+    }
+}
+
+// --- errors in this API's shape (API.md "Standard routes") ------------------------------------
+
+/// The `google.rpc` status name for `status`.
+fn rpc_status(status: u16) -> &'static str {
+    match status {
+        400 | 413 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        429 => "RESOURCE_EXHAUSTED",
+        503 => "UNAVAILABLE",
+        502 | 504 => "UNAVAILABLE",
+        _ => "INTERNAL",
+    }
+}
+
+/// `{"error": {code, message, status, details: [ErrorInfo]}}`; the Mesh `code` is the
+/// `ErrorInfo`'s `reason`, and data protection's detectors its string metadata, comma-separated.
+pub(crate) fn write_error(out: &mut Vec<u8>, status: u16, code: &str, message: &str, detectors: &[String]) {
+    out.extend_from_slice(b"{\"error\":{\"code\":");
+    out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
+    out.extend_from_slice(b",\"message\":");
+    write_str(out, message);
+    out.extend_from_slice(b",\"status\":");
+    write_str(out, rpc_status(status));
+    out.extend_from_slice(b",\"details\":[{\"@type\":\"type.googleapis.com/google.rpc.ErrorInfo\",\"reason\":");
+    write_str(out, code);
+    out.extend_from_slice(b",\"domain\":\"meshfast\"");
+    if !detectors.is_empty() {
+        out.extend_from_slice(b",\"metadata\":{\"detectors\":");
+        write_str(out, &detectors.join(","));
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"}]}}");
 }
 
 #[cfg(test)]

@@ -84,7 +84,7 @@ impl StreamDecoder {
         // the delta's text can then be moved out of the event rather than copied.
         let sources = self.search.as_deref_mut().and_then(|search| {
             let known = search.sources.len();
-            search.observe(&event);
+            super::observe_search(search, &event);
             (search.sources.len() > known).then(|| search.sources[known..].to_vec())
         });
         if let Some(Value::String(delta)) = self.paths.delta.get_mut(&mut event) {

@@ -48,6 +48,8 @@ mod wire;
 
 use serde_json::{Map, Value};
 
+use crate::family::Family;
+use crate::websearch::Search;
 use crate::{Error, Result};
 
 /// A wire format the gateway speaks on either side.
@@ -521,6 +523,40 @@ pub struct TranslatedRequest {
     pub stream: bool,
     /// Whether the caller asked for usage in the stream.
     pub include_usage: bool,
+}
+
+/// Appends an error body in `format`'s own shape (each API's adapter writes its own), so the
+/// official SDKs raise their usual exception for `status`.
+pub fn write_error(format: Format, out: &mut Vec<u8>, status: u16, code: &str, message: &str, detectors: &[String]) {
+    match format {
+        Format::OpenAiChat => openai_chat::write_error(out, status, code, message, detectors),
+        Format::OpenAiResponses => openai_responses::write_error(out, status, code, message, detectors),
+        Format::Anthropic => anthropic::write_error(out, status, code, message, detectors),
+        Format::Gemini => gemini::write_error(out, status, code, message, detectors),
+        Format::Ollama => ollama::write_error(out, status, code, message, detectors),
+    }
+}
+
+/// Reads one upstream event's web search into `search`, by the family's adapter (OpenAI-family
+/// events that cite nothing through the chat rules are read through the Responses rules, as
+/// Mesh does; a generic provider's extract nothing).
+pub fn observe_search(search: &mut Search, event: &Value) {
+    if !event.is_object() {
+        return;
+    }
+    match search.family() {
+        Family::Anthropic => anthropic::observe_search(search, event),
+        Family::OpenAi | Family::Ollama => {
+            let cited = search.cited();
+            openai_chat::observe_search(search, event);
+            if search.cited() == cited {
+                openai_responses::observe_search(search, event);
+            }
+        }
+        Family::OpenAiResponses => openai_responses::observe_search(search, event),
+        Family::Gemini => gemini::observe_search(search, event),
+        Family::Generic => {}
+    }
 }
 
 /// Decodes a request body of `format` into the IR.

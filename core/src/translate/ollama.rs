@@ -25,6 +25,7 @@ use super::{
     decode_call_id, encode_call_id, Block, Decoded, Image, Message, Request, Response, Role, StopReason, Tool,
 };
 use super::{Effort, OutputFormat, Reasoning, ToolCall, ToolResult, Usage};
+use crate::json::write_str;
 
 const SYNTH_PREFIX: &str = "ocall_";
 
@@ -620,6 +621,18 @@ impl StreamEncoder {
             Event::BlockStart { .. } => {}
         }
     }
+}
+
+// --- errors in this API's shape (API.md "Standard routes") ------------------------------------
+
+/// `{"error": message, "code": code, "detectors"?}`.
+pub(crate) fn write_error(out: &mut Vec<u8>, _status: u16, code: &str, message: &str, detectors: &[String]) {
+    out.extend_from_slice(b"{\"error\":");
+    write_str(out, message);
+    out.extend_from_slice(b",\"code\":");
+    write_str(out, code);
+    wire::write_detectors(out, detectors);
+    out.push(b'}');
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ use super::stream::{BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str, Drift};
 use super::{decode_call_id, encode_call_id, Block, Decoded, Message, Request, Response, Role, StopReason};
 use super::{Effort, OutputFormat, Reasoning, ToolCall, ToolChoice, ToolResult, Usage};
+use crate::json::write_str;
+use crate::websearch::{self as ws, Search};
 
 /// Top-level request fields this codec maps into the IR.
 pub(crate) const MAPPED: &[&str] = &[
@@ -813,6 +815,66 @@ impl StreamEncoder {
             Event::BlockStart { .. } | Event::BlockStop { .. } => {}
         }
     }
+}
+
+// --- web search (mesh-behaviour §4.5) ---------------------------------------------------------
+
+/// A `url_citation` annotation, its fields flat or nested under `url_citation`.
+pub(crate) fn url_citation(search: &mut Search, annotation: &Value) {
+    if !ws::is_type(annotation, "url_citation") {
+        return;
+    }
+    let fields = annotation
+        .get("url_citation")
+        .filter(|n| n.is_object())
+        .unwrap_or(annotation);
+    search.cite(ws::text(fields, "url"), ws::text(fields, "title"), "", "");
+}
+
+/// Reads one upstream event's web search (mesh-behaviour §4.5): `url_citation` annotations of
+/// a choice's delta, or else of its message.
+pub(crate) fn observe_search(search: &mut Search, event: &Value) {
+    for choice in ws::array(Some(event), "choices") {
+        let annotations = |key: &str| {
+            choice
+                .get(key)
+                .and_then(|m| m.get("annotations"))
+                .and_then(Value::as_array)
+        };
+        for annotation in annotations("delta")
+            .or_else(|| annotations("message"))
+            .map_or(&[][..], Vec::as_slice)
+        {
+            url_citation(search, annotation);
+        }
+    }
+}
+
+// --- errors in this API's shape (API.md "Standard routes") ------------------------------------
+
+/// The error `type` the OpenAI SDKs map `status` to.
+fn error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        500.. => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// `{"error": {message, type, param, code, detectors?}}`: the OpenAI SDKs raise their usual
+/// exception for `status`; the Mesh `code` is the error's `code`.
+pub(crate) fn write_error(out: &mut Vec<u8>, status: u16, code: &str, message: &str, detectors: &[String]) {
+    out.extend_from_slice(b"{\"error\":{\"message\":");
+    write_str(out, message);
+    out.extend_from_slice(b",\"type\":");
+    write_str(out, error_type(status));
+    out.extend_from_slice(b",\"param\":null,\"code\":");
+    write_str(out, code);
+    wire::write_detectors(out, detectors);
+    out.extend_from_slice(b"}}");
 }
 
 #[cfg(test)]

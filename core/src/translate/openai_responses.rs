@@ -20,10 +20,12 @@
 
 use serde_json::{json, Map, Value};
 
+use super::openai_chat;
 use super::stream::{write_sse, Accumulator, BlockKind, Delta, Event};
 use super::wire::{self, array, count, object, opt_f64, opt_str, opt_u64, req_str, Drift};
 use super::{decode_call_id, encode_call_id, Block, Decoded, Message, Request, Response, Role, StopReason, Tool};
 use super::{Effort, OutputFormat, Reasoning, ToolCall, ToolChoice, ToolResult, Usage};
+use crate::websearch::{self as ws, Search};
 
 pub(crate) const MAPPED: &[&str] = &[
     "model",
@@ -915,6 +917,60 @@ impl StreamEncoder {
         );
         self.items.push(item);
     }
+}
+
+// --- web search (mesh-behaviour §4.5) ---------------------------------------------------------
+
+/// Reads one upstream event's web search (mesh-behaviour §4.5): annotations added, output
+/// items (`web_search_call` queries, a message's `url_citation`s) of an event or its response.
+pub(crate) fn observe_search(search: &mut Search, event: &Value) {
+    match event.get("type").and_then(Value::as_str) {
+        Some("response.output_text.annotation.added") => {
+            if let Some(annotation) = event.get("annotation") {
+                openai_chat::url_citation(search, annotation);
+            }
+            return;
+        }
+        Some("response.output_item.added" | "response.output_item.done") => {
+            if let Some(item) = event.get("item") {
+                observe_item(search, item);
+            }
+            return;
+        }
+        _ => {}
+    }
+    let output = match event.get("output").and_then(Value::as_array) {
+        Some(output) => output.as_slice(),
+        None => ws::array(event.get("response").filter(|r| r.is_object()), "output"),
+    };
+    for item in output {
+        observe_item(search, item);
+    }
+}
+
+fn observe_item(search: &mut Search, item: &Value) {
+    match item.get("type").and_then(Value::as_str) {
+        Some("web_search_call") => {
+            if let Some(action) = item.get("action") {
+                search.query(ws::text(action, "query"));
+            }
+        }
+        Some("message") => {
+            for part in ws::array(Some(item), "content") {
+                for annotation in ws::array(Some(part), "annotations") {
+                    openai_chat::url_citation(search, annotation);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+// --- errors in this API's shape (API.md "Standard routes") ------------------------------------
+
+/// The Responses API answers errors in the Chat Completions API's shape.
+pub(crate) fn write_error(out: &mut Vec<u8>, status: u16, code: &str, message: &str, detectors: &[String]) {
+    openai_chat::write_error(out, status, code, message, detectors);
 }
 
 #[cfg(test)]

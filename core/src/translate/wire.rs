@@ -354,6 +354,22 @@ pub(crate) fn base64url_decode(text: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// `,"detectors":[..]` naming data protection's blocking detectors (never the values); nothing
+/// when there are none.
+pub(crate) fn write_detectors(out: &mut Vec<u8>, detectors: &[String]) {
+    if detectors.is_empty() {
+        return;
+    }
+    out.extend_from_slice(b",\"detectors\":[");
+    for (i, detector) in detectors.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        crate::json::write_str(out, detector);
+    }
+    out.push(b']');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
