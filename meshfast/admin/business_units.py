@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # the routes import this module
     from meshfast.admin.routes import Actor
 
 Admins = list[Id]
+# As the table's check holds it (migration 0026).
+MAX_NAME = 128
 
 
 class BusinessUnitBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -55,8 +57,8 @@ class BusinessUnitService:
         """The unit's fields as stored, or one 400 listing every problem."""
         problems: list[str] = []
         name = body.name.strip()
-        if not name:
-            problems.append("name may not be empty")
+        if not name or len(name) > MAX_NAME:
+            problems.append(f"name may not be empty or longer than {MAX_NAME} characters")
         timezone = body.timezone
         try:
             validate.timezone(body.timezone, "timezone", await validate.load_timezones(conn))
