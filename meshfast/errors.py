@@ -111,3 +111,8 @@ InvalidRule = _error("InvalidRule", 400, "invalid_rule")
 RuleNotFound = _error("RuleNotFound", 404, "rule_not_found")
 RuleExists = _error("RuleExists", 409, "rule_already_exists")
 DryRunUnavailable = _error("DryRunUnavailable", 501, "dry_run_unavailable")
+# Business units (meshfast.admin.business_units, meshfast.admin.scope): an unknown unit, a name
+# another unit has, and a unit administrator's policy cap above the platform's lock on the unit.
+BusinessUnitNotFound = _error("BusinessUnitNotFound", 404, "business_unit_not_found")
+BusinessUnitExists = _error("BusinessUnitExists", 409, "business_unit_already_exists")
+AbovePlatformLock = _error("AbovePlatformLock", 403, "above_platform_lock")
