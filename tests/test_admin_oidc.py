@@ -481,3 +481,55 @@ def test_no_secret_reaches_the_log_or_the_audit(oidc_gateway: Gateway, issuer: L
     assert "logged in through OIDC" in log
     for secret in issuer.handed_out:
         assert secret not in log and secret not in audit
+
+
+def test_id_token_verification_in_process() -> None:
+    """EdDSA verifies; an RSA key under 2048 bits and a key whose alg is not its type's are left
+    out of the set; a token without kid is tried against the keys of its algorithm."""
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from meshfast.admin import oidc
+
+    ed = new_key("EdDSA", "ed-1")
+    small = SigningKey("RS256", "small", rsa.generate_private_key(public_exponent=65537, key_size=1024))
+    mislabeled = {**new_key("ES256", "mislabeled").jwk(), "alg": "RS256"}
+    keys = oidc.public_keys(json.dumps({"keys": [ed.jwk(), small.jwk(), mislabeled]}))
+    assert [(k.kid, k.alg) for k in keys] == [("ed-1", "EdDSA")]
+    now = int(time.time())
+    claims = {"iss": "https://idp.example", "aud": CLIENT_ID, "iat": now, "exp": now + 60, "nonce": "n",
+              "email": "A@Example.com"}
+    token = encode({"alg": "EdDSA"}, claims, ed.sign)
+    verified = oidc.verify_id_token(token, keys, issuer="https://idp.example", client_id=CLIENT_ID, nonce="n",
+                                    now_s=now)
+    assert oidc.verified_email(verified) == "a@example.com"
+    with pytest.raises(oidc.IdTokenError):
+        oidc.verify_id_token(encode({"alg": "RS256", "kid": "small"}, claims, small.sign), keys,
+                             issuer="https://idp.example", client_id=CLIENT_ID, nonce="n", now_s=now)
+    # Within the skew an expired token still passes; past it, not.
+    oidc.verify_id_token(token, keys, issuer="https://idp.example", client_id=CLIENT_ID, nonce="n", now_s=now + 100)
+    with pytest.raises(oidc.IdTokenError, match="expired"):
+        oidc.verify_id_token(token, keys, issuer="https://idp.example", client_id=CLIENT_ID, nonce="n",
+                             now_s=now + 121)
+
+
+def test_roles_and_the_redirect_uri_in_process() -> None:
+    """The role claim as a list, one string or a dotted path; the redirect URI from the setting,
+    else from a well-formed Host header only."""
+    from meshfast import errors
+    from meshfast.admin import oidc
+    from meshfast.settings import OidcSettings
+
+    settings = OidcSettings(issuer="https://idp.example", client_id=CLIENT_ID, client_secret="s",
+                            role_claim="realm_access.roles")
+    claims = {"realm_access": {"roles": [BU + "b", BU + "a", BU, "x", 7]}}
+    assert oidc.roles(claims, settings) == (False, ["a", "b"])
+    assert oidc.roles({"realm_access.roles": PLATFORM}, settings) == (True, [])
+    login = oidc.OidcLogin(None, settings, lambda text: "h", None, False)  # type: ignore[arg-type]
+    assert login.redirect_uri("gw.example:8443", "https") == "https://gw.example:8443/admin/oidc/callback"
+    for bad in (None, "", "evil.example/path", "a b", "x\r\ny"):
+        with pytest.raises(errors.InvalidRequest):
+            login.redirect_uri(bad, "http")
+    fixed = oidc.OidcLogin(None, OidcSettings(issuer="https://idp.example", client_id=CLIENT_ID,  # type: ignore[arg-type]
+                                              client_secret="s", redirect_url="https://admin.example/cb"),
+                           lambda text: "h", None, False)  # type: ignore[arg-type]
+    assert fixed.redirect_uri("anything", "http") == "https://admin.example/cb"
