@@ -280,6 +280,8 @@ def test_a_platform_administrator_logs_in_with_password_logins_session(
             break
         time.sleep(1.1)
     assert (refused.status_code, refused.json()) == (401, {"error": "invalid_credentials"})
+    failed = oidc_gateway.admin("GET", "/admin/audit?action=login_failed").json()["entries"]
+    assert any(e["target"] == email and e["detail"]["reason"] == "no_password" for e in failed)
     audit = oidc_gateway.admin("GET", "/admin/audit?action=admin.oidc_login").json()["entries"]
     entry = next(e for e in audit if e["target"] == email)
     assert entry["detail"]["role"] == "platform" and entry["detail"]["provisioned"] is True
