@@ -441,6 +441,30 @@ def test_a_rotated_key_is_fetched_when_its_kid_is_unknown(oidc_gateway: Gateway,
         issuer.signing = old
 
 
+def test_pending_logins_are_capped_and_expired_ones_swept(oidc_gateway: Gateway, issuer: LocalIssuer) -> None:
+    """An unauthenticated route cannot fill the database: past 10,000 pending logins a new one is
+    429 too_many_attempts; expired ones do not count and go at the next login."""
+    fill = ("INSERT INTO admin_oidc_attempts (state_hash, nonce, redirect_uri, expires_at) "
+            "SELECT $1 || i, 'n', 'r', now() + $2::text::interval FROM generate_series(1, 10000) AS i")
+    mark = f"cap-{secrets.token_hex(4)}-"
+    _query(oidc_gateway, fill, mark, "10 minutes")
+    try:
+        with httpx.Client(base_url=oidc_gateway.base_url, timeout=10) as client:
+            for _ in range(20):
+                full = client.get("/admin/oidc/login")
+                if full.json() == {"error": "too_many_attempts"} and full.headers["retry-after"] == "60":
+                    break
+                time.sleep(1.1)  # the per-address throttle's 429 (Retry-After 1): wait, ask again
+            assert full.status_code == 429 and full.headers["retry-after"] == "60"
+    finally:
+        _query(oidc_gateway, "DELETE FROM admin_oidc_attempts WHERE state_hash LIKE $1 || '%'", mark)
+    _query(oidc_gateway, fill, mark, "-1 second")
+    client, done = _login(oidc_gateway, issuer, _email(), [PLATFORM])
+    client.close()
+    assert done.status_code == 302, done.text
+    assert _query(oidc_gateway, "SELECT 1 FROM admin_oidc_attempts WHERE state_hash LIKE $1 || '%'", mark) == []
+
+
 def test_unconfigured_oidc_routes_answer_404(gateway: Gateway) -> None:
     for path in ("/admin/oidc/login", "/admin/oidc/callback?code=x&state=y"):
         response = gateway.client.get(path)
