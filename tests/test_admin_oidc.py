@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import asyncpg
 import httpx
 import pytest
-from conftest import SESSION_ENV, Gateway, running_gateway
+from conftest import SESSION_ENV, Gateway, free_port, running_gateway
 from jwtkit import SigningKey, b64, encode, jwks, new_key
 
 CLIENT_ID = "meshfast-admin"
@@ -43,6 +43,7 @@ class LocalIssuer:
         self.codes: dict[str, dict[str, Any]] = {}
         self.handed_out: list[str] = [self.client_secret]
         self.token_calls = 0
+        self.jwks_fetches = 0
         self._person: dict[str, Any] = {}
         outer = self
 
@@ -52,6 +53,7 @@ class LocalIssuer:
                 if path == "/.well-known/openid-configuration":
                     self._json(200, outer.discovery())
                 elif path == "/jwks":
+                    outer.jwks_fetches += 1
                     self._json(200, jwks(*outer.published))
                 elif path == "/authorize":
                     self._redirect(outer.authorize({k: v[0] for k, v in parse_qs(query).items()}))
@@ -559,3 +561,30 @@ def test_roles_and_the_redirect_uri_in_process() -> None:
                                               client_secret="s", redirect_url="https://admin.example/cb"),
                            lambda text: "h", None, False)  # type: ignore[arg-type]
     assert fixed.redirect_uri("anything", "http") == "https://admin.example/cb"
+
+
+def test_the_issuer_client_in_process(issuer: LocalIssuer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An issuer that does not answer, or whose discovery document names another issuer, is
+    oidc_unavailable; the key set is cached, and an unknown kid refetches it at most once per
+    MESHFAST_JWKS_MIN_INTERVAL_S."""
+    from meshfast import errors
+    from meshfast.admin import oidc
+    from meshfast.settings import OidcSettings
+
+    monkeypatch.setenv("MESHFAST_JWKS_MIN_INTERVAL_S", "30")
+
+    def client(url: str) -> oidc.IssuerClient:
+        return oidc.IssuerClient(OidcSettings(issuer=url, client_id=CLIENT_ID, client_secret="s"))
+
+    async def run() -> None:
+        for url in (f"http://127.0.0.1:{free_port()}", issuer.url + "/", issuer.url + "/elsewhere"):
+            with pytest.raises(errors.OidcUnavailable):
+                await client(url).metadata()
+        keys = client(issuer.url)
+        before = issuer.jwks_fetches
+        assert {k.kid for k in await keys.keys("rsa-1", "RS256")} >= {"rsa-1", "ec-1"}
+        await keys.keys("rsa-1", "RS256")
+        await keys.keys("not-published", "RS256")
+        assert issuer.jwks_fetches == before + 1, "the unknown kid waits out the interval"
+
+    asyncio.run(run())
