@@ -266,7 +266,8 @@ def test_a_platform_administrator_logs_in_with_password_logins_session(
         csrf = client.cookies.get("mesh_csrf")
         assert csrf and client.cookies.get("mesh_session")
 
-        assert client.get("/admin/me").json() == {"email": email, "is_super_admin": True, "session": True}
+        assert client.get("/admin/me").json() == {"email": email, "is_super_admin": True, "session": True,
+                                                   "role": "platform", "business_units": None}
         assert client.get("/admin/users").status_code == 200
         assert client.post("/admin/logout").json() == {"error": "csrf_failed"}, "unsafe without its CSRF token"
         assert client.post("/admin/logout", headers={"x-csrf-token": csrf}).status_code == 200
@@ -300,7 +301,9 @@ def test_a_business_unit_administrator_administers_exactly_the_named_units_that_
     client, done = _login(oidc_gateway, issuer, email, [BU + payments, BU + risk, BU + "no-such-unit"])
     with contextlib.closing(client):
         assert done.status_code == 302, done.text
-        assert client.get("/admin/me").json() == {"email": email, "is_super_admin": False, "session": True}
+        assert client.get("/admin/me").json() == {"email": email, "is_super_admin": False, "session": True,
+                                                   "role": "business_unit",
+                                                   "business_units": sorted([payments, risk])}
     assert _units(oidc_gateway, email) == {payments, risk}
 
     client, done = _login(oidc_gateway, issuer, email, BU + payments)  # one string, not a list
@@ -314,7 +317,9 @@ def test_a_business_unit_administrator_administers_exactly_the_named_units_that_
 
     client, done = _login(oidc_gateway, issuer, email, [BU + risk])
     with contextlib.closing(client):
-        assert client.get("/admin/me").json()["is_super_admin"] is False, "the issuer takes the platform role back"
+        me = client.get("/admin/me").json()
+        assert me["is_super_admin"] is False, "the issuer takes the platform role back"
+        assert me["role"] == "business_unit" and me["business_units"] == [risk]
     assert _units(oidc_gateway, email) == {risk}
 
 
