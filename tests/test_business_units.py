@@ -514,3 +514,47 @@ def test_a_scoped_write_rechecks_its_person_in_the_write_transaction(gateway: Ga
             await conn.close()
 
     asyncio.run(go())
+
+
+def test_a_registry_file_creates_and_sets_units_with_admins_by_email(gateway: Gateway, tmp_path: Any) -> None:
+    """`meshfast apply` takes `business_units` by name, their administrators by email: created,
+    then unchanged on a second apply, then set to exactly the edited file; an unknown timezone or
+    admin, or a platform administrator, refuses the whole file with every problem listed."""
+    import json
+    import subprocess
+    import sys
+
+    def apply(doc: Json) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / f"units-{_tag()}.json"
+        path.write_text(json.dumps(doc))
+        env = dict(gateway.env(), DATABASE_URL=gateway.database_url)
+        return subprocess.run([sys.executable, "-m", "meshfast.cli", "apply", str(path), "--json"], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    first, second = _new_admin(gateway), _new_admin(gateway)
+    name = f"unit-{_tag()}"
+    doc: Json = {"business_units": [{"name": name, "timezone": "Europe/Paris", "admins": [first["email"]],
+                                     "daily_cap_lock_usd": "30"}]}
+    done = apply(doc)
+    assert done.returncode == 0, done.stderr
+    assert f"business_unit:{name}" in json.loads(done.stdout)["created"]
+    unit = next(u for u in gateway.admin("GET", "/admin/business-units").json() if u["name"] == name)
+    assert (unit["timezone"], unit["admins"], unit["daily_cap_lock_usd"]) == ("Europe/Paris", [first["id"]], 30.0)
+
+    again = apply(doc)
+    assert again.returncode == 0 and f"business_unit:{name}" in json.loads(again.stdout)["unchanged"]
+
+    doc["business_units"][0].update({"admins": [second["email"]], "timezone": "Asia/Tokyo", "daily_cap_lock_usd": None})
+    edited = apply(doc)
+    assert edited.returncode == 0 and f"business_unit:{name}" in json.loads(edited.stdout)["updated"]
+    unit = gateway.admin("GET", f"/admin/business-units/{unit['id']}").json()
+    assert (unit["timezone"], unit["admins"], unit["daily_cap_lock_usd"], unit["version"]) == (
+        "Asia/Tokyo", [second["id"]], None, 2)
+
+    platform = _new_admin(gateway, is_super=True)
+    bad = apply({"business_units": [
+        {"name": f"unit-{_tag()}", "timezone": "Mars/Olympus", "admins": ["nobody@example.com", platform["email"]]}]})
+    assert bad.returncode != 0
+    for problem in ("Mars/Olympus", "nobody@example.com", "platform administrator"):
+        assert problem in bad.stderr + bad.stdout, (problem, bad.stderr)
+    assert gateway.admin("GET", f"/admin/business-units/{unit['id']}").json()["version"] == 2

@@ -19,13 +19,13 @@ import msgspec
 
 from meshfast import errors, validate
 from meshfast.admin.scope import in_scope
-from meshfast.admin.service import AdminService, Price, parse_uuid, row_json
-from meshfast.admin.service.common import _invalid, _price
+from meshfast.admin.service.common import Price, _invalid, _price, parse_uuid, row_json
 from meshfast.store import business_units as units_sql
-from meshfast.validate import Id, Label, Word
+from meshfast.validate import Email, Id, Label, Word
 
-if TYPE_CHECKING:  # the routes import this module
+if TYPE_CHECKING:  # the routes and the service import this module
     from meshfast.admin.routes import Actor
+    from meshfast.admin.service import AdminService
 
 Admins = list[Id]
 # As the table's check holds it (migration 0026).
@@ -39,6 +39,78 @@ class BusinessUnitBody(msgspec.Struct, forbid_unknown_fields=True):
     timezone: Word
     admins: Admins = msgspec.field(default_factory=list)
     daily_cap_lock_usd: Price | None = None
+
+
+class FileBusinessUnit(msgspec.Struct, forbid_unknown_fields=True):
+    """A unit in a registry file (``meshfast apply``): matched by name, its administrators named
+    by email (ids are not known to a file); created when missing, else set to exactly this."""
+
+    name: Label
+    timezone: Word = "UTC"
+    admins: list[Email] = msgspec.field(default_factory=list)
+    daily_cap_lock_usd: Price | None = None
+
+
+def check_file_unit(entry: Any) -> FileBusinessUnit:
+    """A file's unit, its own fields checked (the timezone and administrators are checked when
+    applied, against the database): 400 listing the problems."""
+    try:
+        unit = msgspec.convert(entry, FileBusinessUnit)
+    except msgspec.ValidationError as exc:
+        raise _invalid([str(exc)]) from None
+    problems = []
+    if not unit.name.strip() or len(unit.name.strip()) > MAX_NAME:
+        problems.append(f"name may not be empty or longer than {MAX_NAME} characters")
+    try:
+        _price(unit.daily_cap_lock_usd, "daily_cap_lock_usd")
+    except errors.InvalidRequest as exc:
+        problems.append(exc.detail or "daily_cap_lock_usd is not a non-negative number")
+    if problems:
+        raise _invalid(problems)
+    return unit
+
+
+async def apply_file_units(conn: asyncpg.Connection, units: list[FileBusinessUnit],
+                           summary: dict[str, list[str]]) -> list[str]:
+    """Creates or sets each unit of a registry file, in the file's transaction; the problems found
+    against the database (an unknown timezone or admin email, a platform administrator named as
+    a unit's), with nothing written when there are any (the caller raises them)."""
+    zones = await validate.load_timezones(conn)
+    emails = sorted({e for u in units for e in u.admins})
+    admins = {row["email"]: row for row in await conn.fetch(units_sql.ADMINS_BY_EMAILS, emails)}
+    problems: list[str] = []
+    for unit in units:
+        label = f"business unit {unit.name.strip()!r}"
+        if unit.timezone not in zones:
+            problems.append(f"{label}: timezone {unit.timezone[:64]!r} is not a time zone both Python and "
+                            "PostgreSQL know")
+        for email in unit.admins:
+            if email not in admins:
+                problems.append(f"{label}: admin {email!r} is not registered")
+            elif admins[email]["is_super"]:
+                problems.append(f"{label}: admin {email!r} is a platform administrator (never scoped to a unit)")
+    if problems:
+        return problems
+    for unit in units:
+        name = unit.name.strip()
+        lock = _price(unit.daily_cap_lock_usd, "daily_cap_lock_usd")
+        wanted = sorted({admins[e]["id"] for e in unit.admins})
+        row = await conn.fetchrow(units_sql.UNIT_BY_NAME, name)
+        if row is None:
+            unit_id = await conn.fetchval(units_sql.INSERT_UNIT, name, unit.timezone, lock)
+            await conn.execute(units_sql.ADD_UNIT_ADMINS, unit_id, wanted)
+            summary["created"].append(f"business_unit:{name}")
+            continue
+        same = (row["timezone"] == unit.timezone and row["daily_cap_lock_usd"] == lock
+                and sorted(row["admins"]) == wanted)
+        if same:
+            summary["unchanged"].append(f"business_unit:{name}")
+            continue
+        await conn.execute(units_sql.UPDATE_UNIT, row["id"], name, unit.timezone, lock)
+        await conn.execute(units_sql.CLEAR_UNIT_ADMINS, row["id"])
+        await conn.execute(units_sql.ADD_UNIT_ADMINS, row["id"], wanted)
+        summary["updated"].append(f"business_unit:{name}")
+    return []
 
 
 def unit_json(row: asyncpg.Record) -> dict[str, Any]:

@@ -28,6 +28,14 @@ UPDATE admin_tokens SET business_units = array_replace(business_units, $1, $2) W
 
 # Those of the ids ``$1`` that name admins, and whether each is a platform administrator.
 ADMINS_BY_IDS = "SELECT id::text AS id, is_super FROM admins WHERE id = ANY($1::uuid[])"
+# A registry file's units: one by name (for update), and admins by email ($1: emails).
+UNIT_BY_NAME = """
+SELECT b.id, b.name, b.timezone, b.daily_cap_lock_usd, b.version,
+       ARRAY(SELECT ba.admin_id FROM business_unit_admins ba WHERE ba.business_unit_id = b.id
+             ORDER BY ba.admin_id) AS admins
+FROM business_units b WHERE b.name = $1 FOR UPDATE
+"""
+ADMINS_BY_EMAILS = "SELECT id, email, is_super FROM admins WHERE email = ANY($1::text[])"
 # The units of the names ``$1`` that exist, with their locks.
 UNITS_BY_NAMES = "SELECT name, daily_cap_lock_usd FROM business_units WHERE name = ANY($1::text[])"
 

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from meshfast import errors, validate
+from meshfast.admin import business_units as unit_admin
 from meshfast.admin import dlp as dlp_admin
 from meshfast.admin import issuers as issuer_admin
 from meshfast.admin import rules as rule_admin
@@ -71,6 +72,8 @@ class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
     # Spend rules as the API takes them (meshfast.rules), and the global enforcement switch.
     rules: list[Any] = []
     enforce_rules: bool | None = None
+    # Business units by name, their administrators by email (meshfast.admin.business_units).
+    business_units: list[dict[str, Any]] = []
 
 
 @dataclasses.dataclass(slots=True)
@@ -111,6 +114,7 @@ class Registry:
     # switch is left alone.
     rules: list[Any] = dataclasses.field(default_factory=list)
     enforce_rules: bool | None = None
+    business_units: list[Any] = dataclasses.field(default_factory=list)
 
 
 # Placeholders that let a registry entry pass the API body's validation before its real value
@@ -216,6 +220,18 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
         if not found:
             names.add(name)
             out.dlp_policies.append((name, stored))
+    names = set()
+    for i, entry in enumerate(registry.business_units):
+        label = f"business_units[{i}] ({entry.get('name')!r})"
+        try:
+            unit = unit_admin.check_file_unit(entry)
+        except errors.MeshfastError as exc:
+            problems.extend(f"{label}: {p}" for p in exc.extra.get("errors", [exc.detail]))
+            continue
+        if unit.name.strip() in names:
+            problems.append(f"{label}: listed twice")
+        names.add(unit.name.strip())
+        out.business_units.append(unit)
     problems.extend(rule_admin.parse_file_rules(registry.rules))
     out.rules, out.enforce_rules = registry.rules, registry.enforce_rules
     if problems:
@@ -476,6 +492,10 @@ class RegistryOperations(ServiceBase):
                 ids[name] = await self._apply_provider(conn, entry, providers.get(name), summary)
             for m in registry.models:
                 await self._apply_model(conn, m, ids, models.get(m.name), deployments, summary)
+            if registry.business_units:
+                found = await unit_admin.apply_file_units(conn, registry.business_units, summary)
+                if found:
+                    raise _invalid(found)
             if registry.users:
                 await _apply_users(conn, registry.users, users, summary)
             if registry.applications:
