@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import msgspec
 
 from meshfast import errors, validate
 from meshfast.admin import controls
@@ -76,6 +77,12 @@ def _moment(value: dt.datetime | None) -> str | None:
 def change_digest(kind: str, target: str, action: str, body: Any, activate_at: dt.datetime | None) -> str:
     """What an approver reviews: sha256 of the canonical kind, target, action, body and activate_at."""
     return hashlib.sha256(canonical([kind, target, action, body, _moment(activate_at)]).encode()).hexdigest()
+
+
+class RejectBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /admin/changes/{id}/reject``: why (required; 400 ``comment_required`` without)."""
+
+    comment: str | None = None
 
 
 def _zone(name: str | None) -> dt.tzinfo:
