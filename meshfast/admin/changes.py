@@ -189,6 +189,16 @@ def is_platform(actor: Actor) -> bool:
     return actor.is_super and not actor.scoped
 
 
+async def record_enforced(conn: asyncpg.Connection, kind: str, target: str, action: str, body: Any, by: str) -> int:
+    """A revision for a control another path wrote to its live table in this transaction (a
+    registry file): enforced at once, the previous one superseded."""
+    revision = int(await conn.fetchval(changes_sql.NEXT_REVISION, kind, target))
+    await conn.execute(changes_sql.SUPERSEDE_ENFORCED, kind, target)
+    await conn.execute(changes_sql.INSERT_REVISION, kind, target, revision, action,
+                       None if body is None else json.dumps(body), "enforced", None, None, by)
+    return revision
+
+
 # --- the lifecycle ------------------------------------------------------------------------------
 
 Rebuild = Callable[[int, str], Awaitable[None]]
@@ -260,13 +270,13 @@ class Lifecycle:
 
     async def _accept(self, conn: asyncpg.Connection, kind: ControlKind, target: str, action: str, body: Any,
                       when: dt.datetime | None, change_id: uuid.UUID | None, by: str) -> int:
-        revision = int(await conn.fetchval(changes_sql.NEXT_REVISION, kind.name, target))
-        state = "enforced" if when is None else "scheduled"
         if when is None:
             await kind.apply(conn, target, action, body)
             await conn.execute(changes_sql.SUPERSEDE_ENFORCED, kind.name, target)
+        revision = int(await conn.fetchval(changes_sql.NEXT_REVISION, kind.name, target))
         await conn.execute(changes_sql.INSERT_REVISION, kind.name, target, revision, action,
-                           None if body is None else json.dumps(body), state, when, change_id, by)
+                           None if body is None else json.dumps(body), "enforced" if when is None else "scheduled",
+                           when, change_id, by)
         return revision
 
     async def _queue(self, conn: asyncpg.Connection, actor: Actor, kind: str, target: str, action: str, body: Any,
