@@ -596,3 +596,33 @@ def test_a_pending_change_expires_after_its_ttl(testserve: EmulatedProviders) ->
         rows = _audit_rows(gw, "change.expire", rule["id"])
         assert len(rows) == 1 and rows[0]["business_unit"] == unit
         assert gw.admin("GET", f"/admin/rules/{rule['id']}").status_code == 200
+
+
+def test_a_logged_in_unit_administrator_is_scoped_by_its_units(gw: Gateway, testserve: EmulatedProviders) -> None:
+    """A (non-super) admin listed for a unit, signed in with a session, is that unit's
+    administrator: its relaxing write waits (the change names the admin), its tightening applies."""
+    unit = _unit(gw)
+    email, password = f"bu-{_tag()}@example.com", "a-long-password-" + _tag()
+    made = gw.admin("POST", "/admin/admins", {"email": email, "password": password})
+    assert made.status_code == 201, made.text
+    _sql(gw, "INSERT INTO business_unit_admins (business_unit_id, admin_id) "
+             "SELECT bu.id, a.id FROM business_units bu, admins a WHERE bu.name = $1 AND a.email = $2", unit, email)
+    admin_id = _sql(gw, "SELECT id::text FROM admins WHERE email = $1", email)[0]["id"]
+    _, model = _spent_person(gw, testserve, unit)
+    rule = _block_rule(unit, model)
+    with httpx.Client(base_url=gw.base_url, timeout=10) as client:
+        for _ in range(6):
+            login = client.post("/admin/login", json={"email": email, "password": password})
+            if login.status_code != 429:
+                break
+            time.sleep(1.1)  # the per-IP login throttle
+        assert login.status_code == 200, login.text
+        csrf = {"x-csrf-token": login.json()["csrf_token"]}
+        assert client.post("/admin/rules", json=rule, headers=csrf).status_code == 201
+        pending = client.delete(f"/admin/rules/{rule['id']}", headers=csrf)
+        assert pending.status_code == 202, pending.text
+        change = gw.admin("GET", f"/admin/changes/{pending.json()['change_id']}").json()
+        assert (change["requested_by"], change["requested_by_admin_id"], change["business_unit"]) == \
+            (email, admin_id, unit)
+        own = client.post(f"/admin/changes/{change['id']}/approve", headers=csrf)
+        assert (own.status_code, own.json()["error"]) == (403, "self_approval")

@@ -468,8 +468,13 @@ class Lifecycle:
             async with conn.transaction():  # a savepoint: a refused apply leaves nothing behind
                 await kind.check(conn, target, row["action"], body)
                 await kind.apply(conn, target, row["action"], body)
-        except errors.MeshfastError as exc:
-            error = "; ".join(exc.extra.get("errors") or []) or exc.detail or exc.code
+        except (errors.MeshfastError, asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            # NOTE: a refusal of the database (a constraint) fails the revision too: retried, it
+            # would hold the queue of due revisions forever.
+            if isinstance(exc, errors.MeshfastError):
+                error = "; ".join(exc.extra.get("errors") or []) or exc.detail or exc.code
+            else:
+                error = str(exc)
             await conn.execute(changes_sql.FAIL_REVISION, row["kind"], target, revision, error)
             if row["change_id"] is not None:
                 await conn.execute(changes_sql.SETTLE_CHANGE, row["change_id"], "failed")
