@@ -190,6 +190,10 @@ class AdminPlane:
         """The actor with its business units: a token's own scope (non-NULL ``business_units``);
         a non-super admin's units (``business_unit_admins``); None (unscoped) otherwise."""
         kind, _, ident = actor.id.partition(":")
+        try:
+            uuid.UUID(ident)
+        except ValueError:
+            return actor
         async with self._pool.acquire() as conn:
             if kind == "token":
                 units = await conn.fetchval(changes_sql.TOKEN_UNITS, uuid.UUID(ident))
