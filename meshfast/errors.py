@@ -127,3 +127,11 @@ OidcExchangeFailed = _error("OidcExchangeFailed", 400, "oidc_exchange_failed")
 InvalidIdToken = _error("InvalidIdToken", 401, "invalid_id_token")
 NoRole = _error("NoRole", 403, "no_role")
 OidcUnavailable = _error("OidcUnavailable", 502, "oidc_unavailable")
+# The governed lifecycle (meshfast.admin.changes): the requester deciding its own change, a
+# rejection without a reason, a change edited (new digest), decided or expired since it was read.
+SelfApproval = _error("SelfApproval", 403, "self_approval")
+CommentRequired = _error("CommentRequired", 400, "comment_required")
+ChangeModified = _error("ChangeModified", 409, "change_modified")
+ChangeExpired = _error("ChangeExpired", 409, "change_expired")
+ChangeNotPending = _error("ChangeNotPending", 409, "change_not_pending")
+ChangeNotFound = _error("ChangeNotFound", 404, "change_not_found")

@@ -109,7 +109,8 @@ TAG_LENGTH = 254  # a registry tag (validate.Name)
 # A body can name a problem in every one of its 100 entries' 1,000 leaders: the answer lists the first ones.
 MAX_ERRORS = 100
 # What GET answers beside the authored shape; a PUT or a file may carry them back (they are ignored).
-READ_ONLY = ("version", "created_at", "updated_at")
+READ_ONLY = ("version", "created_at", "updated_at", "saved_revision", "enforced_revision", "scheduled",
+             "activation_error")
 
 RULE_FIELDS = ("id", "weight", "mode", "entries")
 ENTRY_FIELDS = ("population", "scope", "window", "threshold_usd", "calls_per_minute", "tokens_per_minute", "actions")
@@ -640,6 +641,9 @@ class RuleBody(msgspec.Struct, forbid_unknown_fields=True):
     entries: Annotated[list[EntryBody], Meta(min_length=1, max_length=MAX_ENTRIES)]
     weight: Annotated[int, Meta(ge=-MAX_WEIGHT, le=MAX_WEIGHT)] = 0
     mode: Literal["enforce", "shadow", "inherit"] = "inherit"
+    # Not part of the rule: when a create or PUT goes live (RFC 3339 with an offset, or
+    # "local-midnight" in the business unit's timezone); absent: at once.
+    activate_at: Annotated[str, Meta(max_length=64)] | None = None
 
 
 class RestrictionsBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +20,8 @@ from meshfast.admin import auth, logs, notifications, oidc, scope
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationUpdate
 from meshfast.admin.business_units import BusinessUnitBody
-from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream
+from meshfast.admin.changes import MAX_PAGE_SIZE, Lifecycle, RejectBody
+from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream, governed
 from meshfast.settings import OidcSettings
 from meshfast.store import admin as admin_sql
 
@@ -40,6 +42,40 @@ def _keep_key(body: bytes) -> bytes:
         fields["api_key"] = ""
         return msgspec.json.encode(fields)
     return body
+
+
+def _query(query: str | None) -> dict[str, str]:
+    return {k: v[-1] for k, v in urllib.parse.parse_qs(query or "", keep_blank_values=True).items()}
+
+
+def _activate_at(query: str | None) -> str | None:
+    """A DELETE's ``?activate_at=`` (when the removal goes live)."""
+    return _query(query).get("activate_at") or None
+
+
+def _page(value: str | None, field: str, high: int, default: int) -> int:
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= high:
+        raise errors.InvalidRequest(f"{field} must be an integer from 1 to {high}")
+    return int(value)
+
+
+async def _list_changes(lifecycle: Lifecycle, actor: Actor, query: str | None) -> dict[str, Any]:
+    """``GET /admin/changes?status=&page=&page_size=``: newest first; a unit's administrator
+    sees its units' changes only."""
+    raw = _query(query)
+    unknown = set(raw) - {"status", "page", "page_size"}
+    if unknown:
+        raise errors.InvalidRequest(f"unknown query parameter {sorted(unknown)[0]!r}")
+    return await lifecycle.list_changes(actor, raw.get("status") or None, _page(raw.get("page"), "page", 1_000_000, 1),
+                                        _page(raw.get("page_size"), "page_size", MAX_PAGE_SIZE, 50))
+
+
+async def _digested(work: Awaitable[dict[str, Any]]) -> Reply:
+    """A change with its digest as the ETag (what an approver sends back in If-Match)."""
+    change = await work
+    return Reply(200, change, (("etag", f'"{change["digest"]}"'),))
 
 
 class AdminPlane:
@@ -98,14 +134,24 @@ class AdminPlane:
         service = router.service
         add("PUT", r"/admin/providers/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_provider(a.name, id, svc.decode(_keep_key(b), svc.ProviderCreate), h.get("if-match"))))
-        add("PUT", r"/admin/models/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
-            service.update_model(a.name, id, svc.decode_model_update(b), h.get("if-match"))))
+        add("PUT", r"/admin/models/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            service.update_model(a, id, svc.decode_model_update(b), h.get("if-match")), versioned=True))
         add("PUT", r"/admin/users/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_user(a.name, id, svc.decode(b, svc.UserUpdate), h.get("if-match"))))
         add("PUT", r"/admin/applications/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             router.applications.update(a.name, id, svc.decode(b, ApplicationUpdate), h.get("if-match"))))
-        add("PUT", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
-            router.rules.update(a.name, id, b, h.get("if-match"))))
+        add("PUT", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            router.rules.update(a, id, b, h.get("if-match")), versioned=True))
+        add("DELETE", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            router.rules.delete(a, id, _activate_at(q))))
+        # The approval queue (API.md "Governed lifecycle").
+        lifecycle = service.lifecycle
+        add("GET", r"/admin/changes", lambda a, s, q, b, h: self._ok(_list_changes(lifecycle, a, q)))
+        add("GET", r"/admin/changes/(?P<id>[^/]+)", lambda a, s, q, b, h, id: _digested(lifecycle.get_change(a, id)))
+        add("POST", r"/admin/changes/(?P<id>[^/]+)/approve", lambda a, s, q, b, h, id: _digested(
+            lifecycle.approve(a, id, h.get("if-match"))))
+        add("POST", r"/admin/changes/(?P<id>[^/]+)/reject", lambda a, s, q, b, h, id: _digested(
+            lifecycle.reject(a, id, svc.decode(b or b"{}", RejectBody).comment)))
         add("PUT", r"/admin/business-units/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             router.business_units.update(a, id, svc.decode(b, BusinessUnitBody), h.get("if-match"))))
 

@@ -234,6 +234,10 @@ ROUTES: dict[tuple[str, str], str] = {
     ("DELETE", "/admin/tokens/{id}"): FILTERED,
     ("GET", "/admin/business-units"): FILTERED,
     ("GET", "/admin/business-units/{id}"): FILTERED,
+    # The approval queue: the lifecycle shows a unit administrator its units' changes only; only
+    # platform administrators decide (approve and reject are not here: 403).
+    ("GET", "/admin/changes"): FILTERED,
+    ("GET", "/admin/changes/{id}"): FILTERED,
 }
 PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/business-units/{id}")})
 # The checks that also name the audit record's unit, so they run for every actor.
