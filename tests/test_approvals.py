@@ -507,13 +507,14 @@ def test_restrictions_and_policies_follow_the_same_lifecycle(gw: Gateway, testse
     assert closed.json()["restrictions_revisions"] == {"saved_revision": 1, "enforced_revision": 1}
     time.sleep(PROPAGATION_S)
     assert _calls(gw, person, model) == {403}
-    reopened = put_model(admin, {"restrictions": None})
+    # A unit administrator may change only its units' closure: reopening is that list emptied.
+    reopened = put_model(admin, {"restrictions": {"business_units_closed": []}})
     assert reopened.status_code == 202 and reopened.json()["status"] == "pending", reopened.text
     time.sleep(PROPAGATION_S)
     assert _calls(gw, person, model) == {403}, "still closed while pending"
     assert gw.admin("POST", f"/admin/changes/{reopened.json()['change_id']}/approve").status_code == 200
     read = gw.admin("GET", f"/admin/models/{model['id']}").json()
-    assert read["restrictions"] is None and read["restrictions_revisions"]["enforced_revision"] == 2
+    assert read["restrictions"]["business_units_closed"] == [] and read["restrictions_revisions"]["enforced_revision"] == 2
     time.sleep(PROPAGATION_S)
     assert _calls(gw, person, model) == {200}
 

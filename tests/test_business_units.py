@@ -100,6 +100,15 @@ def _rule(units: list[str] | None, rule_id: str | None = None) -> Json:
     return {"id": rule_id or f"bu-{_tag()}", "weight": 10, "entries": [entry]}
 
 
+def _approved(gateway: Gateway, pending: httpx.Response) -> Json:
+    """A unit administrator's relaxing write waits for a platform administrator (API.md
+    "Governed lifecycle"): 202 with its change, then approved."""
+    assert pending.status_code == 202 and pending.json()["status"] == "pending", pending.text
+    decided = gateway.admin("POST", f"/admin/changes/{pending.json()['change_id']}/approve")
+    assert decided.status_code == 200, decided.text
+    return decided.json()
+
+
 def _window() -> dict[str, str]:
     now = dt.datetime.now(dt.UTC)
     return {"from": (now - dt.timedelta(hours=2)).isoformat(), "to": (now + dt.timedelta(hours=2)).isoformat()}
@@ -299,7 +308,13 @@ def test_grants_and_policy_caps_stay_within_the_platform_lock(gateway: Gateway, 
     assert bu("DELETE", "/admin/access", {"user_id": y1, "model_id": model["id"]}).status_code == 403
 
     policy = {"daily_cap_usd": 50, "timezone": "UTC"}
-    assert bu("PUT", f"/admin/users/{x1}/policies/{model['id']}", policy).status_code == 200
+    in_force = {p["model_id"]: p["daily_cap_usd"] for p in gateway.admin("GET", f"/admin/users/{x1}/policies").json()}
+    written = bu("PUT", f"/admin/users/{x1}/policies/{model['id']}", policy)
+    if in_force.get(model["id"], 20) < 50:
+        # Within the lock, but above the cap in force: a raise, so it waits for approval.
+        _approved(gateway, written)
+    else:
+        assert written.status_code == 200, written.text
     above = bu("PUT", f"/admin/users/{x1}/policies/{model['id']}", {**policy, "daily_cap_usd": "50.01"})
     assert (above.status_code, above.json()["error"]) == (403, "above_platform_lock"), above.text
     assert bu("PUT", f"/admin/users/{y1}/policies/{model['id']}", policy).status_code == 403
@@ -314,7 +329,8 @@ def test_grants_and_policy_caps_stay_within_the_platform_lock(gateway: Gateway, 
     assert raised.json()["error"] == "above_platform_lock"
     assert gateway.admin("PUT", f"/admin/users/{y1}/policies/{model['id']}", {**policy, "daily_cap_usd": 30}
                          ).status_code == 200
-    assert y_admin("PUT", f"/admin/users/{y1}/policies/{model['id']}", {**policy, "daily_cap_usd": 30}).status_code == 200
+    assert y_admin("PUT", f"/admin/users/{y1}/policies/{model['id']}", {**policy, "daily_cap_usd": 30}).status_code in (
+        200, 202)
     assert y_admin("PUT", f"/admin/users/{y1}/policies/{model['id']}", {**policy, "daily_cap_usd": 31}
                    ).status_code == 403
     # A platform administrator is bound by no lock.
@@ -400,7 +416,9 @@ def test_a_unit_administrator_closes_a_model_only_for_its_units(gateway: Gateway
     assert put({"restrictions": {**closed, "exempt": [org["people"]["x1"]["id"]]}}).status_code == 403
     assert put({"status": "blocked"}).status_code == 403
     assert put({"restrictions": {**closed, "leader_deny": 5}}).status_code == 403
-    assert put({"restrictions": {**closed, "business_units_closed": []}}).status_code == 200
+    # Reopening relaxes: it waits for a platform administrator.
+    _approved(gateway, put({"restrictions": {**closed, "business_units_closed": []}}))
+    assert gateway.admin("GET", f"/admin/models/{model['id']}").json()["restrictions"]["business_units_closed"] == []
 
 
 # --- rules ---------------------------------------------------------------------------------------
@@ -427,11 +445,14 @@ def test_rules_reach_only_the_units(gateway: Gateway, org: Json, bu: Caller) -> 
     assert bu("PUT", f"/admin/rules/{platform_id}", _rule([x], platform_id), {"if-match": "*"}).status_code == 403
     assert bu("DELETE", f"/admin/rules/{platform_id}").status_code == 403
     assert bu("PUT", f"/admin/rules/{rule_id}", _rule([y], rule_id), {"if-match": "*"}).status_code == 403
-    assert bu("PUT", f"/admin/rules/{rule_id}", _rule([x], rule_id), {"if-match": "*"}).status_code == 200
+    # A new scope for the entry leaves the old one uncapped: a relaxing change, approved.
+    _approved(gateway, bu("PUT", f"/admin/rules/{rule_id}", _rule([x], rule_id), {"if-match": "*"}))
     assert platform_id in {r["id"] for r in gateway.admin("GET", "/admin/rules").json()}
-    audit = bu("GET", "/admin/audit", params={"action": "update_rule"}).json()["entries"]
-    assert any(e["target"] == rule_id and e["business_unit"] == x for e in audit)
-    assert bu("DELETE", f"/admin/rules/{rule_id}").status_code == 200
+    for action in ("change.submit", "change.approve", "control.activate"):
+        audit = bu("GET", "/admin/audit", params={"action": action}).json()["entries"]
+        assert any(e["target"] == rule_id and e["business_unit"] == x for e in audit), action
+    _approved(gateway, bu("DELETE", f"/admin/rules/{rule_id}"))
+    assert bu("GET", f"/admin/rules/{rule_id}").status_code == 404
     assert gateway.admin("DELETE", f"/admin/rules/{platform_id}").status_code == 200
 
 

@@ -238,6 +238,10 @@ ROUTES: dict[tuple[str, str], str] = {
     # platform administrators decide (approve and reject are not here: 403).
     ("GET", "/admin/changes"): FILTERED,
     ("GET", "/admin/changes/{id}"): FILTERED,
+    # Deciding: the lifecycle refuses a unit administrator (403 self_approval for its own change,
+    # 403 forbidden otherwise), so the answer names the reason.
+    ("POST", "/admin/changes/{id}/approve"): OPEN,
+    ("POST", "/admin/changes/{id}/reject"): OPEN,
 }
 PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/business-units/{id}")})
 # The checks that also name the audit record's unit, so they run for every actor.
