@@ -111,3 +111,8 @@ InvalidRule = _error("InvalidRule", 400, "invalid_rule")
 RuleNotFound = _error("RuleNotFound", 404, "rule_not_found")
 RuleExists = _error("RuleExists", 409, "rule_already_exists")
 DryRunUnavailable = _error("DryRunUnavailable", 501, "dry_run_unavailable")
+# Onboarding and pilots (meshfast.onboarding): a pilot body with problems (``errors`` lists every
+# one), an unknown pilot, and a model a live control references (``controls`` names them).
+InvalidPilot = _error("InvalidPilot", 400, "invalid_pilot")
+PilotNotFound = _error("PilotNotFound", 404, "pilot_not_found")
+ModelInUse = _error("ModelInUse", 409, "model_in_use")

@@ -95,6 +95,8 @@ class AdminPlane:
             router.applications.update(a.name, id, svc.decode(b, ApplicationUpdate), h.get("if-match"))))
         add("PUT", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             router.rules.update(a.name, id, b, h.get("if-match"))))
+        add("PUT", r"/admin/pilots/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            router.pilots.update(a.name, id, b, h.get("if-match"))))
 
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False) -> None:
         self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))
