@@ -191,7 +191,7 @@ class LimitedBody(msgspec.Struct, forbid_unknown_fields=True):
     roster's access ends and the model answers as staged. Each is optional."""
 
     window: Literal["daily", "weekly", "monthly"] | None = None
-    amount_usd: Annotated[Decimal, Meta(gt=0)] | None = None
+    amount_usd: Annotated[Decimal, Meta(description="USD, > 0")] | None = None
     expires_at: Annotated[dt.datetime, Meta(tz=True)] | None = None
 
 
