@@ -238,3 +238,29 @@ def test_a_rules_population_of_pilots_holds_their_members_only(gw: Gateway, test
     dry = gw.admin("POST", "/admin/rules/dry-run", {"id": f"dry-{_tag()}", "mode": "enforce", "entries": [entry]})
     assert dry.status_code == 200, dry.text
     assert [a["user_id"] for a in dry.json()["affected"]] == [member["id"]]
+
+
+def test_the_governing_tier_is_the_lowest_whose_exceptions_do_not_list_the_member() -> None:
+    """An exception promotes a member up the ladder (whatever the order the tiers are listed in);
+    excepted from every tier, nothing governs them."""
+    from meshfast import onboarding
+
+    a, b = "00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"
+    tiers = [{"name": "top", "amount_usd": "50", "exceptions": [b]},
+             {"name": "base", "amount_usd": "5", "exceptions": [a, b]},
+             {"name": "mid", "amount_usd": "20", "exceptions": [b]}]
+    assert onboarding.governing_tier(tiers, "00000000-0000-4000-8000-00000000000c") == 1
+    assert onboarding.governing_tier(tiers, a) == 2
+    assert onboarding.governing_tier(tiers, b) is None
+
+
+def test_a_renamed_model_stays_in_the_pilots_that_list_it(gw: Gateway, testserve: EmulatedProviders) -> None:
+    """Pilots list models by name: a rename carries them along (as it does the rules)."""
+    m = model(gw, testserve)
+    pilot = _pilot(gw, models=[m["name"]])
+    current = gw.admin("GET", f"/admin/models/{m['id']}").json()
+    body = {k: current[k] for k in ("provider_id", "resolved_model", "kind", "input_price_per_1k_tokens",
+                                    "output_price_per_1k_tokens")}
+    renamed = f"{m['name']}-renamed"
+    assert put_model(gw, m, {**body, "name": renamed}).status_code == 200
+    assert gw.admin("GET", f"/admin/pilots/{pilot['id']}").json()["models"] == [renamed]
