@@ -135,3 +135,8 @@ ChangeModified = _error("ChangeModified", 409, "change_modified")
 ChangeExpired = _error("ChangeExpired", 409, "change_expired")
 ChangeNotPending = _error("ChangeNotPending", 409, "change_not_pending")
 ChangeNotFound = _error("ChangeNotFound", 404, "change_not_found")
+# Onboarding and pilots (meshfast.onboarding): a pilot body with problems (``errors`` lists every
+# one), an unknown pilot, and a model a live control references (``controls`` names them).
+InvalidPilot = _error("InvalidPilot", 400, "invalid_pilot")
+PilotNotFound = _error("PilotNotFound", 404, "pilot_not_found")
+ModelInUse = _error("ModelInUse", 409, "model_in_use")
