@@ -86,7 +86,7 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/models", "List models", None, 200),
     ("GET", "/admin/models/{id}", "One model, with its ETag", None, 200),
     ("DELETE", "/admin/models/{id}", "Delete a model (409 model_in_use with controls: [{kind, id}] naming the rules "
-     "that scope it, the live pilots that list it and the live keys held to it)", None, 200),
+     "that scope it and the live pilots that list it)", None, 200),
     ("POST", "/admin/models/{id}/graduate", "Make a staged or limited model generally available (active): its "
      "roster and limited-access cap are cleared; audited model.graduate", None, 200),
     ("POST", "/admin/pilots", "Create a pilot (members, models, authoritative, mode, expires_at, tiers): 201 with its "

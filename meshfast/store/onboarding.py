@@ -50,13 +50,6 @@ ORDER BY id
 LIVE_PILOTS_LISTING_MODEL = """
 SELECT id::text FROM pilots WHERE models ? $1 AND (expires_at IS NULL OR expires_at > now()) ORDER BY id
 """
-# Live named keys held to a subset that includes the model (a key whose subset loses every model
-# may call none: deleting its model would silently take the key's access away).
-LIVE_KEYS_HOLDING_MODEL = """
-SELECT id::text FROM mesh_api_keys
-WHERE $1::uuid = ANY(models) AND status = 'active' AND (expires_at IS NULL OR expires_at > now())
-ORDER BY id
-"""
 MODEL_NAME = "SELECT name FROM models WHERE id = $1"
 MODEL_ONBOARDING = """
 SELECT status, roster, limited_window, limited_amount_usd, limited_expires_at FROM models WHERE id = $1

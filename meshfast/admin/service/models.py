@@ -322,11 +322,11 @@ def _snapshot_model(body: ModelCreate) -> snapshot.Model:
 
 
 async def controls_naming(conn: asyncpg.Connection, model_id: uuid.UUID, name: str) -> list[dict[str, str]]:
-    """The live controls that reference a model: rules scoping it by name, live pilots listing
-    it, live named keys held to it (workflows name no model)."""
+    """The live controls that reference a model: rules scoping it by name and live pilots listing
+    it (workflows name no model). A named key held to the model is a credential's reach, not a
+    control: deleting the model leaves such a key with nothing (as before)."""
     return ([{"kind": "rule", "id": r[0]} for r in await conn.fetch(onboarding_sql.RULES_NAMING_MODEL, name)]
-            + [{"kind": "pilot", "id": r[0]} for r in await conn.fetch(onboarding_sql.LIVE_PILOTS_LISTING_MODEL, name)]
-            + [{"kind": "key", "id": r[0]} for r in await conn.fetch(onboarding_sql.LIVE_KEYS_HOLDING_MODEL, model_id)])
+            + [{"kind": "pilot", "id": r[0]} for r in await conn.fetch(onboarding_sql.LIVE_PILOTS_LISTING_MODEL, name)])
 
 
 class ModelOperations(ServiceBase):
