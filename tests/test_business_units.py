@@ -502,7 +502,8 @@ def test_a_plain_admin_keeps_its_rights_and_a_platform_admin_sees_everything(gat
 
 def test_an_admin_becomes_a_unit_administrator_from_its_next_request(gateway: Gateway) -> None:
     """Scope is read with the session on every request: added to a unit, an admin is scoped at
-    once; removed, it is a plain admin again."""
+    once; removed from its last unit, it stays a unit administrator scoped to none (never a plain
+    admin with an admin's full rights)."""
     admin = _new_admin(gateway)
     caller = _login(gateway, admin["email"])
     with contextlib.closing(caller.client):  # type: ignore[arg-type]
@@ -513,7 +514,62 @@ def test_an_admin_becomes_a_unit_administrator_from_its_next_request(gateway: Ga
         r = gateway.admin("PUT", f"/admin/business-units/{unit['id']}",
                           {"name": unit["name"], "timezone": "UTC", "admins": []})
         assert r.status_code == 200
-        assert caller("GET", "/admin/providers").status_code == 200
+        assert caller("GET", "/admin/providers").status_code == 403
+
+
+def test_a_unit_administrator_without_units_is_scoped_to_none(gateway: Gateway) -> None:
+    """Losing its last unit leaves a unit administrator, logged in or through its token, scoped to
+    nothing: refused everywhere but its own session's routes, its users list empty."""
+    admin = _new_admin(gateway)
+    unit = _unit(gateway, [admin["id"]])
+    caller = _login(gateway, admin["email"])
+    with contextlib.closing(caller.client):  # type: ignore[arg-type]
+        made = caller("POST", "/admin/tokens", {"name": f"bu-{_tag()}"})
+        assert made.status_code == 201, made.text
+        token = Caller(gateway, token=made.json()["token"])
+        r = gateway.admin("PUT", f"/admin/business-units/{unit['id']}",
+                          {"name": unit["name"], "timezone": "UTC", "admins": []})
+        assert r.status_code == 200 and r.json()["admins"] == []
+        for who in (caller, token):
+            me = who("GET", "/admin/me")
+            assert me.status_code == 200 and me.json()["business_units"] == [], me.text
+            assert who("GET", "/admin/providers").status_code == 403
+            assert who("GET", "/admin/users").json() == []
+            assert who("POST", "/admin/users", {"email": f"u-{_tag()}@example.com"}).status_code == 403
+            assert who("GET", "/admin/status").status_code in (200, 403)
+
+
+def test_a_unit_put_without_admins_keeps_them(gateway: Gateway) -> None:
+    """A PUT of a unit that leaves ``admins`` out keeps its administrators (a rename or a new time
+    zone does not clear them)."""
+    admin = _new_admin(gateway)
+    unit = _unit(gateway, [admin["id"]])
+    r = gateway.admin("PUT", f"/admin/business-units/{unit['id']}", {"name": unit["name"], "timezone": "UTC"})
+    assert r.status_code == 200, r.text
+    assert r.json()["admins"] == [admin["id"]] and r.json()["timezone"] == "UTC"
+
+
+def test_a_demoted_admins_platform_token_loses_platform_rights(gateway: Gateway) -> None:
+    """A token's platform rights are its own and its admin's: once the admin is not a platform
+    administrator, its platform token is not either."""
+    admin = _new_admin(gateway, is_super=True)
+    caller = _login(gateway, admin["email"])
+    with contextlib.closing(caller.client):  # type: ignore[arg-type]
+        made = caller("POST", "/admin/tokens", {"name": f"su-{_tag()}", "is_super": True})
+        assert made.status_code == 201 and made.json()["is_super"], made.text
+    token = Caller(gateway, token=made.json()["token"])
+    assert token("GET", "/admin/me").json()["is_super_admin"] is True
+
+    async def demote() -> None:
+        conn = await asyncpg.connect(gateway.database_url)
+        try:
+            await conn.execute("UPDATE admins SET is_super = false WHERE id = $1::uuid", admin["id"])
+        finally:
+            await conn.close()
+
+    asyncio.run(demote())
+    assert token("GET", "/admin/me").json()["is_super_admin"] is False
+    assert token("POST", "/admin/business-units", {"name": f"u-{_tag()}", "timezone": "UTC"}).status_code == 403
 
 
 def test_a_scoped_write_rechecks_its_person_in_the_write_transaction(gateway: Gateway, org: Json) -> None:

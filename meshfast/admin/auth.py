@@ -123,6 +123,8 @@ class Session:
     session_hash: str
     # The business units the admin administers (empty: none), read with the session.
     units: tuple[str, ...] = ()
+    # A business-unit administrator (migration 0031): scoped to ``units`` even when they are none.
+    unit_admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +264,7 @@ class AdminAuth:
         if row is None:
             raise errors.Unauthorized()
         found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest,
-                        tuple(row["units"] or ()))
+                        tuple(row["units"] or ()), row["unit_admin"])
         if method not in SAFE_METHODS:
             header = headers.get("x-csrf-token") or ""
             cookie = jar.get(CSRF_COOKIE) or ""
@@ -283,7 +285,8 @@ class AdminAuth:
         if row is None:
             raise errors.Unauthorized()
         owner = row["owner_admin_id"]
-        units = scope.token_units(row["is_super"], row["business_units"], row["owner_is_super"], row["owner_units"])
+        units = scope.token_units(row["is_super"], row["business_units"], row["owner_is_super"], row["owner_units"],
+                                  row["owner_unit_admin"])
         return Bearer(f"token:{row['name']}", row["is_super"], None if owner is None else str(owner), str(row["id"]),
                       units)
 

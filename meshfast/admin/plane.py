@@ -202,7 +202,8 @@ class AdminPlane:
             raise errors.Unauthorized()
         return Actor(name=session.email, is_super=session.is_super, id=f"admin:{session.admin_id}",
                      owner_admin_id=session.admin_id,
-                     business_units=scope.session_units(session.is_super, list(session.units))), session
+                     business_units=scope.session_units(session.is_super, list(session.units),
+                                                                   session.unit_admin)), session
 
     async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
                      read_body: Callable[[int], Awaitable[bytes]], scheme: str = "http") -> Reply:

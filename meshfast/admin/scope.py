@@ -4,8 +4,9 @@ people, rules and models.
 Three roles (``GET /admin/me`` answers which):
 
 - ``platform``: an ``is_super`` admin or token. Never scoped; sees and changes everything.
-- ``business_unit``: an admin listed in ``business_unit_admins`` for one or more units (and not
-  ``is_super``), or an admin token whose ``business_units`` is set. :attr:`Actor.business_units`
+- ``business_unit``: an admin listed in ``business_unit_admins`` for one or more units, or ever
+  listed (``admins.unit_admin``; with no unit left it is scoped to none), and not ``is_super``; or
+  an admin token whose ``business_units`` is set. :attr:`Actor.business_units`
   holds the units; it is the one source of truth for scope (the approval queue reads it too).
 - ``admin``: anyone else, with the rights admins always had.
 
@@ -55,21 +56,27 @@ def role(actor: Actor) -> str:
     return BUSINESS_UNIT if actor.business_units is not None else ADMIN
 
 
-def session_units(is_super: bool, units: list[str] | None) -> frozenset[str] | None:
-    """A logged-in admin's scope: the units it administers, unless it is a platform admin."""
-    if is_super or not units:
+def session_units(is_super: bool, units: list[str] | None, unit_admin: bool = False) -> frozenset[str] | None:
+    """A logged-in admin's scope: the units it administers, unless it is a platform admin. A
+    business-unit administrator (``admins.unit_admin``, set when first listed for a unit) that
+    administers no unit now is scoped to none (refused everywhere but its own session's routes),
+    never unscoped."""
+    if is_super:
         return None
-    return frozenset(units)
+    if not units and not unit_admin:
+        return None
+    return frozenset(units or ())
 
 
 def token_units(is_super: bool, own: list[str] | None, owner_is_super: bool,
-                owner_units: list[str] | None) -> frozenset[str] | None:
+                owner_units: list[str] | None, owner_unit_admin: bool = False) -> frozenset[str] | None:
     """An admin token's scope: its own ``business_units`` when set, and never past its admin's
-    units while that admin administers some (a unit administrator's token minted before it became
-    one, or kept after it lost a unit, reaches no further than the admin now does)."""
+    units while that admin is a business-unit administrator (a unit administrator's token minted
+    before it became one, or kept after it lost a unit or all of them, reaches no further than the
+    admin now does)."""
     if is_super:
         return None
-    owner = None if owner_is_super or not owner_units else frozenset(owner_units)
+    owner = session_units(owner_is_super, owner_units, owner_unit_admin)
     if own is None:
         return owner
     return frozenset(own) if owner is None else frozenset(own) & owner

@@ -18,7 +18,9 @@ UPDATE business_units SET name = $2, timezone = $3, daily_cap_lock_usd = $4, ver
 WHERE id = $1
 """
 CLEAR_UNIT_ADMINS = "DELETE FROM business_unit_admins WHERE business_unit_id = $1"
+# Listed once, an admin is a business-unit administrator for good (migration 0031).
 ADD_UNIT_ADMINS = """
+WITH marked AS (UPDATE admins SET unit_admin = true WHERE id = ANY($2::uuid[]) AND NOT unit_admin)
 INSERT INTO business_unit_admins (business_unit_id, admin_id) SELECT $1, unnest($2::uuid[])
 """
 # Admin tokens scoped to a renamed unit follow the new name (units are named in their scope).
