@@ -403,9 +403,10 @@ class AdminAuth:
         return [_token(r) for r in rows]
 
     async def revoke_token(self, actor: str, actor_is_super: bool, token_id: str,
-                           may_revoke: Callable[[str, str | None], bool] | None = None) -> dict[str, Any]:
+                           may_revoke: Callable[[str, str | None, list[str] | None], bool] | None = None
+                           ) -> dict[str, Any]:
         """Revokes a token; a super admin's token only by a super admin, and only one that
-        ``may_revoke(token id, owner admin id)`` allows when given (403 else)."""
+        ``may_revoke(token id, owner admin id, its business units)`` allows when given (403 else)."""
         async with self._pool.acquire() as conn:
             async with conn.transaction():
                 try:
@@ -417,7 +418,7 @@ class AdminAuth:
                 if row["is_super"] and not actor_is_super:
                     raise errors.Forbidden()
                 owner = None if row["owner_admin_id"] is None else str(row["owner_admin_id"])
-                if may_revoke is not None and not may_revoke(str(row["id"]), owner):
+                if may_revoke is not None and not may_revoke(str(row["id"]), owner, row["business_units"]):
                     raise errors.Forbidden("not one of your tokens")
                 await conn.execute(admin_sql.REVOKE_TOKEN, token_id)
                 await _audit(conn, actor, "revoke_admin_token", row["name"], {})

@@ -176,8 +176,10 @@ class BusinessUnitService:
 
     async def update(self, actor: Actor, unit_id: str, body: BusinessUnitBody, if_match: str | None) -> dict[str, Any]:
         """The whole unit; ``If-Match``, when sent, must name the current version (stale: 409).
-        Admin tokens scoped to a renamed unit follow its new name; people's ``business_unit``
-        labels are theirs and are not rewritten."""
+        A rename carries the unit's name everywhere it stands for the unit, in the same
+        transaction: admin tokens' scopes, people's ``business_unit``, models' closed and open
+        lists and rules' ``population.business_units`` (their stored revisions, pending changes,
+        log rows and audit records keep the name they were made under)."""
         uid = parse_uuid(unit_id, errors.BusinessUnitNotFound)
 
         detail: dict[str, Any] = {} if body.admins is msgspec.UNSET else {"admins": sorted(body.admins)}
@@ -197,7 +199,10 @@ class BusinessUnitService:
                 await conn.execute(units_sql.CLEAR_UNIT_ADMINS, uid)
                 await conn.execute(units_sql.ADD_UNIT_ADMINS, uid, admins)
             if row["name"] != name:
-                await conn.execute(units_sql.RENAME_IN_TOKENS, row["name"], name)
+                # NOTE: log rows and audit records keep the name they were written under.
+                for statement in (units_sql.RENAME_IN_TOKENS, units_sql.RENAME_IN_USERS,
+                                  units_sql.RENAME_IN_RESTRICTIONS, units_sql.RENAME_IN_RULES):
+                    await conn.execute(statement, row["name"], name)
                 # The audit row (written after this work, in its transaction) names the old name.
                 detail["renamed_from"] = row["name"]
 

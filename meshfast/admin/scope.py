@@ -25,6 +25,7 @@ transaction), so a unit's administrators read their own units' records.
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 import re
 import uuid
 from collections.abc import Mapping
@@ -108,6 +109,14 @@ def units_filter(scope: frozenset[str] | None, requested: str | None) -> list[st
     return None if scope is None else sorted(scope)
 
 
+def hide_manager(actor: Actor, user: dict[str, Any], manager_unit: str | None) -> dict[str, Any]:
+    """A person as a scoped actor reads it: a manager outside its units keeps its id, not its
+    email."""
+    if actor.business_units is None or user.get("manager_id") is None or in_scope(actor, manager_unit):
+        return user
+    return {**user, "manager_email": None}
+
+
 def rule_units(rule: Any) -> frozenset[str] | None:
     """The business units a rule's entries name, when every entry names some (a rule that reaches
     only into those units); None when an entry names none (it reaches everyone) or the rule has
@@ -151,6 +160,8 @@ def begin() -> None:
     """A request starts: no unit yet (each request is its own task; this makes it explicit)."""
     _audit_unit.set(None)
     _held.set(None)
+    _cap_held.set(None)
+    _seen_version.set(None)
 
 
 def concerns(unit: str | None) -> None:
@@ -167,11 +178,28 @@ def audit_unit() -> str | None:
 # between the check and the write cannot let the write through.
 _held: contextvars.ContextVar[tuple[uuid.UUID, frozenset[str]] | None] = contextvars.ContextVar(
     "meshfast_scope_held", default=None)
+# The version of the rule or model a scoped actor's write was checked against: its ``If-Match: *``
+# means this version (:func:`pinned_if_match`), so a change between the check and the write's
+# transaction makes the write 409 rather than pass on a row the check did not see.
+_seen_version: contextvars.ContextVar[str | None] = contextvars.ContextVar("meshfast_scope_seen", default=None)
+# The cap a scoped actor's policy write sets and the unit whose lock it was checked against: the
+# write's transaction reads the lock again, held to the commit (:func:`recheck`).
+_cap_held: contextvars.ContextVar[tuple[str | None, Decimal] | None] = contextvars.ContextVar(
+    "meshfast_scope_cap_held", default=None)
 
 
 def _hold(actor: Actor, principal: uuid.UUID) -> None:
     if actor.business_units is not None:
         _held.set((principal, actor.business_units))
+
+
+def pinned_if_match(actor: Actor, if_match: str) -> str:
+    """``If-Match`` as a write compares it: a scoped actor's ``*`` is the version its scope check
+    read (none read: the write finds the row changed or gone)."""
+    if actor.business_units is None or if_match.strip() != "*":
+        return if_match
+    seen = _seen_version.get()
+    return str(seen) if seen is not None else '"0"'
 
 
 async def recheck(conn: asyncpg.Connection) -> None:
@@ -184,6 +212,12 @@ async def recheck(conn: asyncpg.Connection) -> None:
     row = await conn.fetchrow(units_sql.LOCK_PRINCIPAL_UNIT, principal)
     if row is not None and row["business_unit"] not in units:
         raise errors.Forbidden("the user is outside your business units")
+    capped = _cap_held.get()
+    if capped is not None:
+        unit, cap = capped
+        lock = await conn.fetchval(units_sql.LOCK_UNIT_LOCK, unit)
+        if lock is not None and cap > lock:
+            raise errors.AbovePlatformLock(f"the platform's lock on {unit} is ${lock} a day", lock_usd=float(lock))
 
 
 # --- the route table -------------------------------------------------------------------------
@@ -197,28 +231,32 @@ USER_READ, USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS = (
     "user_read", "user_write", "user_create", "user_update", "policy", "access")
 MODEL_UNITS, RULE_READ, RULE_WRITE, RULE_DRAFT, KEY_WRITE = (
     "model_units", "rule_read", "rule_write", "rule_draft", "key_write")
+USER_ROTATE, USER_EXPIRY, KEY_EXPIRY = "user_rotate", "user_expiry", "key_expiry"
 
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/admin/me"): OPEN,
     ("POST", "/admin/logout"): OPEN,
     ("POST", "/admin/change-password"): OPEN,
     ("POST", "/admin/session-token"): OPEN,
-    ("GET", "/admin/status"): OPEN,
     ("GET", "/admin/users"): FILTERED,
     ("POST", "/admin/users"): USER_CREATE,
     ("GET", "/admin/users/{id}"): USER_READ,
     ("PUT", "/admin/users/{id}"): USER_UPDATE,
     ("DELETE", "/admin/users/{id}"): USER_WRITE,
-    ("POST", "/admin/users/{id}/rotate-key"): USER_WRITE,
+    # A new key reactivates a revoked person: a scoped actor rotates an active person's only.
+    ("POST", "/admin/users/{id}/rotate-key"): USER_ROTATE,
     ("POST", "/admin/users/{id}/revoke"): USER_WRITE,
-    ("PUT", "/admin/users/{id}/expiry"): USER_WRITE,
-    ("PUT", "/admin/users/{id}/key/expiry"): USER_WRITE,
+    # A scoped actor may bring an expiry forward, never put it later or clear it.
+    ("PUT", "/admin/users/{id}/expiry"): USER_EXPIRY,
+    ("PUT", "/admin/users/{id}/key/expiry"): KEY_EXPIRY,
     ("POST", "/admin/users/{id}/keys"): USER_WRITE,
     ("POST", "/admin/keys/{id}/rotate"): KEY_WRITE,
     ("DELETE", "/admin/keys/{id}"): KEY_WRITE,
     ("GET", "/admin/users/{id}/keys"): USER_READ,
     ("GET", "/admin/users/{id}/policies"): USER_READ,
     ("PUT", "/admin/users/{id}/policies/{model}"): POLICY,
+    # NOTE: a grant relaxes access, within the unit's own people and under the unit's lock (a grant
+    # without a policy has the $20 default cap); platform controls (rules, closures) still apply.
     ("POST", "/admin/access"): ACCESS,
     ("DELETE", "/admin/access"): ACCESS,
     ("GET", "/admin/models"): OPEN,
@@ -252,7 +290,9 @@ ROUTES: dict[tuple[str, str], str] = {
 }
 PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/business-units/{id}")})
 # The checks that also name the audit record's unit, so they run for every actor.
-_AUDITED = frozenset({USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS, RULE_WRITE, KEY_WRITE})
+_AUDITED = frozenset({USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS, RULE_WRITE, KEY_WRITE, USER_ROTATE,
+                      USER_EXPIRY, KEY_EXPIRY})
+_USER_WRITES = frozenset({USER_WRITE, USER_UPDATE, POLICY, USER_ROTATE, USER_EXPIRY, KEY_EXPIRY})
 
 
 def template(pattern: str) -> str:
@@ -271,6 +311,16 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
 def _listed(value: list[Any] | None) -> list[str] | None:
     """A restriction's list compared as a set of strings (null stays null)."""
     return None if value is None else sorted({str(v).strip() for v in value})
+
+
+class _Cap(msgspec.Struct):
+    """The part of a policy body the lock check reads, decoded as the route decodes it."""
+
+    daily_cap_usd: Decimal = DEFAULT_DAILY_CAP_USD
+
+
+class _Expiry(msgspec.Struct):
+    expires_at: dt.datetime | None
 
 
 def _uuid(value: Any) -> uuid.UUID | None:
@@ -299,17 +349,21 @@ class Guard:
             raise errors.Forbidden("a business-unit administrator may not do this")
         if kind is None or (actor.business_units is None and kind not in _AUDITED):
             return
-        if kind in (USER_READ, USER_WRITE, USER_UPDATE, POLICY):
+        if kind == USER_READ or kind in _USER_WRITES:
             unit = await self._user(actor, params["id"], write=kind != USER_READ)
             if kind == USER_UPDATE:
-                await self._moved(actor, unit, body)
+                await self._moved(actor, unit, params["id"], body)
+                await self._manager(actor, body)
             elif kind == POLICY and actor.business_units is not None:
                 await self._cap(unit, params["id"], params["model"], body)
+            elif kind in (USER_ROTATE, USER_EXPIRY, KEY_EXPIRY) and actor.business_units is not None:
+                await self._standing(kind, params["id"], body)
         elif kind == USER_CREATE:
             fields = _json_object(body) or {}
             unit = fields.get("business_unit")
             unit = unit.strip() if isinstance(unit, str) else None
             require_unit(actor, unit)
+            await self._manager(actor, body)
             concerns(unit)
         elif kind == ACCESS:
             await self._access(actor, body)
@@ -319,6 +373,11 @@ class Guard:
             await self._rule(actor, method, kind, params.get("id"), body)
         elif kind == MODEL_UNITS:
             await self._model(actor, params["id"], body)
+
+    async def unit_of(self, principal_id: Any) -> str | None:
+        """A principal's business unit (None: none, or no such principal)."""
+        uid = _uuid(principal_id)
+        return None if uid is None else (await self._principal_unit(uid))[1]
 
     async def _principal_unit(self, principal_id: uuid.UUID) -> tuple[bool, str | None]:
         async with self._pool.acquire() as conn:
@@ -352,11 +411,15 @@ class Guard:
             return
         if not in_scope(actor, row["business_unit"]):
             raise errors.Forbidden("the key's owner is outside your business units")
+        if row["kind"] == "application" and actor.business_units is not None:
+            raise errors.Forbidden("a business-unit administrator manages people, not applications")
         concerns(row["business_unit"])
         _hold(actor, row["id"])
 
-    async def _moved(self, actor: Actor, unit: str | None, body: bytes) -> None:
-        """A person stays in the actor's units: a new ``business_unit`` must be one of them."""
+    async def _moved(self, actor: Actor, unit: str | None, user_id: str, body: bytes) -> None:
+        """A person stays in the actor's units: a new ``business_unit`` must be one of them, and
+        a scoped actor's move keeps the person's caps within the destination's lock (without one:
+        the $20 default), or moving between its own units would lift a cap past a lock."""
         fields = _json_object(body)
         if fields is None or "business_unit" not in fields:
             return
@@ -365,18 +428,76 @@ class Guard:
         require_unit(actor, new)
         if unit is None:
             concerns(new)
+        uid = _uuid(user_id)
+        if actor.business_units is None or new == unit or uid is None:
+            return
+        async with self._pool.acquire() as conn:
+            highest = await conn.fetchval(units_sql.HIGHEST_POLICY_CAP, uid)
+            lock = await conn.fetchval(units_sql.UNIT_LOCK, new)
+        limit = DEFAULT_DAILY_CAP_USD if lock is None else lock
+        if highest is not None and highest > limit:
+            raise errors.AbovePlatformLock(f"the person's cap of ${highest} a day is above the platform's lock on "
+                                           f"{new} (${limit} a day)", lock_usd=float(limit))
 
-    async def _cap(self, unit: str | None, user_id: str, model_id: str, body: bytes) -> None:
-        """A unit administrator's cap stays within the platform's lock on the unit."""
+    async def _manager(self, actor: Actor, body: bytes) -> None:
+        """A scoped actor's new manager (``manager_id`` or ``manager_email``) is a person in its
+        units: 403 otherwise, the same for a person who does not exist (no oracle)."""
+        if actor.business_units is None:
+            return
         fields = _json_object(body)
         if fields is None:
             return
+        refused = errors.Forbidden("the manager is outside your business units")
+        async with self._pool.acquire() as conn:
+            if fields.get("manager_id") is not None:
+                mid = _uuid(fields["manager_id"])
+                if mid is None:
+                    raise refused
+                row = await conn.fetchrow(units_sql.MANAGER_UNIT_BY_ID, mid)
+                if row is None or not in_scope(actor, row["business_unit"]):
+                    raise refused
+            if fields.get("manager_email") is not None:
+                email = fields["manager_email"]
+                if not isinstance(email, str):
+                    raise refused
+                row = await conn.fetchrow(units_sql.MANAGER_UNIT_BY_EMAIL, email.strip().lower())
+                if row is None or not in_scope(actor, row["business_unit"]):
+                    raise refused
+
+    async def _standing(self, kind: str, user_id: str, body: bytes) -> None:
+        """What a unit administrator may not undo at once (the approval queue does not reach it):
+        a revoked person stays revoked (a new key would reactivate it), and an expiry, the
+        person's or its key's, only comes sooner (later or cleared: 403)."""
+        uid = _uuid(user_id)
+        if uid is None:
+            return
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(units_sql.USER_STANDING, uid)
+        if row is None:
+            return  # the handler's 404
+        if kind == USER_ROTATE:
+            if row["status"] != "active":
+                raise errors.Forbidden("a business-unit administrator may not reactivate a revoked user")
+            return
         try:
-            cap = Decimal(str(fields.get("daily_cap_usd", DEFAULT_DAILY_CAP_USD)))
-        except ArithmeticError:
+            wanted = msgspec.json.decode(body, type=_Expiry)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return  # the handler answers 400
+        current = row["expires_at"] if kind == USER_EXPIRY else row["key_expires_at"]
+        if wanted.expires_at is None or (current is not None and wanted.expires_at > current):
+            raise errors.Forbidden("a business-unit administrator may only bring an expiry forward")
+
+    async def _cap(self, unit: str | None, user_id: str, model_id: str, body: bytes) -> None:
+        """A unit administrator's cap stays within the platform's lock on the unit (read as the
+        handler reads it, a Decimal: a float would round 50.0000000001 down to the lock); the
+        write's transaction reads the lock again (:func:`recheck`)."""
+        try:
+            cap = msgspec.json.decode(body, type=_Cap).daily_cap_usd
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return  # the handler answers 400
         if not cap.is_finite():
             return
+        _cap_held.set((unit, cap))
         uid, mid = _uuid(user_id), _uuid(model_id)
         async with self._pool.acquire() as conn:
             lock = await conn.fetchval(units_sql.UNIT_LOCK, unit)
@@ -414,6 +535,8 @@ class Guard:
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(rules_sql.GET_RULE, rule_id)
             stored = None if row is None else rule_admin.stored_body(row["body"])
+            if row is not None:
+                _seen_version.set(str(row["version"]))
         if kind == RULE_READ:
             if stored is not None and not rule_in_scope(actor, stored):
                 raise errors.RuleNotFound()
@@ -436,7 +559,9 @@ class Guard:
         fields = _json_object(body)
         if fields is None or set(fields) != {"restrictions"} or not isinstance(fields["restrictions"], dict):
             raise refused
-        current = (await self._service.get_model(model_id)).get("restrictions") or {}
+        model = await self._service.get_model(model_id)
+        _seen_version.set(str(model.get("version")))
+        current = model.get("restrictions") or {}
         wanted = fields["restrictions"]
         for field in (*rules.RESTRICTION_PEOPLE, *rules.RESTRICTION_UNITS):
             if field == "business_units_closed":

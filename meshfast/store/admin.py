@@ -71,7 +71,7 @@ FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
 WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.owner_admin_id IS NULL OR a.status = 'active')
 """
 TOKEN_FOR_REVOKE = """
-SELECT id, name, is_super, owner_admin_id FROM admin_tokens
+SELECT id, name, is_super, owner_admin_id, business_units FROM admin_tokens
 WHERE id = $1::uuid AND revoked_at IS NULL FOR UPDATE
 """
 REVOKE_TOKEN = "UPDATE admin_tokens SET revoked_at = now() WHERE id = $1::uuid"
