@@ -204,14 +204,14 @@ def pinned_if_match(actor: Actor, if_match: str) -> str:
 
 async def recheck(conn: asyncpg.Connection) -> None:
     """In a write's transaction, after its work: the principal a scoped actor's write concerns is
-    still in its units, and stays there until the commit (403 else, and the write rolls back)."""
+    still in its units, and stays there until the commit (403 else, and the write rolls back); a
+    cap it sets is still within its unit's lock, held to the commit (403 above_platform_lock)."""
     held = _held.get()
-    if held is None:
-        return
-    principal, units = held
-    row = await conn.fetchrow(units_sql.LOCK_PRINCIPAL_UNIT, principal)
-    if row is not None and row["business_unit"] not in units:
-        raise errors.Forbidden("the user is outside your business units")
+    if held is not None:
+        principal, units = held
+        row = await conn.fetchrow(units_sql.LOCK_PRINCIPAL_UNIT, principal)
+        if row is not None and row["business_unit"] not in units:
+            raise errors.Forbidden("the user is outside your business units")
     capped = _cap_held.get()
     if capped is not None:
         unit, cap = capped
