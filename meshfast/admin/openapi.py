@@ -210,7 +210,8 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/notifications/deliveries", "Notification deliveries (the outbox), newest first: {deliveries: "
      "[{delivery_id, rule_id, entry, user_id, action, channel, window, window_start, threshold_usd, spend_usd, "
      "status, attempts, last_error, next_attempt_at, created_at, delivered_at}], total, page, page_size}", None, 200),
-    ("GET", "/admin/status", "This worker's view of the instance (not for a business-unit administrator: 403), with instance: {id, mode (lone: holds every "
+    ("GET", "/admin/status", "This worker's view of the instance (not for a business-unit administrator: 403), "
+     "with instance: {id, mode (lone: holds every "
      "cap whole; cluster: caps and provider limits leased), lease_grants} and instances: [{id, host, port, "
      "started_at, last_seen, workers, alive (a heartbeat within 10 s), mode}], every instance on this database "
      "(null when the database does not answer)", None, 200),
