@@ -483,6 +483,8 @@ class Guard:
             wanted = msgspec.json.decode(body, type=_Expiry)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return  # the handler answers 400
+        if wanted.expires_at is not None and wanted.expires_at.tzinfo is None:
+            return  # the handler answers 400 (an RFC 3339 moment carries its offset)
         current = row["expires_at"] if kind == USER_EXPIRY else row["key_expires_at"]
         if wanted.expires_at is None or (current is not None and wanted.expires_at > current):
             raise errors.Forbidden("a business-unit administrator may only bring an expiry forward")
