@@ -288,6 +288,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/admin/changes/{id}/approve"): OPEN,
     ("POST", "/admin/changes/{id}/reject"): OPEN,
 }
+# All a business-unit administrator with no unit left may call: its own session.
+UNITLESS = frozenset({("GET", "/admin/me"), ("POST", "/admin/logout"), ("POST", "/admin/change-password")})
 PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/business-units/{id}")})
 # The checks that also name the audit record's unit, so they run for every actor.
 _AUDITED = frozenset({USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS, RULE_WRITE, KEY_WRITE, USER_ROTATE,
@@ -347,6 +349,8 @@ class Guard:
         kind = ROUTES.get(key)
         if actor.business_units is not None and kind is None:
             raise errors.Forbidden("a business-unit administrator may not do this")
+        if actor.business_units == frozenset() and key not in UNITLESS:
+            raise errors.Forbidden("you administer no business unit")
         if kind is None or (actor.business_units is None and kind not in _AUDITED):
             return
         if kind == USER_READ or kind in _USER_WRITES:
