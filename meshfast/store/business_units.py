@@ -29,10 +29,12 @@ UPDATE admin_tokens SET business_units = array_replace(business_units, $1, $2) W
 """
 
 # A renamed unit's people ($1 the old name, $2 the new) keep their unit: their labels follow it.
-RENAME_IN_USERS = "UPDATE users SET business_unit = $2 WHERE business_unit = $1"
+RENAME_IN_USERS = """
+UPDATE users SET business_unit = $2, version = version + 1, updated_at = now() WHERE business_unit = $1
+"""
 # Models closed or opened for the renamed unit stay so.
 RENAME_IN_RESTRICTIONS = """
-UPDATE models SET restrictions = restrictions || (
+UPDATE models SET version = version + 1, restrictions = restrictions || (
     SELECT coalesce(jsonb_object_agg(field, (
         SELECT jsonb_agg(CASE WHEN u = to_jsonb($1::text) THEN to_jsonb($2::text) ELSE u END ORDER BY n)
         FROM jsonb_array_elements(restrictions -> field) WITH ORDINALITY AS listed (u, n))), '{}'::jsonb)
@@ -43,7 +45,7 @@ WHERE restrictions -> 'business_units_closed' ? $1 OR restrictions -> 'business_
 """
 # Rules whose entries name the renamed unit in population.business_units keep reaching it.
 RENAME_IN_RULES = """
-UPDATE rules SET body = jsonb_set(body, '{entries}', (
+UPDATE rules SET version = version + 1, updated_at = now(), body = jsonb_set(body, '{entries}', (
     SELECT jsonb_agg(CASE WHEN jsonb_typeof(e -> 'population' -> 'business_units') = 'array'
                                AND e -> 'population' -> 'business_units' ? $1
         THEN jsonb_set(e, '{population,business_units}', (
