@@ -837,3 +837,34 @@ def test_a_renamed_unit_keeps_its_people_closures_and_rules(gateway: Gateway, or
     assert restrictions["business_units_closed"] == [new, "elsewhere"]
     stored = gateway.admin("GET", f"/admin/rules/{rule.json()['id']}").json()
     assert stored["entries"][0]["population"]["business_units"] == [new, "elsewhere"]
+
+
+def test_a_rotation_or_expiry_is_checked_again_in_the_write_transaction(gateway: Gateway, org: Json) -> None:
+    """What the scope check let through is checked again before the write, under the person's row
+    lock: revoked or given a sooner expiry in between, the write is refused (403)."""
+    person = _user(gateway, org["x"])
+    pid = uuid.UUID(person["id"])
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(days=3)
+
+    async def go() -> None:
+        conn = await asyncpg.connect(gateway.database_url)
+        try:
+            scope.begin()
+            scope._standing_held.set((scope.USER_ROTATE, pid, None))
+            async with conn.transaction():
+                await scope.precheck(conn)
+            await conn.execute("UPDATE users SET status = 'revoked', expires_at = $2 WHERE id = $1", pid, soon)
+            with pytest.raises(errors.Forbidden):
+                async with conn.transaction():
+                    await scope.precheck(conn)
+            scope._standing_held.set((scope.USER_EXPIRY, pid, soon + dt.timedelta(days=1)))
+            with pytest.raises(errors.Forbidden):
+                async with conn.transaction():
+                    await scope.precheck(conn)
+            scope._standing_held.set((scope.USER_EXPIRY, pid, soon - dt.timedelta(days=1)))
+            async with conn.transaction():
+                await scope.precheck(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())

@@ -162,6 +162,7 @@ def begin() -> None:
     _held.set(None)
     _cap_held.set(None)
     _seen_version.set(None)
+    _standing_held.set(None)
 
 
 def concerns(unit: str | None) -> None:
@@ -182,6 +183,11 @@ _held: contextvars.ContextVar[tuple[uuid.UUID, frozenset[str]] | None] = context
 # means this version (:func:`pinned_if_match`), so a change between the check and the write's
 # transaction makes the write 409 rather than pass on a row the check did not see.
 _seen_version: contextvars.ContextVar[str | None] = contextvars.ContextVar("meshfast_scope_seen", default=None)
+# A scoped actor's write that may not reactivate a person or put an expiry later: what it asks
+# (the route's kind, the person, the expiry), checked again in the write's transaction before its
+# work, under the person's row lock (:func:`precheck`).
+_standing_held: contextvars.ContextVar[tuple[str, uuid.UUID, dt.datetime | None] | None] = contextvars.ContextVar(
+    "meshfast_scope_standing", default=None)
 # The cap a scoped actor's policy write sets and the unit whose lock it was checked against: the
 # write's transaction reads the lock again, held to the commit (:func:`recheck`).
 _cap_held: contextvars.ContextVar[tuple[str | None, Decimal] | None] = contextvars.ContextVar(
@@ -200,6 +206,30 @@ def pinned_if_match(actor: Actor, if_match: str) -> str:
         return if_match
     seen = _seen_version.get()
     return str(seen) if seen is not None else '"0"'
+
+
+async def precheck(conn: asyncpg.Connection) -> None:
+    """In a write's transaction, before its work: a scoped actor's key rotation or expiry is
+    checked again against the person as it is now, locked to the commit (403 else)."""
+    held = _standing_held.get()
+    if held is None:
+        return
+    kind, principal, wanted = held
+    row = await conn.fetchrow(units_sql.LOCK_USER_STANDING, principal)
+    if row is not None:
+        _refuse_standing(kind, row, wanted)
+
+
+def _refuse_standing(kind: str, row: Mapping[str, Any], wanted: dt.datetime | None) -> None:
+    """403 for what a unit administrator may not undo at once: reactivating a revoked person (a
+    new key does), or an expiry, the person's or its key's, put later or cleared."""
+    if kind == USER_ROTATE:
+        if row["status"] != "active":
+            raise errors.Forbidden("a business-unit administrator may not reactivate a revoked user")
+        return
+    current = row["expires_at"] if kind == USER_EXPIRY else row["key_expires_at"]
+    if wanted is None or (current is not None and wanted > current):
+        raise errors.Forbidden("a business-unit administrator may only bring an expiry forward")
 
 
 async def recheck(conn: asyncpg.Connection) -> None:
@@ -479,19 +509,16 @@ class Guard:
             row = await conn.fetchrow(units_sql.USER_STANDING, uid)
         if row is None:
             return  # the handler's 404
-        if kind == USER_ROTATE:
-            if row["status"] != "active":
-                raise errors.Forbidden("a business-unit administrator may not reactivate a revoked user")
-            return
-        try:
-            wanted = msgspec.json.decode(body, type=_Expiry)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            return  # the handler answers 400
-        if wanted.expires_at is not None and wanted.expires_at.tzinfo is None:
-            return  # the handler answers 400 (an RFC 3339 moment carries its offset)
-        current = row["expires_at"] if kind == USER_EXPIRY else row["key_expires_at"]
-        if wanted.expires_at is None or (current is not None and wanted.expires_at > current):
-            raise errors.Forbidden("a business-unit administrator may only bring an expiry forward")
+        moment: dt.datetime | None = None
+        if kind != USER_ROTATE:
+            try:
+                moment = msgspec.json.decode(body, type=_Expiry).expires_at
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                return  # the handler answers 400
+            if moment is not None and moment.tzinfo is None:
+                return  # the handler answers 400 (an RFC 3339 moment carries its offset)
+        _refuse_standing(kind, row, moment)
+        _standing_held.set((kind, uid, moment))
 
     async def _cap(self, unit: str | None, user_id: str, model_id: str, body: bytes) -> None:
         """A unit administrator's cap stays within the platform's lock on the unit (read as the

@@ -89,6 +89,8 @@ SELECT u.status, u.expires_at,
         AND k.replaced_by IS NULL ORDER BY k.created_at DESC LIMIT 1) AS key_expires_at
 FROM users u WHERE u.id = $1 AND u.kind = 'user'
 """
+# The same in a write's transaction, before its work, held to its commit.
+LOCK_USER_STANDING = USER_STANDING.rstrip() + " FOR NO KEY UPDATE OF u\n"
 # A would-be manager's business unit, by id ($1) or by email ($2); no row: no such person.
 MANAGER_UNIT_BY_ID = "SELECT business_unit FROM users WHERE id = $1 AND kind = 'user'"
 MANAGER_UNIT_BY_EMAIL = "SELECT business_unit FROM users WHERE email = $1 AND kind = 'user'"
