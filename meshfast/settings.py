@@ -76,8 +76,11 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_OIDC_CLIENT_SECRET", "meshfast's client secret at the OIDC issuer (client_secret_basic; required)"),
     ("MESHFAST_OIDC_ROLE_CLAIM", "the ID token claim holding the admin's roles, a list or one string "
                                  "(default groups)"),
-    ("MESHFAST_OIDC_REDIRECT_URL", "the callback URL as the browser sees it (default: from the request's Host "
-                                   "and scheme + /admin/oidc/callback); set it behind a proxy"),
+    ("MESHFAST_OIDC_REDIRECT_URL", "the callback URL as the browser sees it; required unless the issuer is on a "
+                                   "loopback address (then, unset: from a loopback request's Host and scheme + "
+                                   "/admin/oidc/callback)"),
+    ("MESHFAST_OIDC_REQUIRE_VERIFIED_EMAIL", "1: an ID token's email names an admin only with email_verified true; "
+                                             "0: unless email_verified is false (default 1)"),
     ("MESHFAST_OIDC_PLATFORM_ROLE", "the role claim value of a platform administrator (default "
                                     "meshfast-platform-admin)"),
     ("MESHFAST_OIDC_BU_ROLE_PREFIX", "the prefix of a business-unit administrator's role claim value, followed by "
@@ -191,6 +194,8 @@ class OidcSettings:
     redirect_url: str | None = None
     platform_role: str = "meshfast-platform-admin"
     bu_role_prefix: str = "meshfast-bu-admin:"
+    # An ID token's email binds it to an admin only when ``email_verified`` is true.
+    require_verified_email: bool = True
 
     @property
     def local(self) -> bool:
@@ -253,8 +258,23 @@ def _oidc_env() -> OidcSettings | None:
     prefix = env("MESHFAST_OIDC_BU_ROLE_PREFIX") or "meshfast-bu-admin:"
     if platform_role.startswith(prefix):
         raise SystemExit("meshfast: MESHFAST_OIDC_PLATFORM_ROLE may not start with MESHFAST_OIDC_BU_ROLE_PREFIX")
+    verified = env("MESHFAST_OIDC_REQUIRE_VERIFIED_EMAIL") or "1"
+    if verified not in ("0", "1"):
+        raise SystemExit("meshfast: MESHFAST_OIDC_REQUIRE_VERIFIED_EMAIL must be 0 or 1")
     return OidcSettings(issuer=issuer, client_id=client_id, client_secret=secret, role_claim=role_claim,
-                        redirect_url=redirect, platform_role=platform_role, bu_role_prefix=prefix)
+                        redirect_url=redirect, platform_role=platform_role, bu_role_prefix=prefix,
+                        require_verified_email=verified == "1")
+
+
+def oidc_for_serving(settings: OidcSettings | None) -> OidcSettings | None:
+    """The OIDC settings a gateway starts with: an issuer off the loopback needs
+    MESHFAST_OIDC_REDIRECT_URL, so no request's Host header can choose where the issuer sends
+    the code."""
+    if settings is not None and settings.redirect_url is None and not settings.local:
+        raise SystemExit("meshfast: MESHFAST_OIDC_REDIRECT_URL is required with an issuer that is not on a loopback "
+                         "address (the callback URL as the browser sees it, e.g. "
+                         "https://gateway.example.com/admin/oidc/callback)")
+    return settings
 
 
 def _default_loop() -> str:
@@ -353,7 +373,7 @@ class Settings:
             dlp_model_url=_url_env("MESHFAST_DLP_MODEL_URL"),
             dlp_model_timeout_s=_bounded_int_env("MESHFAST_DLP_MODEL_TIMEOUT_MS", 500, 10, 10_000) / 1000,
             dlp_model_max_bytes=_bounded_int_env("MESHFAST_DLP_MODEL_MAX_KB", 1024, 1, 65_536) * 1024,
-            oidc=_oidc_env(),
+            oidc=oidc_for_serving(_oidc_env()),
         )
 
     @property

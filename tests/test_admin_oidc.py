@@ -449,12 +449,14 @@ def test_a_rotated_key_is_fetched_when_its_kid_is_unknown(oidc_gateway: Gateway,
 
 
 def test_pending_logins_are_capped_and_expired_ones_swept(oidc_gateway: Gateway, issuer: LocalIssuer) -> None:
-    """An unauthenticated route cannot fill the database: past 10,000 pending logins a new one is
-    429 too_many_attempts; expired ones do not count and go at the next login."""
-    fill = ("INSERT INTO admin_oidc_attempts (state_hash, nonce, redirect_uri, expires_at) "
-            "SELECT $1 || i, 'n', 'r', now() + $2::text::interval FROM generate_series(1, 10000) AS i")
+    """An unauthenticated route cannot fill the database: past 100 pending logins from one address
+    a new one from it is 429 too_many_attempts; past 10,000 in all the oldest go, so other sources
+    filling the table lock nobody out; expired ones do not count and go at the next login."""
+    fill = ("INSERT INTO admin_oidc_attempts (state_hash, nonce, redirect_uri, expires_at, source, created_at) "
+            "SELECT $1 || i, 'n', 'r', now() + $2::text::interval, $3, now() - interval '1 minute' "
+            "FROM generate_series(1, $4::int) AS i")
     mark = f"cap-{secrets.token_hex(4)}-"
-    _query(oidc_gateway, fill, mark, "10 minutes")
+    _query(oidc_gateway, fill, mark, "10 minutes", "127.0.0.1", 100)
     try:
         with httpx.Client(base_url=oidc_gateway.base_url, timeout=10) as client:
             for _ in range(20):
@@ -465,11 +467,79 @@ def test_pending_logins_are_capped_and_expired_ones_swept(oidc_gateway: Gateway,
             assert full.status_code == 429 and full.headers["retry-after"] == "60"
     finally:
         _query(oidc_gateway, "DELETE FROM admin_oidc_attempts WHERE state_hash LIKE $1 || '%'", mark)
-    _query(oidc_gateway, fill, mark, "-1 second")
+    # Another source (or many) at the global cap: this address still logs in; the oldest go.
+    _query(oidc_gateway, fill, mark, "10 minutes", "203.0.113.7", 10_000)
+    try:
+        client, done = _login(oidc_gateway, issuer, _email(), [PLATFORM])
+        client.close()
+        assert done.status_code == 302, done.text
+        left = _query(oidc_gateway, "SELECT count(*) AS n FROM admin_oidc_attempts")[0]["n"]
+        assert left <= 10_000
+    finally:
+        _query(oidc_gateway, "DELETE FROM admin_oidc_attempts WHERE state_hash LIKE $1 || '%'", mark)
+    _query(oidc_gateway, fill, mark, "-1 second", "127.0.0.1", 100)
     client, done = _login(oidc_gateway, issuer, _email(), [PLATFORM])
     client.close()
     assert done.status_code == 302, done.text
     assert _query(oidc_gateway, "SELECT 1 FROM admin_oidc_attempts WHERE state_hash LIKE $1 || '%'", mark) == []
+
+
+def test_an_unverified_or_unstated_email_is_refused(oidc_gateway: Gateway, issuer: LocalIssuer) -> None:
+    """By default an ID token names an admin only with ``email_verified`` true: missing or false
+    is 401 invalid_id_token, and no admin is made."""
+    email = _email()
+    for verified in (None, False, "false"):
+        client, done = _login(oidc_gateway, issuer, email, [PLATFORM], claims={"email_verified": verified})
+        client.close()
+        _refused(done, 401, "invalid_id_token")
+    assert _query(oidc_gateway, "SELECT 1 FROM admins WHERE email = $1", email) == []
+
+
+def test_an_admin_is_bound_to_its_first_subject(oidc_gateway: Gateway, issuer: LocalIssuer) -> None:
+    """The first OIDC login binds the admin to the issuer's ``sub``: a later login for the same
+    email with another subject is 401 invalid_id_token."""
+    email = _email()
+    client, done = _login(oidc_gateway, issuer, email, [PLATFORM])
+    client.close()
+    assert done.status_code == 302, done.text
+    (admin,) = _query(oidc_gateway, "SELECT oidc_issuer, oidc_subject FROM admins WHERE email = $1", email)
+    assert admin == {"oidc_issuer": issuer.url, "oidc_subject": "sub-" + email}
+    client, done = _login(oidc_gateway, issuer, email, [PLATFORM], claims={"sub": "someone-else"})
+    client.close()
+    _refused(done, 401, "invalid_id_token")
+    client, done = _login(oidc_gateway, issuer, email, [PLATFORM])
+    client.close()
+    assert done.status_code == 302
+
+
+def test_a_demotion_ends_sessions_and_platform_tokens(oidc_gateway: Gateway, issuer: LocalIssuer) -> None:
+    """A login that takes the platform role away ends the admin's sessions and revokes its platform
+    tokens; one that finds no role for an admin the issuer made leaves it no rights at all."""
+    payments = f"payments-{secrets.token_hex(3)}"
+    _query(oidc_gateway, "INSERT INTO business_units (name) VALUES ($1)", payments)
+    email = _email()
+    old, done = _login(oidc_gateway, issuer, email, [PLATFORM])
+    with contextlib.closing(old):
+        csrf = old.cookies.get("mesh_csrf") or ""
+        made = old.post("/admin/tokens", json={"name": f"su-{secrets.token_hex(3)}", "is_super": True},
+                        headers={"x-csrf-token": csrf})
+        assert made.status_code == 201, made.text
+        token = {"authorization": f"Bearer {made.json()['token']}"}
+        client, done = _login(oidc_gateway, issuer, email, [BU + payments])
+        client.close()
+        assert done.status_code == 302
+        assert old.get("/admin/me").status_code == 401, "the platform session ended"
+        assert httpx.get(f"{oidc_gateway.base_url}/admin/me", headers=token).status_code == 401
+
+        kept, done = _login(oidc_gateway, issuer, email, [BU + payments])
+        with contextlib.closing(kept):
+            assert kept.get("/admin/me").json()["business_units"] == [payments]
+            client, done = _login(oidc_gateway, issuer, email, ["staff"])
+            client.close()
+            _refused(done, 403, "no_role")
+            assert kept.get("/admin/me").status_code == 401
+    (admin,) = _query(oidc_gateway, "SELECT is_super, unit_admin FROM admins WHERE email = $1", email)
+    assert admin == {"is_super": False, "unit_admin": True} and _units(oidc_gateway, email) == set()
 
 
 def test_unconfigured_oidc_routes_answer_404(gateway: Gateway) -> None:
@@ -500,6 +570,33 @@ def test_issuer_settings_are_checked_at_start(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("MESHFAST_OIDC_CLIENT_SECRET")
     with pytest.raises(SystemExit):
         _oidc_env()
+
+
+def test_a_redirect_url_is_required_off_the_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An issuer off the loopback starts only with MESHFAST_OIDC_REDIRECT_URL; a loopback issuer
+    without it derives the callback from a loopback Host only (no Host steers the code away)."""
+    from meshfast import errors
+    from meshfast.admin import oidc
+    from meshfast.settings import _oidc_env, oidc_for_serving
+
+    monkeypatch.setenv("MESHFAST_OIDC_CLIENT_ID", "c")
+    monkeypatch.setenv("MESHFAST_OIDC_CLIENT_SECRET", "s")
+    monkeypatch.setenv("MESHFAST_OIDC_ISSUER", "https://idp.example.com")
+    with pytest.raises(SystemExit, match="MESHFAST_OIDC_REDIRECT_URL is required"):
+        oidc_for_serving(_oidc_env())
+    monkeypatch.setenv("MESHFAST_OIDC_REDIRECT_URL", "https://gw.example.com/admin/oidc/callback")
+    assert oidc_for_serving(_oidc_env()) is not None
+    monkeypatch.delenv("MESHFAST_OIDC_REDIRECT_URL")
+    monkeypatch.setenv("MESHFAST_OIDC_ISSUER", "http://127.0.0.1:9999")
+    local = oidc_for_serving(_oidc_env())
+    assert local is not None and local.require_verified_email
+    login = oidc.OidcLogin(None, local, lambda text: "h", None, False)  # type: ignore[arg-type]
+    assert login.redirect_uri("127.0.0.1:8080", "http") == "http://127.0.0.1:8080/admin/oidc/callback"
+    with pytest.raises(errors.InvalidRequest):
+        login.redirect_uri("evil.example", "http")
+    monkeypatch.setenv("MESHFAST_OIDC_REQUIRE_VERIFIED_EMAIL", "0")
+    lax = _oidc_env()
+    assert lax is not None and not lax.require_verified_email
 
 
 def test_no_secret_reaches_the_log_or_the_audit(oidc_gateway: Gateway, issuer: LocalIssuer) -> None:

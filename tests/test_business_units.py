@@ -502,7 +502,8 @@ def test_a_plain_admin_keeps_its_rights_and_a_platform_admin_sees_everything(gat
 
 def test_an_admin_becomes_a_unit_administrator_from_its_next_request(gateway: Gateway) -> None:
     """Scope is read with the session on every request: added to a unit, an admin is scoped at
-    once; removed, it is a plain admin again."""
+    once; removed from its last unit, it stays a unit administrator scoped to none (never a plain
+    admin with an admin's full rights)."""
     admin = _new_admin(gateway)
     caller = _login(gateway, admin["email"])
     with contextlib.closing(caller.client):  # type: ignore[arg-type]
@@ -513,7 +514,65 @@ def test_an_admin_becomes_a_unit_administrator_from_its_next_request(gateway: Ga
         r = gateway.admin("PUT", f"/admin/business-units/{unit['id']}",
                           {"name": unit["name"], "timezone": "UTC", "admins": []})
         assert r.status_code == 200
-        assert caller("GET", "/admin/providers").status_code == 200
+        assert caller("GET", "/admin/providers").status_code == 403
+
+
+def test_a_unit_administrator_without_units_is_scoped_to_none(gateway: Gateway) -> None:
+    """Losing its last unit leaves a unit administrator, logged in or through its token, scoped to
+    nothing: refused everywhere but its own session's routes, its users list empty."""
+    admin = _new_admin(gateway)
+    unit = _unit(gateway, [admin["id"]])
+    caller = _login(gateway, admin["email"])
+    with contextlib.closing(caller.client):  # type: ignore[arg-type]
+        made = caller("POST", "/admin/tokens", {"name": f"bu-{_tag()}"})
+        assert made.status_code == 201, made.text
+        token = Caller(gateway, token=made.json()["token"])
+        r = gateway.admin("PUT", f"/admin/business-units/{unit['id']}",
+                          {"name": unit["name"], "timezone": "UTC", "admins": []})
+        assert r.status_code == 200 and r.json()["admins"] == []
+        for who in (caller, token):
+            me = who("GET", "/admin/me")
+            assert me.status_code == 200 and me.json()["business_units"] == [], me.text
+            assert who("GET", "/admin/providers").status_code == 403
+            for method, path in (("GET", "/admin/users"), ("GET", "/admin/models"), ("GET", "/admin/tokens"),
+                                 ("POST", "/admin/session-token"), ("GET", "/admin/status")):
+                r = who(method, path)
+                assert (r.status_code, r.json()["error"]) == (403, "forbidden"), (method, path)
+            assert who("POST", "/admin/users", {"email": f"u-{_tag()}@example.com"}).status_code == 403
+        assert caller("POST", "/admin/logout").status_code == 200
+
+
+def test_a_unit_put_without_admins_keeps_them(gateway: Gateway) -> None:
+    """A PUT of a unit that leaves ``admins`` out keeps its administrators (a rename or a new time
+    zone does not clear them)."""
+    admin = _new_admin(gateway)
+    unit = _unit(gateway, [admin["id"]])
+    r = gateway.admin("PUT", f"/admin/business-units/{unit['id']}", {"name": unit["name"], "timezone": "UTC"})
+    assert r.status_code == 200, r.text
+    assert r.json()["admins"] == [admin["id"]] and r.json()["timezone"] == "UTC"
+
+
+def test_a_demoted_admins_platform_token_loses_platform_rights(gateway: Gateway) -> None:
+    """A token's platform rights are its own and its admin's: once the admin is not a platform
+    administrator, its platform token is not either."""
+    admin = _new_admin(gateway, is_super=True)
+    caller = _login(gateway, admin["email"])
+    with contextlib.closing(caller.client):  # type: ignore[arg-type]
+        made = caller("POST", "/admin/tokens", {"name": f"su-{_tag()}", "is_super": True})
+        assert made.status_code == 201 and made.json()["is_super"], made.text
+    token = Caller(gateway, token=made.json()["token"])
+    assert token("GET", "/admin/me").json()["is_super_admin"] is True
+
+    async def demote() -> None:
+        conn = await asyncpg.connect(gateway.database_url)
+        try:
+            await conn.execute("UPDATE admins SET is_super = false WHERE id = $1::uuid", admin["id"])
+        finally:
+            await conn.close()
+
+    asyncio.run(demote())
+    assert token("GET", "/admin/me").json()["is_super_admin"] is False
+    assert token("POST", "/admin/business-units", {"name": f"u-{_tag()}", "timezone": "UTC"}).status_code == 403
 
 
 def test_a_scoped_write_rechecks_its_person_in_the_write_transaction(gateway: Gateway, org: Json) -> None:
@@ -579,3 +638,233 @@ def test_a_registry_file_creates_and_sets_units_with_admins_by_email(gateway: Ga
     for problem in ("Mars/Olympus", "nobody@example.com", "platform administrator"):
         assert problem in bad.stderr + bad.stdout, (problem, bad.stderr)
     assert gateway.admin("GET", f"/admin/business-units/{unit['id']}").json()["version"] == 2
+
+
+# --- what a unit administrator may not undo or reach -------------------------------------------
+
+
+def test_a_unit_administrator_neither_reactivates_nor_extends(gateway: Gateway, org: Json, bu: Caller) -> None:
+    """A new key would reactivate a revoked person: refused (403); an expiry, the person's or its
+    key's, may only come sooner: later or cleared is 403 forbidden."""
+    person = _user(gateway, org["x"])
+    pid = person["id"]
+    soon = (dt.datetime.now(dt.UTC) + dt.timedelta(days=10)).isoformat()
+    sooner = (dt.datetime.now(dt.UTC) + dt.timedelta(days=5)).isoformat()
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(days=20)).isoformat()
+    for path in ("expiry", "key/expiry"):
+        assert gateway.admin("PUT", f"/admin/users/{pid}/{path}", {"expires_at": soon}).status_code == 200
+        for refused in (later, None):
+            r = bu("PUT", f"/admin/users/{pid}/{path}", {"expires_at": refused})
+            assert (r.status_code, r.json()["error"]) == (403, "forbidden"), (path, refused, r.text)
+        assert bu("PUT", f"/admin/users/{pid}/{path}", {"expires_at": sooner}).status_code == 200, path
+    assert gateway.admin("POST", f"/admin/users/{pid}/revoke").status_code == 200
+    r = bu("POST", f"/admin/users/{pid}/rotate-key")
+    assert (r.status_code, r.json()["error"]) == (403, "forbidden")
+    assert gateway.admin("GET", f"/admin/users/{pid}").json()["status"] == "revoked"
+
+
+def test_a_unit_administrator_leaves_application_keys_alone(gateway: Gateway, org: Json, bu: Caller) -> None:
+    """An application's keys are rotated and revoked by other admins only, even in the unit."""
+    app = gateway.admin("POST", "/admin/applications", {"name": f"app {_tag()}", "owner_id": org["people"]["x1"]["id"],
+                                                        "business_unit": org["x"]})
+    assert app.status_code == 201, app.text
+    key = gateway.admin("POST", f"/admin/applications/{app.json()['id']}/keys", {"name": f"k-{_tag()}"})
+    assert key.status_code == 201, key.text
+    kid = key.json()["id"]
+    for method, body in (("POST", {}), ("DELETE", None)):
+        path = f"/admin/keys/{kid}/rotate" if method == "POST" else f"/admin/keys/{kid}"
+        r = bu(method, path, body)
+        assert (r.status_code, r.json()["error"]) == (403, "forbidden"), path
+    assert gateway.admin("DELETE", f"/admin/keys/{kid}").status_code == 200
+
+
+def test_platform_status_is_refused_to_a_unit_administrator(gateway: Gateway, bu: Caller) -> None:
+    """The instance's status is platform-wide, as /admin/metrics is (the dashboard reads it only
+    on its Gateway page)."""
+    r = bu("GET", "/admin/status")
+    assert (r.status_code, r.json()["error"]) == (403, "forbidden")
+    assert gateway.admin("GET", "/admin/status").status_code == 200
+
+
+def test_managers_stay_within_the_units(gateway: Gateway, org: Json, bu: Caller) -> None:
+    """A scoped caller names only its units' people as managers (another unit's or nobody: the
+    same 403); it reads a person's out-of-unit manager by id, without the email, and so does
+    the manager summary."""
+    people, x = org["people"], org["x"]
+    person = _user(gateway, x)
+    for field, value in (("manager_id", people["y1"]["id"]), ("manager_id", str(uuid.uuid4())),
+                         ("manager_email", people["y1"]["email"]), ("manager_email", "nobody@example.com")):
+        r = bu("PUT", f"/admin/users/{person['id']}", {field: value}, {"if-match": "*"})
+        assert (r.status_code, r.json()["error"]) == (403, "forbidden"), (field, value)
+        created = bu("POST", "/admin/users", {"email": f"bu-new-{_tag()}@example.com", "business_unit": x,
+                                             field: value})
+        assert (created.status_code, created.json()["error"]) == (403, "forbidden"), (field, value)
+    ok = bu("PUT", f"/admin/users/{person['id']}", {"manager_id": people["x2"]["id"]}, {"if-match": "*"})
+    assert ok.status_code == 200 and ok.json()["manager_email"] == people["x2"]["email"], ok.text
+
+    platform = Caller(gateway, token=gateway.admin_token)
+    assert platform("PUT", f"/admin/users/{person['id']}", {"manager_id": people["y1"]["id"]},
+                    {"if-match": "*"}).status_code == 200
+    seen = bu("GET", f"/admin/users/{person['id']}").json()
+    assert seen["manager_id"] == people["y1"]["id"] and seen["manager_email"] is None
+    listed = next(u for u in bu("GET", "/admin/users").json() if u["id"] == person["id"])
+    assert listed["manager_email"] is None
+    assert gateway.admin("GET", f"/admin/users/{person['id']}").json()["manager_email"] == people["y1"]["email"]
+
+
+def test_the_manager_summary_hides_other_units_managers(gateway: Gateway, org: Json, tmp_path: Any) -> None:
+    """Grouped by manager, a scoped caller sees an out-of-unit manager's id, not its email."""
+    people, x, model = org["people"], org["x"], org["model"]
+    person = _user(gateway, x)
+    row = _row(model["id"], person["id"], _now_ms(), 9_000, business_unit=x, manager_id=people["y1"]["id"])
+    _ingest(gateway, tmp_path / "s", [row])
+    summary = org["token"]("GET", "/admin/logs/summary", params={**_window(), "group_by": "manager"}).json()
+    groups = {g["key"]: g for g in summary["groups"]}
+    assert people["y1"]["id"] in groups and groups[people["y1"]["id"]]["manager_email"] is None
+    platform = Caller(gateway, token=gateway.admin_token)
+    summary = platform("GET", "/admin/logs/summary", params={**_window(), "group_by": "manager"}).json()
+    assert {g["key"]: g["manager_email"] for g in summary["groups"]}[people["y1"]["id"]] == people["y1"]["email"]
+
+
+def test_a_move_between_own_units_keeps_caps_within_the_lock(gateway: Gateway, org: Json) -> None:
+    """A person whose cap is above the destination's lock (without a lock: the $20 default) is
+    not moved there by a scoped caller (403 above_platform_lock); a platform administrator is."""
+    admin = _new_admin(gateway)
+    high = _unit(gateway, [admin["id"]], lock="100")
+    low = _unit(gateway, [admin["id"]], lock="30")
+    bare = _unit(gateway, [admin["id"]])
+    token = gateway.admin("POST", "/admin/tokens", {"name": f"mv-{_tag()}", "business_units": [high["name"],
+                                                                                               low["name"],
+                                                                                               bare["name"]]})
+    caller = Caller(gateway, token=token.json()["token"])
+    person = _user(gateway, high["name"])
+    assert gateway.admin("PUT", f"/admin/users/{person['id']}/policies/{org['model']['id']}",
+                         {"daily_cap_usd": "80", "timezone": "UTC"}).status_code == 200
+    for unit in (low, bare):
+        r = caller("PUT", f"/admin/users/{person['id']}", {"business_unit": unit["name"]}, {"if-match": "*"})
+        assert (r.status_code, r.json()["error"]) == (403, "above_platform_lock"), r.text
+    assert gateway.admin("PUT", f"/admin/users/{person['id']}/policies/{org['model']['id']}",
+                         {"daily_cap_usd": "25", "timezone": "UTC"}).status_code == 200
+    assert caller("PUT", f"/admin/users/{person['id']}", {"business_unit": bare["name"]},
+                  {"if-match": "*"}).status_code == 403
+    moved = caller("PUT", f"/admin/users/{person['id']}", {"business_unit": low["name"]}, {"if-match": "*"})
+    assert moved.status_code == 200, moved.text
+
+
+def test_the_lock_is_compared_as_a_decimal(gateway: Gateway, org: Json, bu: Caller) -> None:
+    """A cap a hair above the lock, past a float's precision, is above it (403), and the policy
+    write reads the lock again in its transaction."""
+    x1, model = org["people"]["x1"]["id"], org["model"]
+    body = b'{"daily_cap_usd": 50.0000000000000001, "timezone": "UTC"}'
+    sent = {"content-type": "application/json"}
+    if bu.token is not None:
+        sent["authorization"] = f"Bearer {bu.token}"
+        r = gateway.client.request("PUT", f"/admin/users/{x1}/policies/{model['id']}", content=body, headers=sent)
+    else:
+        assert bu.client is not None and bu.csrf is not None
+        sent["x-csrf-token"] = bu.csrf
+        r = bu.client.request("PUT", f"/admin/users/{x1}/policies/{model['id']}", content=body, headers=sent)
+    assert (r.status_code, r.json()["error"]) == (403, "above_platform_lock"), r.text
+
+    async def go() -> None:
+        conn = await asyncpg.connect(gateway.database_url)
+        try:
+            scope.begin()
+            scope._cap_held.set((org["x"], scope.Decimal("50.01")))
+            with pytest.raises(errors.AbovePlatformLock):
+                async with conn.transaction():
+                    await scope.recheck(conn)
+            scope._cap_held.set((org["x"], scope.Decimal("50")))
+            async with conn.transaction():
+                await scope.recheck(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def test_a_scoped_if_match_star_is_the_version_checked(gateway: Gateway, org: Json) -> None:
+    """A scoped caller's ``If-Match: *`` names the version its scope check read: a write whose
+    row changed after that check is 409, not a write to a row nobody checked."""
+    actor = Actor(name="t", is_super=False, id="t", business_units=frozenset({org["x"]}))
+    scope.begin()
+    scope._seen_version.set("3")
+    assert scope.pinned_if_match(actor, "*") == "3"
+    assert scope.pinned_if_match(actor, '"7"') == '"7"'
+    platform = Actor(name="p", is_super=True, id="p", business_units=None)
+    assert scope.pinned_if_match(platform, "*") == "*"
+    scope.begin()
+    assert scope.pinned_if_match(actor, "*") == '"0"'
+
+
+def test_a_scoped_token_sees_no_broader_token_of_its_admin(gateway: Gateway) -> None:
+    """A token scoped to one of its admin's units neither lists nor revokes the admin's tokens
+    that reach further."""
+    admin = _new_admin(gateway)
+    one, two = _unit(gateway, [admin["id"]]), _unit(gateway, [admin["id"]])
+    session = _login(gateway, admin["email"])
+    with contextlib.closing(session.client):  # type: ignore[arg-type]
+        broad = session("POST", "/admin/tokens", {"name": f"b-{_tag()}"}).json()
+        narrow = session("POST", "/admin/tokens", {"name": f"n-{_tag()}", "business_units": [one["name"]]}).json()
+        assert sorted(broad["business_units"]) == sorted([one["name"], two["name"]])
+        scoped = Caller(gateway, token=narrow["token"])
+        listed = {t["id"] for t in scoped("GET", "/admin/tokens").json()}
+        assert narrow["id"] in listed and broad["id"] not in listed
+        r = scoped("DELETE", f"/admin/tokens/{broad['id']}")
+        assert (r.status_code, r.json()["error"]) == (403, "forbidden")
+        assert {broad["id"], narrow["id"]} <= {t["id"] for t in session("GET", "/admin/tokens").json()}
+        assert session("DELETE", f"/admin/tokens/{broad['id']}").status_code == 200
+
+
+def test_a_renamed_unit_keeps_its_people_closures_and_rules(gateway: Gateway, org: Json) -> None:
+    """A rename carries the unit's name to its people, the models closed for it and the rules
+    that name it, in the rename's transaction."""
+    admin = _new_admin(gateway)
+    unit = _unit(gateway, [admin["id"]])
+    person = _user(gateway, unit["name"])
+    provider = gateway.create_provider(f"rn-prov-{_tag()}")
+    model = gateway.create_model(provider["id"], f"rn-model-{_tag()}")
+    r = gateway.client.put(f"/admin/models/{model['id']}", json={"restrictions": {"business_units_closed": [
+        unit["name"], "elsewhere"]}}, headers={"authorization": f"Bearer {gateway.admin_token}", "if-match": "*"})
+    assert r.status_code == 200, r.text
+    rule = gateway.admin("POST", "/admin/rules", _rule([unit["name"], "elsewhere"]))
+    assert rule.status_code == 201, rule.text
+    new = f"renamed-{_tag()}"
+    r = gateway.admin("PUT", f"/admin/business-units/{unit['id']}", {"name": new, "timezone": "UTC"})
+    assert r.status_code == 200 and r.json()["admins"] == [admin["id"]], r.text
+    assert gateway.admin("GET", f"/admin/users/{person['id']}").json()["business_unit"] == new
+    restrictions = gateway.admin("GET", f"/admin/models/{model['id']}").json()["restrictions"]
+    assert restrictions["business_units_closed"] == [new, "elsewhere"]
+    stored = gateway.admin("GET", f"/admin/rules/{rule.json()['id']}").json()
+    assert stored["entries"][0]["population"]["business_units"] == [new, "elsewhere"]
+
+
+def test_a_rotation_or_expiry_is_checked_again_in_the_write_transaction(gateway: Gateway, org: Json) -> None:
+    """What the scope check let through is checked again before the write, under the person's row
+    lock: revoked or given a sooner expiry in between, the write is refused (403)."""
+    person = _user(gateway, org["x"])
+    pid = uuid.UUID(person["id"])
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(days=3)
+
+    async def go() -> None:
+        conn = await asyncpg.connect(gateway.database_url)
+        try:
+            scope.begin()
+            scope._standing_held.set((scope.USER_ROTATE, pid, None))
+            async with conn.transaction():
+                await scope.precheck(conn)
+            await conn.execute("UPDATE users SET status = 'revoked', expires_at = $2 WHERE id = $1", pid, soon)
+            with pytest.raises(errors.Forbidden):
+                async with conn.transaction():
+                    await scope.precheck(conn)
+            scope._standing_held.set((scope.USER_EXPIRY, pid, soon + dt.timedelta(days=1)))
+            with pytest.raises(errors.Forbidden):
+                async with conn.transaction():
+                    await scope.precheck(conn)
+            scope._standing_held.set((scope.USER_EXPIRY, pid, soon - dt.timedelta(days=1)))
+            async with conn.transaction():
+                await scope.precheck(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())

@@ -123,6 +123,8 @@ class Session:
     session_hash: str
     # The business units the admin administers (empty: none), read with the session.
     units: tuple[str, ...] = ()
+    # A business-unit administrator (migration 0031): scoped to ``units`` even when they are none.
+    unit_admin: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +264,7 @@ class AdminAuth:
         if row is None:
             raise errors.Unauthorized()
         found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest,
-                        tuple(row["units"] or ()))
+                        tuple(row["units"] or ()), row["unit_admin"])
         if method not in SAFE_METHODS:
             header = headers.get("x-csrf-token") or ""
             cookie = jar.get(CSRF_COOKIE) or ""
@@ -283,7 +285,8 @@ class AdminAuth:
         if row is None:
             raise errors.Unauthorized()
         owner = row["owner_admin_id"]
-        units = scope.token_units(row["is_super"], row["business_units"], row["owner_is_super"], row["owner_units"])
+        units = scope.token_units(row["is_super"], row["business_units"], row["owner_is_super"], row["owner_units"],
+                                  row["owner_unit_admin"])
         return Bearer(f"token:{row['name']}", row["is_super"], None if owner is None else str(owner), str(row["id"]),
                       units)
 
@@ -400,9 +403,10 @@ class AdminAuth:
         return [_token(r) for r in rows]
 
     async def revoke_token(self, actor: str, actor_is_super: bool, token_id: str,
-                           may_revoke: Callable[[str, str | None], bool] | None = None) -> dict[str, Any]:
+                           may_revoke: Callable[[str, str | None, list[str] | None], bool] | None = None
+                           ) -> dict[str, Any]:
         """Revokes a token; a super admin's token only by a super admin, and only one that
-        ``may_revoke(token id, owner admin id)`` allows when given (403 else)."""
+        ``may_revoke(token id, owner admin id, its business units)`` allows when given (403 else)."""
         async with self._pool.acquire() as conn:
             async with conn.transaction():
                 try:
@@ -414,7 +418,7 @@ class AdminAuth:
                 if row["is_super"] and not actor_is_super:
                     raise errors.Forbidden()
                 owner = None if row["owner_admin_id"] is None else str(row["owner_admin_id"])
-                if may_revoke is not None and not may_revoke(str(row["id"]), owner):
+                if may_revoke is not None and not may_revoke(str(row["id"]), owner, row["business_units"]):
                     raise errors.Forbidden("not one of your tokens")
                 await conn.execute(admin_sql.REVOKE_TOKEN, token_id)
                 await _audit(conn, actor, "revoke_admin_token", row["name"], {})

@@ -33,11 +33,12 @@ MAX_NAME = 128
 
 
 class BusinessUnitBody(msgspec.Struct, forbid_unknown_fields=True):
-    """``POST /admin/business-units`` and ``PUT /admin/business-units/{id}`` (the whole unit)."""
+    """``POST /admin/business-units`` and ``PUT /admin/business-units/{id}`` (the whole unit but
+    ``admins``: absent from a PUT, the unit keeps its administrators; absent from a POST, none)."""
 
     name: Label
     timezone: Word
-    admins: Admins = msgspec.field(default_factory=list)
+    admins: Admins | msgspec.UnsetType = msgspec.UNSET
     daily_cap_lock_usd: Price | None = None
 
 
@@ -142,7 +143,7 @@ class BusinessUnitService:
         except errors.InvalidRequest as exc:
             problems.append(exc.detail or "daily_cap_lock_usd is not a non-negative number")
         admin_ids: list[uuid.UUID] = []
-        for given in body.admins:
+        for given in body.admins or ():
             try:
                 admin_ids.append(uuid.UUID(given))
             except ValueError:
@@ -169,17 +170,19 @@ class BusinessUnitService:
             return unit_id
 
         unit_id = await self._service._write(actor.name, "business_unit.create", body.name.strip(),
-                                             {"admins": sorted(body.admins)}, work,
+                                             {"admins": sorted(body.admins or ())}, work,
                                              business_unit=body.name.strip())
         return await self.get(actor, str(unit_id))
 
     async def update(self, actor: Actor, unit_id: str, body: BusinessUnitBody, if_match: str | None) -> dict[str, Any]:
         """The whole unit; ``If-Match``, when sent, must name the current version (stale: 409).
-        Admin tokens scoped to a renamed unit follow its new name; people's ``business_unit``
-        labels are theirs and are not rewritten."""
+        A rename carries the unit's name everywhere it stands for the unit, in the same
+        transaction: admin tokens' scopes, people's ``business_unit``, models' closed and open
+        lists and rules' ``population.business_units`` (their stored revisions, pending changes,
+        log rows and audit records keep the name they were made under)."""
         uid = parse_uuid(unit_id, errors.BusinessUnitNotFound)
 
-        detail: dict[str, Any] = {"admins": sorted(body.admins)}
+        detail: dict[str, Any] = {} if body.admins is msgspec.UNSET else {"admins": sorted(body.admins)}
 
         async def work(conn: asyncpg.Connection) -> None:
             row = await conn.fetchrow(units_sql.UNIT_FOR_UPDATE, uid)
@@ -192,10 +195,14 @@ class BusinessUnitService:
                 await conn.execute(units_sql.UPDATE_UNIT, uid, name, timezone, lock)
             except asyncpg.UniqueViolationError:
                 raise errors.BusinessUnitExists() from None
-            await conn.execute(units_sql.CLEAR_UNIT_ADMINS, uid)
-            await conn.execute(units_sql.ADD_UNIT_ADMINS, uid, admins)
+            if body.admins is not msgspec.UNSET:
+                await conn.execute(units_sql.CLEAR_UNIT_ADMINS, uid)
+                await conn.execute(units_sql.ADD_UNIT_ADMINS, uid, admins)
             if row["name"] != name:
-                await conn.execute(units_sql.RENAME_IN_TOKENS, row["name"], name)
+                # NOTE: log rows and audit records keep the name they were written under.
+                for statement in (units_sql.RENAME_IN_TOKENS, units_sql.RENAME_IN_USERS,
+                                  units_sql.RENAME_IN_RESTRICTIONS, units_sql.RENAME_IN_RULES):
+                    await conn.execute(statement, row["name"], name)
                 # The audit row (written after this work, in its transaction) names the old name.
                 detail["renamed_from"] = row["name"]
 

@@ -91,6 +91,7 @@ class Query:
         self.group_by = group_by
         # The business units whose rows are read (the rows' own, from call time); None: every row.
         self.units = scope_module.units_filter(scope, raw.get("business_unit"))
+        self.scope = scope
 
     def filters(self) -> tuple[bool, bool, bool, bool]:
         """Which of the shared filters (user, model, outcome, business units) apply: the store's
@@ -338,7 +339,7 @@ async def _groups(conn: asyncpg.Connection, q: Query, since: dt.datetime, until:
     # An attribution tag's key is the statement's $7 (the built-in keys are columns).
     tag = [] if q.group_by in logs_sql.GROUP_KEYS else [q.group_by]
     rows = await conn.fetch(logs_sql.groups(q.group_by, *q.filters()), since, until, *q.filter_args(), *tag)
-    emails = await _emails(conn, [r["key"] for r in rows]) if q.group_by == "manager" else {}
+    emails = await _emails(conn, [r["key"] for r in rows], q.scope) if q.group_by == "manager" else {}
     groups = []
     for r in rows:
         cost = r["input_cost"] + r["output_cost"]
@@ -367,12 +368,15 @@ def _average(r: asyncpg.Record) -> float | None:
     return round(int(r["latency_ms"]) / calls, 1) if calls else None
 
 
-async def _emails(conn: asyncpg.Connection, user_ids: list[str | None]) -> dict[str | None, str]:
+async def _emails(conn: asyncpg.Connection, user_ids: list[str | None],
+                  scope: frozenset[str] | None = None) -> dict[str | None, str]:
+    """The principals' emails; with a ``scope``, only of those in its business units (a manager
+    in another unit is shown by id alone)."""
     ids = [uid for uid in user_ids if uid is not None]
     if not ids:
         return {}
     rows = await conn.fetch(logs_sql.EMAILS, ids)
-    return {r["id"]: r["email"] for r in rows}
+    return {r["id"]: r["email"] for r in rows if scope is None or r["business_unit"] in scope}
 
 
 async def _by_user(conn: asyncpg.Connection, q: Query, since: dt.datetime, until: dt.datetime,

@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from meshfast import errors, validate
 from meshfast.admin import auth, issuers
 from meshfast.admin.routes import Reply
-from meshfast.settings import OidcSettings
+from meshfast.settings import OidcSettings, loopback_url
 from meshfast.store import oidc as oidc_sql
 from meshfast.store import sql
 
@@ -63,8 +63,11 @@ log = logging.getLogger("meshfast.admin.oidc")
 STATE_COOKIE = "mesh_oidc_state"
 STATE_COOKIE_PATH = "/admin/oidc"
 ATTEMPT_TTL = dt.timedelta(minutes=10)
-# Logins begun and not finished, across the cluster: past this, new ones wait (429) for old ones
-# to finish or expire. The per-address throttle keeps one source far below it.
+# Logins begun and not finished from one source (the throttle's bucket, the address): past this,
+# its new ones wait (429) for its old ones to finish or expire. Across the cluster, past
+# MAX_PENDING_ATTEMPTS the oldest attempts go, so many sources together cannot lock anybody out
+# either (they only make the oldest pending logins start again).
+MAX_PENDING_PER_SOURCE = 100
 MAX_PENDING_ATTEMPTS = 10_000
 SCOPE = "openid email profile"
 DISCOVERY_TTL_S = 3600.0
@@ -275,12 +278,15 @@ def roles(claims: dict[str, Any], settings: OidcSettings) -> tuple[bool, list[st
     return settings.platform_role in values, units
 
 
-def verified_email(claims: dict[str, Any]) -> str:
+def verified_email(claims: dict[str, Any], *, require_verified: bool = False) -> str:
     """The ``email`` claim as admins are keyed (trimmed, lowercased); refused when missing, not an
-    address, or said to be unverified (``email_verified`` false)."""
+    address, or said to be unverified (``email_verified`` false; with ``require_verified``, the
+    login's setting, anything but true)."""
     email = claims.get("email")
     verified = claims.get("email_verified")
-    if verified is False or (isinstance(verified, str) and verified.lower() == "false"):
+    if isinstance(verified, str):
+        verified = {"true": True, "false": False}.get(verified.lower(), verified)
+    if verified is False or (require_verified and verified is not True):
         raise IdTokenError("the email is not verified")
     if not isinstance(email, str):
         raise IdTokenError("no email claim")
@@ -474,6 +480,10 @@ class OidcLogin:
             return self._settings.redirect_url
         if not host or not _HOST.match(host):
             raise errors.InvalidRequest("the request's Host header is missing or malformed")
+        if self._settings.local and not loopback_url(f"http://{host}"):
+            # NOTE: only a loopback issuer starts without MESHFAST_OIDC_REDIRECT_URL
+            # (settings.oidc_for_serving); its callback is then on the loopback too.
+            raise errors.InvalidRequest("the request's Host is not a loopback address")
         return f"{'https' if scheme == 'https' else 'http'}://{host}/admin/oidc/callback"
 
     async def begin(self, ip: str, host: str | None, scheme: str) -> Reply:
@@ -486,10 +496,13 @@ class OidcLogin:
         metadata = await self.issuer.metadata()
         state, nonce = auth.new_token(), auth.new_token()
         async with self._pool.acquire() as conn:
-            stored = await conn.fetchval(oidc_sql.INSERT_ATTEMPT, _sha256(state), nonce, redirect_uri, ATTEMPT_TTL,
-                                         MAX_PENDING_ATTEMPTS)
+            async with conn.transaction():
+                stored = await conn.fetchval(oidc_sql.INSERT_ATTEMPT, _sha256(state), nonce, redirect_uri,
+                                             ATTEMPT_TTL, MAX_PENDING_PER_SOURCE, ip)
+                if stored:
+                    await conn.execute(oidc_sql.EVICT_ATTEMPTS, MAX_PENDING_ATTEMPTS)
         if not stored:
-            log.warning("OIDC login refused: %d logins are pending", MAX_PENDING_ATTEMPTS)
+            log.warning("OIDC login refused: %d logins from one address are pending", MAX_PENDING_PER_SOURCE)
             return Reply(errors.TooManyAttempts.status, {"error": errors.TooManyAttempts.code},
                          (("retry-after", "60"),))
         challenge = _b64(hashlib.sha256(self._verifier(state).encode()).digest())
@@ -538,26 +551,50 @@ class OidcLogin:
             keys = await self.issuer.keys(kid, alg)
             claims = verify_id_token(id_token, keys, issuer=self._settings.issuer, client_id=self._settings.client_id,
                                      nonce=attempt["nonce"], now_s=time.time())
-            email = verified_email(claims)
+            email = verified_email(claims, require_verified=self._settings.require_verified_email)
+            subject = claims.get("sub")
+            if not isinstance(subject, str) or not subject or len(subject) > 255:
+                raise IdTokenError("no sub claim")
         except IdTokenError as exc:
             log.info("OIDC login refused: the ID token does not verify (%s)", exc)
             async with self._pool.acquire() as conn:
                 await _audit(conn, "oidc", AUDIT_FAILED, None, {"reason": "invalid_id_token", "why": str(exc),
                                                               "ip": ip})
             raise errors.InvalidIdToken() from None
-        return await self._session(ip, email, *roles(claims, self._settings))
+        return await self._session(ip, email, subject, *roles(claims, self._settings))
 
-    async def _session(self, ip: str, email: str, platform: bool, unit_names: list[str]) -> tuple[str, str]:
+    async def _session(self, ip: str, email: str, subject: str, platform: bool,
+                       unit_names: list[str]) -> tuple[str, str]:
+        """The admin's session. The first OIDC login binds the admin to the issuer's subject; a
+        login for the same email with another subject is refused (401 invalid_id_token). A login
+        that takes platform rights away, or finds no role for an admin the issuer made or logged
+        in before, ends the admin's sessions and revokes its platform tokens in its transaction."""
+        issuer = self._settings.issuer
+        refusal: errors.MeshfastError | None = None
         async with self._pool.acquire() as conn:
             units = [] if platform or not unit_names else await conn.fetch(oidc_sql.UNITS_NAMED, unit_names)
-            if not platform and not units:
-                # NOTE: named units that do not exist make no role either: an admin in no unit
-                # and not a platform administrator would be unscoped.
-                await _audit(conn, email, AUDIT_FAILED, email, {"reason": "no_role", "ip": ip})
-                raise errors.NoRole()
             role = "platform" if platform else "business_unit"
             async with conn.transaction():
-                row = await conn.fetchrow(oidc_sql.UPSERT_OIDC_ADMIN, email, NO_PASSWORD, platform, "oidc")
+                before = await conn.fetchrow(oidc_sql.ADMIN_FOR_LOGIN, email)
+                if before is not None and before["oidc_subject"] is not None and \
+                        (before["oidc_issuer"], before["oidc_subject"]) != (issuer, subject):
+                    refusal = errors.InvalidIdToken()
+                    await _audit(conn, email, AUDIT_FAILED, email, {"reason": "subject_mismatch", "ip": ip})
+                elif not platform and not units:
+                    # NOTE: named units that do not exist make no role either. An admin the issuer
+                    # made (or logged in) keeps no rights it gave before.
+                    refusal = errors.NoRole()
+                    if before is not None and before["from_oidc"]:
+                        await conn.execute(oidc_sql.STRIP_ADMIN, before["id"])
+                        await self._demote(conn, before["id"])
+                    await _audit(conn, email, AUDIT_FAILED, email, {"reason": "no_role", "ip": ip})
+            if refusal is not None:
+                raise refusal
+            async with conn.transaction():
+                row = await conn.fetchrow(oidc_sql.UPSERT_OIDC_ADMIN, email, NO_PASSWORD, platform, "oidc",
+                                          not platform, issuer, subject)
+                if row is not None and before is not None and before["is_super"] and not platform:
+                    await self._demote(conn, row["id"])
                 if row is not None:
                     # The issuer is authoritative: the admin's units become exactly the named ones
                     # (none for a platform administrator, whom a unit would scope).
@@ -572,6 +609,12 @@ class OidcLogin:
                 raise errors.InvalidCredentials()
         log.info("admin %s logged in through OIDC (%s)", email, role)
         return token, csrf
+
+
+    @staticmethod
+    async def _demote(conn: asyncpg.Connection, admin_id: Any) -> None:
+        await conn.execute(oidc_sql.END_ADMIN_SESSIONS, admin_id)
+        await conn.execute(oidc_sql.REVOKE_SUPER_TOKENS, admin_id)
 
 
 async def _audit(conn: asyncpg.Connection, actor: str, action: str, target: str | None,

@@ -32,18 +32,22 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("PUT", "/admin/users/{id}", "Update a user's name, manager, business unit, tier or expiry (If-Match; null "
      "clears; 409 manager_cycle when the chain would loop)", "UserUpdate", 200),
     ("DELETE", "/admin/users/{id}", "Delete a user", None, 200),
-    ("POST", "/admin/users/{id}/rotate-key", "Issue a new key; the previous one stops working", None, 200),
+    ("POST", "/admin/users/{id}/rotate-key", "Issue a new key; the previous one stops working (a revoked user "
+     "is active again; a business-unit administrator may not reactivate one: 403 forbidden)", None, 200),
     ("POST", "/admin/users/{id}/revoke", "Revoke a user's key", None, 200),
-    ("PUT", "/admin/users/{id}/expiry", "Set or clear when the user's keys stop working (Mesh's route)",
+    ("PUT", "/admin/users/{id}/expiry", "Set or clear when the user's keys stop working (Mesh's route; a "
+     "business-unit administrator may only bring it forward: later or null 403 forbidden)",
      "ExpiryBody", 200),
-    ("PUT", "/admin/users/{id}/key/expiry", "Set or clear when the user's primary key stops working",
+    ("PUT", "/admin/users/{id}/key/expiry", "Set or clear when the user's primary key stops working (a "
+     "business-unit administrator may only bring it forward: later or null 403 forbidden)",
      "ExpiryBody", 200),
     ("POST", "/admin/users/{id}/keys", "Issue a named key (optional expiry and model subset; the key shown once; "
      "409 key_name_exists when a current key has the name)", "KeyCreate", 201),
     ("GET", "/admin/users/{id}/keys", "A user's keys: prefix, name, models, expiry, status, never the key", None, 200),
     ("POST", "/admin/keys/{id}/rotate", "Issue the key's successor (same name, models and expiry); the old key "
      "works overlap_s more seconds, then 401 (409 key_not_current for a revoked or rotated key)", "KeyRotate", 200),
-    ("DELETE", "/admin/keys/{id}", "Revoke a key at once", None, 200),
+    ("DELETE", "/admin/keys/{id}", "Revoke a key at once (an application's: not by a business-unit "
+     "administrator, 403)", None, 200),
     ("POST", "/admin/issuers", "Trust a platform token issuer: an inline JWK Set or a jwks_url fetched in the "
      "background (platform administrators only; 409 issuer_already_exists)", "IssuerCreate", 201),
     ("GET", "/admin/issuers", "Platform token issuers, with their usable keys and the last fetch's outcome", None, 200),
@@ -161,7 +165,8 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/tokens", "Create an admin API token (shown once); business_units scopes it to those units "
      "(400 for an unknown unit or beside is_super); a business-unit administrator's token is scoped to its units or "
      "some of them (all by default; another unit 403)", "TokenCreate", 201),
-    ("DELETE", "/admin/tokens/{id}", "Revoke an admin API token (a business-unit administrator: its own only)",
+    ("DELETE", "/admin/tokens/{id}", "Revoke an admin API token (a business-unit administrator: its own only, "
+     "and none reaching further than the caller)",
      None, 200),
     ("POST", "/admin/business-units", "Create a business unit {name, timezone, admins, daily_cap_lock_usd} "
      "(platform administrators only): 201 {id, name, timezone, admins, daily_cap_lock_usd, version, created_at, "
@@ -174,7 +179,10 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/business-units/{id}", "One business unit, with its ETag (another unit than a business-unit "
      "administrator's answers 404 business_unit_not_found)", None, 200),
     ("PUT", "/admin/business-units/{id}", "Replace a business unit (platform administrators only; If-Match honoured "
-     "when sent: stale 409 version_conflict); tokens scoped to a renamed unit follow its name",
+     "when sent: stale 409 version_conflict; admins left out: kept); a rename carries the name to tokens scoped to "
+     "the unit, its people's business_unit, models' closed and open lists and rules' population.business_units "
+     "(log rows and audit records keep the old name); an administrator removed from its last unit is scoped to "
+     "none, never unscoped",
      "BusinessUnitBody", 200),
     ("GET", "/admin/logs", "Request logs: filters, paging, sorting, search", None, 200),
     ("GET", "/admin/logs/summary", "Totals, time series and breakdowns from the rollups (mesh-behaviour §3.5's "
@@ -202,7 +210,8 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/notifications/deliveries", "Notification deliveries (the outbox), newest first: {deliveries: "
      "[{delivery_id, rule_id, entry, user_id, action, channel, window, window_start, threshold_usd, spend_usd, "
      "status, attempts, last_error, next_attempt_at, created_at, delivered_at}], total, page, page_size}", None, 200),
-    ("GET", "/admin/status", "This worker's view of the instance, with instance: {id, mode (lone: holds every "
+    ("GET", "/admin/status", "This worker's view of the instance (not for a business-unit administrator: 403), "
+     "with instance: {id, mode (lone: holds every "
      "cap whole; cluster: caps and provider limits leased), lease_grants} and instances: [{id, host, port, "
      "started_at, last_seen, workers, alive (a heartbeat within 10 s), mode}], every instance on this database "
      "(null when the database does not answer)", None, 200),

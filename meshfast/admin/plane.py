@@ -114,7 +114,8 @@ class AdminPlane:
         add("GET", r"/admin/tokens", self._list_tokens)
         add("POST", r"/admin/tokens", self._create_token)
         add("DELETE", r"/admin/tokens/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._ok(
-            self.auth.revoke_token(a.name, a.is_super, id, None if not a.scoped else lambda t, o: _owns(a, t, o))))
+            self.auth.revoke_token(a.name, a.is_super, id,
+                                   None if not a.scoped else lambda t, o, u: _owns(a, t, o, u))))
         # A business-unit administrator reads its units' rows and records only (scope=).
         add("GET", r"/admin/logs", lambda a, s, q, b, h: self._query(
             lambda c: logs.list_logs(c, logs.Query(q, scope=a.business_units))))
@@ -202,7 +203,8 @@ class AdminPlane:
             raise errors.Unauthorized()
         return Actor(name=session.email, is_super=session.is_super, id=f"admin:{session.admin_id}",
                      owner_admin_id=session.admin_id,
-                     business_units=scope.session_units(session.is_super, list(session.units))), session
+                     business_units=scope.session_units(session.is_super, list(session.units),
+                                                                   session.unit_admin)), session
 
     async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
                      read_body: Callable[[int], Awaitable[bytes]], scheme: str = "http") -> Reply:
@@ -342,13 +344,20 @@ class AdminPlane:
                            headers: Any) -> Reply:
         tokens = await self.auth.list_tokens()
         if actor.scoped:
-            tokens = [t for t in tokens if _owns(actor, t["id"], t["owner_admin_id"])]
+            tokens = [t for t in tokens if _owns(actor, t["id"], t["owner_admin_id"], t["business_units"])]
         return Reply(200, tokens)
 
 
-def _owns(actor: Actor, token_id: str, owner_admin_id: str | None) -> bool:
+def _owns(actor: Actor, token_id: str, owner_admin_id: str | None, units: list[str] | None) -> bool:
     """A scoped actor's own tokens: those answering to its admin, or (a token without an admin)
-    the token itself."""
-    if actor.owner_admin_id is not None:
-        return owner_admin_id == actor.owner_admin_id
-    return actor.id == f"token:{token_id}"
+    the token itself; and of those only the ones that reach no further than the actor (a scoped
+    token neither sees nor revokes its admin's broader tokens). A token without units of its own
+    reaches as far as its admin: within a logged-in admin's scope, not a token's."""
+    if actor.id == f"token:{token_id}":
+        return True
+    if actor.owner_admin_id is None or owner_admin_id != actor.owner_admin_id:
+        return False
+    reach = actor.business_units or frozenset()
+    if units is None:
+        return actor.id.startswith("admin:")
+    return frozenset(units) <= reach

@@ -92,7 +92,7 @@ class AdminRouter:
         add = self._add
         add("POST", r"/admin/users", lambda a, b: self._created(s.create_user(a.name, svc.decode(b, svc.UserCreate))))
         add("GET", r"/admin/users", lambda a, b: self._ok(self._users(a)))
-        add("GET", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_user(id)))
+        add("GET", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._versioned(self._user(a, id)))
         add("DELETE", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_user(a.name, id)))
         add("POST", r"/admin/users/(?P<id>[^/]+)/rotate-key", lambda a, b, id: self._ok(s.rotate_key(a.name, id)))
         add("POST", r"/admin/users/(?P<id>[^/]+)/revoke", lambda a, b, id: self._ok(s.revoke_user(a.name, id)))
@@ -195,7 +195,15 @@ class AdminRouter:
 
     async def _users(self, actor: Actor) -> list[dict[str, Any]]:
         users = await self.service.list_users()
-        return [u for u in users if scope.in_scope(actor, u.get("business_unit"))]
+        units = {u["id"]: u.get("business_unit") for u in users}
+        return [scope.hide_manager(actor, u, units.get(u.get("manager_id")))
+                for u in users if scope.in_scope(actor, u.get("business_unit"))]
+
+    async def _user(self, actor: Actor, user_id: str) -> dict[str, Any]:
+        user = await self.service.get_user(user_id)
+        if actor.business_units is None or user.get("manager_id") is None:
+            return user
+        return scope.hide_manager(actor, user, await self.scope.unit_of(user["manager_id"]))
 
     async def _rules(self, actor: Actor) -> list[dict[str, Any]]:
         return [rule for rule in await self.rules.list() if scope.rule_in_scope(actor, rule)]

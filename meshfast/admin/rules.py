@@ -20,6 +20,7 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, rules, snapshot
+from meshfast.admin import scope
 from meshfast.admin.changes import Outcome, record_enforced
 from meshfast.store import onboarding as onboarding_sql
 from meshfast.store import rules as rules_sql
@@ -186,6 +187,8 @@ class RuleService:
         rule_id = _rule_id(rule_id)
         if not if_match:
             raise errors.PreconditionRequired()
+        # A scoped actor's "*" means the version its scope check read (a change since: 409).
+        if_match = scope.pinned_if_match(actor, if_match)
         draft, activate_at = _activate_at(_without_read_only(decode_body(body)))
         if isinstance(draft, dict):
             if draft.get("id", rule_id) != rule_id:

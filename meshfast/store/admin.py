@@ -30,7 +30,7 @@ INSERT INTO admin_sessions (admin_id, token_hash, csrf_hash, expires_at) VALUES 
 # ``units``: the business units the admin administers (empty for none), read with the session so a
 # unit's administrators are scoped from the next request after a change, as a logout would be.
 SESSION_BY_HASH = """
-SELECT a.id, a.email, a.is_super, s.csrf_hash,
+SELECT a.id, a.email, a.is_super, a.unit_admin, s.csrf_hash,
        ARRAY(SELECT b.name FROM business_unit_admins ba JOIN business_units b ON b.id = ba.business_unit_id
              WHERE ba.admin_id = a.id ORDER BY b.name) AS units
 FROM admin_sessions s JOIN admins a ON a.id = s.admin_id
@@ -60,15 +60,18 @@ SET_ADMIN_STATUS = "UPDATE admins SET status = $2 WHERE id = $1::uuid RETURNING 
 # once they are deleted.
 # ``business_units``: the token's own scope (NULL: none); ``owner_units``: the units its admin
 # administers now (empty for none), so a unit administrator's token never reaches past them.
+# ``is_super``: the token's and its admin's, so a demoted admin's platform tokens lose it at once.
 TOKEN_BY_HASH = """
-SELECT t.id, t.name, t.is_super, t.owner_admin_id, t.business_units, coalesce(a.is_super, false) AS owner_is_super,
+SELECT t.id, t.name, t.is_super AND (t.owner_admin_id IS NULL OR coalesce(a.is_super, false)) AS is_super,
+       t.owner_admin_id, t.business_units, coalesce(a.is_super, false) AS owner_is_super,
+       coalesce(a.unit_admin, false) AS owner_unit_admin,
        ARRAY(SELECT b.name FROM business_unit_admins ba JOIN business_units b ON b.id = ba.business_unit_id
              WHERE ba.admin_id = t.owner_admin_id ORDER BY b.name) AS owner_units
 FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
 WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.owner_admin_id IS NULL OR a.status = 'active')
 """
 TOKEN_FOR_REVOKE = """
-SELECT id, name, is_super, owner_admin_id FROM admin_tokens
+SELECT id, name, is_super, owner_admin_id, business_units FROM admin_tokens
 WHERE id = $1::uuid AND revoked_at IS NULL FOR UPDATE
 """
 REVOKE_TOKEN = "UPDATE admin_tokens SET revoked_at = now() WHERE id = $1::uuid"

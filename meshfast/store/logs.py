@@ -195,7 +195,8 @@ def unused_tools(user: bool, model: bool) -> str:
 
 # An application has no email: it shows as "application: <name>".
 EMAILS = """
-SELECT id::text AS id, COALESCE(email, 'application: ' || display_name) AS email FROM users WHERE id = ANY($1::uuid[])
+SELECT id::text AS id, COALESCE(email, 'application: ' || display_name) AS email, business_unit
+FROM users WHERE id = ANY($1::uuid[])
 """
 
 # --- audit log (``$1`` actor, ``$2`` action, ``$3``-``$4`` the window, ``$5`` business units,

@@ -177,6 +177,7 @@ class ServiceBase:
             async with conn.transaction():
                 if registry:
                     await conn.execute(sql.LOCK_REGISTRY)
+                await scope.precheck(conn)
                 result = await work(conn)
                 # NOTE: after the work, which takes its rows' locks in its own order first.
                 await scope.recheck(conn)

@@ -14,7 +14,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from meshfast import errors, rules, snapshot, validate
-from meshfast.admin import controls
+from meshfast.admin import controls, scope
 from meshfast.admin import rules as rule_admin
 from meshfast.admin.changes import Outcome
 from meshfast.admin.service.common import Price, ServiceBase, _body_uuid, _invalid, _price, decode, parse_uuid, row_json
@@ -381,6 +381,8 @@ class ModelOperations(ServiceBase):
         mid = parse_uuid(model_id, errors.ModelNotFound)
         if not if_match:
             raise errors.PreconditionRequired()
+        # A scoped actor's "*" means the version its scope check read (a change since: 409).
+        if_match = scope.pinned_if_match(actor, if_match)
         activate_at = getattr(body, "activate_at", None)
         if activate_at is not None and getattr(body, "restrictions", UNSET) is UNSET:
             raise errors.InvalidRequest("activate_at applies to restrictions: the body has none")
