@@ -7,8 +7,10 @@ activation that no longer validates, and the scope of a unit's administrator ove
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ import pytest
 from conftest import SESSION_ENV, EmulatedProviders, Gateway, running_gateway, until
 from test_approvals import _as, _audit_rows, _sql, _token, _unit
 from test_onboarding import CALL_USD, model, proxy, rfc3339
+from test_registry import _apply
 
 from meshfast.admin import controls
 from meshfast.admin.controls import RELAX, TIGHTEN
@@ -352,3 +355,71 @@ def test_a_pilot_change_concerns_the_callers_unit_else_the_members_shared_one(
     assert scheduled.json()["scheduled"]["activate_at"] == changes._moment(expected)
     assert _sql(gw, "SELECT count(*) AS n FROM admin_audit_log WHERE action = 'pilot.update' AND target = $1 "
                     "AND business_unit = $2", shared["id"], unit)[0]["n"] == 1
+
+
+# --- registry files ------------------------------------------------------------------------------
+
+
+def test_a_registry_file_sets_pilots_by_name_and_a_models_onboarding(
+        gw: Gateway, testserve: EmulatedProviders, tmp_path: Path) -> None:
+    """`meshfast apply` with pilots (people by email) and a model's status, roster and limited cap:
+    created, then unchanged on a second apply, then set to exactly the file (an enforced revision
+    each); an invalid file lists every problem, first its own, then the database's, and writes nothing."""
+    tag = str(time.time_ns())
+    a, b = _user(gw, None), _user(gw, None)
+    provider = gw.create_provider(f"plc-p-{tag}", base_url=f"{testserve.base_url}/openai", api_key="testserve-key")
+    name = f"plc-file-{tag}"
+    registry: Json = {
+        "models": [{"name": name, "provider": provider["name"], "resolved_model": "dummy-chat",
+                    "input_price_per_1k_tokens": "0", "output_price_per_1k_tokens": "1", "status": "limited",
+                    "roster": [a["email"].upper()], "limited": {"amount_usd": "1", "window": "daily"}}],
+        "pilots": [{"name": f"file-pilot-{tag}", "members": [a["email"], b["email"]], "models": [name],
+                    "authoritative": True, "mode": "enforce", "expires_at": rfc3339(3600),
+                    "tiers": [{"name": "base", "amount_usd": "5", "window": "monthly", "exceptions": [b["email"]]}]}],
+    }
+    path = tmp_path / "registry.json"
+    path.write_text(json.dumps(registry))
+    done = _apply(gw, path, "--json")
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(done.stdout)["created"]) == sorted([f"model {name}", f"pilot file-pilot-{tag}"])
+    pilot = next(p for p in gw.admin("GET", "/admin/pilots").json() if p["name"] == f"file-pilot-{tag}")
+    assert pilot["members"] == [a["id"], b["id"]] and pilot["tiers"][0]["exceptions"] == [b["id"]]
+    assert (pilot["saved_revision"], pilot["enforced_revision"]) == (1, 1)
+    stored = next(m for m in gw.admin("GET", "/admin/models").json() if m["name"] == name)
+    assert (stored["status"], stored["roster"], stored["limited"]["amount_usd"]) == ("limited", [a["id"]], "1")
+
+    again = json.loads(_apply(gw, path, "--json").stdout)
+    assert (again["created"], again["updated"]) == ([], []), again
+
+    registry["pilots"][0].update(members=[a["email"]], mode="shadow", tiers=[])
+    registry["models"][0]["roster"] = [a["email"], b["email"]]
+    path.write_text(json.dumps(registry))
+    edited = json.loads(_apply(gw, path, "--json").stdout)
+    assert sorted(edited["updated"]) == sorted([f"model {name}", f"pilot file-pilot-{tag}"]), edited
+    pilot = _read(gw, pilot)
+    assert (pilot["members"], pilot["mode"], pilot["tiers"]) == ([a["id"]], "shadow", [])
+    assert (pilot["saved_revision"], pilot["enforced_revision"]) == (2, 2)
+    assert next(m for m in gw.admin("GET", "/admin/models").json() if m["name"] == name)["roster"] == \
+        [a["id"], b["id"]]
+
+    bad = json.loads(json.dumps(registry))
+    bad["pilots"].append({**bad["pilots"][0], "members": ["not-an-email"]})
+    bad["models"][0]["status"] = "blocked"
+    path.write_text(json.dumps(bad))
+    refused = _apply(gw, path)
+    assert refused.returncode == 1, refused.stderr
+    for needle in ("listed twice", "not-an-email", "status: must be one of"):
+        assert needle in refused.stderr, (needle, refused.stderr)
+
+    other = _create(gw, gw.admin_token, members=[b["id"]], authoritative=False)
+    assert other.status_code == 201, other.text
+    bad = json.loads(json.dumps(registry))
+    bad["pilots"][0].update(members=[a["email"], b["email"], "nobody-" + tag + "@example.com"],
+                            models=[name, "no-such-model-" + tag])
+    bad["models"][0]["roster"] = ["ghost-" + tag + "@example.com"]
+    path.write_text(json.dumps(bad))
+    refused = _apply(gw, path)
+    assert refused.returncode == 1, refused.stderr
+    for needle in ("nobody-", "no-such-model-", "already enrolled", "ghost-"):
+        assert needle in refused.stderr, (needle, refused.stderr)
+    assert _read(gw, pilot)["members"] == [a["id"]], "nothing of a refused file is written"

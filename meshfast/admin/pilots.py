@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -32,9 +33,10 @@ from msgspec import Meta
 
 from meshfast import errors, onboarding, rules, validate
 from meshfast.admin import controls
-from meshfast.admin.changes import Lifecycle, Outcome
+from meshfast.admin.changes import Lifecycle, Outcome, record_enforced
 from meshfast.admin.rules import decode_body
 from meshfast.store import onboarding as onboarding_sql
+from meshfast.store import rules as rules_sql
 
 if TYPE_CHECKING:  # the routes import this module
     from meshfast.admin.routes import Actor
@@ -481,3 +483,109 @@ class PilotService:
         if outcome.status == "scheduled":
             return {"status": "scheduled", "revision": outcome.revision, "activate_at": outcome.detail()["activate_at"]}
         return {"status": "deleted"}
+
+
+# --- registry files ------------------------------------------------------------------------------
+
+
+def _emails(value: Any, where: str, problems: list[str]) -> list[str]:
+    """A file's list of people by email (lower case, each once)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        problems.append(f"{where}: must be a list of emails")
+        return []
+    out: list[str] = []
+    for i, item in enumerate(value):
+        email = item.strip().lower() if isinstance(item, str) else ""
+        if "@" not in email or len(email) > validate.MAX_TEXT:
+            problems.append(f"{where}[{i}]: {rules.shown(item)} is not an email")
+        elif email not in out:
+            out.append(email)
+    return out
+
+
+def parse_file_pilots(entries: list[Any]) -> list[str]:
+    """A registry file's ``pilots`` checked on their own (people and models are checked when the
+    file is applied): each an object with a name, listed once, people named by email; every
+    problem, each labelled with its pilot."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        label = f"pilots[{i}]" + (f" ({name!r})" if isinstance(name, str) else "")
+        if not isinstance(entry, dict):
+            problems.append(f"{label}: must be an object")
+            continue
+        found: list[str] = [f"unknown field {rules.shown(k)}" for k in entry if k not in FIELDS]
+        if not isinstance(name, str) or not name.strip():
+            found.append("name: is required (a non-empty string)")
+        elif name.strip() in seen:
+            found.append("a pilot of that name is listed twice")
+        else:
+            seen.add(name.strip())
+        _emails(entry.get("members"), "members", found)
+        tiers = entry.get("tiers") or []
+        if isinstance(tiers, list):
+            for j, tier in enumerate(tiers):
+                if isinstance(tier, dict):
+                    _emails(tier.get("exceptions"), f"tiers[{j}].exceptions", found)
+        problems.extend(f"{label}: {p}" for p in found)
+    return problems
+
+
+def _with_ids(entry: dict[str, Any], ids: Mapping[str, str], problems: list[str]) -> dict[str, Any]:
+    """A file's pilot as the API takes it: people by id (an unknown email is a problem)."""
+
+    def people(value: Any, where: str) -> list[str]:
+        out = []
+        for email in _emails(value, where, problems):
+            if email in ids:
+                out.append(ids[email])
+            else:
+                problems.append(f"{where}: {email!r} is not a registered user")
+        return out
+
+    draft = {**entry, "members": people(entry.get("members"), "members")}
+    if isinstance(entry.get("tiers"), list):
+        draft["tiers"] = [{**t, "exceptions": people(t.get("exceptions"), f"tiers[{j}].exceptions")}
+                          if isinstance(t, dict) else t for j, t in enumerate(entry["tiers"])]
+    return draft
+
+
+async def apply_file_pilots(conn: asyncpg.Connection, entries: list[dict[str, Any]], summary: dict[str, list[str]],
+                            by: str) -> list[str]:
+    """A registry file's pilots, matched by name: created, left unchanged, or set to exactly the
+    file (a field left out takes its default), each checked as an API write is
+    (:func:`check_pilot`) and recorded as an enforced revision; every problem (then the caller
+    rolls back). After the file's models and people (a pilot may name them)."""
+    ids = {row["email"]: row["id"] for row in await conn.fetch(rules_sql.USER_EMAILS)}
+    stored: dict[str, list[asyncpg.Record]] = {}
+    for row in await conn.fetch(onboarding_sql.LIST_PILOTS):
+        stored.setdefault(row["name"], []).append(row)
+    problems: list[str] = []
+    for entry in entries:
+        name = str(entry["name"]).strip()
+        label = f"pilot {name!r}"
+        rows = stored.get(name, [])
+        if len(rows) > 1:
+            problems.append(f"{label}: {len(rows)} pilots have that name (a file names one)")
+            continue
+        found: list[str] = []
+        draft = _with_ids(entry, ids, found)
+        pid = rows[0]["id"] if rows else uuid.uuid4()
+        try:
+            checked = await check_pilot(conn, draft, pid)
+        except errors.MeshfastError as exc:
+            found.extend(p for p in exc.extra.get("errors", [exc.detail]) if p not in found)
+        if found:
+            problems.extend(f"{label}: {p}" for p in found)
+            continue
+        state = pilot_state(checked)
+        if rows and pilot_state(rows[0]) == state:
+            summary["unchanged"].append(f"pilot {name}")
+            continue
+        await apply_pilot(conn, pid, checked)
+        await record_enforced(conn, "pilot", str(pid), "update" if rows else "create", state, by)
+        summary["updated" if rows else "created"].append(f"pilot {name}")
+    return problems
