@@ -1,7 +1,8 @@
 """Controls under the governed lifecycle (API.md "Governed lifecycle"): what a control kind is
 (how to read its stored state, check a proposed one, tell tightening from relaxing, apply it in
 a transaction), the registry of kinds, and the kinds this module defines: spend rules, a model's
-restrictions and a person's per-model policy.
+restrictions and a person's per-model policy. Pilots register theirs in
+:mod:`meshfast.admin.pilots`.
 
 A kind registers once with :func:`register`; the lifecycle (:mod:`meshfast.admin.changes`) then
 queues, schedules, approves and activates its changes without knowing more about it.

@@ -45,7 +45,9 @@ WINDOWS = ("daily", "weekly", "monthly")
 MODES = ("enforce", "shadow", "inherit")
 FIELDS = ("name", "members", "models", "authoritative", "mode", "expires_at", "tiers")
 TIER_FIELDS = ("name", "amount_usd", "window", "exceptions")
-READ_ONLY = ("id", "version", "created_at", "updated_at", "live")
+# What a read adds (a pilot as GET answered it may come back in a PUT).
+READ_ONLY = ("id", "version", "created_at", "updated_at", "live", "saved_revision", "enforced_revision", "scheduled",
+             "activation_error")
 MAX_MEMBERS = 10_000
 MAX_MODELS = 200
 MAX_TIERS = 20
