@@ -22,7 +22,7 @@ from test_registry import _apply
 
 from meshfast.admin import controls
 from meshfast.admin.controls import RELAX, TIGHTEN
-from meshfast.admin.pilots import classify_pilot
+from meshfast.admin.pilots import classify_pilot, leaves_cohort
 
 Json = dict[str, Any]
 PROPAGATION_S = 1.5
@@ -110,6 +110,22 @@ def test_a_pilot_change_is_classified_as_tightening_or_relaxing(old: Json | None
                                                                  expected: str) -> None:
     """classify_pilot: tightening only when access is not wider and no member's cap is looser."""
     assert classify_pilot(old, new) == expected
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    (None, _p(), False),
+    (_p(), None, True),
+    (_p(), _p(), False),
+    (_p(), _p(members=[A, B, C]), False),
+    (_p(), _p(members=[A]), True),
+    (_p(), _p(expires_at=SOON), True),
+    (_p(), _p(expires_at=None), False),
+    (_p(members=[]), _p(members=[], expires_at=SOON), False),
+])
+def test_a_member_leaves_the_cohort_when_removed_or_when_the_pilot_ends_sooner(
+        old: Json | None, new: Json | None, expected: bool) -> None:
+    """leaves_cohort: what takes someone out of the rules that name the pilot."""
+    assert leaves_cohort(old, new) is expected
 
 
 def test_pilots_are_a_registered_control_kind() -> None:
@@ -295,6 +311,46 @@ def test_a_scheduled_pilot_revision_that_no_longer_validates_fails_and_the_last_
         read["activation_error"]["error"]
     assert read["members"] == [first["id"]] and "scheduled" not in read
     assert len(_audit_rows(gw, "control.activation_failed", pilot["id"])) == 1
+
+
+def test_a_member_leaving_a_pilot_that_a_rule_names_waits_for_approval(
+        gw: Gateway, testserve: EmulatedProviders) -> None:
+    """Removing a member from a pilot without tiers tightens (200) while no rule names it; once a
+    rule selects the pilot's members (population.pilots), a member leaving escapes that rule:
+    relaxing (202), and the member stays until approved."""
+    unit = _unit(gw)
+    admin = _token(gw, [unit])
+    a, b, c = _user(gw, unit), _user(gw, unit), _user(gw, unit)
+    m = model(gw, testserve)
+    pilot = _create(gw, gw.admin_token, members=[a["id"], b["id"], c["id"]], models=[m["name"]]).json()
+    assert _put(gw, admin, pilot, members=[a["id"], b["id"]]).status_code == 200
+    rule = {"id": f"plc-{time.time_ns()}", "mode": "enforce", "entries": [
+        {"population": {"pilots": [pilot["id"]], "business_units": [unit]}, "scope": {"model": m["name"]},
+         "window": "daily", "threshold_usd": "1", "actions": [{"type": "block"}]}]}
+    assert gw.admin("POST", "/admin/rules", rule).status_code == 201
+    leaving = _put(gw, admin, pilot, members=[a["id"]])
+    assert leaving.status_code == 202, leaving.text
+    assert _read(gw, pilot)["members"] == [a["id"], b["id"]]
+    sooner = _put(gw, admin, pilot, expires_at=rfc3339(600))
+    assert sooner.status_code == 202, "an earlier end takes every member out of the rule sooner"
+
+
+def test_an_approval_checks_the_pilot_again(gw: Gateway, testserve: EmulatedProviders) -> None:
+    """A pending member enrolled meanwhile in another live pilot: approving is 400 invalid_pilot
+    naming it, the change stays pending and the pilot unchanged."""
+    unit = _unit(gw)
+    admin = _token(gw, [unit])
+    first, contested = _user(gw, unit), _user(gw, unit)
+    staged = model(gw, testserve, status="staged")
+    pilot = _create(gw, gw.admin_token, members=[first["id"]], models=[staged["name"]]).json()
+    pending = _put(gw, admin, pilot, members=[first["id"], contested["id"]])
+    assert pending.status_code == 202, pending.text
+    assert _create(gw, gw.admin_token, members=[contested["id"]], authoritative=False).status_code == 201
+    answer = gw.admin("POST", f"/admin/changes/{pending.json()['change_id']}/approve")
+    assert (answer.status_code, answer.json()["error"]) == (400, "invalid_pilot"), answer.text
+    assert "already enrolled" in answer.text
+    assert gw.admin("GET", f"/admin/changes/{pending.json()['change_id']}").json()["status"] == "pending"
+    assert _read(gw, pilot)["members"] == [first["id"]]
 
 
 def test_a_unit_admin_reads_and_writes_only_pilots_of_its_units_members(

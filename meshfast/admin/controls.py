@@ -53,6 +53,9 @@ class ControlKind:
       "local-midnight" and a unit administrator's view of the queue).
     - ``change``: what a worker reloads (the NOTIFY hint: ``rules``; "" rebuilds the snapshot).
     - ``registry``: the write holds the registry lock (rules and models are checked under it).
+    - ``loosens_others(conn, target, old, new)``: optional; whether the change loosens another
+      control that depends on this one (a rule whose population names a pilot the change takes
+      members out of): then it relaxes whatever ``classify`` says.
     """
 
     name: str
@@ -63,6 +66,7 @@ class ControlKind:
     units: Callable[[asyncpg.Connection, str, Any], Awaitable[set[str]]]
     change: str = ""
     registry: bool = False
+    loosens_others: Callable[[asyncpg.Connection, str, Any, Any], Awaitable[bool]] | None = None
 
 
 KINDS: dict[str, ControlKind] = {}

@@ -331,9 +331,9 @@ def classify_pilot(old: dict[str, Any] | None, new: dict[str, Any] | None) -> co
       (a non-authoritative one only adds caps: tightening).
     - Anything mixed relaxes.
 
-    NOTE: rules name pilots (``population.pilots``); a member leaving, or an earlier expiry,
-    also takes them out of those rules. Rules are their own controls and this function sees the
-    pilot alone: that effect is not counted here.
+    Rules name pilots (``population.pilots``): a member leaving, or an earlier expiry, also takes
+    them out of those rules. This function sees the pilot alone; :func:`loosens_rules` adds that
+    (the kind's ``loosens_others``).
     """
     if new is None:
         return controls.TIGHTEN if old is None else controls.RELAX
@@ -343,6 +343,21 @@ def classify_pilot(old: dict[str, Any] | None, new: dict[str, Any] | None) -> co
     if _access_not_wider(before, after) and _caps_not_looser(before, after):
         return controls.TIGHTEN
     return controls.RELAX
+
+
+def leaves_cohort(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """Whether someone in the old pilot is out of it sooner: a member removed, or an earlier expiry."""
+    if old is None or not old.get("members"):
+        return False
+    if new is None or not set(old["members"]) <= set(new.get("members") or ()):
+        return True
+    return not _ends_no_later(old.get("expires_at"), new.get("expires_at"))
+
+
+async def loosens_rules(conn: asyncpg.Connection, target: str, old: Any, new: Any) -> bool:
+    """A member leaving a pilot (or its earlier expiry) leaves the populations of the rules that
+    name it: relaxing when a stored rule does."""
+    return leaves_cohort(old, new) and bool(await conn.fetchval(onboarding_sql.PILOT_NAMED_BY_RULES, target))
 
 
 def _target(value: str) -> uuid.UUID:
@@ -390,7 +405,7 @@ async def _units(conn: asyncpg.Connection, target: str, state: Any) -> set[str]:
 
 
 PILOT = controls.register(controls.ControlKind("pilot", _load, _check, _apply, classify_pilot, _units,
-                                                   registry=True))
+                                               registry=True, loosens_others=loosens_rules))
 
 
 def _pilot_id(value: str) -> uuid.UUID:

@@ -40,6 +40,11 @@ MEMBER_UNITS = "SELECT id::text, business_unit FROM users WHERE id = ANY($1::uui
 KNOWN_PEOPLE = "SELECT id::text FROM users WHERE id = ANY($1::uuid[]) AND kind = 'user'"
 MODEL_NAMES = "SELECT name FROM models"
 KNOWN_PILOTS = "SELECT id::text FROM pilots WHERE id = ANY($1::uuid[])"
+# Whether a stored rule selects a pilot's members (an entry's population.pilots names it).
+PILOT_NAMED_BY_RULES = """
+SELECT EXISTS (SELECT 1 FROM rules r, jsonb_array_elements(r.body->'entries') AS e
+               WHERE jsonb_typeof(r.body->'entries') = 'array' AND e->'population'->'pilots' ? $1)
+"""
 
 # --- a model's onboarding ------------------------------------------------------------------
 
