@@ -375,6 +375,8 @@ def test_a_unit_admin_reads_and_writes_only_pilots_of_its_units_members(
         assert (put.status_code, put.json()["error"]) == (403, "forbidden"), put.text
         assert _as(gw, admin, "DELETE", url).status_code == 403
     assert _as(gw, admin, "GET", f"/admin/pilots/{own.json()['id']}").status_code == 200
+    deleting = _as(gw, admin, "DELETE", f"/admin/pilots/{own.json()['id']}")
+    assert (deleting.status_code, deleting.json()["status"]) == (202, "pending"), "a deletion relaxes"
     outside = _create(gw, admin, members=[mine["id"], theirs["id"]], authoritative=False)
     assert (outside.status_code, outside.json()["error"]) == (403, "forbidden"), outside.text
     grown = _put(gw, admin, own.json(), members=[mine["id"], theirs["id"]])

@@ -575,7 +575,10 @@ async def apply_file_pilots(conn: asyncpg.Connection, entries: list[dict[str, An
     """A registry file's pilots, matched by name: created, left unchanged, or set to exactly the
     file (a field left out takes its default), each checked as an API write is
     (:func:`check_pilot`) and recorded as an enforced revision; every problem (then the caller
-    rolls back). After the file's models and people (a pilot may name them)."""
+    rolls back). After the file's models and people (a pilot may name them).
+
+    NOTE: in the file's order: a person moved from one live pilot to another is refused as
+    enrolled twice when the pilot they join comes first (list the one they leave first)."""
     ids = {row["email"]: row["id"] for row in await conn.fetch(rules_sql.USER_EMAILS)}
     stored: dict[str, list[asyncpg.Record]] = {}
     for row in await conn.fetch(onboarding_sql.LIST_PILOTS):
