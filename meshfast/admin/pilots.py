@@ -326,7 +326,8 @@ def classify_pilot(old: dict[str, Any] | None, new: dict[str, Any] | None) -> co
       stronger mode tighten; raising an amount, removing a tier, adding an exception, a shorter
       window, enforce to shadow or inherit relax. A member who leaves a pilot whose ladder
       governed them, a model leaving it, or an earlier expiry of such a pilot frees them of the
-      cap: relaxing (whatever access they lose with it).
+      cap: relaxing (whatever access they lose with it). A pilot that is not authoritative only
+      caps: a member or a model added to it tightens.
     - A deletion relaxes (unless there was nothing); a creation is a change from an empty pilot
       (a non-authoritative one only adds caps: tightening).
     - Anything mixed relaxes.
