@@ -263,7 +263,9 @@ def test_a_renamed_model_stays_in_the_pilots_that_list_it(gw: Gateway, testserve
                                     "output_price_per_1k_tokens")}
     renamed = f"{m['name']}-renamed"
     assert put_model(gw, m, {**body, "name": renamed}).status_code == 200
-    assert gw.admin("GET", f"/admin/pilots/{pilot['id']}").json()["models"] == [renamed]
+    after = gw.admin("GET", f"/admin/pilots/{pilot['id']}").json()
+    assert after["models"] == [renamed]
+    assert (after["saved_revision"], after["enforced_revision"]) == (2, 2), "the rename is a revision"
 
 
 def test_a_population_of_gone_expired_or_empty_pilots_matches_nobody() -> None:

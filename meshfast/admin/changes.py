@@ -203,6 +203,17 @@ async def record_enforced(conn: asyncpg.Connection, kind: str, target: str, acti
     return revision
 
 
+async def direction(conn: asyncpg.Connection, kind: ControlKind, target: str, old: Any,
+                    new: Any) -> controls.Direction:
+    """The kind's classification, made ``RELAX`` when the change loosens a control that depends
+    on this one (:attr:`ControlKind.loosens_others`)."""
+    found = kind.classify(old, new)
+    if found == controls.TIGHTEN and kind.loosens_others is not None and \
+            await kind.loosens_others(conn, target, old, new):
+        return controls.RELAX
+    return found
+
+
 # --- the lifecycle ------------------------------------------------------------------------------
 
 Rebuild = Callable[[int, str], Awaitable[None]]
@@ -266,7 +277,7 @@ class Lifecycle:
         old = await kind.load(conn, target)
         units = await kind.units(conn, target, old) | await kind.units(conn, target, body)
         unit = change_unit(actor.business_units, units)
-        if actor.scoped and kind.classify(old, body) == controls.RELAX:
+        if actor.scoped and await direction(conn, kind, target, old, body) == controls.RELAX:
             change = await self._queue(conn, actor, kind.name, target, action, body, fingerprint(old), when, unit)
             return Outcome("pending", activate_at=when, change=change, unit=unit, body=body)
         revision = await self._accept(conn, kind, target, action, body, when, None, actor.name)

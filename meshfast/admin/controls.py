@@ -1,7 +1,8 @@
 """Controls under the governed lifecycle (API.md "Governed lifecycle"): what a control kind is
 (how to read its stored state, check a proposed one, tell tightening from relaxing, apply it in
 a transaction), the registry of kinds, and the kinds this module defines: spend rules, a model's
-restrictions and a person's per-model policy.
+restrictions and a person's per-model policy. Pilots register theirs in
+:mod:`meshfast.admin.pilots`.
 
 A kind registers once with :func:`register`; the lifecycle (:mod:`meshfast.admin.changes`) then
 queues, schedules, approves and activates its changes without knowing more about it.
@@ -52,6 +53,9 @@ class ControlKind:
       "local-midnight" and a unit administrator's view of the queue).
     - ``change``: what a worker reloads (the NOTIFY hint: ``rules``; "" rebuilds the snapshot).
     - ``registry``: the write holds the registry lock (rules and models are checked under it).
+    - ``loosens_others(conn, target, old, new)``: optional; whether the change loosens another
+      control that depends on this one (a rule whose population names a pilot the change takes
+      members out of): then it relaxes whatever ``classify`` says.
     """
 
     name: str
@@ -62,6 +66,7 @@ class ControlKind:
     units: Callable[[asyncpg.Connection, str, Any], Awaitable[set[str]]]
     change: str = ""
     registry: bool = False
+    loosens_others: Callable[[asyncpg.Connection, str, Any, Any], Awaitable[bool]] | None = None
 
 
 KINDS: dict[str, ControlKind] = {}

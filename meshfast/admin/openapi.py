@@ -93,14 +93,18 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
      "that scope it and the live pilots that list it)", None, 200),
     ("POST", "/admin/models/{id}/graduate", "Make a staged or limited model generally available (active): its "
      "roster and limited-access cap are cleared; audited model.graduate", None, 200),
-    ("POST", "/admin/pilots", "Create a pilot (members, models, authoritative, mode, expires_at, tiers): 201 with its "
-     "ETag; 400 invalid_pilot with errors listing every problem (unknown members or models, a member enrolled "
-     "in another live pilot, tiers sharing an amount, an empty name)", "PilotBody", 201),
-    ("GET", "/admin/pilots", "List pilots (with live: not expired)", None, 200),
-    ("GET", "/admin/pilots/{id}", "One pilot, with its ETag", None, 200),
-    ("PUT", "/admin/pilots/{id}", "Replace a pilot (If-Match: missing 428, stale 409; validated as on create)",
-     "PilotBody", 200),
-    ("DELETE", "/admin/pilots/{id}", "Delete a pilot (its rules' population.pilots then match nobody)", None, 200),
+    ("POST", "/admin/pilots", "Create a pilot (members, models, authoritative, mode, expires_at, tiers; "
+     "activate_at schedules it): 201 with its ETag, saved_revision and enforced_revision; 400 invalid_pilot with "
+     "errors listing every problem (unknown members or models, a member enrolled in another live pilot, tiers "
+     "sharing an amount, an empty name); a business-unit administrator's pilot with members outside its units is "
+     "403, one that relaxes (adds access) waits for approval (202)", "PilotBody", 201),
+    ("GET", "/admin/pilots", "List pilots (with live: not expired, saved_revision, enforced_revision, scheduled); "
+     "a business-unit administrator lists those whose members are all in its units", None, 200),
+    ("GET", "/admin/pilots/{id}", "One pilot, with its ETag and revisions", None, 200),
+    ("PUT", "/admin/pilots/{id}", "Replace a pilot (If-Match: missing 428, stale 409; validated as on create; "
+     "activate_at schedules it)", "PilotBody", 200),
+    ("DELETE", "/admin/pilots/{id}", "Delete a pilot (its rules' population.pilots then match nobody; "
+     "?activate_at= schedules it; a business-unit administrator's delete waits for approval)", None, 200),
     ("POST", "/admin/models/{id}/deployments", "Add a deployment to a model", "DeploymentCreate", 201),
     ("GET", "/admin/models/{id}/deployments", "A model's deployments", None, 200),
     ("DELETE", "/admin/models/{id}/deployments/{deployment}", "Remove a deployment", None, 200),
@@ -224,7 +228,8 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"typ
 # waits for approval; each takes activate_at (in the body, or the query of a DELETE).
 GOVERNED = {("POST", "/admin/rules"), ("PUT", "/admin/rules/{id}"), ("DELETE", "/admin/rules/{id}"),
             ("PUT", "/admin/models/{id}"), ("PUT", "/admin/users/{id}/policies/{model}"),
-            ("PUT", "/admin/applications/{id}/policies/{model}")}
+            ("PUT", "/admin/applications/{id}/policies/{model}"), ("POST", "/admin/pilots"),
+            ("PUT", "/admin/pilots/{id}"), ("DELETE", "/admin/pilots/{id}")}
 _PENDING = {"description": "a business-unit administrator's relaxing write: queued for a platform administrator",
             "content": {"application/json": {"schema": {
                 "type": "object", "required": ["change_id", "status"],
@@ -299,6 +304,8 @@ QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
                               "changes per page")],
     "DELETE /admin/rules/{id}": [_query("activate_at", {"type": "string", "maxLength": 64},
                                         'when the delete goes live: RFC 3339 with an offset, or "local-midnight"')],
+    "DELETE /admin/pilots/{id}": [_query("activate_at", {"type": "string", "maxLength": 64},
+                                         'when the delete goes live: RFC 3339 with an offset, or "local-midnight"')],
     "/admin/audit": [_query("actor", _TEXT, "who acted (exact)"), _query("action", _TEXT, "what was done (exact)"),
                      _query("from", _TIME, "start (inclusive)"), _query("to", _TIME, "end (exclusive)"),
                      _query("business_unit", _TEXT, "the records of changes concerning one business unit (a "

@@ -155,8 +155,10 @@ class AdminPlane:
             lifecycle.reject(a, id, svc.decode(b or b"{}", RejectBody).comment)))
         add("PUT", r"/admin/business-units/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             router.business_units.update(a, id, svc.decode(b, BusinessUnitBody), h.get("if-match"))))
-        add("PUT", r"/admin/pilots/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
-            router.pilots.update(a.name, id, b, h.get("if-match"))))
+        add("PUT", r"/admin/pilots/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            router.pilots.update(a, id, b, h.get("if-match")), versioned=True))
+        add("DELETE", r"/admin/pilots/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            router.pilots.delete(a, id, _activate_at(q))))
 
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False,
              public: bool = False) -> None:

@@ -159,11 +159,12 @@ class AdminRouter:
         add("GET", r"/admin/workflows", lambda a, b: self._ok(w.list()))
         add("GET", r"/admin/workflows/(?P<id>[^/]+)", lambda a, b, id: self._ok(w.get(id)))
         add("DELETE", r"/admin/workflows/(?P<id>[^/]+)", lambda a, b, id: self._ok(w.delete(a.name, id)))
-        self.pilots = pl = PilotService(pool, service._write)
-        add("POST", r"/admin/pilots", lambda a, b: self._versioned(pl.create(a.name, b), status=201))
-        add("GET", r"/admin/pilots", lambda a, b: self._ok(pl.list()))
+        # Pilots are controls (API.md "Governed lifecycle"); PUT and DELETE (?activate_at=) are
+        # routed by the admin plane. A business-unit administrator lists its units' pilots only.
+        self.pilots = pl = PilotService(pool, service.lifecycle)
+        add("POST", r"/admin/pilots", lambda a, b: governed(pl.create(a, b), 201, versioned=True))
+        add("GET", r"/admin/pilots", lambda a, b: self._ok(pl.list(a.business_units)))
         add("GET", r"/admin/pilots/(?P<id>[^/]+)", lambda a, b, id: self._versioned(pl.get(id)))
-        add("DELETE", r"/admin/pilots/(?P<id>[^/]+)", lambda a, b, id: self._ok(pl.delete(a.name, id)))
         self.rules = r = RuleService(service)
         add("POST", r"/admin/rules/dry-run", lambda a, b: self._ok(r.dry_run(b)))
         add("POST", r"/admin/rules", lambda a, b: governed(r.create(a, b), 201, versioned=True))

@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import msgspec
 
-from meshfast import errors, rules
+from meshfast import errors, onboarding, rules
+from meshfast.admin import pilots as pilot_admin
 from meshfast.admin import rules as rule_admin
 from meshfast.store import business_units as units_sql
+from meshfast.store import onboarding as onboarding_sql
 from meshfast.store import rules as rules_sql
 
 if TYPE_CHECKING:  # the routes import this module
@@ -262,6 +264,8 @@ USER_READ, USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS = (
 MODEL_UNITS, RULE_READ, RULE_WRITE, RULE_DRAFT, KEY_WRITE = (
     "model_units", "rule_read", "rule_write", "rule_draft", "key_write")
 USER_ROTATE, USER_EXPIRY, KEY_EXPIRY = "user_rotate", "user_expiry", "key_expiry"
+# A pilot whose members are all in the actor's units (the stored one and the body).
+PILOT = "pilot"
 
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/admin/me"): OPEN,
@@ -317,6 +321,13 @@ ROUTES: dict[tuple[str, str], str] = {
     # 403 forbidden otherwise), so the answer names the reason.
     ("POST", "/admin/changes/{id}/approve"): OPEN,
     ("POST", "/admin/changes/{id}/reject"): OPEN,
+    # Pilots: those whose members are all in the actor's units (graduation and a model's status,
+    # roster and limited cap stay platform-only: absent here, or refused by MODEL_UNITS).
+    ("GET", "/admin/pilots"): FILTERED,
+    ("POST", "/admin/pilots"): PILOT,
+    ("GET", "/admin/pilots/{id}"): PILOT,
+    ("PUT", "/admin/pilots/{id}"): PILOT,
+    ("DELETE", "/admin/pilots/{id}"): PILOT,
 }
 # All a business-unit administrator with no unit left may call: its own session.
 UNITLESS = frozenset({("GET", "/admin/me"), ("POST", "/admin/logout"), ("POST", "/admin/change-password")})
@@ -407,6 +418,8 @@ class Guard:
             await self._rule(actor, method, kind, params.get("id"), body)
         elif kind == MODEL_UNITS:
             await self._model(actor, params["id"], body)
+        elif kind == PILOT:
+            await self._pilot(actor, method, params.get("id"), body)
 
     async def unit_of(self, principal_id: Any) -> str | None:
         """A principal's business unit (None: none, or no such principal)."""
@@ -611,3 +624,24 @@ class Guard:
         if not changed <= actor.business_units:
             raise refused
         concerns(_single(frozenset(changed)))
+
+    async def _pilot(self, actor: Actor, method: str, pilot_id: str | None, body: bytes) -> None:
+        """A pilot the actor reads or writes has every member in its units: the stored one (out of
+        scope: 404 to read, 403 to write) and the body's (403; unknown people are the handler's 400)."""
+        assert actor.business_units is not None
+        units = actor.business_units
+        pid = _uuid(pilot_id)
+        async with self._pool.acquire() as conn:
+            row = None if pid is None else await conn.fetchrow(onboarding_sql.GET_PILOT, pid)
+            if row is not None:
+                members = onboarding._ids(row["members"])
+                known = await pilot_admin.member_units(conn, members)
+                if not all(known.get(m) in units for m in members):
+                    if method == "GET":
+                        raise errors.PilotNotFound()
+                    raise errors.Forbidden("the pilot has members outside your business units")
+            fields = _json_object(body) if method in ("POST", "PUT") else None
+            if fields is not None and isinstance(fields.get("members"), list):
+                known = await pilot_admin.member_units(conn, [m for m in fields["members"] if _uuid(m) is not None])
+                if not all(unit in units for unit in known.values()):
+                    raise errors.Forbidden("every member of the pilot must be in your business units")

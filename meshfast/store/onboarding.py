@@ -27,11 +27,24 @@ UPDATE pilots SET name = $2, members = $3::jsonb, models = $4::jsonb, authoritat
 WHERE id = $1
 RETURNING id, name, members, models, authoritative, mode, expires_at, tiers, version, created_at, updated_at
 """
+# A pilot created through the lifecycle: its id is chosen at submission (a change names it).
+INSERT_PILOT_WITH_ID = """
+INSERT INTO pilots (id, name, members, models, authoritative, mode, expires_at, tiers)
+VALUES ($1, $2, $3::jsonb, $4::jsonb, $5, $6, $7, $8::jsonb)
+RETURNING id, name, members, models, authoritative, mode, expires_at, tiers, version, created_at, updated_at
+"""
 DELETE_PILOT = "DELETE FROM pilots WHERE id = $1 RETURNING id"
+# The business units of a pilot's members (unknown ids are absent; a member without one: NULL).
+MEMBER_UNITS = "SELECT id::text, business_unit FROM users WHERE id = ANY($1::uuid[])"
 # Which of these ids are users (people, not applications).
 KNOWN_PEOPLE = "SELECT id::text FROM users WHERE id = ANY($1::uuid[]) AND kind = 'user'"
 MODEL_NAMES = "SELECT name FROM models"
 KNOWN_PILOTS = "SELECT id::text FROM pilots WHERE id = ANY($1::uuid[])"
+# Whether a stored rule selects a pilot's members (an entry's population.pilots names it).
+PILOT_NAMED_BY_RULES = """
+SELECT EXISTS (SELECT 1 FROM rules r, jsonb_array_elements(r.body->'entries') AS e
+               WHERE jsonb_typeof(r.body->'entries') = 'array' AND e->'population'->'pilots' ? $1)
+"""
 
 # --- a model's onboarding ------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from msgspec import UNSET, Meta, UnsetType
 from meshfast import errors, rules, snapshot, validate
 from meshfast.admin import controls, scope
 from meshfast.admin import rules as rule_admin
-from meshfast.admin.changes import Outcome
+from meshfast.admin.changes import Outcome, record_enforced
 from meshfast.admin.service.common import Price, ServiceBase, _body_uuid, _invalid, _price, decode, parse_uuid, row_json
 from meshfast.store import onboarding as onboarding_sql
 from meshfast.store import sql
@@ -417,6 +417,11 @@ class ModelOperations(ServiceBase):
                     detail["rules_renamed"] = await rule_admin.rename_model(conn, row["name"], args[0])
                     renamed = await conn.fetch(onboarding_sql.RENAME_MODEL_IN_PILOTS, row["name"], args[0])
                     detail["pilots_renamed"] = [r[0] for r in renamed]
+                    for pilot_id in detail["pilots_renamed"]:
+                        # Each renamed pilot is a new enforced revision, as each renamed rule is.
+                        state = await controls.kind_of("pilot").load(conn, pilot_id)
+                        await record_enforced(conn, "pilot", pilot_id, "update", state,
+                                              f"rename of model {row['name']}")
             if columns is not None:
                 await conn.execute(sql.SET_MODEL_STATUS, mid, *columns)
             if restrictions is not UNSET:

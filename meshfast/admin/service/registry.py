@@ -18,13 +18,23 @@ from meshfast import errors, validate
 from meshfast.admin import business_units as unit_admin
 from meshfast.admin import dlp as dlp_admin
 from meshfast.admin import issuers as issuer_admin
+from meshfast.admin import pilots as pilot_admin
 from meshfast.admin import rules as rule_admin
 from meshfast.admin import workflows as workflow_admin
 from meshfast.admin.service.common import ServiceBase, _email, _invalid, _label
-from meshfast.admin.service.models import DeploymentCreate, ModelCreate, _deployment_args, _model_args
+from meshfast.admin.service.models import (
+    DeploymentCreate,
+    LimitedBody,
+    ModelCreate,
+    _deployment_args,
+    _model_args,
+    _onboarding,
+)
 from meshfast.admin.service.providers import ProviderCreate, _provider_fields
 from meshfast.sealing import open_sealed, seal
 from meshfast.store import applications as applications_sql
+from meshfast.store import onboarding as onboarding_sql
+from meshfast.store import rules as rules_sql
 from meshfast.store import sql
 from meshfast.validate import Email, Int32, Label, Name
 
@@ -74,6 +84,8 @@ class _RegistryFile(msgspec.Struct, forbid_unknown_fields=True):
     enforce_rules: bool | None = None
     # Business units by name, their administrators by email (meshfast.admin.business_units).
     business_units: list[dict[str, Any]] = []
+    # Pilots by name, people by email (meshfast.admin.pilots.apply_file_pilots).
+    pilots: list[Any] = []
 
 
 @dataclasses.dataclass(slots=True)
@@ -94,6 +106,14 @@ class _ModelEntry:
     deployments: list[tuple[str, str, str | None, int]] | None
     # As the API takes them, people by id or email; UNSET: the file leaves them alone.
     restrictions: Any = UNSET
+    # Onboarding (as PUT /admin/models/{id} takes it, the roster by email); None / UNSET: left alone.
+    status: str | None = None
+    roster: list[str] | UnsetType = UNSET
+    limited: LimitedBody | None | UnsetType = UNSET
+
+    @property
+    def onboarding(self) -> bool:
+        return self.status is not None or self.roster is not UNSET or self.limited is not UNSET
 
 
 @dataclasses.dataclass(slots=True)
@@ -115,7 +135,12 @@ class Registry:
     rules: list[Any] = dataclasses.field(default_factory=list)
     enforce_rules: bool | None = None
     business_units: list[Any] = dataclasses.field(default_factory=list)
+    # Pilots as authored, people by email (checked against people and models when applied).
+    pilots: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
+
+# A model's status in a file (blocked is the kill switch's flag, set through the API).
+FILE_STATUSES = ("active", "staged", "limited", "retired")
 
 # Placeholders that let a registry entry pass the API body's validation before its real value
 # (a provider's key from the environment, a model's provider id) is known.
@@ -234,6 +259,8 @@ def parse_registry(data: bytes, fmt: str, environ: Mapping[str, str]) -> Registr
         out.business_units.append(unit)
     problems.extend(rule_admin.parse_file_rules(registry.rules))
     out.rules, out.enforce_rules = registry.rules, registry.enforce_rules
+    problems.extend(pilot_admin.parse_file_pilots(registry.pilots))
+    out.pilots = registry.pilots
     if problems:
         raise _invalid(problems)
     return out
@@ -349,15 +376,28 @@ def _provider_entry(entry: dict[str, Any], environ: Mapping[str, str]) -> _Provi
 
 def _model_entry(entry: dict[str, Any]) -> _ModelEntry:
     entry = dict(entry)
-    onboarding = "a model's onboarding goes through PUT /admin/models/{id}"
-    for refused, why in (("provider_id", "name the provider with provider"), ("verify", "files make no live calls"),
-                         ("status", onboarding), ("roster", onboarding), ("limited", onboarding)):
+    for refused, why in (("provider_id", "name the provider with provider"), ("verify", "files make no live calls")):
         if refused in entry:
             raise errors.InvalidRequest(f"{refused} is not taken in a registry file ({why})")
+    problems: list[str] = []
+    status = entry.pop("status", None)
+    if status is not None and status not in FILE_STATUSES:
+        problems.append(f"status: must be one of {', '.join(FILE_STATUSES)} (blocked is the kill switch's, through "
+                        "the API)")
+        status = None
+    roster: list[str] | UnsetType = UNSET
+    if "roster" in entry:
+        roster = pilot_admin._emails(entry.pop("roster"), "roster", problems)
+    limited: LimitedBody | None | UnsetType = UNSET
+    if "limited" in entry:
+        try:
+            limited = msgspec.convert(entry.pop("limited"), LimitedBody | None)
+        except msgspec.ValidationError as exc:
+            problems.append(f"limited: {exc}")
     provider = entry.pop("provider", None)
     deployments = entry.pop("deployments", None)
     restrictions = entry.pop("restrictions", UNSET)
-    problems: list[str] = [] if restrictions is UNSET else rule_admin.parse_file_restrictions(restrictions)
+    problems += [] if restrictions is UNSET else rule_admin.parse_file_restrictions(restrictions)
     if not isinstance(provider, str) or not provider.strip():
         problems.append("provider (a provider's name) is required")
     try:
@@ -387,7 +427,7 @@ def _model_entry(entry: dict[str, Any]) -> _ModelEntry:
             planned.append((d.provider.strip(), resolved, region, priority))
     if problems:
         raise _invalid(problems)
-    return _ModelEntry(args[0], str(provider).strip(), args, planned, restrictions)
+    return _ModelEntry(args[0], str(provider).strip(), args, planned, restrictions, status, roster, limited)
 
 
 async def _apply_users(conn: asyncpg.Connection, entries: list[RegistryUser], users: dict[str, asyncpg.Record],
@@ -414,6 +454,39 @@ async def _apply_users(conn: asyncpg.Connection, entries: list[RegistryUser], us
                 if await conn.fetchval(sql.MANAGER_WOULD_LOOP, uid, manager_id)]
     if problems:
         raise _invalid(problems)
+
+
+class _Same(Exception):
+    """A model's onboarding that the file leaves as it was: its savepoint rolls back."""
+
+
+async def _apply_onboarding(conn: asyncpg.Connection, entry: _ModelEntry, emails: Mapping[str, str],
+                            summary: dict[str, list[str]]) -> list[str]:
+    """A file model's status, roster (emails) and limited cap, as PUT /admin/models/{id} sets them
+    (a field left out is kept); the problems found. Unchanged: nothing written."""
+    model_id = await conn.fetchval(sql.MODEL_ID_BY_NAME, entry.name)
+    roster: list[str] | UnsetType = UNSET
+    if not isinstance(entry.roster, UnsetType):
+        unknown = [e for e in entry.roster if e not in emails]
+        if unknown:
+            return [f"model {entry.name!r}: roster: {e!r} is not a registered user" for e in unknown]
+        roster = [emails[e] for e in entry.roster]
+    label = f"model {entry.name}"
+    try:
+        async with conn.transaction():
+            before = await conn.fetchrow(onboarding_sql.MODEL_ONBOARDING, model_id)
+            await _onboarding(conn, model_id, entry.status, roster, entry.limited)
+            if before == await conn.fetchrow(onboarding_sql.MODEL_ONBOARDING, model_id):
+                raise _Same()
+    except _Same:
+        return []
+    except errors.MeshfastError as exc:
+        return [f"model {entry.name!r}: {p}" for p in exc.extra.get("errors", [exc.detail])]
+    if label in summary["unchanged"]:
+        summary["unchanged"].remove(label)
+    if label not in summary["created"] and label not in summary["updated"]:
+        summary["updated"].append(label)
+    return []
 
 
 class _Unchanged(Exception):
@@ -492,8 +565,16 @@ class RegistryOperations(ServiceBase):
             for entry in registry.providers:
                 name = entry.body.name.strip()
                 ids[name] = await self._apply_provider(conn, entry, providers.get(name), summary)
+            # Found once the file's models are written (a roster's people, a pilot's models): every
+            # one listed, then nothing is written.
+            late: list[str] = []
+            emails: dict[str, str] = {}
+            if any(m.onboarding for m in registry.models):
+                emails = {row["email"]: row["id"] for row in await conn.fetch(rules_sql.USER_EMAILS)}
             for m in registry.models:
                 await self._apply_model(conn, m, ids, models.get(m.name), deployments, summary)
+                if m.onboarding:
+                    late += await _apply_onboarding(conn, m, emails, summary)
             if registry.business_units:
                 found = await unit_admin.apply_file_units(conn, registry.business_units, summary)
                 if found:
@@ -505,6 +586,11 @@ class RegistryOperations(ServiceBase):
                 found = await _apply_applications(conn, registry.applications, summary)
                 if found:
                     raise _invalid(found)
+            if registry.pilots:
+                # NOTE: after the models and users: a pilot may name ones this file creates or moves.
+                late += await pilot_admin.apply_file_pilots(conn, registry.pilots, summary, actor)
+            if late:
+                raise _invalid(late)
             for issuer in registry.issuers:
                 await issuer_admin.apply_file_issuer(conn, issuer, summary)
             for workflow in registry.workflows:
