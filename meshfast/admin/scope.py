@@ -36,7 +36,6 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, onboarding, rules
-from meshfast.admin import pilots as pilot_admin
 from meshfast.admin import rules as rule_admin
 from meshfast.store import business_units as units_sql
 from meshfast.store import onboarding as onboarding_sql
@@ -52,6 +51,13 @@ ADMIN = "admin"
 # A grant without a policy row has this daily cap (API.md).
 DEFAULT_DAILY_CAP_USD = Decimal(20)
 
+
+
+def _pilots() -> Any:
+    """meshfast.admin.pilots, imported when first used (it imports the rules, which import this)."""
+    from meshfast.admin import pilots
+
+    return pilots
 
 def role(actor: Actor) -> str:
     if actor.is_super:
@@ -635,13 +641,13 @@ class Guard:
             row = None if pid is None else await conn.fetchrow(onboarding_sql.GET_PILOT, pid)
             if row is not None:
                 members = onboarding._ids(row["members"])
-                known = await pilot_admin.member_units(conn, members)
+                known = await _pilots().member_units(conn, members)
                 if not all(known.get(m) in units for m in members):
                     if method == "GET":
                         raise errors.PilotNotFound()
                     raise errors.Forbidden("the pilot has members outside your business units")
             fields = _json_object(body) if method in ("POST", "PUT") else None
             if fields is not None and isinstance(fields.get("members"), list):
-                known = await pilot_admin.member_units(conn, [m for m in fields["members"] if _uuid(m) is not None])
+                known = await _pilots().member_units(conn, [m for m in fields["members"] if _uuid(m) is not None])
                 if not all(unit in units for unit in known.values()):
                     raise errors.Forbidden("every member of the pilot must be in your business units")
