@@ -2286,13 +2286,13 @@
       }, "danger", { "aria-label": `Delete rule ${r.id}` }));
 
     page("Spend rules",
-      h("section", { class: "panel", "aria-labelledby": "enforcement-title" },
+      !enforcement ? null : h("section", { class: "panel", "aria-labelledby": "enforcement-title" },
         h("h2", { id: "enforcement-title" }, "Enforcement (global)"),
         h("p", { id: "enforcement-state", dataset: { enforce: String(enforce) } }, enforce
           ? "Rules in mode inherit enforce: they block, pause, warn and notify."
           : "Rules in mode inherit run in shadow: their would-deny is recorded, nothing is blocked."),
         h("p", { class: "muted" }, "The switch governs rules only; per-user policies always enforce. Rules in mode enforce or shadow keep their own mode."),
-        enforcement && !isUnitAdmin() ? button(enforce ? "Switch rules to shadow mode" : "Enforce rules", async () => {
+        !isUnitAdmin() ? button(enforce ? "Switch rules to shadow mode" : "Enforce rules", async () => {
           if (enforce && !confirmed("Switch every rule in mode inherit to shadow? Nothing they cover will be blocked.")) return;
           if (await act(() => api("PUT", "/admin/enforcement", { enforce: !enforce }), enforce ? "Rules are in shadow mode." : "Rules enforce.")) rerender();
         }, enforce ? "danger" : "", { id: "enforcement-toggle" }) : null),
