@@ -350,7 +350,8 @@
   let ssoProbe = null;
   function ssoConfigured() {
     ssoProbe = ssoProbe || fetch("/admin/oidc/login", { method: "GET", redirect: "manual", credentials: "same-origin" })
-      .then((res) => res.type === "opaqueredirect" || (res.status >= 300 && res.status < 400), () => false);
+      // 302: configured; 404: not configured; 429 or 502 (throttled, issuer down): configured too.
+      .then((res) => res.type === "opaqueredirect" || [429, 502].includes(res.status), () => false);
     return ssoProbe;
   }
 
@@ -2410,8 +2411,10 @@
   // A control's revisions as reads show them: live (what is saved is enforced), scheduled for a
   // time, or its activation failed.
   function revisionState(c) {
-    if (!c || (c.saved_revision === undefined && c.enforced_revision === undefined)) return null;
-    if (c.activation_error) return { state: "failed", text: `activation failed: ${c.activation_error}` };
+    if (!c || ((c.saved_revision ?? null) === null && (c.enforced_revision ?? null) === null && !c.scheduled && !c.activation_error)) return null;
+    // activation_error: {revision, error} (or its text); scheduled: {revision, activate_at} (or the time).
+    const failed = c.activation_error && typeof c.activation_error === "object" ? c.activation_error.error : c.activation_error;
+    if (failed) return { state: "failed", text: `activation failed: ${failed}` };
     const at = c.scheduled && typeof c.scheduled === "object" ? c.scheduled.activate_at || c.scheduled.at : c.scheduled;
     if (at) return { state: "scheduled", text: `scheduled for ${when(at)}` };
     if (c.saved_revision !== c.enforced_revision) return { state: "pending", text: "saved, not enforced yet" };
@@ -2563,8 +2566,10 @@
       const text = err.code === "self_approval"
         ? "You requested this change yourself: another platform administrator must review it (self-approval is refused)."
         : err.code === "comment_required" ? "A comment is required to reject a change (the server refused an empty one)."
-          : err.code === "version_conflict" || err.status === 409 || err.status === 412
-            ? "The change moved on since you opened it; reload it and review it again." : null;
+          : err.code === "change_expired" ? "The change expired before anyone decided it; its requester must submit it again."
+            : err.code === "change_not_pending" ? "Someone decided this change already; reload it."
+              : err.status === 409 || err.status === 412
+                ? "The change or its control moved on since you opened it; reload it and review it again." : null;
       problemList(problems, text ? [text, `Server answer: ${err.message}`] : problemsOf(err), `The ${what} was refused (${err.code}):`);
       problems.focus();
     };
@@ -2618,7 +2623,7 @@
       ["Business unit", c.business_unit || "—"], ["Requested by", c.requested_by_email || c.requested_by || "—"],
       ["Requested", when(c.created_at || c.requested_at)], ["Takes effect", activationText(c)],
       c.decided_by ? ["Decided by", c.decided_by] : null, c.comment ? ["Comment", c.comment] : null,
-      c.activation_error ? ["Activation error", h("span", { class: "error-text" }, c.activation_error)] : null,
+      c.activation_error ? ["Activation error", h("span", { class: "error-text" }, typeof c.activation_error === "object" ? c.activation_error.error : c.activation_error)] : null,
       c.digest ? ["Digest", h("code", {}, c.digest)] : null,
     ].filter(Boolean);
     return h("section", { class: "panel", id: "change-detail", "aria-labelledby": "change-title", dataset: { changeId: c.id || id, status: c.status } },
