@@ -101,6 +101,8 @@ COUNTER_CHECKPOINT_S = 5.0
 # How often the leader looks for key sets due a fetch (a cheap query; MESHFAST_JWKS_REFRESH_S
 # sets each set's period, a worker's request for an early one waits at most this long).
 JWKS_POLL_S = 2.0
+# How often the leader activates due scheduled revisions of controls and expires stale changes.
+CHANGES_POLL_S = 0.5
 COUNTER_PURGE_S = 600.0
 SATURATION_PUBLISH_S = 1.0
 
@@ -529,6 +531,8 @@ class App:
             ("retention", 3600.0, lambda conn: apply_retention(conn, max(1, settings.log_retention_days))),
             ("notify", self.notifier.settings.poll_s, self.notifier.tick),
             ("jwks", JWKS_POLL_S, self.key_sets.tick),
+            # Scheduled revisions of controls go live within a second; stale pending changes expire.
+            ("changes", CHANGES_POLL_S, self._changes_tick),
         ])
         self.leader.start()
         self.instance_id = os.environ.get(cluster.ENV_INSTANCE_ID) or cluster.new_instance_id()
@@ -580,6 +584,11 @@ class App:
         log.info("%s", clock.line(f"worker {os.getpid()} ready"))
         # Made once and off the start's path: the login's stand-in hash and the webhook client.
         self._warm = asyncio.get_running_loop().run_in_executor(None, _warm_up)
+
+    async def _changes_tick(self, conn: asyncpg.Connection) -> None:
+        """The lifecycle's chore (on the admin pool: it writes controls as the admin role)."""
+        if self.admin is not None:
+            await self.admin.service.lifecycle.tick()
 
     def _provider_family(self, provider_id: str) -> str | None:
         config = self.feed.config if self.feed is not None else None

@@ -111,3 +111,11 @@ InvalidRule = _error("InvalidRule", 400, "invalid_rule")
 RuleNotFound = _error("RuleNotFound", 404, "rule_not_found")
 RuleExists = _error("RuleExists", 409, "rule_already_exists")
 DryRunUnavailable = _error("DryRunUnavailable", 501, "dry_run_unavailable")
+# The governed lifecycle (meshfast.admin.changes): the requester deciding its own change, a
+# rejection without a reason, a change edited (new digest), decided or expired since it was read.
+SelfApproval = _error("SelfApproval", 403, "self_approval")
+CommentRequired = _error("CommentRequired", 400, "comment_required")
+ChangeModified = _error("ChangeModified", 409, "change_modified")
+ChangeExpired = _error("ChangeExpired", 409, "change_expired")
+ChangeNotPending = _error("ChangeNotPending", 409, "change_not_pending")
+ChangeNotFound = _error("ChangeNotFound", 404, "change_not_found")

@@ -109,7 +109,8 @@ TAG_LENGTH = 254  # a registry tag (validate.Name)
 # A body can name a problem in every one of its 100 entries' 1,000 leaders: the answer lists the first ones.
 MAX_ERRORS = 100
 # What GET answers beside the authored shape; a PUT or a file may carry them back (they are ignored).
-READ_ONLY = ("version", "created_at", "updated_at")
+READ_ONLY = ("version", "created_at", "updated_at", "saved_revision", "enforced_revision", "scheduled",
+             "activation_error")
 
 RULE_FIELDS = ("id", "weight", "mode", "entries")
 ENTRY_FIELDS = ("population", "scope", "window", "threshold_usd", "calls_per_minute", "tokens_per_minute", "actions")

@@ -5,9 +5,12 @@ summaries, audit and status. Configuration routes go on to :class:`AdminRouter`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
+import urllib.parse
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,8 +21,10 @@ from meshfast import errors
 from meshfast.admin import auth, logs, notifications
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationUpdate
-from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream
+from meshfast.admin.changes import MAX_PAGE_SIZE, Lifecycle
+from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream, governed
 from meshfast.store import admin as admin_sql
+from meshfast.store import changes as changes_sql
 
 Handler = Callable[..., Awaitable[Reply]]
 # Shown once, never stored: a replayed create answers without them.
@@ -38,6 +43,46 @@ def _keep_key(body: bytes) -> bytes:
         fields["api_key"] = ""
         return msgspec.json.encode(fields)
     return body
+
+
+class RejectBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /admin/changes/{id}/reject``: why (required; 400 ``comment_required`` without)."""
+
+    comment: str | None = None
+
+
+def _query(query: str | None) -> dict[str, str]:
+    return {k: v[-1] for k, v in urllib.parse.parse_qs(query or "", keep_blank_values=True).items()}
+
+
+def _activate_at(query: str | None) -> str | None:
+    """A DELETE's ``?activate_at=`` (when the removal goes live)."""
+    return _query(query).get("activate_at") or None
+
+
+def _page(value: str | None, field: str, high: int, default: int) -> int:
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= high:
+        raise errors.InvalidRequest(f"{field} must be an integer from 1 to {high}")
+    return int(value)
+
+
+async def _list_changes(lifecycle: Lifecycle, actor: Actor, query: str | None) -> dict[str, Any]:
+    """``GET /admin/changes?status=&page=&page_size=``: newest first; a unit's administrator
+    sees its units' changes only."""
+    raw = _query(query)
+    unknown = set(raw) - {"status", "page", "page_size"}
+    if unknown:
+        raise errors.InvalidRequest(f"unknown query parameter {sorted(unknown)[0]!r}")
+    return await lifecycle.list_changes(actor, raw.get("status") or None, _page(raw.get("page"), "page", 1_000_000, 1),
+                                        _page(raw.get("page_size"), "page_size", MAX_PAGE_SIZE, 50))
+
+
+async def _digested(work: Awaitable[dict[str, Any]]) -> Reply:
+    """A change with its digest as the ETag (what an approver sends back in If-Match)."""
+    change = await work
+    return Reply(200, change, (("etag", f'"{change["digest"]}"'),))
 
 
 class AdminPlane:
@@ -87,14 +132,24 @@ class AdminPlane:
         service = router.service
         add("PUT", r"/admin/providers/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_provider(a.name, id, svc.decode(_keep_key(b), svc.ProviderCreate), h.get("if-match"))))
-        add("PUT", r"/admin/models/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
-            service.update_model(a.name, id, svc.decode_model_update(b), h.get("if-match"))))
+        add("PUT", r"/admin/models/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            service.update_model(a, id, svc.decode_model_update(b), h.get("if-match")), versioned=True))
         add("PUT", r"/admin/users/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             service.update_user(a.name, id, svc.decode(b, svc.UserUpdate), h.get("if-match"))))
         add("PUT", r"/admin/applications/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             router.applications.update(a.name, id, svc.decode(b, ApplicationUpdate), h.get("if-match"))))
-        add("PUT", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
-            router.rules.update(a.name, id, b, h.get("if-match"))))
+        add("PUT", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            router.rules.update(a, id, b, h.get("if-match")), versioned=True))
+        add("DELETE", r"/admin/rules/(?P<id>[^/]+)", lambda a, s, q, b, h, id: governed(
+            router.rules.delete(a, id, _activate_at(q))))
+        # The approval queue (API.md "Governed lifecycle").
+        lifecycle = service.lifecycle
+        add("GET", r"/admin/changes", lambda a, s, q, b, h: self._ok(_list_changes(lifecycle, a, q)))
+        add("GET", r"/admin/changes/(?P<id>[^/]+)", lambda a, s, q, b, h, id: _digested(lifecycle.get_change(a, id)))
+        add("POST", r"/admin/changes/(?P<id>[^/]+)/approve", lambda a, s, q, b, h, id: _digested(
+            lifecycle.approve(a, id, h.get("if-match"))))
+        add("POST", r"/admin/changes/(?P<id>[^/]+)/reject", lambda a, s, q, b, h, id: _digested(
+            lifecycle.reject(a, id, svc.decode(b or b"{}", RejectBody).comment)))
 
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False) -> None:
         self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))
@@ -129,12 +184,26 @@ class AdminPlane:
         authorization = headers.get("authorization")
         if authorization:
             name, is_super, owner, token_id = await self.auth.bearer(authorization)
-            return Actor(name=name, is_super=is_super, id=f"token:{token_id}", owner_admin_id=owner), None
+            return await self._scoped(Actor(name=name, is_super=is_super, id=f"token:{token_id}",
+                                            owner_admin_id=owner)), None
         session = await self.auth.session(headers, method)
         if session is None:
             raise errors.Unauthorized()
-        return Actor(name=session.email, is_super=session.is_super, id=f"admin:{session.admin_id}",
-                     owner_admin_id=session.admin_id), session
+        return await self._scoped(Actor(name=session.email, is_super=session.is_super, id=f"admin:{session.admin_id}",
+                                        owner_admin_id=session.admin_id)), session
+
+    async def _scoped(self, actor: Actor) -> Actor:
+        """The actor with its business units: a token's own scope (non-NULL ``business_units``);
+        a non-super admin's units (``business_unit_admins``); None (unscoped) otherwise."""
+        kind, _, ident = actor.id.partition(":")
+        async with self._pool.acquire() as conn:
+            if kind == "token":
+                units = await conn.fetchval(changes_sql.TOKEN_UNITS, uuid.UUID(ident))
+                found = None if units is None else frozenset(units)
+            else:
+                names = [r[0] for r in await conn.fetch(changes_sql.ADMIN_UNITS, uuid.UUID(ident))]
+                found = frozenset(names) if names else None
+        return actor if found is None else dataclasses.replace(actor, business_units=found)
 
     async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
                      read_body: Callable[[int], Awaitable[bytes]]) -> Reply:

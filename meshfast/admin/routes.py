@@ -59,6 +59,16 @@ class Stream:
 Handler = Callable[..., Awaitable[Reply]]
 
 
+async def governed(work: Awaitable[dict[str, Any]], status: int = 200, versioned: bool = False) -> Reply:
+    """A control's write: 202 with ``{change_id, status: "pending"}`` when it waits for
+    approval (API.md "Governed lifecycle"), else ``status`` (with the ETag of a versioned one)."""
+    entity = await work
+    if entity.get("status") == "pending" and "change_id" in entity:
+        return Reply(202, entity)
+    headers = (("etag", f'"{entity["version"]}"'),) if versioned else ()
+    return Reply(status, entity, headers)
+
+
 def _super(actor: Actor) -> Actor:
     """Only a platform administrator may trust an issuer (its tokens can name anyone)."""
     if not actor.is_super:
@@ -92,7 +102,7 @@ class AdminRouter:
         add("DELETE", r"/admin/keys/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.revoke_key(a.name, id)))
         add("GET", r"/admin/users/(?P<id>[^/]+)/policies", lambda a, b, id: self._ok(s.list_policies(id)))
         add("PUT", r"/admin/users/(?P<id>[^/]+)/policies/(?P<model>[^/]+)",
-            lambda a, b, id, model: self._ok(s.put_policy(a.name, id, model, svc.decode(b, svc.PolicyBody))))
+            lambda a, b, id, model: governed(s.put_policy(a, id, model, svc.decode(b, svc.PolicyBody))))
         add("POST", r"/admin/providers",
             lambda a, b: self._created(s.create_provider(a.name, svc.decode(b, svc.ProviderCreate))))
         add("GET", r"/admin/providers", lambda a, b: self._ok(s.list_providers()))
@@ -130,7 +140,7 @@ class AdminRouter:
         add("GET", r"/admin/applications/(?P<id>[^/]+)/policies",
             lambda a, b, id: self._ok(s.list_policies(id, "application")))
         add("PUT", r"/admin/applications/(?P<id>[^/]+)/policies/(?P<model>[^/]+)", lambda a, b, id, model: self._ok(
-            s.put_policy(a.name, id, model, svc.decode(b, svc.PolicyBody), "application")))
+            s.put_policy(a, id, model, svc.decode(b, svc.PolicyBody), "application")))
         self.dlp = d = DlpService(pool, service._write)
         add("PUT", r"/admin/dlp/policies/(?P<name>[^/]+)",
             lambda a, b, name: self._ok(d.put(a.name, name, decode_body(b))))
@@ -143,10 +153,9 @@ class AdminRouter:
         add("DELETE", r"/admin/workflows/(?P<id>[^/]+)", lambda a, b, id: self._ok(w.delete(a.name, id)))
         self.rules = r = RuleService(service)
         add("POST", r"/admin/rules/dry-run", lambda a, b: self._ok(r.dry_run(b)))
-        add("POST", r"/admin/rules", lambda a, b: self._versioned(r.create(a.name, b), status=201))
+        add("POST", r"/admin/rules", lambda a, b: governed(r.create(a, b), 201, versioned=True))
         add("GET", r"/admin/rules", lambda a, b: self._ok(r.list()))
         add("GET", r"/admin/rules/(?P<id>[^/]+)", lambda a, b, id: self._versioned(r.get(id)))
-        add("DELETE", r"/admin/rules/(?P<id>[^/]+)", lambda a, b, id: self._ok(r.delete(a.name, id)))
         add("GET", r"/admin/enforcement", lambda a, b: self._ok(r.enforcement()))
         add("PUT", r"/admin/enforcement",
             lambda a, b: self._ok(r.set_enforcement(a.name, svc.decode(b, rules.EnforcementBody))))

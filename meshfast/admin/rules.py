@@ -13,17 +13,18 @@ import datetime as dt
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import msgspec
 
 from meshfast import errors, rules, snapshot
+from meshfast.admin.changes import Outcome
 from meshfast.store import rules as rules_sql
-from meshfast.store import sql
 
 if TYPE_CHECKING:  # the admin service imports this module
+    from meshfast.admin.routes import Actor
     from meshfast.admin.service import AdminService
 
 
@@ -62,6 +63,14 @@ def _without_read_only(body: Any) -> Any:
     if isinstance(body, dict):
         return {k: v for k, v in body.items() if k not in rules.READ_ONLY}
     return body
+
+
+def _activate_at(draft: Any) -> tuple[Any, Any]:
+    """A rule body without its ``activate_at`` (when the write goes live; not part of the rule)."""
+    if isinstance(draft, dict) and "activate_at" in draft:
+        draft = dict(draft)
+        return draft, draft.pop("activate_at")
+    return draft, None
 
 
 def invalid(problems: list[str]) -> errors.MeshfastError:
@@ -112,74 +121,91 @@ class RuleService:
         # One dry-run at a time per worker (see dry_run).
         self._dry_runs = asyncio.Semaphore(1)
 
-    async def _write(self, actor: str, action: str, target: str, detail: dict[str, Any],
-                     work: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
-        async def locked(conn: asyncpg.Connection) -> Any:
-            await conn.execute(sql.LOCK_REGISTRY)
-            return await work(conn)
-
-        return await self._service._write(actor, action, target, detail, locked, change="rules")
+    async def _with_revisions(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rules as read, each with its ``saved_revision`` and ``enforced_revision`` (and
+        ``scheduled`` / ``activation_error`` when there is one; see :meth:`Lifecycle.revisions`)."""
+        states = await self._service.lifecycle.revisions("rule", [r["id"] for r in rows])
+        return [{**r, **states[r["id"]]} for r in rows]
 
     async def list(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
-            return [rule_json(row) for row in await conn.fetch(rules_sql.LIST_RULES)]
+            rows = [rule_json(row) for row in await conn.fetch(rules_sql.LIST_RULES)]
+        return await self._with_revisions(rows)
 
     async def get(self, rule_id: str) -> dict[str, Any]:
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(rules_sql.GET_RULE, _rule_id(rule_id))
         if row is None:
             raise errors.RuleNotFound()
-        return rule_json(row)
+        return (await self._with_revisions([rule_json(row)]))[0]
 
-    async def create(self, actor: str, body: bytes) -> dict[str, Any]:
-        draft = decode_body(body)
+    async def _answer(self, outcome: Outcome, rule_id: str) -> dict[str, Any]:
+        """A write's answer: the pending change (202), or the rule as read now (a rule whose
+        creation is only scheduled: the rule as it will be, version 0)."""
+        if outcome.pending:
+            return outcome.reply()
+        try:
+            return await self.get(rule_id)
+        except errors.RuleNotFound:
+            states = await self._service.lifecycle.revisions("rule", [rule_id])
+            return {**outcome.body, "version": 0, "created_at": None, "updated_at": None, **states[rule_id]}
 
-        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
-            stored = await stored_rules(conn)
-            rule_id = draft.get("id") if isinstance(draft, dict) else None
-            rule = await checked(conn, draft, [r for i, r in stored.items() if i != rule_id])
-            row = await conn.fetchrow(rules_sql.INSERT_RULE, rule["id"], json.dumps(rule))
-            if row is None:
+    async def create(self, actor: Actor, body: bytes) -> dict[str, Any]:
+        draft, activate_at = _activate_at(decode_body(body))
+        rule_id = draft.get("id") if isinstance(draft, dict) else None
+        target = rule_id if isinstance(rule_id, str) and rules.SLUG.match(rule_id) else ""
+
+        async def absent(conn: asyncpg.Connection) -> None:
+            if target and await conn.fetchval(rules_sql.RULE_FOR_UPDATE, target) is not None:
                 raise errors.RuleExists()
-            return row
 
-        row = await self._write(actor, "create_rule", str(draft.get("id")) if isinstance(draft, dict) else "",
-                                {}, work)
-        return rule_json(row)
+        async def check_first(conn: asyncpg.Connection) -> None:
+            # An invalid body answers 400 listing its problems whatever its id.
+            if not target:
+                await checked(conn, draft, list((await stored_rules(conn)).values()))
+            await absent(conn)
 
-    async def update(self, actor: str, rule_id: str, body: bytes, if_match: str | None) -> dict[str, Any]:
+        outcome = await self._service.lifecycle.write(actor, "rule", target, "create", draft, activate_at,
+                                                      audit_action="create_rule", precheck=check_first)
+        return await self._answer(outcome, target)
+
+    async def update(self, actor: Actor, rule_id: str, body: bytes, if_match: str | None) -> dict[str, Any]:
         """A whole rule, only against the version in ``If-Match`` (missing 428, stale 409); the
         body's ``id``, if any, must be the path's."""
         rule_id = _rule_id(rule_id)
         if not if_match:
             raise errors.PreconditionRequired()
-        draft = _without_read_only(decode_body(body))
+        draft, activate_at = _activate_at(_without_read_only(decode_body(body)))
         if isinstance(draft, dict):
             if draft.get("id", rule_id) != rule_id:
                 raise invalid([f"id: the body names {rules.shown(draft.get('id'))}, the path {rule_id!r} "
                                "(a rule's id does not change)"])
             draft = {**draft, "id": rule_id}
 
-        async def work(conn: asyncpg.Connection) -> asyncpg.Record:
+        async def current(conn: asyncpg.Connection) -> None:
             row = await conn.fetchrow(rules_sql.RULE_FOR_UPDATE, rule_id)
             if row is None:
                 raise errors.RuleNotFound()
             if if_match.strip() not in (f'"{row["version"]}"', str(row["version"]), "*"):
                 raise errors.VersionConflict()
-            stored = await stored_rules(conn)
-            rule = await checked(conn, draft, [r for i, r in stored.items() if i != rule_id])
-            return await conn.fetchrow(rules_sql.UPDATE_RULE, rule_id, json.dumps(rule))
 
-        return rule_json(await self._write(actor, "update_rule", rule_id, {}, work))
+        outcome = await self._service.lifecycle.write(actor, "rule", rule_id, "update", draft, activate_at,
+                                                      audit_action="update_rule", precheck=current)
+        return await self._answer(outcome, rule_id)
 
-    async def delete(self, actor: str, rule_id: str) -> dict[str, Any]:
+    async def delete(self, actor: Actor, rule_id: str, activate_at: str | None = None) -> dict[str, Any]:
         rule_id = _rule_id(rule_id)
 
-        async def work(conn: asyncpg.Connection) -> None:
-            if await conn.fetchval(rules_sql.DELETE_RULE, rule_id) is None:
+        async def exists(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval(rules_sql.RULE_FOR_UPDATE, rule_id) is None:
                 raise errors.RuleNotFound()
 
-        await self._write(actor, "delete_rule", rule_id, {}, work)
+        outcome = await self._service.lifecycle.write(actor, "rule", rule_id, "delete", None, activate_at,
+                                                      audit_action="delete_rule", precheck=exists)
+        if outcome.pending:
+            return outcome.reply()
+        if outcome.status == "scheduled":
+            return {"status": "scheduled", "revision": outcome.revision, "activate_at": outcome.detail()["activate_at"]}
         return {"status": "deleted"}
 
     async def enforcement(self) -> dict[str, Any]:

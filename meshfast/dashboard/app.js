@@ -1947,7 +1947,8 @@
 
   const WINDOWS = ["daily", "weekly", "monthly"];
   const RULE_MODES = ["enforce", "shadow", "inherit"];
-  const RULE_READ_ONLY = ["version", "created_at", "updated_at", "saved_revision", "enforced_revision", "scheduled", "activation_error", "business_unit"];
+  const RULE_READ_ONLY = ["version", "created_at", "updated_at", "saved_revision", "enforced_revision", "scheduled",
+    "activation_error"];
   const ruleEditor = { text: null, editing: null, notes: "" }; // editing: {id, etag}
   let ruleDryRun = null; // {title, affected}
   let ruleProblems = null; // {title, problems}

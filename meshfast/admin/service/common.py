@@ -15,6 +15,7 @@ from msgspec import Meta
 
 from meshfast import errors, snapshot, validate
 from meshfast.admin import rules as rule_admin
+from meshfast.admin.changes import Lifecycle
 from meshfast.secrets import Secrets
 from meshfast.store import sql
 
@@ -152,6 +153,8 @@ class ServiceBase:
         self._verifier = verifier
         # A draft rule against the serving worker's core (POST /admin/rules/dry-run).
         self.dry_run = dry_run
+        # Approvals, scheduled activation and revisions of controls (rules, restrictions, policies).
+        self.lifecycle = Lifecycle(pool, after_write)
 
     async def _write(self, actor: str, action: str, target: str | None, detail: dict[str, Any],
                      work: Callable[[asyncpg.Connection], Awaitable[Any]], *, registry: bool = False,

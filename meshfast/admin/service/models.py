@@ -6,18 +6,23 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import asyncpg
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from meshfast import errors, rules, snapshot
+from meshfast.admin import controls
 from meshfast.admin import rules as rule_admin
+from meshfast.admin.changes import Outcome
 from meshfast.admin.service.common import Price, ServiceBase, _body_uuid, _invalid, _price, decode, parse_uuid, row_json
 from meshfast.store import sql
 from meshfast.validate import Id, Int32, Label, Name, Names, Positive, Word
 from meshfast.verify import wants_verify
+
+if TYPE_CHECKING:  # the routes import this package
+    from meshfast.admin.routes import Actor
 
 MODEL_KINDS = ("chat", "embedding", "image_generation", "video_generation")
 
@@ -67,6 +72,8 @@ class ModelUpdate(ModelCreate, forbid_unknown_fields=True):
     # Who may see the model (leaders denied or allowed, exemptions, business units closed or
     # open); a refused caller gets the unknown model's 404. Left out: kept; null: cleared.
     restrictions: rules.RestrictionsBody | None | UnsetType = UNSET
+    # When the restrictions go live (RFC 3339 with its offset, or "local-midnight"); absent: now.
+    activate_at: Word | None = None
 
 
 class ModelStatusBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -74,6 +81,7 @@ class ModelStatusBody(msgspec.Struct, forbid_unknown_fields=True):
 
     status: Word | None = None
     restrictions: rules.RestrictionsBody | None | UnsetType = UNSET
+    activate_at: Word | None = None
 
 
 def decode_model_update(body: bytes) -> ModelUpdate | ModelStatusBody:
@@ -83,7 +91,7 @@ def decode_model_update(body: bytes) -> ModelUpdate | ModelStatusBody:
         fields = msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError):
         fields = None  # the strict decode below answers the 400
-    if isinstance(fields, dict) and fields and set(fields) <= {"status", "restrictions"}:
+    if isinstance(fields, dict) and fields and set(fields) <= {"status", "restrictions", "activate_at"}:
         return decode(body, ModelStatusBody)
     return decode(body, ModelUpdate)
 
@@ -253,14 +261,21 @@ class ModelOperations(ServiceBase):
         model_id = await self._write(actor, "create_model", body.name, {"kind": body.kind}, work, registry=True)
         return await self.get_model(str(model_id))
 
-    async def update_model(self, actor: str, model_id: str, body: ModelCreate | ModelStatusBody,
+    async def update_model(self, actor: Actor, model_id: str, body: ModelCreate | ModelStatusBody,
                            if_match: str | None) -> dict[str, Any]:
         """``PUT /admin/models/{id}``: the create fields and the status, or the status alone
         (:func:`decode_model_update`), only against the version in ``If-Match`` (missing 428,
-        stale 409); no live verification (create verifies)."""
+        stale 409); no live verification (create verifies). The restrictions go through the
+        lifecycle: scheduled by ``activate_at``, and a business-unit administrator's relaxing
+        of them waits for approval (the answer then carries ``change_id`` and ``status: pending``;
+        the other fields are written at once)."""
         mid = parse_uuid(model_id, errors.ModelNotFound)
         if not if_match:
             raise errors.PreconditionRequired()
+        activate_at = getattr(body, "activate_at", None)
+        if activate_at is not None and getattr(body, "restrictions", UNSET) is UNSET:
+            raise errors.InvalidRequest("activate_at applies to restrictions: the body has none")
+        outcome: list[Outcome] = []
         status = getattr(body, "status", None)
         columns = None if status is None else _status_columns(status)
         restrictions = getattr(body, "restrictions", UNSET)
@@ -291,7 +306,12 @@ class ModelOperations(ServiceBase):
             if columns is not None:
                 await conn.execute(sql.SET_MODEL_STATUS, mid, *columns)
             if restrictions is not UNSET:
-                await rule_admin.set_restrictions(conn, mid, restrictions)
+                kind = controls.RESTRICTIONS
+                raw = None if restrictions is None else msgspec.to_builtins(restrictions)
+                stored = await kind.check(conn, str(mid), "update", raw)
+                when = await self.lifecycle.when(conn, actor, kind, str(mid), stored, activate_at)
+                outcome.append(await self.lifecycle.decide(conn, actor, kind, str(mid), "update", stored, when))
+                detail.update(restrictions_outcome=outcome[0].status, revision=outcome[0].revision)
 
         detail: dict[str, Any] = {} if isinstance(body, ModelStatusBody) else {"kind": body.kind}
         if status is not None:
@@ -299,8 +319,11 @@ class ModelOperations(ServiceBase):
         if restrictions is not UNSET:
             detail["restrictions"] = restrictions is not None
         target = str(mid) if isinstance(body, ModelStatusBody) else body.name
-        await self._write(actor, "update_model", target, detail, work, registry=True)
-        return await self.get_model(model_id)
+        await self._write(actor.name, "update_model", target, detail, work, registry=True)
+        model = await self.get_model(model_id)
+        if outcome and outcome[0].pending:
+            return {**outcome[0].reply(), "model": model}
+        return model
 
     async def list_models(self) -> list[dict[str, Any]]:
         async with self._pool.acquire() as conn:
@@ -308,7 +331,9 @@ class ModelOperations(ServiceBase):
             deployments: dict[str, list[dict[str, Any]]] = {}
             for row in await conn.fetch(sql.LIST_ALL_DEPLOYMENTS):
                 deployments.setdefault(str(row["model_id"]), []).append(row_json(row))
-        return [{**_model_json(r), "deployments": deployments.get(str(r["id"]), [])} for r in rows]
+            states = await self.lifecycle.revisions("restrictions", [str(r["id"]) for r in rows], conn)
+        return [{**_model_json(r), "deployments": deployments.get(str(r["id"]), []),
+                 "restrictions_revisions": states[str(r["id"])]} for r in rows]
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         mid = parse_uuid(model_id, errors.ModelNotFound)
@@ -317,7 +342,10 @@ class ModelOperations(ServiceBase):
             if row is None:
                 raise errors.ModelNotFound()
             deployments = await conn.fetch(sql.LIST_DEPLOYMENTS, mid)
-        return {**_model_json(row), "deployments": [row_json(d) for d in deployments]}
+            states = await self.lifecycle.revisions("restrictions", [str(mid)], conn)
+        # The restrictions' revisions (saved and enforced; see Lifecycle.revisions).
+        return {**_model_json(row), "deployments": [row_json(d) for d in deployments],
+                "restrictions_revisions": states[str(mid)]}
 
     async def delete_model(self, actor: str, model_id: str) -> dict[str, Any]:
         mid = parse_uuid(model_id, errors.ModelNotFound)

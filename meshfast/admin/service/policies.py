@@ -5,15 +5,19 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import msgspec
 
 from meshfast import errors, validate
+from meshfast.admin.controls import policy_target
 from meshfast.admin.service.common import Price, ServiceBase, _body_uuid, _missing, _price, parse_uuid, row_json
 from meshfast.store import sql
 from meshfast.validate import Id, Int32, Weekdays, Word
+
+if TYPE_CHECKING:  # the routes import this package
+    from meshfast.admin.routes import Actor
 
 
 class AccessBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -42,6 +46,9 @@ class PolicyBody(msgspec.Struct, forbid_unknown_fields=True):
     timezone: Word = "UTC"
     active_days: Weekdays = msgspec.field(default_factory=lambda: [0, 1, 2, 3, 4, 5, 6])
     always_open: bool = False
+    # When the policy goes live: RFC 3339 with its offset, or "local-midnight" (the person's
+    # business unit's timezone); absent: now (API.md "Governed lifecycle").
+    activate_at: Word | None = None
 
 
 class KillSwitchBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -99,8 +106,10 @@ class AccessOperations(ServiceBase):
         async with self._pool.acquire() as conn:
             return [row_json(r) for r in await conn.fetch(sql.LIST_ACCESS, uid)]
 
-    async def put_policy(self, actor: str, user_id: str, model_id: str, body: PolicyBody,
+    async def put_policy(self, actor: Actor, user_id: str, model_id: str, body: PolicyBody,
                          kind: str = "user") -> dict[str, Any]:
+        """A person's (or an application's) policy for one model, through the lifecycle: a
+        business-unit administrator's raise waits for approval (``status: pending``)."""
         uid = parse_uuid(user_id, _missing(kind))
         mid = parse_uuid(model_id, errors.ModelNotFound)
         cap = _price(body.daily_cap_usd, "daily_cap_usd")
@@ -114,13 +123,18 @@ class AccessOperations(ServiceBase):
             # NOTE: a name only one side knows would put the window somewhere else (the core
             # reads an unknown zone as UTC), so both must know it.
             timezone = validate.timezone(body.timezone, "timezone", await validate.load_timezones(conn))
-
-        async def work(conn: asyncpg.Connection) -> None:
-            await self._check_pair(conn, uid, mid, kind)
-            await conn.execute(sql.UPSERT_POLICY, uid, mid, cap, body.max_calls_per_hour, allowed_from,
-                               allowed_to, timezone, sorted(set(body.active_days)), body.always_open)
-
-        await self._write(actor, "update_policy", f"{uid}:{mid}", {}, work)
+        assert cap is not None
+        proposed = {"principal_kind": kind, "daily_cap_usd": format(cap.normalize(), "f"),
+                    "max_calls_per_hour": body.max_calls_per_hour,
+                    "allowed_from": None if allowed_from is None else allowed_from.strftime("%H:%M"),
+                    "allowed_to": None if allowed_to is None else allowed_to.strftime("%H:%M"),
+                    "timezone": timezone, "active_days": sorted(set(body.active_days)), "always_open": body.always_open}
+        outcome = await self.lifecycle.write(actor, "policy", policy_target(uid, mid), "update", proposed,
+                                             body.activate_at, audit_action="update_policy")
+        if outcome.pending:
+            return outcome.reply()
+        if outcome.status == "scheduled":
+            return {"status": "scheduled", **outcome.detail()}
         return {"status": "ok"}
 
     async def list_policies(self, user_id: str, kind: str = "user") -> list[dict[str, Any]]:
@@ -129,7 +143,9 @@ class AccessOperations(ServiceBase):
         async with self._pool.acquire() as conn:
             if await conn.fetchval(sql.PRINCIPAL_EXISTS, uid, kind) is None:
                 raise missing()
-            return [row_json(r) for r in await conn.fetch(sql.LIST_POLICIES, uid)]
+            rows = [row_json(r) for r in await conn.fetch(sql.LIST_POLICIES, uid)]
+            states = await self.lifecycle.revisions("policy", [policy_target(uid, r["model_id"]) for r in rows], conn)
+        return [{**r, **states[policy_target(uid, r["model_id"])]} for r in rows]
 
     async def set_kill_switch(self, actor: str, body: KillSwitchBody) -> dict[str, Any]:
         async def work(conn: asyncpg.Connection) -> bool:
