@@ -565,7 +565,8 @@ class App:
         self.plane = AdminPlane(self.admin_pool, self.admin, self.secrets.hash_admin_token, self._status,
                                 cookie_secure=settings.cookie_secure, segment=self.segment,
                                 max_body_bytes=settings.max_admin_body_bytes,
-                                notifier=NotificationsAdmin(self.admin_pool, self.secrets.master_key))
+                                notifier=NotificationsAdmin(self.admin_pool, self.secrets.master_key),
+                                oidc_settings=settings.oidc)
         self._saturation = Saturation(self.segment)
         self._publish_load()
         self._load_task = background.start("saturation", self._publish_load_loop)
@@ -823,7 +824,8 @@ class App:
             # NOTE: the plane authenticates from the headers before it reads the body.
             reply = await self.plane.handle(method, path, scope.query_string, scope.headers,  # type: ignore[union-attr]
                                             client_ip(scope) or "unknown",
-                                            lambda limit: self._body(scope, proto, limit))
+                                            lambda limit: self._body(scope, proto, limit),
+                                            scheme=getattr(scope, "scheme", "http"))
         except errors.ClientDisconnected:
             return
         except errors.MeshfastError as exc:

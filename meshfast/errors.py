@@ -119,3 +119,14 @@ ChangeModified = _error("ChangeModified", 409, "change_modified")
 ChangeExpired = _error("ChangeExpired", 409, "change_expired")
 ChangeNotPending = _error("ChangeNotPending", 409, "change_not_pending")
 ChangeNotFound = _error("ChangeNotFound", 404, "change_not_found")
+# Admin login through an OIDC issuer (meshfast.admin.oidc): a callback whose state is missing,
+# unknown, used or expired, or not the browser's; the issuer's refusal of the login; its refusal
+# of the code exchange; an ID token that does not verify (signature, issuer, audience, time,
+# nonce, a verified email); a person the issuer gives no meshfast role; and an issuer that does
+# not answer (or answers something that is not OIDC).
+InvalidState = _error("InvalidState", 400, "invalid_state")
+OidcDenied = _error("OidcDenied", 400, "oidc_denied")
+OidcExchangeFailed = _error("OidcExchangeFailed", 400, "oidc_exchange_failed")
+InvalidIdToken = _error("InvalidIdToken", 401, "invalid_id_token")
+NoRole = _error("NoRole", 403, "no_role")
+OidcUnavailable = _error("OidcUnavailable", 502, "oidc_unavailable")

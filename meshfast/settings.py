@@ -6,10 +6,12 @@ Every variable is documented here and in ``meshfast --help``.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 import xxhash
@@ -68,6 +70,18 @@ ENV_DOC: tuple[tuple[str, str], ...] = (
     ("MESHFAST_JWKS_MAX_AGE_S", "seconds a fetched key set is trusted after it was last confirmed; then its tokens "
                                 "fail closed (default 86400)"),
     ("MESHFAST_TOKEN_ISSUER", "the iss of meshfast's own short-lived tokens (default meshfast)"),
+    ("MESHFAST_OIDC_ISSUER", "admin login through this OIDC issuer (https; http only on a loopback address); "
+                             "unset: no OIDC login"),
+    ("MESHFAST_OIDC_CLIENT_ID", "meshfast's client id at the OIDC issuer (required with MESHFAST_OIDC_ISSUER)"),
+    ("MESHFAST_OIDC_CLIENT_SECRET", "meshfast's client secret at the OIDC issuer (client_secret_basic; required)"),
+    ("MESHFAST_OIDC_ROLE_CLAIM", "the ID token claim holding the admin's roles, a list or one string "
+                                 "(default groups)"),
+    ("MESHFAST_OIDC_REDIRECT_URL", "the callback URL as the browser sees it (default: from the request's Host "
+                                   "and scheme + /admin/oidc/callback); set it behind a proxy"),
+    ("MESHFAST_OIDC_PLATFORM_ROLE", "the role claim value of a platform administrator (default "
+                                    "meshfast-platform-admin)"),
+    ("MESHFAST_OIDC_BU_ROLE_PREFIX", "the prefix of a business-unit administrator's role claim value, followed by "
+                                     "the unit's name (default meshfast-bu-admin:)"),
 )
 
 # X-Meshfast-Tags: the keys callers may send unless MESHFAST_TAG_KEYS says otherwise.
@@ -165,6 +179,84 @@ def _url_env(name: str) -> str | None:
     return raw
 
 
+@dataclass(frozen=True, slots=True)
+class OidcSettings:
+    """Admin login through an OIDC issuer (meshfast.admin.oidc)."""
+
+    issuer: str
+    client_id: str
+    # NOTE: kept out of repr: a logged settings object must not carry it.
+    client_secret: str = field(repr=False)
+    role_claim: str = "groups"
+    redirect_url: str | None = None
+    platform_role: str = "meshfast-platform-admin"
+    bu_role_prefix: str = "meshfast-bu-admin:"
+
+    @property
+    def local(self) -> bool:
+        """The issuer is on a loopback address (a test's or a developer's): plain http allowed."""
+        return loopback_url(self.issuer)
+
+
+def loopback_url(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _oidc_url_problem(url: str, name: str, *, allow_http: bool) -> str | None:
+    if not url.isascii() or not url.isprintable() or any(c in url for c in " \\"):
+        return f"{name} may hold only printable ASCII without spaces or backslashes"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a port out of range
+    except ValueError:
+        return f"{name} is not a valid URL"
+    if not parts.hostname or "@" in parts.netloc or parts.fragment:
+        return f"{name} must be an absolute URL without user info or fragment"
+    if parts.scheme != "https" and not (parts.scheme == "http" and (allow_http or loopback_url(url))):
+        return f"{name} must be an https:// URL (http:// only on a loopback address)"
+    return None
+
+
+def _oidc_env() -> OidcSettings | None:
+    """MESHFAST_OIDC_*: None without an issuer; exits naming what is wrong with a configured one."""
+    def env(name: str) -> str:
+        return (os.environ.get(name) or "").strip()
+
+    issuer, client_id, secret = env("MESHFAST_OIDC_ISSUER"), env("MESHFAST_OIDC_CLIENT_ID"), \
+        os.environ.get("MESHFAST_OIDC_CLIENT_SECRET") or ""
+    if not issuer:
+        if client_id or secret:
+            raise SystemExit("meshfast: MESHFAST_OIDC_CLIENT_ID and _CLIENT_SECRET need MESHFAST_OIDC_ISSUER")
+        return None
+    problem = _oidc_url_problem(issuer, "MESHFAST_OIDC_ISSUER", allow_http=False)
+    if problem is None and urlsplit(issuer).query:
+        problem = "MESHFAST_OIDC_ISSUER may not carry a query"
+    if problem is not None:
+        raise SystemExit(f"meshfast: {problem}, got {issuer!r}")
+    if not client_id or not secret:
+        raise SystemExit("meshfast: MESHFAST_OIDC_ISSUER needs MESHFAST_OIDC_CLIENT_ID and MESHFAST_OIDC_CLIENT_SECRET")
+    redirect = env("MESHFAST_OIDC_REDIRECT_URL") or None
+    if redirect is not None:
+        # NOTE: http is the operator's choice here (a loopback or a plain-http test deployment);
+        # the issuer refuses a redirect URI it does not have registered anyway.
+        problem = _oidc_url_problem(redirect, "MESHFAST_OIDC_REDIRECT_URL", allow_http=True)
+        if problem is not None:
+            raise SystemExit(f"meshfast: {problem}, got {redirect!r}")
+    role_claim = env("MESHFAST_OIDC_ROLE_CLAIM") or "groups"
+    platform_role = env("MESHFAST_OIDC_PLATFORM_ROLE") or "meshfast-platform-admin"
+    prefix = env("MESHFAST_OIDC_BU_ROLE_PREFIX") or "meshfast-bu-admin:"
+    if platform_role.startswith(prefix):
+        raise SystemExit("meshfast: MESHFAST_OIDC_PLATFORM_ROLE may not start with MESHFAST_OIDC_BU_ROLE_PREFIX")
+    return OidcSettings(issuer=issuer, client_id=client_id, client_secret=secret, role_claim=role_claim,
+                        redirect_url=redirect, platform_role=platform_role, bu_role_prefix=prefix)
+
+
 def _default_loop() -> str:
     return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
@@ -217,6 +309,8 @@ class Settings:
     dlp_model_url: str | None = None
     dlp_model_timeout_s: float = 0.5
     dlp_model_max_bytes: int = 1024 * 1024
+    # Admin login through an OIDC issuer; None: not configured (its routes answer 404).
+    oidc: OidcSettings | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -259,6 +353,7 @@ class Settings:
             dlp_model_url=_url_env("MESHFAST_DLP_MODEL_URL"),
             dlp_model_timeout_s=_bounded_int_env("MESHFAST_DLP_MODEL_TIMEOUT_MS", 500, 10, 10_000) / 1000,
             dlp_model_max_bytes=_bounded_int_env("MESHFAST_DLP_MODEL_MAX_KB", 1024, 1, 65_536) * 1024,
+            oidc=_oidc_env(),
         )
 
     @property

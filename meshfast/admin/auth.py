@@ -60,6 +60,10 @@ LOGIN_BUCKETS = 4096
 IPV6_CLIENT_PREFIX = 64
 
 _hasher = PasswordHasher()
+# The password hash of an admin an OIDC issuer created (meshfast.admin.oidc): not an argon2 hash, so
+# no password verifies against it; login checks the dummy hash instead, so the answer (and its
+# time) is an unknown password's.
+NO_PASSWORD = "!oidc-only"
 
 
 @functools.cache
@@ -206,19 +210,20 @@ class AdminAuth:
                 await _verify(await asyncio.to_thread(dummy_hash), body.password)
                 await _audit(conn, email, "login_failed", email, {"reason": "unknown_account", "ip": ip})
                 raise InvalidCredentials()
-            if not await _verify(claimed["password_hash"], body.password):
+            stored = claimed["password_hash"]
+            has_password = stored != NO_PASSWORD
+            checked = stored if has_password else await asyncio.to_thread(dummy_hash)
+            if not await _verify(checked, body.password) or not has_password:
                 locked = claimed["failed_login_attempts"] >= LOCK_AFTER
-                reason = "bad_password_now_locked" if locked else "bad_password"
+                reason = "no_password" if not has_password else \
+                    "bad_password_now_locked" if locked else "bad_password"
                 await _audit(conn, email, "login_failed", email, {"reason": reason, "ip": ip})
                 raise InvalidCredentials()
-            token, csrf = new_token(), new_token()
             async with conn.transaction():
                 is_super = await conn.fetchval(admin_sql.LOGIN_SUCCEEDED, claimed["id"])
                 if is_super is None:  # paused or deleted while the password was checked
                     raise InvalidCredentials()
-                await conn.execute(
-                    admin_sql.INSERT_SESSION,
-                    claimed["id"], _sha256(token), _sha256(csrf), SESSION_TTL)
+                token, csrf = await open_session(conn, claimed["id"])
                 await _audit(conn, email, "login", email, {"ip": ip})
         session = Session(str(claimed["id"]), email, is_super, _sha256(csrf), _sha256(token))
         return token, csrf, session
@@ -371,6 +376,14 @@ class AdminAuth:
         async with self._pool.acquire() as conn:
             result = await conn.execute(admin_sql.DELETE_EXPIRED_SESSIONS)
         return int(result.split()[-1])
+
+
+async def open_session(conn: asyncpg.Connection, admin_id: Any) -> tuple[str, str]:
+    """A new session of ``admin_id`` (password or OIDC login): its (session token, CSRF token),
+    stored as their SHA-256, valid SESSION_TTL."""
+    token, csrf = new_token(), new_token()
+    await conn.execute(admin_sql.INSERT_SESSION, admin_id, _sha256(token), _sha256(csrf), SESSION_TTL)
+    return token, csrf
 
 
 async def _verify(password_hash: str, password: str) -> bool:

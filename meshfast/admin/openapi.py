@@ -111,6 +111,16 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("PUT", "/admin/enforcement", "Set the global switch (rules only; per-user policies always enforce)",
      "EnforcementBody", 200),
     ("POST", "/admin/login", "Log in: session and CSRF cookies, the CSRF token in the body", "LoginBody", 200),
+    ("GET", "/admin/oidc/login", "Begin an admin login through the OIDC issuer (MESHFAST_OIDC_ISSUER): 302 to its "
+     "authorization endpoint (authorization code with PKCE S256), a short-lived state cookie; no credentials; "
+     "throttled per address as /admin/login (429 too_many_attempts); 404 not_found when no issuer is configured; "
+     "502 oidc_unavailable when the issuer does not answer", None, 302),
+    ("GET", "/admin/oidc/callback", "Finish an OIDC login: 302 to /dashboard with the session and CSRF cookies of "
+     "/admin/login. 400 invalid_state (state missing, not the cookie's, used or expired), 400 oidc_denied (the "
+     "issuer's error), 400 oidc_exchange_failed (the code refused), 401 invalid_id_token (signature, iss, aud, "
+     "time, nonce or an unverified email), 401 invalid_credentials (a paused admin), 403 no_role (the role claim "
+     "names neither the platform role nor an existing business unit's); 404 not_found when no issuer is "
+     "configured", None, 302),
     ("POST", "/admin/logout", "End this session", None, 200),
     ("GET", "/admin/me", "Who is asking", None, 200),
     ("POST", "/admin/change-password", "Change this session's password (ends its other sessions)",
@@ -213,6 +223,11 @@ QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
         _query("rule_id", _TEXT, "one rule's deliveries (digests have rule_id *)"),
         _query("user_id", _UUID, "one person's deliveries (a digest's person is the leader)"),
         *_PAGING],
+    "/admin/oidc/callback": [_query("code", _TEXT, "the issuer's authorization code"),
+                             _query("state", _TEXT, "the state of the login (as the state cookie)"),
+                             _query("iss", _TEXT, "the issuer (RFC 9207), when it says"),
+                             _query("error", _TEXT, "the issuer's refusal"),
+                             _query("error_description", _TEXT, "the issuer's words on its refusal")],
     "/admin/audit": [_query("actor", _TEXT, "who acted (exact)"), _query("action", _TEXT, "what was done (exact)"),
                      _query("from", _TIME, "start (inclusive)"), _query("to", _TIME, "end (exclusive)"),
                      *_PAGING],
@@ -267,7 +282,14 @@ def document() -> dict[str, Any]:
             operation["responses"][str(status)] = {
                 "description": "CSV (RFC 4180), columns: " + ", ".join(logs.EXPORT_HEADER),
                 "content": {"text/csv": {"schema": {"type": "string"}}}}
-        if path not in ("/admin/openapi.json", "/admin/login"):
+        if status == 302:
+            operation["responses"]["302"] = {
+                "description": "a redirect (Location)",
+                "headers": {"Location": {"schema": {"type": "string", "maxLength": 4096}}}}
+            operation["responses"]["429" if path.endswith("/login") else "502"] = {
+                "description": "too_many_attempts" if path.endswith("/login") else "oidc_unavailable",
+                "content": {"application/json": {"schema": _ERROR}}}
+        if path not in ("/admin/openapi.json", "/admin/login", "/admin/oidc/login", "/admin/oidc/callback"):
             operation["security"] = [{"bearer": []}]
         if method == "GET":
             params.extend(QUERY_PARAMETERS.get(path, []))

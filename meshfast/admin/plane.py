@@ -18,11 +18,12 @@ import asyncpg
 import msgspec
 
 from meshfast import errors
-from meshfast.admin import auth, logs, notifications
+from meshfast.admin import auth, logs, notifications, oidc
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationUpdate
 from meshfast.admin.changes import MAX_PAGE_SIZE, Lifecycle
 from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream, governed
+from meshfast.settings import OidcSettings
 from meshfast.store import admin as admin_sql
 from meshfast.store import changes as changes_sql
 
@@ -89,7 +90,8 @@ class AdminPlane:
     def __init__(self, pool: asyncpg.Pool, router: AdminRouter, hash_token: Callable[[str], str],
                  status: Callable[[], Awaitable[dict[str, Any]]], cookie_secure: bool = False,
                  segment: Any = None, max_body_bytes: int = 1024 * 1024,
-                 notifier: notifications.NotificationsAdmin | None = None) -> None:
+                 notifier: notifications.NotificationsAdmin | None = None,
+                 oidc_settings: OidcSettings | None = None) -> None:
         self._pool = pool
         self._max_body_bytes = max_body_bytes
         self.router = router
@@ -98,7 +100,13 @@ class AdminPlane:
         self._status = status
         self._secure = cookie_secure
         self._routes: list[tuple[str, re.Pattern[str], Handler, bool]] = []
+        # Routes without credentials (beside /admin/login): handler(ip, query, headers, scheme).
+        self._public: list[tuple[str, re.Pattern[str], Handler]] = []
+        self._oidc = None if oidc_settings is None else \
+            oidc.OidcLogin(pool, oidc_settings, hash_token, self.auth, cookie_secure)
         add = self._add
+        add("GET", r"/admin/oidc/login", self._oidc_login, public=True)
+        add("GET", r"/admin/oidc/callback", self._oidc_callback, public=True)
         add("GET", r"/admin/me", self._me)
         add("POST", r"/admin/logout", self._logout)
         add("POST", r"/admin/change-password", self._change_password)
@@ -151,8 +159,12 @@ class AdminPlane:
         add("POST", r"/admin/changes/(?P<id>[^/]+)/reject", lambda a, s, q, b, h, id: _digested(
             lifecycle.reject(a, id, svc.decode(b or b"{}", RejectBody).comment)))
 
-    def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False) -> None:
-        self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))
+    def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False,
+             public: bool = False) -> None:
+        if public:
+            self._public.append((method, re.compile(pattern + r"/?\Z"), handler))
+        else:
+            self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))
 
     @staticmethod
     async def _ok(work: Awaitable[Any]) -> Reply:
@@ -206,10 +218,16 @@ class AdminPlane:
         return actor if found is None else dataclasses.replace(actor, business_units=found)
 
     async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
-                     read_body: Callable[[int], Awaitable[bytes]]) -> Reply:
+                     read_body: Callable[[int], Awaitable[bytes]], scheme: str = "http") -> Reply:
         """Answers one admin request. The caller is authenticated from its headers before
         ``read_body(limit)`` reads anything, so a request without valid credentials costs no body
-        read; a login (the one route without credentials) reads at most ``MAX_LOGIN_BODY_BYTES``."""
+        read; a login (a route without credentials) reads at most ``MAX_LOGIN_BODY_BYTES``, the
+        OIDC routes no body at all. ``scheme``: the request's (http or https)."""
+        for route_method, pattern, handler in self._public:
+            if pattern.match(path):
+                if method != route_method:
+                    raise errors.MethodNotAllowed()
+                return await handler(ip, query, headers, scheme)
         if path.rstrip("/") == "/admin/login":
             if method != "POST":
                 raise errors.MethodNotAllowed()
@@ -278,6 +296,17 @@ class AdminPlane:
         max_age = int(auth.SESSION_TTL.total_seconds())
         return Reply(200, {"status": "ok", "csrf_token": csrf},
                      tuple(auth.set_cookies(token, csrf, self._secure, max_age)))
+
+    def _oidc_or_404(self) -> oidc.OidcLogin:
+        if self._oidc is None:
+            raise errors.NotFound()  # no issuer configured: the routes do not exist
+        return self._oidc
+
+    async def _oidc_login(self, ip: str, query: str | None, headers: Any, scheme: str) -> Reply:
+        return await self._oidc_or_404().begin(ip, headers.get("host"), scheme)
+
+    async def _oidc_callback(self, ip: str, query: str | None, headers: Any, scheme: str) -> Reply:
+        return await self._oidc_or_404().finish(ip, query, headers)
 
     @staticmethod
     async def _me(actor: Actor, session: auth.Session | None, query: str | None, body: bytes, headers: Any) -> Reply:
