@@ -12,14 +12,17 @@ Each test needs the admin routes it drives; one that is not in the admin API's O
 from __future__ import annotations
 
 import datetime as dt
+import http.server
+import json
 import re
 import secrets
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Gateway
+from conftest import SESSION_ENV, Gateway, running_gateway
 
 # NOTE: the browser, the admin who logs in and the refusal-tolerant tab are the dashboard tests' own.
 from test_dashboard import Tab, admin, browser  # noqa: F401
@@ -462,3 +465,65 @@ def test_the_login_form_offers_single_sign_on_only_when_it_is_configured(tab: Re
     page.wait_for_function("() => performance.getEntriesByName(location.origin + '/admin/oidc/login').length > 0")
     expect(page.locator("#sso")).to_be_hidden()
     expect(page.get_by_role("link", name="Sign in with SSO")).to_have_count(0)
+
+
+class _Issuer(http.server.BaseHTTPRequestHandler):
+    """An OIDC issuer's discovery document and an authorization page that only says where it is."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if self.path == "/.well-known/openid-configuration":
+            body = json.dumps({"issuer": base, "authorization_endpoint": f"{base}/authorize",
+                               "token_endpoint": f"{base}/token", "jwks_uri": f"{base}/jwks"}).encode()
+            kind = "application/json"
+        else:
+            body, kind = b"<!doctype html><title>Issuer</title><h1>Issuer sign-in</h1>", "text/html"
+        self.send_response(200)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def oidc_gateway() -> Iterator[tuple[Gateway, str]]:
+    """A gateway whose admins may sign in through an issuer (a local stand-in), and its URL."""
+    needs("GET /admin/oidc/login", "GET /admin/oidc/callback")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Issuer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    issuer = f"http://127.0.0.1:{server.server_address[1]}"
+    env = {**SESSION_ENV, "MESHFAST_OIDC_ISSUER": issuer, "MESHFAST_OIDC_CLIENT_ID": "meshfast-dashboard",
+           "MESHFAST_OIDC_CLIENT_SECRET": "issuer-secret-" + secrets.token_hex(4)}
+    try:
+        with running_gateway(1, env=env) as gw:
+            yield gw, issuer
+    finally:
+        server.shutdown()
+
+
+def test_the_login_form_links_to_the_issuer_when_single_sign_on_is_configured(
+        browser: Any, oidc_gateway: tuple[Gateway, str]) -> None:  # noqa: F811
+    """With an OIDC issuer configured, the login form offers "Sign in with SSO"; following it
+    lands on the issuer's authorization page with meshfast's client id and a PKCE challenge."""
+    from playwright.sync_api import expect
+
+    gateway, issuer = oidc_gateway
+    tab = RefusalTab(browser, gateway)
+    try:
+        page = tab.page
+        page.goto("/dashboard")
+        tab.heading("Log in to meshfast")
+        link = page.get_by_role("link", name="Sign in with SSO")
+        expect(link).to_be_visible()
+        assert tab.axe() == []
+        tab.screenshot("lifecycle-login-sso")
+        link.click()
+        page.wait_for_url(re.compile("^" + re.escape(issuer) + "/authorize\\?"))
+        expect(page.locator("h1")).to_have_text("Issuer sign-in")
+        assert "client_id=meshfast-dashboard" in page.url and "code_challenge_method=S256" in page.url
+        assert tab.errors == [], tab.errors
+    finally:
+        tab.close()
