@@ -471,7 +471,7 @@ class _Issuer(http.server.BaseHTTPRequestHandler):
     """An OIDC issuer's discovery document and an authorization page that only says where it is."""
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
-        base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        base = f"http://{self.headers['host']}"
         if self.path == "/.well-known/openid-configuration":
             body = json.dumps({"issuer": base, "authorization_endpoint": f"{base}/authorize",
                                "token_endpoint": f"{base}/token", "jwks_uri": f"{base}/jwks"}).encode()
