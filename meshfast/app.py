@@ -793,7 +793,9 @@ class App:
         try:
             if method != "GET":
                 raise errors.MethodNotAllowed()
-            await self.plane.actor(scope.headers, method)  # type: ignore[union-attr]
+            actor, _ = await self.plane.actor(scope.headers, method)  # type: ignore[union-attr]
+            # The instance's counters are platform-wide: the route table refuses a unit's administrator.
+            await self.plane.router.scope.check(actor, method, path, {}, b"")  # type: ignore[union-attr]
         except errors.MeshfastError as exc:
             self._error(proto, exc)
             return

@@ -130,3 +130,8 @@ OidcExchangeFailed = _error("OidcExchangeFailed", 400, "oidc_exchange_failed")
 InvalidIdToken = _error("InvalidIdToken", 401, "invalid_id_token")
 NoRole = _error("NoRole", 403, "no_role")
 OidcUnavailable = _error("OidcUnavailable", 502, "oidc_unavailable")
+# Business units (meshfast.admin.business_units, meshfast.admin.scope): an unknown unit, a name
+# another unit has, and a unit administrator's policy cap above the platform's lock on the unit.
+BusinessUnitNotFound = _error("BusinessUnitNotFound", 404, "business_unit_not_found")
+BusinessUnitExists = _error("BusinessUnitExists", 409, "business_unit_already_exists")
+AbovePlatformLock = _error("AbovePlatformLock", 403, "above_platform_lock")

@@ -37,9 +37,11 @@ from msgspec import Meta
 
 from meshfast import errors
 from meshfast._core import ShmError
+from meshfast.admin import scope
 from meshfast.store import admin as admin_sql
+from meshfast.store import business_units as units_sql
 from meshfast.store import sql
-from meshfast.validate import Email, Name
+from meshfast.validate import Email, Label, Name
 
 log = logging.getLogger("meshfast.admin")
 
@@ -97,6 +99,8 @@ class PasswordChange(msgspec.Struct, forbid_unknown_fields=True):
 class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
     name: Name
     is_super: bool = False
+    # The business units the token is scoped to (None: the minting admin's scope, if any).
+    business_units: Annotated[list[Label], Meta(max_length=256)] | None = None
 
 
 # The sign-in errors live in the one table (meshfast.errors); named here as the admin plane uses them.
@@ -117,6 +121,19 @@ class Session:
     is_super: bool
     csrf_hash: str
     session_hash: str
+    # The business units the admin administers (empty: none), read with the session.
+    units: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Bearer:
+    """An admin token as a request presents it: who it is and the scope it carries."""
+
+    name: str
+    is_super: bool
+    owner_admin_id: str | None
+    token_id: str
+    business_units: frozenset[str] | None
 
 
 def _sha256(token: str) -> str:
@@ -241,7 +258,8 @@ class AdminAuth:
             row = await conn.fetchrow(admin_sql.SESSION_BY_HASH, digest)
         if row is None:
             raise errors.Unauthorized()
-        found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest)
+        found = Session(str(row["id"]), row["email"], row["is_super"], row["csrf_hash"], digest,
+                        tuple(row["units"] or ()))
         if method not in SAFE_METHODS:
             header = headers.get("x-csrf-token") or ""
             cookie = jar.get(CSRF_COOKIE) or ""
@@ -250,9 +268,9 @@ class AdminAuth:
                 raise CsrfFailed()
         return found
 
-    async def bearer(self, authorization: str) -> tuple[str, bool, str | None, str]:
-        """The (actor name, is super, owner admin id, token id) of a bearer admin token, looked up on every
-        request (no cache may outlive a revocation or a pause); 401 for anything else."""
+    async def bearer(self, authorization: str) -> Bearer:
+        """The bearer admin token (name, owner, scope), looked up on every request (no cache may
+        outlive a revocation, a pause or a change of scope); 401 for anything else."""
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or self._hash_token is None:
@@ -262,7 +280,9 @@ class AdminAuth:
         if row is None:
             raise errors.Unauthorized()
         owner = row["owner_admin_id"]
-        return f"token:{row['name']}", row["is_super"], None if owner is None else str(owner), str(row["id"])
+        units = scope.token_units(row["is_super"], row["business_units"], row["owner_is_super"], row["owner_units"])
+        return Bearer(f"token:{row['name']}", row["is_super"], None if owner is None else str(owner), str(row["id"]),
+                      units)
 
     async def logout(self, session: Session) -> None:
         async with self._pool.acquire() as conn:
@@ -335,19 +355,39 @@ class AdminAuth:
     # --- admin API tokens -------------------------------------------------------------------
 
     async def create_token(self, actor: str, actor_is_super: bool, owner_admin_id: str | None, body: TokenCreate,
-                           hash_token: Any) -> dict[str, Any]:
+                           hash_token: Any, actor_units: frozenset[str] | None = None) -> dict[str, Any]:
         """``owner_admin_id``: the admin the new token answers to (the session's admin, or the
-        minting token's owner; None under the bootstrap token's authority)."""
+        minting token's owner; None under the bootstrap token's authority). ``business_units``
+        scopes the token (400 for an unknown unit, or beside ``is_super``); a scoped minter
+        (``actor_units``) makes tokens scoped to its units or some of them (all by default)."""
         name = body.name.strip()
         if not name or len(name) > 100 or name == "bootstrap":
             raise errors.InvalidRequest("name must be 1-100 characters and not 'bootstrap'")
         if body.is_super and not actor_is_super:
             raise errors.Forbidden()
+        units = None if body.business_units is None else sorted({u.strip() for u in body.business_units})
+        if units is not None and body.is_super:
+            raise errors.InvalidRequest("a platform administrator's token is not scoped to business units")
+        if units is not None and (not units or "" in units):
+            raise errors.InvalidRequest("business_units names at least one business unit (leave it out for none)")
+        if actor_units is not None:
+            if units is None:
+                units = sorted(actor_units)
+            elif not set(units) <= actor_units:
+                raise errors.Forbidden("business_units is outside your business units")
         token = "mesh_admin_" + new_token()
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(
-                admin_sql.INSERT_TOKEN, name, hash_token(token), body.is_super, actor, owner_admin_id)
-            await _audit(conn, actor, "create_admin_token", name, {"is_super": body.is_super})
+            if units is not None:
+                known = {r["name"] for r in await conn.fetch(units_sql.UNITS_BY_NAMES, units)}
+                unknown = [u for u in units if u not in known]
+                if unknown:
+                    problems = [f"business_units: {u[:64]!r} names no business unit" for u in unknown]
+                    raise errors.InvalidRequest("; ".join(problems), errors=problems)
+            async with conn.transaction():
+                row = await conn.fetchrow(
+                    admin_sql.INSERT_TOKEN, name, hash_token(token), body.is_super, actor, owner_admin_id, units)
+                await _audit(conn, actor, "create_admin_token", name,
+                             {"is_super": body.is_super, "business_units": units})
         return {**_token(row), "token": token}
 
     async def list_tokens(self) -> list[dict[str, Any]]:
@@ -355,8 +395,10 @@ class AdminAuth:
             rows = await conn.fetch(admin_sql.LIST_TOKENS)
         return [_token(r) for r in rows]
 
-    async def revoke_token(self, actor: str, actor_is_super: bool, token_id: str) -> dict[str, Any]:
-        """Revokes a token; a super admin's token only by a super admin (403 else)."""
+    async def revoke_token(self, actor: str, actor_is_super: bool, token_id: str,
+                           may_revoke: Callable[[str, str | None], bool] | None = None) -> dict[str, Any]:
+        """Revokes a token; a super admin's token only by a super admin, and only one that
+        ``may_revoke(token id, owner admin id)`` allows when given (403 else)."""
         async with self._pool.acquire() as conn:
             async with conn.transaction():
                 try:
@@ -367,6 +409,9 @@ class AdminAuth:
                     raise TokenNotFound()
                 if row["is_super"] and not actor_is_super:
                     raise errors.Forbidden()
+                owner = None if row["owner_admin_id"] is None else str(row["owner_admin_id"])
+                if may_revoke is not None and not may_revoke(str(row["id"]), owner):
+                    raise errors.Forbidden("not one of your tokens")
                 await conn.execute(admin_sql.REVOKE_TOKEN, token_id)
                 await _audit(conn, actor, "revoke_admin_token", row["name"], {})
         return {"status": "revoked"}
@@ -406,7 +451,9 @@ def _admin(row: asyncpg.Record) -> dict[str, Any]:
 
 def _token(row: asyncpg.Record) -> dict[str, Any]:
     out = {"id": str(row["id"]), "name": row["name"], "is_super": row["is_super"], "created_by": row["created_by"],
-           "created_at": row["created_at"].isoformat()}
+           "created_at": row["created_at"].isoformat(),
+           "owner_admin_id": None if row["owner_admin_id"] is None else str(row["owner_admin_id"]),
+           "business_units": None if row["business_units"] is None else list(row["business_units"])}
     if "revoked_at" in row.keys():
         out["revoked_at"] = row["revoked_at"].isoformat() if row["revoked_at"] else None
     return out

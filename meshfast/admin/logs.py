@@ -24,6 +24,7 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, settings, validate
+from meshfast.admin import scope as scope_module
 from meshfast.store import logs as logs_sql
 
 STATUS_OUTCOME = {"success": "success", "error": "upstream_error", "denied": "denied"}
@@ -47,7 +48,10 @@ GROUP_BY = (*logs_sql.GROUP_KEYS, *settings.tag_keys_env())
 class Query:
     """The filters of ``GET /admin/logs`` and ``/admin/logs/summary``, validated."""
 
-    def __init__(self, query_string: str | None, *, summary: bool = False) -> None:
+    def __init__(self, query_string: str | None, *, summary: bool = False,
+                 scope: frozenset[str] | None = None) -> None:
+        """``scope``: the caller's business units (None: not scoped), whose rows alone it reads
+        (:func:`meshfast.admin.scope.units_filter`)."""
         raw = validate.query(_parse(query_string), _KNOWN)
         now = dt.datetime.now(dt.UTC)
         self.to = validate.moment(raw.get("to"), "to") or now
@@ -85,18 +89,20 @@ class Query:
         if group_by is not None and group_by not in GROUP_BY:
             raise errors.InvalidRequest(f"group_by must be one of {', '.join(GROUP_BY)}")
         self.group_by = group_by
+        # The business units whose rows are read (the rows' own, from call time); None: every row.
+        self.units = scope_module.units_filter(scope, raw.get("business_unit"))
 
-    def filters(self) -> tuple[bool, bool, bool]:
-        """Which of the shared filters (user, model, outcome) apply: the store's statements take
-        them as ``$3``-``$5`` (None when one does not apply), after the window."""
-        return self.user_id is not None, self.model_id is not None, self.outcome is not None
+    def filters(self) -> tuple[bool, bool, bool, bool]:
+        """Which of the shared filters (user, model, outcome, business units) apply: the store's
+        statements take them as ``$3``-``$6`` (None when one does not apply), after the window."""
+        return self.user_id is not None, self.model_id is not None, self.outcome is not None, self.units is not None
 
     def filter_args(self) -> list[Any]:
-        return [self.user_id, self.model_id, self.outcome]
+        return [self.user_id, self.model_id, self.outcome, self.units]
 
-    def row_filters(self) -> tuple[bool, bool, bool, bool, bool]:
+    def row_filters(self) -> tuple[bool, bool, bool, bool, bool, bool]:
         """Which filters over request_logs rows apply: the shared ones, then the search and the
-        request id (``$6``, ``$7``)."""
+        request id (``$7``, ``$8``)."""
         return (*self.filters(), self.q is not None, self.request_id is not None)
 
     def row_args(self) -> list[Any]:
@@ -105,8 +111,8 @@ class Query:
 
 
 _KNOWN = frozenset({"user_id", "model_id", "status", "from", "to", "page", "page_size", "sort", "order", "q",
-                    "request_id", "tz", "bucket", "group_by"})
-_AUDIT_KNOWN = frozenset({"actor", "action", "from", "to", "page", "page_size"})
+                    "request_id", "tz", "bucket", "group_by", "business_unit"})
+_AUDIT_KNOWN = frozenset({"actor", "action", "from", "to", "page", "page_size", "business_unit"})
 
 
 def _parse(query_string: str | None) -> dict[str, str]:
@@ -287,7 +293,8 @@ async def _by_tool(conn: asyncpg.Connection, q: Query, since: dt.datetime, until
                    limit: int = 100) -> list[dict[str, Any]]:
     """Context signals: per tool, how many calls declared it and how many the model called it
     in, with the estimated tokens one declaration costs; the most declared first."""
-    rows = await conn.fetch(logs_sql.tools(*_tool_filters(q)), since, until, q.user_id, q.model_id, limit)
+    rows = await conn.fetch(logs_sql.tools(*_tool_filters(q), q.units is not None), since, until, q.user_id,
+                            q.model_id, limit, q.units)
     return [{"tool": r["tool"], "declared_calls": int(r["declared"]), "invoked_calls": int(r["invoked"]),
              "invocation_rate": round(int(r["invoked"]) / int(r["declared"]), 4) if r["declared"] else None,
              "estimated_tokens_per_declaration": _tokens(int(r["bytes"]), int(r["declared"]))} for r in rows]
@@ -328,7 +335,7 @@ async def _groups(conn: asyncpg.Connection, q: Query, since: dt.datetime, until:
     grouped by tag, a row counts once per tag of its model (and not at all without tags), so the
     groups' sum is the total only for the other groupings."""
     assert q.group_by is not None
-    # An attribution tag's key is the statement's $6 (the built-in keys are columns).
+    # An attribution tag's key is the statement's $7 (the built-in keys are columns).
     tag = [] if q.group_by in logs_sql.GROUP_KEYS else [q.group_by]
     rows = await conn.fetch(logs_sql.groups(q.group_by, *q.filters()), since, until, *q.filter_args(), *tag)
     emails = await _emails(conn, [r["key"] for r in rows]) if q.group_by == "manager" else {}
@@ -377,7 +384,8 @@ async def _by_user(conn: asyncpg.Connection, q: Query, since: dt.datetime, until
     first_day = (since + dt.timedelta(days=1)).date() if since.time() != dt.time(0) else since.date()
     last_day = until.date()  # exclusive
     parts: list[tuple[str, list[Any]]] = []
-    if q.user_id or q.model_id or first_day >= last_day:
+    # NOTE: the daily rollup keeps no business unit: a unit's view reads the hourly one.
+    if q.user_id or q.model_id or q.units is not None or first_day >= last_day:
         parts.append((hourly, [since, until, *args]))
     else:
         parts.append((logs_sql.SPEND_BY_USER_DAILY[q.outcome is not None], [first_day, last_day, q.outcome]))
@@ -413,19 +421,24 @@ def _measures(r: asyncpg.Record, head: dict[str, Any], cache: bool = False) -> d
     return out
 
 
-async def audit(conn: asyncpg.Connection, query_string: str | None) -> dict[str, Any]:
-    """``GET /admin/audit``: the audit log, newest first, filtered by actor, action and time."""
+async def audit(conn: asyncpg.Connection, query_string: str | None,
+                scope: frozenset[str] | None = None) -> dict[str, Any]:
+    """``GET /admin/audit``: the audit log, newest first, filtered by actor, action, time and
+    business unit; a business-unit administrator (``scope``) reads its units' records only."""
     raw = validate.query(_parse(query_string), _AUDIT_KNOWN)
-    # The filters as the store's statements take them ($1 actor, $2 action, $3-$4 the window).
+    # The filters as the store's statements take them ($1 actor, $2 action, $3-$4 the window,
+    # $5 the business units).
     args: list[Any] = [raw.get("actor") or None, raw.get("action") or None,
-                       validate.moment(raw.get("from"), "from"), validate.moment(raw.get("to"), "to")]
+                       validate.moment(raw.get("from"), "from"), validate.moment(raw.get("to"), "to"),
+                       scope_module.units_filter(scope, raw.get("business_unit"))]
     page = _int(raw.get("page"), "page", 1, 1_000_000, 1)
     page_size = _int(raw.get("page_size"), "page_size", 1, MAX_PAGE_SIZE, 50)
     applied = tuple(arg is not None for arg in args)
     rows = await conn.fetch(logs_sql.audit(*applied), *args, page_size, (page - 1) * page_size)
     total = await conn.fetchval(logs_sql.count_audit(*applied), *args)
     entries = [{"id": r["id"], "actor": r["actor"], "action": r["action"], "target": r["target"],
-                "detail": _detail(r["detail"]), "created_at": r["created_at"].isoformat()} for r in rows]
+                "detail": _detail(r["detail"]), "business_unit": r["business_unit"],
+                "created_at": r["created_at"].isoformat()} for r in rows]
     return {"entries": entries, "total": int(total), "page": page, "page_size": page_size}
 
 

@@ -14,14 +14,14 @@ from typing import Any
 import msgspec
 
 from meshfast import errors, rules, validate
-from meshfast.admin import applications, auth, issuers, logs, notifications, workflows
+from meshfast.admin import applications, auth, business_units, issuers, logs, notifications, workflows
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
     return (getattr(svc, name, None) or getattr(notifications, name, None) or getattr(rules, name, None)
             or getattr(issuers, name, None) or getattr(workflows, name, None) or getattr(applications, name, None)
-            or getattr(auth, name))
+            or getattr(business_units, name, None) or getattr(auth, name))
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -122,7 +122,8 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
      "names neither the platform role nor an existing business unit's); 404 not_found when no issuer is "
      "configured", None, 302),
     ("POST", "/admin/logout", "End this session", None, 200),
-    ("GET", "/admin/me", "Who is asking", None, 200),
+    ("GET", "/admin/me", "Who is asking: {email, is_super_admin, session}, and for a platform or business-unit "
+     "administrator role (platform or business_unit) and business_units (its units, or null)", None, 200),
     ("POST", "/admin/change-password", "Change this session's password (ends its other sessions)",
      "PasswordChange", 200),
     ("GET", "/admin/admins", "List admins", None, 200),
@@ -130,9 +131,26 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/admins/{id}/pause", "Pause an admin (super admin)", None, 200),
     ("POST", "/admin/admins/{id}/resume", "Resume an admin (super admin)", None, 200),
     ("DELETE", "/admin/admins/{id}", "Delete an admin (super admin)", None, 200),
-    ("GET", "/admin/tokens", "List admin API tokens", None, 200),
-    ("POST", "/admin/tokens", "Create an admin API token (shown once)", "TokenCreate", 201),
-    ("DELETE", "/admin/tokens/{id}", "Revoke an admin API token", None, 200),
+    ("GET", "/admin/tokens", "List admin API tokens, with owner_admin_id and business_units (a business-unit "
+     "administrator lists its own)", None, 200),
+    ("POST", "/admin/tokens", "Create an admin API token (shown once); business_units scopes it to those units "
+     "(400 for an unknown unit or beside is_super); a business-unit administrator's token is scoped to its units or "
+     "some of them (all by default; another unit 403)", "TokenCreate", 201),
+    ("DELETE", "/admin/tokens/{id}", "Revoke an admin API token (a business-unit administrator: its own only)",
+     None, 200),
+    ("POST", "/admin/business-units", "Create a business unit {name, timezone, admins, daily_cap_lock_usd} "
+     "(platform administrators only): 201 {id, name, timezone, admins, daily_cap_lock_usd, version, created_at, "
+     "updated_at} with its ETag; 400 invalid_request listing every problem (a time zone Python or PostgreSQL does "
+     "not know, an unknown admin, a platform administrator as a unit's); 409 business_unit_already_exists. "
+     "daily_cap_lock_usd is the highest daily cap the unit's administrators may set on its people's policies "
+     "(null: none above the cap in force, a policy's or the $20 default; above: 403 above_platform_lock)",
+     "BusinessUnitBody", 201),
+    ("GET", "/admin/business-units", "Business units (a business-unit administrator: its own)", None, 200),
+    ("GET", "/admin/business-units/{id}", "One business unit, with its ETag (another unit than a business-unit "
+     "administrator's answers 404 business_unit_not_found)", None, 200),
+    ("PUT", "/admin/business-units/{id}", "Replace a business unit (platform administrators only; If-Match honoured "
+     "when sent: stale 409 version_conflict); tokens scoped to a renamed unit follow its name",
+     "BusinessUnitBody", 200),
     ("GET", "/admin/logs", "Request logs: filters, paging, sorting, search", None, 200),
     ("GET", "/admin/logs/summary", "Totals, time series and breakdowns from the rollups (mesh-behaviour §3.5's "
      "names beside meshfast's own); with group_by (business_unit, manager, tier or tag) also groups: [{key, "
@@ -171,7 +189,8 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"typ
 _ERRORS = {
     "400": f"{errors.InvalidRequest.code}: malformed JSON, a wrong type or an unknown field",
     "401": f"{errors.Unauthorized.code}: no valid admin token",
-    "403": f"{errors.Forbidden.code}: the operation needs a super admin",
+    "403": f"{errors.Forbidden.code}: the operation needs a super admin, or is outside the business units of a "
+           f"business-unit administrator ({errors.AbovePlatformLock.code}: a policy cap above the unit's lock)",
     "404": "not found",
     "405": errors.MethodNotAllowed.code,
     "409": "conflict (a duplicate name, a stale If-Match, or manager_cycle)",
@@ -205,6 +224,8 @@ _LOG_FILTERS = [
     _query("request_id", _TEXT, "one request id (exact)"),
     _query("tz", {"type": "string", "maxLength": 64}, "IANA time zone of the summary's buckets"),
     _query("bucket", {"type": "string", "enum": ["hour", "day"]}, "time-series bucket"),
+    _query("business_unit", _TEXT, "one business unit's rows (the row's own, from call time); a business-unit "
+           "administrator reads its units' rows only, and another unit here is 403"),
 ]
 _GROUP_BY = _query("group_by", {"type": "string", "enum": list(logs.GROUP_BY)},
                    "summary only: group by the row's business unit, manager, tier or model tag at call time")
@@ -230,6 +251,8 @@ QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
                              _query("error_description", _TEXT, "the issuer's words on its refusal")],
     "/admin/audit": [_query("actor", _TEXT, "who acted (exact)"), _query("action", _TEXT, "what was done (exact)"),
                      _query("from", _TIME, "start (inclusive)"), _query("to", _TIME, "end (exclusive)"),
+                     _query("business_unit", _TEXT, "the records of changes concerning one business unit (a "
+                            "business-unit administrator reads its units' records only; another unit is 403)"),
                      *_PAGING],
 }
 

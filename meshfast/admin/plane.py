@@ -5,12 +5,10 @@ summaries, audit and status. Configuration routes go on to :class:`AdminRouter`.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
 import urllib.parse
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,14 +16,14 @@ import asyncpg
 import msgspec
 
 from meshfast import errors
-from meshfast.admin import auth, logs, notifications, oidc
+from meshfast.admin import auth, logs, notifications, oidc, scope
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationUpdate
+from meshfast.admin.business_units import BusinessUnitBody
 from meshfast.admin.changes import MAX_PAGE_SIZE, Lifecycle
 from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream, governed
 from meshfast.settings import OidcSettings
 from meshfast.store import admin as admin_sql
-from meshfast.store import changes as changes_sql
 
 Handler = Callable[..., Awaitable[Reply]]
 # Shown once, never stored: a replayed create answers without them.
@@ -99,7 +97,7 @@ class AdminPlane:
         self._hash_token = hash_token
         self._status = status
         self._secure = cookie_secure
-        self._routes: list[tuple[str, re.Pattern[str], Handler, bool]] = []
+        self._routes: list[tuple[str, re.Pattern[str], Handler, bool, str]] = []
         # Routes without credentials (beside /admin/login): handler(ip, query, headers, scheme).
         self._public: list[tuple[str, re.Pattern[str], Handler]] = []
         self._oidc = None if oidc_settings is None else \
@@ -119,17 +117,19 @@ class AdminPlane:
             super_only=True)
         add("DELETE", r"/admin/admins/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._admin_status(a, s, id, None),
             super_only=True)
-        add("GET", r"/admin/tokens", lambda a, s, q, b, h: self._ok(self.auth.list_tokens()))
+        add("GET", r"/admin/tokens", self._list_tokens)
         add("POST", r"/admin/tokens", self._create_token)
-        add("DELETE", r"/admin/tokens/(?P<id>[^/]+)",
-            lambda a, s, q, b, h, id: self._ok(self.auth.revoke_token(a.name, a.is_super, id)))
-        add("GET", r"/admin/logs", lambda a, s, q, b, h: self._query(lambda c: logs.list_logs(c, logs.Query(q))))
-        add("GET", r"/admin/logs/summary",
-            lambda a, s, q, b, h: self._query(lambda c: logs.summary(c, logs.Query(q, summary=True))))
-        add("GET", r"/admin/logs/export.csv", lambda a, s, q, b, h: self._export(q))
+        add("DELETE", r"/admin/tokens/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._ok(
+            self.auth.revoke_token(a.name, a.is_super, id, None if not a.scoped else lambda t, o: _owns(a, t, o))))
+        # A business-unit administrator reads its units' rows and records only (scope=).
+        add("GET", r"/admin/logs", lambda a, s, q, b, h: self._query(
+            lambda c: logs.list_logs(c, logs.Query(q, scope=a.business_units))))
+        add("GET", r"/admin/logs/summary", lambda a, s, q, b, h: self._query(
+            lambda c: logs.summary(c, logs.Query(q, summary=True, scope=a.business_units))))
+        add("GET", r"/admin/logs/export.csv", lambda a, s, q, b, h: self._export(q, a.business_units))
         add("GET", r"/admin/logs/unused-tools",
             lambda a, s, q, b, h: self._query(lambda c: logs.unused_tools(c, logs.Query(q))))
-        add("GET", r"/admin/audit", lambda a, s, q, b, h: self._query(lambda c: logs.audit(c, q)))
+        add("GET", r"/admin/audit", lambda a, s, q, b, h: self._query(lambda c: logs.audit(c, q, a.business_units)))
         add("GET", r"/admin/status", lambda a, s, q, b, h: self._ok(self._status()))
         self._notifications = notifier
         add("GET", r"/admin/notifications", lambda a, s, q, b, h: self._ok(self._notify().get()))
@@ -159,12 +159,15 @@ class AdminPlane:
         add("POST", r"/admin/changes/(?P<id>[^/]+)/reject", lambda a, s, q, b, h, id: _digested(
             lifecycle.reject(a, id, svc.decode(b or b"{}", RejectBody).comment)))
 
+        add("PUT", r"/admin/business-units/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            router.business_units.update(a, id, svc.decode(b, BusinessUnitBody), h.get("if-match"))))
+
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False,
              public: bool = False) -> None:
         if public:
             self._public.append((method, re.compile(pattern + r"/?\Z"), handler))
         else:
-            self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only))
+            self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only, scope.template(pattern)))
 
     @staticmethod
     async def _ok(work: Awaitable[Any]) -> Reply:
@@ -184,8 +187,8 @@ class AdminPlane:
         async with self._pool.acquire() as conn:
             return Reply(200, await work(conn))
 
-    async def _export(self, query: str | None) -> Reply:
-        chunks = await logs.export_csv(self._pool, logs.Query(query))
+    async def _export(self, query: str | None, units: frozenset[str] | None) -> Reply:
+        chunks = await logs.export_csv(self._pool, logs.Query(query, scope=units))
         return Reply(200, Stream("text/csv; charset=utf-8", chunks),
                      (("content-disposition", 'attachment; filename="meshfast-logs.csv"'),))
 
@@ -195,27 +198,15 @@ class AdminPlane:
         """A bearer admin token, else a session cookie (with CSRF on unsafe methods); 401 else."""
         authorization = headers.get("authorization")
         if authorization:
-            name, is_super, owner, token_id = await self.auth.bearer(authorization)
-            return await self._scoped(Actor(name=name, is_super=is_super, id=f"token:{token_id}",
-                                            owner_admin_id=owner)), None
+            token = await self.auth.bearer(authorization)
+            return Actor(name=token.name, is_super=token.is_super, id=f"token:{token.token_id}",
+                         owner_admin_id=token.owner_admin_id, business_units=token.business_units), None
         session = await self.auth.session(headers, method)
         if session is None:
             raise errors.Unauthorized()
-        return await self._scoped(Actor(name=session.email, is_super=session.is_super, id=f"admin:{session.admin_id}",
-                                        owner_admin_id=session.admin_id)), session
-
-    async def _scoped(self, actor: Actor) -> Actor:
-        """The actor with its business units: a token's own scope (non-NULL ``business_units``);
-        a non-super admin's units (``business_unit_admins``); None (unscoped) otherwise."""
-        kind, _, ident = actor.id.partition(":")
-        async with self._pool.acquire() as conn:
-            if kind == "token":
-                units = await conn.fetchval(changes_sql.TOKEN_UNITS, uuid.UUID(ident))
-                found = None if units is None else frozenset(units)
-            else:
-                names = [r[0] for r in await conn.fetch(changes_sql.ADMIN_UNITS, uuid.UUID(ident))]
-                found = frozenset(names) if names else None
-        return actor if found is None else dataclasses.replace(actor, business_units=found)
+        return Actor(name=session.email, is_super=session.is_super, id=f"admin:{session.admin_id}",
+                     owner_admin_id=session.admin_id,
+                     business_units=scope.session_units(session.is_super, list(session.units))), session
 
     async def handle(self, method: str, path: str, query: str | None, headers: Any, ip: str,
                      read_body: Callable[[int], Awaitable[bytes]], scheme: str = "http") -> Reply:
@@ -237,16 +228,19 @@ class AdminPlane:
                              (("retry-after", str(retry_after_s)),))
             return await self._login(ip, await read_body(MAX_LOGIN_BODY_BYTES))
         actor, session = await self.actor(headers, method)
+        scope.begin()
         body = await read_body(self._max_body_bytes)
         matched = False
-        for route_method, pattern, handler, super_only in self._routes:
+        for route_method, pattern, handler, super_only, route in self._routes:
             match = pattern.match(path) if route_method == method else None
             if match is None:
                 matched = matched or pattern.match(path) is not None
                 continue
             if super_only and not actor.is_super:
                 raise errors.Forbidden()
-            return await handler(actor, session, query, body, headers, **match.groupdict())
+            params = match.groupdict()
+            await self.router.scope.check(actor, method, route, params, body)
+            return await handler(actor, session, query, body, headers, **params)
         key = headers.get("idempotency-key")
         if method == "POST" and key:
             return await self._idempotent(actor, key, path, body,
@@ -310,7 +304,13 @@ class AdminPlane:
 
     @staticmethod
     async def _me(actor: Actor, session: auth.Session | None, query: str | None, body: bytes, headers: Any) -> Reply:
-        return Reply(200, {"email": actor.name, "is_super_admin": actor.is_super, "session": session is not None})
+        me: dict[str, Any] = {"email": actor.name, "is_super_admin": actor.is_super, "session": session is not None}
+        role = scope.role(actor)
+        # NOTE: a plain admin's answer is the one it always was (no role: ``admin``, unscoped).
+        if role != scope.ADMIN:
+            me["role"] = role
+            me["business_units"] = None if actor.business_units is None else sorted(actor.business_units)
+        return Reply(200, me)
 
     async def _logout(self, actor: Actor, session: auth.Session | None, query: str | None, body: bytes,
                       headers: Any) -> Reply:
@@ -335,8 +335,24 @@ class AdminPlane:
 
     async def _create_token(self, actor: Actor, session: auth.Session | None, query: str | None,
                             body: bytes, headers: Any) -> Reply:
-        # The new token answers to the same admin as the credential that made it.
+        # The new token answers to the same admin as the credential that made it, and a scoped
+        # credential makes tokens scoped within its own units.
         created = await self.auth.create_token(actor.name, actor.is_super, actor.owner_admin_id,
                                                svc.decode(body, auth.TokenCreate),
-                                               self._hash_token)
+                                               self._hash_token, actor.business_units)
         return Reply(201, created)
+
+    async def _list_tokens(self, actor: Actor, session: auth.Session | None, query: str | None, body: bytes,
+                           headers: Any) -> Reply:
+        tokens = await self.auth.list_tokens()
+        if actor.scoped:
+            tokens = [t for t in tokens if _owns(actor, t["id"], t["owner_admin_id"])]
+        return Reply(200, tokens)
+
+
+def _owns(actor: Actor, token_id: str, owner_admin_id: str | None) -> bool:
+    """A scoped actor's own tokens: those answering to its admin, or (a token without an admin)
+    the token itself."""
+    if actor.owner_admin_id is not None:
+        return owner_admin_id == actor.owner_admin_id
+    return actor.id == f"token:{token_id}"

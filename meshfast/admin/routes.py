@@ -11,8 +11,10 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, rules, tokens
+from meshfast.admin import scope
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationCreate, ApplicationService
+from meshfast.admin.business_units import BusinessUnitBody, BusinessUnitService
 from meshfast.admin.dlp import DlpService
 from meshfast.admin.issuers import IssuerCreate, IssuerService
 from meshfast.admin.rules import RuleService, decode_body
@@ -34,6 +36,7 @@ class Actor:
     # The admin a credential answers to (None for the bootstrap token and tokens it made).
     owner_admin_id: str | None = None
     # A business-unit administrator's units (or a scoped token's); None: not scoped to units.
+    # The one source of truth for scope (see meshfast.admin.scope).
     business_units: frozenset[str] | None = None
 
     @property
@@ -82,10 +85,12 @@ class AdminRouter:
         self._secrets = secrets
         self.service = service
         s = service
-        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
+        self._routes: list[tuple[str, re.Pattern[str], Handler, str]] = []
+        # Who may call which route, on which people, rules and models (meshfast.admin.scope).
+        self.scope = scope.Guard(pool, service)
         add = self._add
         add("POST", r"/admin/users", lambda a, b: self._created(s.create_user(a.name, svc.decode(b, svc.UserCreate))))
-        add("GET", r"/admin/users", lambda a, b: self._ok(s.list_users()))
+        add("GET", r"/admin/users", lambda a, b: self._ok(self._users(a)))
         add("GET", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_user(id)))
         add("DELETE", r"/admin/users/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_user(a.name, id)))
         add("POST", r"/admin/users/(?P<id>[^/]+)/rotate-key", lambda a, b, id: self._ok(s.rotate_key(a.name, id)))
@@ -154,11 +159,16 @@ class AdminRouter:
         self.rules = r = RuleService(service)
         add("POST", r"/admin/rules/dry-run", lambda a, b: self._ok(r.dry_run(b)))
         add("POST", r"/admin/rules", lambda a, b: governed(r.create(a, b), 201, versioned=True))
-        add("GET", r"/admin/rules", lambda a, b: self._ok(r.list()))
+        add("GET", r"/admin/rules", lambda a, b: self._ok(self._rules(a)))
         add("GET", r"/admin/rules/(?P<id>[^/]+)", lambda a, b, id: self._versioned(r.get(id)))
         add("GET", r"/admin/enforcement", lambda a, b: self._ok(r.enforcement()))
         add("PUT", r"/admin/enforcement",
             lambda a, b: self._ok(r.set_enforcement(a.name, svc.decode(b, rules.EnforcementBody))))
+        self.business_units = u = BusinessUnitService(pool, service)
+        add("POST", r"/admin/business-units",
+            lambda a, b: self._versioned(u.create(a, svc.decode(b, BusinessUnitBody)), status=201))
+        add("GET", r"/admin/business-units", lambda a, b: self._ok(u.list(a)))
+        add("GET", r"/admin/business-units/(?P<id>[^/]+)", lambda a, b, id: self._versioned(u.get(a, id)))
 
     async def _session_token(self, actor: Actor, body: bytes | None) -> Reply:
         """A short-lived data-plane token for the logged-in admin's own user (the user with the
@@ -175,8 +185,15 @@ class AdminRouter:
         return Reply(201, {"token": token, "token_type": "Bearer", "expires_in": tokens.TOKEN_TTL_S,
                            "expires_at": expires, "user_id": str(row["id"]), "issuer": tokens.issuer_name()})
 
+    async def _users(self, actor: Actor) -> list[dict[str, Any]]:
+        users = await self.service.list_users()
+        return [u for u in users if scope.in_scope(actor, u.get("business_unit"))]
+
+    async def _rules(self, actor: Actor) -> list[dict[str, Any]]:
+        return [rule for rule in await self.rules.list() if scope.rule_in_scope(actor, rule)]
+
     def _add(self, method: str, pattern: str, handler: Handler) -> None:
-        self._routes.append((method, re.compile(pattern + r"/?\Z"), handler))
+        self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, scope.template(pattern)))
 
     @staticmethod
     async def _ok(work: Awaitable[Any]) -> Reply:
@@ -200,14 +217,16 @@ class AdminRouter:
         """Routes a configuration request of ``actor``, authenticated by :mod:`meshfast.admin.plane`
         (on every request, from its headers: no cache outlives a revocation)."""
         matched_path = False
-        for route_method, pattern, handler in self._routes:
+        for route_method, pattern, handler, route in self._routes:
             match = pattern.match(path)
             if match is None:
                 continue
             matched_path = True
             if route_method != method:
                 continue
-            return await handler(actor, body, **match.groupdict())
+            params = match.groupdict()
+            await self.scope.check(actor, method, route, params, body)
+            return await handler(actor, body, **params)
         if matched_path:
             raise errors.MethodNotAllowed()
         raise errors.NotFound()

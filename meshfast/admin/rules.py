@@ -40,6 +40,11 @@ def _moment(value: dt.datetime) -> str:
     return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
+def stored_body(value: Any) -> Any:
+    """A stored rule's body (jsonb, as text or decoded)."""
+    return _json(value)
+
+
 def rule_json(row: asyncpg.Record) -> dict[str, Any]:
     """A stored rule as the API answers it: the authored shape plus version and timestamps."""
     return {**_json(row["body"]), "version": row["version"], "created_at": _moment(row["created_at"]),

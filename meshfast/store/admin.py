@@ -27,8 +27,13 @@ RETURNING is_super
 INSERT_SESSION = """
 INSERT INTO admin_sessions (admin_id, token_hash, csrf_hash, expires_at) VALUES ($1, $2, $3, now() + $4::interval)
 """
+# ``units``: the business units the admin administers (empty for none), read with the session so a
+# unit's administrators are scoped from the next request after a change, as a logout would be.
 SESSION_BY_HASH = """
-SELECT a.id, a.email, a.is_super, s.csrf_hash FROM admin_sessions s JOIN admins a ON a.id = s.admin_id
+SELECT a.id, a.email, a.is_super, s.csrf_hash,
+       ARRAY(SELECT b.name FROM business_unit_admins ba JOIN business_units b ON b.id = ba.business_unit_id
+             WHERE ba.admin_id = a.id ORDER BY b.name) AS units
+FROM admin_sessions s JOIN admins a ON a.id = s.admin_id
 WHERE s.token_hash = $1 AND s.expires_at > now() AND a.status = 'active'
 """
 DELETE_SESSION = "DELETE FROM admin_sessions WHERE token_hash = $1"
@@ -53,20 +58,28 @@ SET_ADMIN_STATUS = "UPDATE admins SET status = $2 WHERE id = $1::uuid RETURNING 
 
 # A token is refused while the admin it answers to (owner_admin_id, see migration 0012) is paused or
 # once they are deleted.
+# ``business_units``: the token's own scope (NULL: none); ``owner_units``: the units its admin
+# administers now (empty for none), so a unit administrator's token never reaches past them.
 TOKEN_BY_HASH = """
-SELECT t.id, t.name, t.is_super, t.owner_admin_id FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
+SELECT t.id, t.name, t.is_super, t.owner_admin_id, t.business_units, coalesce(a.is_super, false) AS owner_is_super,
+       ARRAY(SELECT b.name FROM business_unit_admins ba JOIN business_units b ON b.id = ba.business_unit_id
+             WHERE ba.admin_id = t.owner_admin_id ORDER BY b.name) AS owner_units
+FROM admin_tokens t LEFT JOIN admins a ON a.id = t.owner_admin_id
 WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.owner_admin_id IS NULL OR a.status = 'active')
 """
 TOKEN_FOR_REVOKE = """
-SELECT name, is_super FROM admin_tokens WHERE id = $1::uuid AND revoked_at IS NULL FOR UPDATE
+SELECT id, name, is_super, owner_admin_id FROM admin_tokens
+WHERE id = $1::uuid AND revoked_at IS NULL FOR UPDATE
 """
 REVOKE_TOKEN = "UPDATE admin_tokens SET revoked_at = now() WHERE id = $1::uuid"
 INSERT_TOKEN = """
-INSERT INTO admin_tokens (name, token_hash, is_super, created_by, owner_admin_id)
-VALUES ($1, $2, $3, $4, $5::uuid) RETURNING id, name, is_super, created_by, created_at
+INSERT INTO admin_tokens (name, token_hash, is_super, created_by, owner_admin_id, business_units)
+VALUES ($1, $2, $3, $4, $5::uuid, $6::text[])
+RETURNING id, name, is_super, created_by, created_at, owner_admin_id, business_units
 """
 LIST_TOKENS = """
-SELECT id, name, is_super, created_by, created_at, revoked_at FROM admin_tokens ORDER BY created_at DESC
+SELECT id, name, is_super, created_by, created_at, revoked_at, owner_admin_id, business_units FROM admin_tokens
+ORDER BY created_at DESC
 """
 
 # --- idempotency keys ------------------------------------------------------------------------

@@ -9,8 +9,10 @@ filters want (``user_id, created_at`` and the like), which one statement holding
 ``$n IS NULL OR column = $n`` for every combination would not reliably get from a generic plan.
 
 The parameters of the request-row statements: ``$1``, ``$2`` the window, ``$3`` user id,
-``$4`` model id, ``$5`` outcome, ``$6`` search text, ``$7`` request id, then each statement's
-own (a page's limit and offset, a keyset position). The rollups' take ``$1``-``$5`` alike.
+``$4`` model id, ``$5`` outcome, ``$6`` business units (the rows' own, from call time: a
+business-unit administrator's scope, or the ``business_unit`` filter), ``$7`` search text, ``$8``
+request id, then each statement's own (a page's limit and offset, a keyset position). The
+rollups' take ``$1``-``$6`` alike.
 """
 
 # --- filters -----------------------------------------------------------------------------
@@ -19,19 +21,20 @@ own (a page's limit and offset, a keyset position). The rollups' take ``$1``-``$
 _USER = ("$3::uuid IS NULL", "user_id = $3")
 _MODEL = ("$4::uuid IS NULL", "model_id = $4")
 _OUTCOME = ("$5::text IS NULL", "outcome = $5")
-_SEARCH = (" AND $6::text IS NULL",
-           " AND (request_id = $6 OR model_name ILIKE '%' || $6 || '%' OR requested_model ILIKE '%' || $6 || '%')")
-_REQUEST_ID = (" AND $7::text IS NULL", " AND request_id = $7")
+_UNITS = ("$6::text[] IS NULL", "business_unit = ANY($6::text[])")
+_SEARCH = (" AND $7::text IS NULL",
+           " AND (request_id = $7 OR model_name ILIKE '%' || $7 || '%' OR requested_model ILIKE '%' || $7 || '%')")
+_REQUEST_ID = (" AND $8::text IS NULL", " AND request_id = $8")
 
 
-def _filters(user: bool, model: bool, outcome: bool) -> str:
+def _filters(user: bool, model: bool, outcome: bool, units: bool) -> str:
     """The shared filter (time window excluded), over request_logs and the rollups alike."""
-    return _USER[user] + " AND " + _MODEL[model] + " AND " + _OUTCOME[outcome]
+    return _USER[user] + " AND " + _MODEL[model] + " AND " + _OUTCOME[outcome] + " AND " + _UNITS[units]
 
 
-def _row_filters(user: bool, model: bool, outcome: bool, search: bool, request_id: bool) -> str:
+def _row_filters(user: bool, model: bool, outcome: bool, units: bool, search: bool, request_id: bool) -> str:
     """The filter over request_logs rows: window, filters, search."""
-    return ("created_at >= $1 AND created_at < $2 AND " + _filters(user, model, outcome) + _SEARCH[search]
+    return ("created_at >= $1 AND created_at < $2 AND " + _filters(user, model, outcome, units) + _SEARCH[search]
             + _REQUEST_ID[request_id])
 
 
@@ -46,7 +49,8 @@ def _order_by(sort: str, order: str) -> str:
     return " ORDER BY " + SORT_KEYS[sort] + " " + direction + ", request_id " + direction
 
 
-# The rollup a view reads: one user's view needs the user dimension, the instance's does not.
+# The rollup a view reads: one user's view (or a business unit's) needs the per-user rollup, which
+# keeps the row's business unit; the instance's does not.
 _ROLLUP = ("request_rollup_hourly_all", "request_rollup_hourly")
 
 # --- listing -------------------------------------------------------------------------------
@@ -62,29 +66,30 @@ LIST_COLUMNS = (
 )
 
 
-def list_rows(user: bool, model: bool, outcome: bool, search: bool, request_id: bool, sort: str,
+def list_rows(user: bool, model: bool, outcome: bool, units: bool, search: bool, request_id: bool, sort: str,
               order: str) -> str:
-    """A page of rows: the row parameters, then ``$8`` the page size, ``$9`` the offset."""
+    """A page of rows: the row parameters, then ``$9`` the page size, ``$10`` the offset."""
     return ("SELECT " + LIST_COLUMNS + " FROM request_logs WHERE "
-            + _row_filters(user, model, outcome, search, request_id) + _order_by(sort, order)
-            + " LIMIT $8 OFFSET $9")
+            + _row_filters(user, model, outcome, units, search, request_id) + _order_by(sort, order)
+            + " LIMIT $9 OFFSET $10")
 
 
-def count_rows(user: bool, model: bool, outcome: bool, search: bool, request_id: bool) -> str:
+def count_rows(user: bool, model: bool, outcome: bool, units: bool, search: bool, request_id: bool) -> str:
     """How many rows match (the row parameters)."""
-    return "SELECT count(*) FROM request_logs WHERE " + _row_filters(user, model, outcome, search, request_id)
+    return "SELECT count(*) FROM request_logs WHERE " + _row_filters(user, model, outcome, units, search,
+                                                                      request_id)
 
 
-def count_window_rows(user: bool, model: bool, outcome: bool) -> str:
-    """How many rows match in ``$1``-``$2``, without search (``$3``-``$5``)."""
+def count_window_rows(user: bool, model: bool, outcome: bool, units: bool) -> str:
+    """How many rows match in ``$1``-``$2``, without search (``$3``-``$6``)."""
     return "SELECT count(*) FROM request_logs WHERE created_at >= $1 AND created_at < $2 AND " + _filters(
-        user, model, outcome)
+        user, model, outcome, units)
 
 
-def count_rollup_rows(user: bool, model: bool, outcome: bool) -> str:
-    """The rows the rollup counted in the whole hours ``$1``-``$2`` (``$3``-``$5``)."""
-    return ("SELECT coalesce(sum(rows), 0) FROM " + _ROLLUP[user] + " WHERE hour >= $1 AND hour < $2 AND "
-            + _filters(user, model, outcome))
+def count_rollup_rows(user: bool, model: bool, outcome: bool, units: bool) -> str:
+    """The rows the rollup counted in the whole hours ``$1``-``$2`` (``$3``-``$6``)."""
+    return ("SELECT coalesce(sum(rows), 0) FROM " + _ROLLUP[user or units] + " WHERE hour >= $1 AND hour < $2 AND "
+            + _filters(user, model, outcome, units))
 
 
 # --- summary -------------------------------------------------------------------------------
@@ -115,18 +120,18 @@ GROUP BY GROUPING SETS ((), (model_id), (provider_id), (outcome), (deny_reason),
 """
 
 
-def summary(user: bool, model: bool, outcome: bool) -> str:
-    """The summary's totals and breakdowns over whole hours ``$1``-``$2`` (``$3``-``$5``), its
-    time series in buckets of ``$7`` ('hour' or 'day') in the time zone ``$6``."""
-    return ("WITH r AS (SELECT *, date_trunc($7, hour AT TIME ZONE $6) AS bucket FROM " + _ROLLUP[user]
-            + " WHERE hour >= $1 AND hour < $2 AND " + _filters(user, model, outcome) + ")" + _SUMMARY)
+def summary(user: bool, model: bool, outcome: bool, units: bool) -> str:
+    """The summary's totals and breakdowns over whole hours ``$1``-``$2`` (``$3``-``$6``), its
+    time series in buckets of ``$8`` ('hour' or 'day') in the time zone ``$7``."""
+    return ("WITH r AS (SELECT *, date_trunc($8, hour AT TIME ZONE $7) AS bucket FROM " + _ROLLUP[user or units]
+            + " WHERE hour >= $1 AND hour < $2 AND " + _filters(user, model, outcome, units) + ")" + _SUMMARY)
 
 
-# Spend by person, from the hourly rollup (``$1``-``$2``, ``$3``-``$5``).
-def spend_by_user_hourly(user: bool, model: bool, outcome: bool) -> str:
+# Spend by person, from the hourly rollup (``$1``-``$2``, ``$3``-``$6``).
+def spend_by_user_hourly(user: bool, model: bool, outcome: bool, units: bool) -> str:
     return ("SELECT user_id, sum(calls) AS calls, sum(tokens_in) AS tokens_in, sum(tokens_out) AS tokens_out, "
             "sum(input_cost + output_cost) AS cost FROM request_rollup_hourly WHERE hour >= $1 AND hour < $2 AND "
-            + _filters(user, model, outcome) + " GROUP BY 1")
+            + _filters(user, model, outcome, units) + " GROUP BY 1")
 
 
 # Spend by person over whole days ``$1``-``$2`` (exclusive), of the outcome ``$3``.
@@ -144,8 +149,8 @@ FROM request_rollup_daily_user WHERE day >= $1 AND day < $2 AND outcome = $3 GRO
 GROUP_KEYS = {"business_unit": "business_unit", "manager": "manager_id::text", "tier": "tier", "tag": "tag",
               "principal_kind": "principal_kind", "token_issuer": "token_issuer",
               "application_id": "CASE WHEN principal_kind = 'application' THEN user_id::text END"}
-# Any other group_by is an attribution tag key (MESHFAST_TAG_KEYS), passed as ``$6``.
-_TAG_KEY = "call_tags->>$6"
+# Any other group_by is an attribution tag key (MESHFAST_TAG_KEYS), passed as ``$7``.
+_TAG_KEY = "call_tags->>$7"
 _GROUP_MEASURES = (
     "coalesce(sum(calls), 0) AS calls, coalesce(sum(calls) FILTER (WHERE outcome = 'denied'), 0) AS denied_calls, "
     "coalesce(sum(calls) FILTER (WHERE status_code >= 400), 0) AS error_calls, "
@@ -153,23 +158,29 @@ _GROUP_MEASURES = (
     "coalesce(sum(input_cost), 0) AS input_cost, coalesce(sum(output_cost), 0) AS output_cost")
 
 
-def groups(group_by: str, user: bool, model: bool, outcome: bool) -> str:
-    """The window ``$1``-``$2`` (``$3``-``$5``) grouped by a built-in key (GROUP_KEYS) or, for
-    any other ``group_by``, by the attribution tag ``$6``; grouped by ``tag``, once per model tag."""
+def groups(group_by: str, user: bool, model: bool, outcome: bool, units: bool) -> str:
+    """The window ``$1``-``$2`` (``$3``-``$6``) grouped by a built-in key (GROUP_KEYS) or, for
+    any other ``group_by``, by the attribution tag ``$7``; grouped by ``tag``, once per model tag."""
     key = GROUP_KEYS.get(group_by, _TAG_KEY)
     source = "request_rollup_hourly CROSS JOIN LATERAL unnest(tags) AS t (tag)" if group_by == "tag" \
         else "request_rollup_hourly"
     return ("SELECT " + key + " AS key, " + _GROUP_MEASURES + " FROM " + source
-            + " WHERE hour >= $1 AND hour < $2 AND " + _filters(user, model, outcome) + " GROUP BY 1")
+            + " WHERE hour >= $1 AND hour < $2 AND " + _filters(user, model, outcome, units) + " GROUP BY 1")
 
 
 # --- context signals (tool_rollup_hourly: ``$1``-``$2``, ``$3`` user, ``$4`` model) -------------
 
-def tools(user: bool, model: bool) -> str:
+# The tool rollup keeps no business unit: a unit's view counts the people in the units ``$6`` now.
+_TOOL_UNITS = ("$6::text[] IS NULL",
+               "user_id IN (SELECT id FROM users WHERE business_unit = ANY($6::text[]))")
+
+
+def tools(user: bool, model: bool, units: bool) -> str:
     """Per tool, declarations and invocations, the most declared first, at most ``$5``."""
     return ("SELECT tool, sum(declared_calls) AS declared, sum(invoked_calls) AS invoked, "
             "sum(definition_bytes) AS bytes FROM tool_rollup_hourly "
-            "WHERE hour >= $1 AND hour < $2 AND " + _USER[user] + " AND " + _MODEL[model] + " GROUP BY tool "
+            "WHERE hour >= $1 AND hour < $2 AND " + _USER[user] + " AND " + _MODEL[model] + " AND "
+            + _TOOL_UNITS[units] + " GROUP BY tool "
             "ORDER BY sum(declared_calls) DESC, sum(invoked_calls) DESC, tool LIMIT $5")
 
 
@@ -187,26 +198,30 @@ EMAILS = """
 SELECT id::text AS id, COALESCE(email, 'application: ' || display_name) AS email FROM users WHERE id = ANY($1::uuid[])
 """
 
-# --- audit log (``$1`` actor, ``$2`` action, ``$3``-``$4`` the window, each optional) ----------
+# --- audit log (``$1`` actor, ``$2`` action, ``$3``-``$4`` the window, ``$5`` business units,
+# each optional) ---------------------------------------------------------------------------------
 
 _ACTOR = ("$1::text IS NULL", "actor = $1")
 _ACTION = ("$2::text IS NULL", "action = $2")
 _SINCE = ("$3::timestamptz IS NULL", "created_at >= $3")
 _UNTIL = ("$4::timestamptz IS NULL", "created_at < $4")
+_AUDIT_UNITS = ("$5::text[] IS NULL", "business_unit = ANY($5::text[])")
 
 
-def _audit_filters(actor: bool, action: bool, since: bool, until: bool) -> str:
-    return _ACTOR[actor] + " AND " + _ACTION[action] + " AND " + _SINCE[since] + " AND " + _UNTIL[until]
+def _audit_filters(actor: bool, action: bool, since: bool, until: bool, units: bool) -> str:
+    return (_ACTOR[actor] + " AND " + _ACTION[action] + " AND " + _SINCE[since] + " AND " + _UNTIL[until]
+            + " AND " + _AUDIT_UNITS[units])
 
 
-def audit(actor: bool, action: bool, since: bool, until: bool) -> str:
-    """A page of the audit log, newest first: ``$5`` the page size, ``$6`` the offset."""
-    return ("SELECT id, actor, action, target, detail, created_at FROM admin_audit_log WHERE "
-            + _audit_filters(actor, action, since, until) + " ORDER BY created_at DESC, id DESC LIMIT $5 OFFSET $6")
+def audit(actor: bool, action: bool, since: bool, until: bool, units: bool) -> str:
+    """A page of the audit log, newest first: ``$6`` the page size, ``$7`` the offset."""
+    return ("SELECT id, actor, action, target, detail, business_unit, created_at FROM admin_audit_log WHERE "
+            + _audit_filters(actor, action, since, until, units)
+            + " ORDER BY created_at DESC, id DESC LIMIT $6 OFFSET $7")
 
 
-def count_audit(actor: bool, action: bool, since: bool, until: bool) -> str:
-    return "SELECT count(*) FROM admin_audit_log WHERE " + _audit_filters(actor, action, since, until)
+def count_audit(actor: bool, action: bool, since: bool, until: bool, units: bool) -> str:
+    return "SELECT count(*) FROM admin_audit_log WHERE " + _audit_filters(actor, action, since, until, units)
 
 
 # --- CSV export ----------------------------------------------------------------------------
@@ -221,15 +236,15 @@ EXPORT_COLUMNS = (
     "call_tags AS tags, principal_kind, mesh_key_id AS key_id, token_issuer, token_subject, "
     "CASE WHEN principal_kind = 'application' THEN user_id END AS application_id, dlp, dlp_action"
 )
-# Past the keyset position (``$9`` created_at, ``$10`` request_id) in the export's direction.
-_AFTER = {"desc": " AND created_at <= $9 AND (created_at, request_id) < ($9, $10)",
-          "asc": " AND created_at >= $9 AND (created_at, request_id) > ($9, $10)"}
+# Past the keyset position (``$10`` created_at, ``$11`` request_id) in the export's direction.
+_AFTER = {"desc": " AND created_at <= $10 AND (created_at, request_id) < ($10, $11)",
+          "asc": " AND created_at >= $10 AND (created_at, request_id) > ($10, $11)"}
 
 
-def export_page(user: bool, model: bool, outcome: bool, search: bool, request_id: bool, order: str,
+def export_page(user: bool, model: bool, outcome: bool, units: bool, search: bool, request_id: bool, order: str,
                 first: bool) -> str:
-    """A page of the export by keyset (``created_at``, ``request_id``): the row parameters, ``$8``
-    the page size; a page after the first also ``$9``, ``$10`` (the previous page's last row)."""
+    """A page of the export by keyset (``created_at``, ``request_id``): the row parameters, ``$9``
+    the page size; a page after the first also ``$10``, ``$11`` (the previous page's last row)."""
     return ("SELECT " + EXPORT_COLUMNS + " FROM request_logs WHERE "
-            + _row_filters(user, model, outcome, search, request_id) + ("" if first else _AFTER[order])
-            + _order_by("created_at", order) + " LIMIT $8")
+            + _row_filters(user, model, outcome, units, search, request_id) + ("" if first else _AFTER[order])
+            + _order_by("created_at", order) + " LIMIT $9")

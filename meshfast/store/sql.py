@@ -112,6 +112,10 @@ VALUES ('bootstrap', $1, true, $2)
 INSERT_AUDIT = """
 INSERT INTO admin_audit_log (actor, action, target, detail) VALUES ($1, $2, $3, $4::jsonb)
 """
+# The same, naming the business unit the change concerns ($5; NULL: platform-wide).
+INSERT_UNIT_AUDIT = """
+INSERT INTO admin_audit_log (actor, action, target, detail, business_unit) VALUES ($1, $2, $3, $4::jsonb, $5)
+"""
 
 # --- users and keys --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from msgspec import Meta
 
 from meshfast import errors, snapshot, validate
 from meshfast.admin import rules as rule_admin
+from meshfast.admin import scope
 from meshfast.admin.changes import Lifecycle
 from meshfast.secrets import Secrets
 from meshfast.store import sql
@@ -158,7 +159,7 @@ class ServiceBase:
 
     async def _write(self, actor: str, action: str, target: str | None, detail: dict[str, Any],
                      work: Callable[[asyncpg.Connection], Awaitable[Any]], *, registry: bool = False,
-                     change: str = "") -> Any:
+                     change: str = "", business_unit: str | None = None) -> Any:
         """Run ``work`` in a transaction with the config bump, NOTIFY and audit row.
 
         ``change`` names what the write changed when a worker can apply it without a rebuild
@@ -167,7 +168,11 @@ class ServiceBase:
 
         A ``registry`` write (providers, models, deployments) holds the registry lock and commits
         only if the registry it leaves passes the core's validation (see :meth:`_check_registry`).
+
+        The audit row names the business unit the write concerns: ``business_unit``, else the
+        one the request's scope check found (:func:`meshfast.admin.scope.concerns`).
         """
+        unit = business_unit if business_unit is not None else scope.audit_unit()
         async with self._pool.acquire() as conn:
             async with conn.transaction():
                 if registry:
@@ -177,7 +182,7 @@ class ServiceBase:
                     await self._check_registry(conn)
                 seq = await conn.fetchval(sql.NEXT_CONFIG_SEQ)
                 await conn.execute(sql.NOTIFY_CONFIG, f"{seq}:{change}" if change else str(seq))
-                await conn.execute(sql.INSERT_AUDIT, actor, action, target, json.dumps(detail))
+                await conn.execute(sql.INSERT_UNIT_AUDIT, actor, action, target, json.dumps(detail), unit)
         await self._after_write(int(seq), change)
         return result
 

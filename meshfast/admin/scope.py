@@ -1,0 +1,387 @@
+"""Roles and business-unit scope on the admin plane: who may call which route, and on which
+people, rules and models.
+
+Three roles (``GET /admin/me`` answers which):
+
+- ``platform``: an ``is_super`` admin or token. Never scoped; sees and changes everything.
+- ``business_unit``: an admin listed in ``business_unit_admins`` for one or more units (and not
+  ``is_super``), or an admin token whose ``business_units`` is set. :attr:`Actor.business_units`
+  holds the units; it is the one source of truth for scope (the approval queue reads it too).
+- ``admin``: anyone else, with the rights admins always had.
+
+A scoped actor may call only the routes :data:`ROUTES` lists (403 ``forbidden`` elsewhere), and
+on those only what concerns its units: people whose ``business_unit`` is one of them, rules whose
+every entry names business units all in scope, logs and audit records kept with one of its units.
+An entity outside the scope answers as an unknown one on a read (404, its route's own code: the
+scope does not tell what exists elsewhere) and 403 ``forbidden`` on a write (the caller named it:
+the refusal says why). A policy cap above the unit's lock (``daily_cap_lock_usd``; without one:
+above the cap in force now, a policy's or the $20 default) is 403 ``above_platform_lock``.
+
+Every audited write records the business unit it concerns (:func:`concerns`, read by the write
+transaction), so a unit's administrators read their own units' records.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import uuid
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import msgspec
+
+from meshfast import errors, rules
+from meshfast.admin import rules as rule_admin
+from meshfast.store import business_units as units_sql
+from meshfast.store import rules as rules_sql
+
+if TYPE_CHECKING:  # the routes import this module
+    from meshfast.admin.routes import Actor
+    from meshfast.admin.service import AdminService
+
+PLATFORM = "platform"
+BUSINESS_UNIT = "business_unit"
+ADMIN = "admin"
+# A grant without a policy row has this daily cap (API.md).
+DEFAULT_DAILY_CAP_USD = Decimal(20)
+
+
+def role(actor: Actor) -> str:
+    if actor.is_super:
+        return PLATFORM
+    return BUSINESS_UNIT if actor.business_units is not None else ADMIN
+
+
+def session_units(is_super: bool, units: list[str] | None) -> frozenset[str] | None:
+    """A logged-in admin's scope: the units it administers, unless it is a platform admin."""
+    if is_super or not units:
+        return None
+    return frozenset(units)
+
+
+def token_units(is_super: bool, own: list[str] | None, owner_is_super: bool,
+                owner_units: list[str] | None) -> frozenset[str] | None:
+    """An admin token's scope: its own ``business_units`` when set, and never past its admin's
+    units while that admin administers some (a unit administrator's token minted before it became
+    one, or kept after it lost a unit, reaches no further than the admin now does)."""
+    if is_super:
+        return None
+    owner = None if owner_is_super or not owner_units else frozenset(owner_units)
+    if own is None:
+        return owner
+    return frozenset(own) if owner is None else frozenset(own) & owner
+
+
+def in_scope(actor: Actor, unit: str | None) -> bool:
+    return actor.business_units is None or (unit is not None and unit in actor.business_units)
+
+
+def require_unit(actor: Actor, unit: str | None) -> None:
+    """403 unless ``unit`` is in the actor's scope (an unscoped actor passes)."""
+    if not in_scope(actor, unit):
+        raise errors.Forbidden("outside your business units")
+
+
+def require_platform(actor: Actor) -> None:
+    if not actor.is_super:
+        raise errors.Forbidden("only a platform administrator may do this")
+
+
+def units_filter(scope: frozenset[str] | None, requested: str | None) -> list[str] | None:
+    """The business units a read of logs or audit records keeps (None: all of them): the
+    ``business_unit`` filter when given (403 when it is outside ``scope``), else the scope."""
+    if requested is not None:
+        requested = requested.strip()
+        if scope is not None and requested not in scope:
+            raise errors.Forbidden("business_unit is outside your business units")
+        return [requested]
+    return None if scope is None else sorted(scope)
+
+
+def rule_units(rule: Any) -> frozenset[str] | None:
+    """The business units a rule's entries name, when every entry names some (a rule that reaches
+    only into those units); None when an entry names none (it reaches everyone) or the rule has
+    no readable entries."""
+    if not isinstance(rule, dict):
+        return None
+    entries = rule.get("entries")
+    if not isinstance(entries, list) or not entries:
+        return None
+    found: set[str] = set()
+    for entry in entries:
+        population = entry.get("population") if isinstance(entry, dict) else None
+        named = population.get("business_units") if isinstance(population, dict) else None
+        if not isinstance(named, list) or not named:
+            return None
+        for unit in named:
+            if not isinstance(unit, str) or not unit.strip():
+                return None
+            found.add(unit.strip())
+    return frozenset(found)
+
+
+def rule_in_scope(actor: Actor, rule: Any) -> bool:
+    if actor.business_units is None:
+        return True
+    units = rule_units(rule)
+    return units is not None and units <= actor.business_units
+
+
+def _single(units: frozenset[str] | None) -> str | None:
+    """The unit an audit record names: one unit, or none (platform-wide or several)."""
+    return next(iter(units)) if units is not None and len(units) == 1 else None
+
+
+# --- the unit an audited write concerns ----------------------------------------------------------
+
+_audit_unit: contextvars.ContextVar[str | None] = contextvars.ContextVar("meshfast_audit_unit", default=None)
+
+
+def begin() -> None:
+    """A request starts: no unit yet (each request is its own task; this makes it explicit)."""
+    _audit_unit.set(None)
+
+
+def concerns(unit: str | None) -> None:
+    """The write this request makes concerns ``unit`` (its audit record says so)."""
+    _audit_unit.set(unit)
+
+
+def audit_unit() -> str | None:
+    return _audit_unit.get()
+
+
+# --- the route table -------------------------------------------------------------------------
+
+# What a scoped actor may call, and the check each route's entity needs; a route not listed is
+# 403 for a scoped actor. ``open``: nothing to check; ``filtered``: the handler answers only what
+# is in scope; the others name the check in :meth:`Guard.check`. PLATFORM_ONLY routes need a
+# platform administrator whoever asks.
+OPEN, FILTERED = "open", "filtered"
+USER_READ, USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS = (
+    "user_read", "user_write", "user_create", "user_update", "policy", "access")
+MODEL_UNITS, RULE_READ, RULE_WRITE, RULE_DRAFT = "model_units", "rule_read", "rule_write", "rule_draft"
+
+ROUTES: dict[tuple[str, str], str] = {
+    ("GET", "/admin/me"): OPEN,
+    ("POST", "/admin/logout"): OPEN,
+    ("POST", "/admin/change-password"): OPEN,
+    ("POST", "/admin/session-token"): OPEN,
+    ("GET", "/admin/status"): OPEN,
+    ("GET", "/admin/users"): FILTERED,
+    ("POST", "/admin/users"): USER_CREATE,
+    ("GET", "/admin/users/{id}"): USER_READ,
+    ("PUT", "/admin/users/{id}"): USER_UPDATE,
+    ("DELETE", "/admin/users/{id}"): USER_WRITE,
+    ("POST", "/admin/users/{id}/rotate-key"): USER_WRITE,
+    ("POST", "/admin/users/{id}/revoke"): USER_WRITE,
+    ("PUT", "/admin/users/{id}/expiry"): USER_WRITE,
+    ("PUT", "/admin/users/{id}/key/expiry"): USER_WRITE,
+    ("POST", "/admin/users/{id}/keys"): USER_WRITE,
+    ("GET", "/admin/users/{id}/keys"): USER_READ,
+    ("GET", "/admin/users/{id}/policies"): USER_READ,
+    ("PUT", "/admin/users/{id}/policies/{model}"): POLICY,
+    ("POST", "/admin/access"): ACCESS,
+    ("DELETE", "/admin/access"): ACCESS,
+    ("GET", "/admin/models"): OPEN,
+    ("GET", "/admin/models/{id}"): OPEN,
+    ("GET", "/admin/models/{id}/deployments"): OPEN,
+    ("PUT", "/admin/models/{id}"): MODEL_UNITS,
+    ("GET", "/admin/logs"): FILTERED,
+    ("GET", "/admin/logs/summary"): FILTERED,
+    ("GET", "/admin/logs/export.csv"): FILTERED,
+    ("GET", "/admin/audit"): FILTERED,
+    ("GET", "/admin/rules"): FILTERED,
+    ("POST", "/admin/rules"): RULE_WRITE,
+    ("GET", "/admin/rules/{id}"): RULE_READ,
+    ("PUT", "/admin/rules/{id}"): RULE_WRITE,
+    ("DELETE", "/admin/rules/{id}"): RULE_WRITE,
+    ("POST", "/admin/rules/dry-run"): RULE_DRAFT,
+    ("GET", "/admin/enforcement"): OPEN,
+    ("GET", "/admin/tokens"): FILTERED,
+    ("POST", "/admin/tokens"): FILTERED,
+    ("DELETE", "/admin/tokens/{id}"): FILTERED,
+    ("GET", "/admin/business-units"): FILTERED,
+    ("GET", "/admin/business-units/{id}"): FILTERED,
+}
+PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/business-units/{id}")})
+# The checks that also name the audit record's unit, so they run for every actor.
+_AUDITED = frozenset({USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS, RULE_WRITE})
+
+
+def template(pattern: str) -> str:
+    """A route's regular expression as the table spells it (``(?P<id>[^/]+)`` -> ``{id}``)."""
+    return re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", pattern)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = msgspec.json.decode(body) if body.strip() else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+class Guard:
+    """The route table's checks, against the database: called by the routers before a handler."""
+
+    def __init__(self, pool: asyncpg.Pool, service: AdminService) -> None:
+        self._pool = pool
+        self._service = service
+
+    async def check(self, actor: Actor, method: str, route: str, params: Mapping[str, str], body: bytes) -> None:
+        """403 for a route the actor may not call; then the route's own check. A body the check
+        cannot read is left to the handler, which refuses it (400) before it writes anything."""
+        key = (method, route)
+        if key in PLATFORM_ONLY:
+            require_platform(actor)
+            return
+        kind = ROUTES.get(key)
+        if actor.business_units is not None and kind is None:
+            raise errors.Forbidden("a business-unit administrator may not do this")
+        if kind is None or (actor.business_units is None and kind not in _AUDITED):
+            return
+        if kind in (USER_READ, USER_WRITE, USER_UPDATE, POLICY):
+            unit = await self._user(actor, params["id"], write=kind != USER_READ)
+            if kind == USER_UPDATE:
+                await self._moved(actor, unit, body)
+            elif kind == POLICY and actor.business_units is not None:
+                await self._cap(unit, params["id"], params["model"], body)
+        elif kind == USER_CREATE:
+            fields = _json_object(body) or {}
+            unit = fields.get("business_unit")
+            unit = unit.strip() if isinstance(unit, str) else None
+            require_unit(actor, unit)
+            concerns(unit)
+        elif kind == ACCESS:
+            await self._access(actor, body)
+        elif kind in (RULE_READ, RULE_WRITE, RULE_DRAFT):
+            await self._rule(actor, method, kind, params.get("id"), body)
+        elif kind == MODEL_UNITS:
+            await self._model(actor, params["id"], body)
+
+    async def _principal_unit(self, principal_id: uuid.UUID) -> tuple[bool, str | None]:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(units_sql.PRINCIPAL_UNIT, principal_id)
+        return row is not None, None if row is None else row["business_unit"]
+
+    async def _user(self, actor: Actor, user_id: str, write: bool) -> str | None:
+        """The person's unit (recorded for the audit); out of scope: 404 to read, 403 to write.
+        An unknown person is left to the handler (its own 404)."""
+        uid = _uuid(user_id)
+        if uid is None:
+            return None
+        found, unit = await self._principal_unit(uid)
+        if found and not in_scope(actor, unit):
+            if write:
+                raise errors.Forbidden("the user is outside your business units")
+            raise errors.UserNotFound()
+        concerns(unit)
+        return unit
+
+    async def _moved(self, actor: Actor, unit: str | None, body: bytes) -> None:
+        """A person stays in the actor's units: a new ``business_unit`` must be one of them."""
+        fields = _json_object(body)
+        if fields is None or "business_unit" not in fields:
+            return
+        new = fields["business_unit"]
+        new = new.strip() if isinstance(new, str) else None
+        require_unit(actor, new)
+        if unit is None:
+            concerns(new)
+
+    async def _cap(self, unit: str | None, user_id: str, model_id: str, body: bytes) -> None:
+        """A unit administrator's cap stays within the platform's lock on the unit."""
+        fields = _json_object(body)
+        if fields is None:
+            return
+        try:
+            cap = Decimal(str(fields.get("daily_cap_usd", DEFAULT_DAILY_CAP_USD)))
+        except ArithmeticError:
+            return  # the handler answers 400
+        if not cap.is_finite():
+            return
+        uid, mid = _uuid(user_id), _uuid(model_id)
+        async with self._pool.acquire() as conn:
+            lock = await conn.fetchval(units_sql.UNIT_LOCK, unit)
+            if lock is None:
+                current = None if uid is None or mid is None else await conn.fetchval(units_sql.POLICY_CAP, uid, mid)
+                lock = DEFAULT_DAILY_CAP_USD if current is None else current
+        if cap > lock:
+            raise errors.AbovePlatformLock(f"the platform's lock on {unit} is ${lock} a day",
+                                           lock_usd=float(lock))
+
+    async def _access(self, actor: Actor, body: bytes) -> None:
+        fields = _json_object(body)
+        if fields is None:
+            return
+        if fields.get("application_id") is not None:
+            if actor.business_units is not None:
+                raise errors.Forbidden("a business-unit administrator manages people, not applications")
+            principal = _uuid(fields.get("application_id"))
+        else:
+            principal = _uuid(fields.get("user_id"))
+        if principal is None:
+            return
+        found, unit = await self._principal_unit(principal)
+        if found and not in_scope(actor, unit):
+            raise errors.Forbidden("the user is outside your business units")
+        concerns(unit)
+
+    async def _rule(self, actor: Actor, method: str, kind: str, rule_id: str | None, body: bytes) -> None:
+        """A rule the actor reads or writes (the stored one, and the body it sends) names only
+        business units in its scope in every entry; the audit record names the rule's unit."""
+        stored = None
+        if rule_id is not None and rules.SLUG.match(rule_id):
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(rules_sql.GET_RULE, rule_id)
+            stored = None if row is None else rule_admin.stored_body(row["body"])
+        if kind == RULE_READ:
+            if stored is not None and not rule_in_scope(actor, stored):
+                raise errors.RuleNotFound()
+            return
+        if stored is not None and not rule_in_scope(actor, stored):
+            raise errors.Forbidden("the rule reaches outside your business units")
+        # An unreadable body is the handler's 400 (nothing is written).
+        draft = stored if method == "DELETE" else _json_object(body)
+        if draft is not None and not rule_in_scope(actor, draft):
+            raise errors.Forbidden("every entry's population.business_units must name only your business units")
+        concerns(_single(rule_units(draft)))
+
+    async def _model(self, actor: Actor, model_id: str, body: bytes) -> None:
+        """A unit administrator may only close or open the model for its own units: the body is
+        ``{restrictions}`` alone, equal to the stored one but for ``business_units_closed``
+        entries of its units."""
+        assert actor.business_units is not None
+        refused = errors.Forbidden("a business-unit administrator may only change business_units_closed for its "
+                                   "units")
+        fields = _json_object(body)
+        if fields is None or set(fields) != {"restrictions"} or not isinstance(fields["restrictions"], dict):
+            raise refused
+        current = (await self._service.get_model(model_id)).get("restrictions") or {}
+        wanted = fields["restrictions"]
+        for field in (*rules.RESTRICTION_PEOPLE, *rules.RESTRICTION_UNITS):
+            if field == "business_units_closed":
+                continue
+            empty: list[str] | None = None if field in rules.RESTRICTION_NULLABLE else []
+            old, new = current.get(field, empty), wanted.get(field, empty)
+            if (None if old is None else sorted(map(str, old))) != (None if new is None else sorted(map(str, new))):
+                raise refused
+        old_closed = {str(u).strip() for u in current.get("business_units_closed") or []}
+        new_given = wanted.get("business_units_closed") or []
+        if not isinstance(new_given, list):
+            raise refused
+        changed = old_closed ^ {str(u).strip() for u in new_given}
+        if not changed <= actor.business_units:
+            raise refused
+        concerns(_single(frozenset(changed)))
