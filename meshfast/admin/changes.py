@@ -331,8 +331,6 @@ class Lifecycle:
         """Applies the exact change reviewed (at its ``activate_at`` when that is still ahead):
         platform administrators only, never the requester; 409 when it was edited since
         (``If-Match``: its digest), is stale (the control changed) or expired."""
-        if not is_platform(actor):
-            raise errors.Forbidden("only a platform administrator approves changes")
         cid = _change_id(change_id)
         seq = None
         async with self._pool.acquire() as conn:
@@ -365,16 +363,16 @@ class Lifecycle:
         return {**change_json(decided), "revision": revision}
 
     async def reject(self, actor: Actor, change_id: str, comment: Any) -> dict[str, Any]:
-        if not is_platform(actor):
-            raise errors.Forbidden("only a platform administrator rejects changes")
-        if not isinstance(comment, str) or not comment.strip():
-            raise errors.CommentRequired("a rejection says why: {\"comment\": \"...\"}")
-        if len(comment) > MAX_COMMENT:
-            raise errors.InvalidRequest(f"comment is at most {MAX_COMMENT} characters")
+        """Rejects a pending change, saying why (400 ``comment_required`` without): platform
+        administrators only, never the requester."""
         cid = _change_id(change_id)
         async with self._pool.acquire() as conn:
             async with conn.transaction():
                 row = await self._decidable(conn, actor, cid, None, expiry=False)
+                if not isinstance(comment, str) or not comment.strip():
+                    raise errors.CommentRequired('a rejection says why: {"comment": "..."}')
+                if len(comment) > MAX_COMMENT:
+                    raise errors.InvalidRequest(f"comment is at most {MAX_COMMENT} characters")
                 decided = await conn.fetchrow(changes_sql.DECIDE_CHANGE, cid, "rejected", actor.name,
                                               comment.strip())
                 await audit(conn, actor.name, "change.reject", row["target"],
@@ -385,11 +383,13 @@ class Lifecycle:
     async def _decidable(self, conn: asyncpg.Connection, actor: Actor, cid: uuid.UUID, if_match: str | None,
                          expiry: bool = True) -> asyncpg.Record:
         row = await conn.fetchrow(changes_sql.CHANGE_FOR_UPDATE, cid)
-        if row is None:
+        if row is None or (actor.business_units is not None and row["business_unit"] not in actor.business_units):
             raise errors.ChangeNotFound()
         if row["requested_by_id"] == actor.id or (
                 row["requested_by_admin_id"] is not None and str(row["requested_by_admin_id"]) == actor.owner_admin_id):
             raise errors.SelfApproval("the requester of a change cannot decide it")
+        if not is_platform(actor):
+            raise errors.Forbidden("only a platform administrator decides changes")
         if if_match is not None and if_match.strip() not in ("*", row["digest"], f'"{row["digest"]}"'):
             raise errors.ChangeModified("the change was edited since you reviewed it")
         if row["status"] == "expired" or (row["status"] == "pending" and row["expired"] and expiry):
