@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeAlias
 import asyncpg
 import msgspec
 
-from meshfast import background, cluster, counters, dashboard, errors, realtime, rules, tokens, verify
+from meshfast import background, cluster, counters, dashboard, errors, onboarding, realtime, rules, tokens, verify
 from meshfast._core import Core, Segment, SnapshotError, entry_error, request_id
 from meshfast.admin import auth, openapi
 from meshfast.admin.issuers import KeySets
@@ -53,7 +53,7 @@ from meshfast.settings import Settings
 from meshfast.snapshot import (
     Config,
     RulesPart,
-    build_config,
+    build_release,
     encode,
     encode_part,
     fetch_config,
@@ -151,6 +151,8 @@ class ConfigFeed:
         self._principal_index: dict[str, int] | None = None
         # Set when notifications may have been missed (the listener reconnected): rebuild.
         self._force = False
+        # What onboarding added to the loaded snapshot: pilots' members, the next expiry.
+        self.release = onboarding.Release(rules=[], pilot_members={}, next_change_ms=None)
 
     async def rebuild(self) -> int:
         async with self._lock:
@@ -159,18 +161,19 @@ class ConfigFeed:
                 rows = await fetch_config(conn)
             read = time.perf_counter()
 
-            def build() -> tuple[Config, bytes]:
-                config = build_config(rows, self._master_key)
-                return config, encode(config)
+            def build() -> tuple[Config, onboarding.Release, bytes]:
+                config, release = build_release(rows, self._master_key)
+                return config, release, encode(config)
 
             # NOTE: off the serving loop: with a million grants, building and loading take seconds
             # (the core's load releases the GIL; building the structs shares it in slices).
-            config, data = await asyncio.to_thread(build)
+            config, release, data = await asyncio.to_thread(build)
             built = time.perf_counter()
             try:
                 seq = await asyncio.to_thread(self._core.load, data)
                 self.last_rebuild = (read - started, built - read, time.perf_counter() - built)
                 self.config = config
+                self.release = release
                 self._principal_index = None
                 self._changes = {k: v for k, v in self._changes.items() if k > seq}
             except SnapshotError as exc:
@@ -250,6 +253,9 @@ class ConfigFeed:
             self._core.patch_principal(seq, index, encode_part(principal))
             config.principals[index] = principal
         elif kind == "rules":
+            if self.release.rules or self.release.pilot_members:
+                # NOTE: synthetic rules and pilots' cohorts come from more than the rules table.
+                raise LookupError("onboarding rules and pilots are rebuilt, not patched")
             async with self._pool.acquire() as conn:
                 async with conn.transaction(isolation="repeatable_read", readonly=True):
                     enforce = bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES))
@@ -311,10 +317,18 @@ class ConfigFeed:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def _wait_s(self) -> float:
+        """Until the next reconcile, or sooner when a pilot or a limited release expires (the
+        snapshot then changes with no write to announce it)."""
+        wait = float(self._reconcile_s)
+        if self.release.next_change_ms is not None:
+            wait = min(wait, max(0.05, self.release.next_change_ms / 1000 - time.time() + 0.01))
+        return wait
+
     async def _rebuild_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=self._reconcile_s)
+                await asyncio.wait_for(self._dirty.wait(), timeout=self._wait_s())
             background.fault_point("config_rebuild")
             reconcile = self._force or not self._dirty.is_set()
             self._force = False
@@ -560,7 +574,8 @@ class App:
                               config=self.feed, identities=self.key_sets)
         feed = self.feed
         service = AdminService(self.admin_pool, self.secrets, self.feed.ensure, verifier=self._verify,
-                               dry_run=dry_run_hook(self.core, lambda: feed.config))
+                               dry_run=dry_run_hook(self.core, lambda: feed.config,
+                                                                    lambda: feed.release.pilot_members))
         self.admin = AdminRouter(self.admin_pool, self.secrets, service)
         self.plane = AdminPlane(self.admin_pool, self.admin, self.secrets.hash_admin_token, self._status,
                                 cookie_secure=settings.cookie_secure, segment=self.segment,

@@ -135,3 +135,8 @@ OidcUnavailable = _error("OidcUnavailable", 502, "oidc_unavailable")
 BusinessUnitNotFound = _error("BusinessUnitNotFound", 404, "business_unit_not_found")
 BusinessUnitExists = _error("BusinessUnitExists", 409, "business_unit_already_exists")
 AbovePlatformLock = _error("AbovePlatformLock", 403, "above_platform_lock")
+# Onboarding and pilots (meshfast.onboarding): a pilot body with problems (``errors`` lists every
+# one), an unknown pilot, and a model a live control references (``controls`` names them).
+InvalidPilot = _error("InvalidPilot", 400, "invalid_pilot")
+PilotNotFound = _error("PilotNotFound", 404, "pilot_not_found")
+ModelInUse = _error("ModelInUse", 409, "model_in_use")

@@ -33,12 +33,19 @@ def _indexes(ids: list[Any] | None, index: dict[str, int]) -> tuple[list[int], b
     return found, not found
 
 
-def entry_config(entry: dict[str, Any], principal_index: dict[str, int],
-                 model_index: dict[str, int]) -> snapshot.RuleEntry | None:
+def entry_config(entry: dict[str, Any], principal_index: dict[str, int], model_index: dict[str, int],
+                 pilots: Mapping[str, list[int]] | None = None) -> snapshot.RuleEntry | None:
     """One authored entry (already valid) as the core's; None when it can match nobody any more
-    (every leader it named, or the model of its scope, was deleted): dropping a gone leader must
-    never widen the population to everyone."""
+    (every leader it named, or the model of its scope, was deleted; every pilot it named is gone,
+    expired or empty): dropping a gone leader or pilot must never widen the population to
+    everyone. ``pilots``: each live pilot's members (principal indexes) by pilot id."""
     population = entry.get("population") or {}
+    principals: list[int] = []
+    if population.get("pilots"):
+        live = pilots or {}
+        principals = sorted({p for pilot in population["pilots"] for p in live.get(str(pilot), ())})
+        if not principals:
+            return None
     leaders, gone = _indexes(population.get("leaders"), principal_index)
     if gone:
         return None
@@ -68,6 +75,7 @@ def entry_config(entry: dict[str, Any], principal_index: dict[str, int],
         business_units=list(population.get("business_units") or []),
         exempt=exempt,
         applications=applications,
+        principals=principals,
         tag=scope.get("tag"),
         model=model,
         threshold_nano=None if threshold is None else snapshot.usd_to_nanos(threshold),
@@ -76,14 +84,16 @@ def entry_config(entry: dict[str, Any], principal_index: dict[str, int],
     )
 
 
-def to_config(rule: dict[str, Any], principal_index: dict[str, int], model_index: dict[str, int]) -> snapshot.Rule:
+def to_config(rule: dict[str, Any], principal_index: dict[str, int], model_index: dict[str, int],
+              pilots: Mapping[str, list[int]] | None = None) -> snapshot.Rule:
     """A stored rule as the core's. ``principal_index``: user id (str) -> principal index;
-    ``model_index``: model name -> model index. Entries that can match nobody are left out, but
-    keep their position's number: the core reports entries by ``entry_numbers``' values."""
+    ``model_index``: model name -> model index; ``pilots``: live pilots' members by pilot id.
+    Entries that can match nobody are left out, but keep their position's number: the core
+    reports entries by ``entry_numbers``' values."""
     entries = []
     numbers = []
     for number, entry in enumerate(rule.get("entries") or []):
-        config = entry_config(entry, principal_index, model_index)
+        config = entry_config(entry, principal_index, model_index, pilots)
         if config is not None:
             entries.append(config)
             numbers.append(number)
@@ -114,10 +124,12 @@ READ_ONLY = ("version", "created_at", "updated_at", "saved_revision", "enforced_
 
 RULE_FIELDS = ("id", "weight", "mode", "entries")
 ENTRY_FIELDS = ("population", "scope", "window", "threshold_usd", "calls_per_minute", "tokens_per_minute", "actions")
-POPULATION_FIELDS = ("tiers", "leaders", "business_units", "exempt_users", "applications")
+POPULATION_FIELDS = ("tiers", "leaders", "business_units", "exempt_users", "applications", "pilots")
 # How a set of known principals marks an application's id (people are bare ids): a leader or an
 # exempt user must be a person, an entry of `applications` an application.
 APPLICATION_MARK = "application:"
+# How a set of known principals marks a pilot's id (population.pilots must name existing pilots).
+PILOT_MARK = "pilot:"
 ACTION_FIELDS = {"block": ("type",), "pause": ("type", "hours"), "warn": ("type", "text"),
                  "notify": ("type", "channels", "template")}
 # Rank of a window's length: a shorter window's block threshold may not exceed a longer one's.
@@ -282,6 +294,29 @@ def _population(value: Any, where: str, known_users: set[str] | None, problems: 
         listed = _applications(value["applications"], f"{where}.applications", known_users, problems)
         if listed:
             out["applications"] = listed
+    # NOTE: kept only when it names some, as applications.
+    if value.get("pilots") is not None:
+        pilots = _pilots(value["pilots"], f"{where}.pilots", known_users, problems)
+        if pilots:
+            out["pilots"] = pilots
+    return out
+
+
+def _pilots(value: Any, where: str, known: set[str] | None, problems: _Problems) -> list[str]:
+    """Pilot ids (a cohort: the members of the listed pilots while they are live)."""
+    items = _list(value, where, problems)
+    out: list[str] = []
+    for i, item in enumerate(items or ()):
+        try:
+            pilot_id = str(uuid.UUID(item)) if isinstance(item, str) and len(item) <= 64 else ""
+        except ValueError:
+            pilot_id = ""
+        if not pilot_id:
+            problems.add(f"{where}[{i}]: {shown(item) if isinstance(item, str) else _kind(item)} is not a pilot id")
+        elif known is not None and PILOT_MARK + pilot_id not in known:
+            problems.add(f"{where}[{i}]: unknown pilot {shown(item)}")
+        elif pilot_id not in out:
+            out.append(pilot_id)
     return out
 
 
@@ -520,6 +555,21 @@ def check(body: Any, known_users: set[str] | None, known_models: set[str] | Mapp
     return (None if problems else rule), problems.listed()
 
 
+def referenced_pilots(body: Any) -> list[str]:
+    """The pilot ids a rule's populations name, as canonical strings."""
+    out: set[str] = set()
+    entries = body.get("entries") if isinstance(body, dict) else None
+    for entry in entries if isinstance(entries, list) else ():
+        population = entry.get("population") if isinstance(entry, dict) else None
+        listed = population.get("pilots") if isinstance(population, dict) else None
+        for item in listed if isinstance(listed, list) else ():
+            try:
+                out.add(str(uuid.UUID(item)))
+            except (ValueError, TypeError, AttributeError):
+                pass
+    return sorted(out)
+
+
 def referenced_users(body: Any) -> list[str]:
     """The user ids a body names (leaders, exempt users, restriction lists), as canonical strings,
     so a write checks just those against the users table."""
@@ -601,6 +651,8 @@ class PopulationBody(msgspec.Struct, forbid_unknown_fields=True):
     exempt_users: People = []
     # Application ids: the entry holds to these applications only.
     applications: People = []
+    # Pilot ids: the entry holds to the members of these pilots while they are live (none: nobody).
+    pilots: People = []
 
 
 class ScopeBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -662,13 +714,15 @@ class EnforcementBody(msgspec.Struct, forbid_unknown_fields=True):
 # --- dry-run -----------------------------------------------------------------------------------
 
 
-def dry_run(core: Any, config: snapshot.Config, rule: dict[str, Any], now_ms: int) -> bytes:
+def dry_run(core: Any, config: snapshot.Config, rule: dict[str, Any], now_ms: int,
+            pilots: Mapping[str, list[int]] | None = None) -> bytes:
     """The core's answer for a draft ``rule`` (stored form) against the snapshot ``config`` it
-    has loaded, from its current counters: the JSON body ``{"affected": [...]}``. Writes nothing."""
+    has loaded, from its current counters: the JSON body ``{"affected": [...]}``. Writes nothing.
+    ``pilots``: the live pilots' members (principal indexes) of that snapshot, by pilot id."""
     answer = getattr(core, "dry_run", None)
     if answer is None:
         raise errors.DryRunUnavailable("this build's core has no dry-run")
     principal_index = {p.id: i for i, p in enumerate(config.principals)}
     model_index = {m.name: i for i, m in enumerate(config.models)}
-    draft = to_config(rule, principal_index, model_index)
+    draft = to_config(rule, principal_index, model_index, pilots)
     return bytes(answer(msgspec.msgpack.encode(draft), now_ms))

@@ -21,7 +21,7 @@ import asyncpg
 import msgspec
 from cryptography.exceptions import InvalidTag
 
-from meshfast import rules, tokens
+from meshfast import onboarding, rules, tokens
 from meshfast._core import Core, SnapshotError
 from meshfast.sealing import open_sealed
 from meshfast.store import sql
@@ -156,6 +156,11 @@ class Model(msgspec.Struct):
     tags: list[str] = []
     deployments: list[Deployment] = []
     restrictions: Restrictions | None = None
+    # A ``limited`` model's roster (principal indexes): the only callers it serves.
+    roster: list[int] = []
+    # Members of live authoritative pilots listing the model (principal indexes): served whatever
+    # the status, roster or restrictions say (meshfast.onboarding).
+    pilot_access: list[int] = []
     # Prompt-cache shaping (meshfast._core: breakpoints for Anthropic, a cache key for OpenAI).
     cache_shaping: bool = True
     cache_ttl: str = "5m"
@@ -208,8 +213,12 @@ class RuleEntry(msgspec.Struct, omit_defaults=True):
     exempt: list[int] = []
     # Applications (principal indexes) the entry holds to; empty: no restriction.
     applications: list[int] = []
+    # Principals (indexes) the entry holds to, e.g. pilots' members; empty: no restriction.
+    principals: list[int] = []
     tag: str | None = None
     model: int | None = None
+    # Several models as one scope (a pilot's models): spend on any of them counts.
+    models: list[int] = []
     threshold_nano: int | None = None
     calls_per_minute: int | None = None
     tokens_per_minute: int | None = None
@@ -460,6 +469,8 @@ async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
             "grant_terms": await conn.fetch(sql.SNAPSHOT_GRANT_TERMS),
             "enforce_rules": bool(await conn.fetchval(sql.SNAPSHOT_ENFORCE_RULES)),
             "rules": await conn.fetch(sql.SNAPSHOT_RULES),
+            "pilots": await conn.fetch(sql.SNAPSHOT_PILOTS),
+            "now": await conn.fetchval(sql.SNAPSHOT_NOW),
             "issuers": await conn.fetch(sql.SNAPSHOT_ISSUERS),
             "workflows": await conn.fetch(sql.SNAPSHOT_WORKFLOWS),
             "dlp": await conn.fetch(sql.SNAPSHOT_DLP),
@@ -468,6 +479,12 @@ async def fetch_config(conn: asyncpg.Connection) -> dict[str, Any]:
 
 def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
     """The config from ``fetch_config``'s rows (CPU only: a worker runs it off its event loop)."""
+    return build_release(rows, master_key)[0]
+
+
+def build_release(rows: dict[str, Any], master_key: bytes) -> tuple[Config, onboarding.Release]:
+    """``build_config``, with what onboarding added (the live pilots' members for the rules'
+    ``population.pilots`` and the next moment a pilot or a limited release expires)."""
     config = _config(int(rows["seq"]), rows["kill_switch"], rows["users"], rows["keys"], rows["providers"],
                      rows["models"], rows["deployments"], [], master_key)
     config.grant_table = _grant_table(rows["grants"], rows["grant_terms"], rows["models"], config.models)
@@ -475,7 +492,11 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
     config.calendar_tz = calendar_tz()
     principal_index = {p.id: i for i, p in enumerate(config.principals)}
     model_index = {m.name: i for i, m in enumerate(config.models)}
-    config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index) for row in rows["rules"]]
+    now = rows.get("now") or dt.datetime.now(dt.UTC)
+    release = onboarding.apply(config, rows["models"], rows.get("pilots", ()), principal_index, now)
+    config.rules = [rules.to_config(json_value(row["body"]), principal_index, model_index, release.pilot_members)
+                    for row in rows["rules"]]
+    config.rules.extend(release.rules)
     config.workflows = [workflow_from_row(row, principal_index) for row in rows.get("workflows", ())]
     if rows.get("dlp"):
         from meshfast.admin import dlp
@@ -490,7 +511,7 @@ def build_config(rows: dict[str, Any], master_key: bytes) -> Config:
             log.warning("issuer %r is meshfast's own token issuer's name: left out", row["issuer"])
             continue
         config.issuers.append(issuer_from_row(row))
-    return config
+    return config, release
 
 
 def workflow_from_row(row: Any, principal_index: dict[str, int]) -> Workflow:

@@ -38,6 +38,10 @@ pub enum Outcome {
     RestrictedByLeader,
     /// A model is closed to the caller's business unit (answered like [`Outcome::RestrictedByLeader`]).
     RestrictedByBusinessUnit,
+    /// A staged model (not served yet): answered exactly like an unknown model, the row keeps why.
+    ModelStaged,
+    /// A limited model and a caller off its roster: answered like an unknown model.
+    ModelLimited,
     /// A spend rule's `pause` holds the caller until `resume_at`.
     Paused,
     /// A spend rule's per-minute cap of calls or tokens.
@@ -129,7 +133,7 @@ pub const UNKNOWN_MESSAGE: &str = "The request could not be served.";
 
 impl Outcome {
     /// Every outcome, denials first in the order the metrics list them.
-    pub const ALL: [Outcome; 38] = [
+    pub const ALL: [Outcome; 40] = [
         Outcome::InvalidOrRevokedKey,
         Outcome::InvalidToken,
         Outcome::TokenExpired,
@@ -148,6 +152,8 @@ impl Outcome {
         Outcome::PausedByAdmin,
         Outcome::RestrictedByLeader,
         Outcome::RestrictedByBusinessUnit,
+        Outcome::ModelStaged,
+        Outcome::ModelLimited,
         Outcome::Paused,
         Outcome::RateLimited,
         Outcome::ServerBusy,
@@ -233,6 +239,8 @@ impl Outcome {
                 403,
                 "The model is not granted to you.",
             ),
+            O::ModelStaged => Spec::denial("model_staged", 403, "The model is not granted to you."),
+            O::ModelLimited => Spec::denial("model_limited", 403, "The model is not granted to you."),
             O::Paused => Spec::denial("paused", 429, "A spending rule pauses your calls for a while.").retry_after(),
             O::RateLimited => Spec::denial(
                 "rate_limited",
@@ -321,17 +329,23 @@ impl Outcome {
             | Outcome::UnknownModel
             | Outcome::ModelBlocked
             | Outcome::RestrictedByLeader
-            | Outcome::RestrictedByBusinessUnit => Outcome::ModelNotFound,
+            | Outcome::RestrictedByBusinessUnit
+            | Outcome::ModelStaged
+            | Outcome::ModelLimited => Outcome::ModelNotFound,
             other => other,
         }
     }
 
-    /// What the Mesh-native routes answer for it: a restricted model is refused exactly like one
-    /// not granted (the row keeps the reason); every other outcome is itself.
+    /// What the Mesh-native routes answer for it: a restricted, staged or limited model is refused
+    /// exactly like an unknown one or one not granted (the row keeps the reason); every other
+    /// outcome is itself.
     #[must_use]
     pub const fn answers_as(self) -> Outcome {
         match self {
-            Outcome::RestrictedByLeader | Outcome::RestrictedByBusinessUnit => Outcome::ModelNotPermitted,
+            Outcome::RestrictedByLeader
+            | Outcome::RestrictedByBusinessUnit
+            | Outcome::ModelStaged
+            | Outcome::ModelLimited => Outcome::ModelNotPermitted,
             other => other,
         }
     }
@@ -438,6 +452,17 @@ mod tests {
             assert_eq!(outcome.on_entry_route().status(), 404);
         }
         assert_eq!(Outcome::BudgetExceeded.on_entry_route(), Outcome::BudgetExceeded);
+    }
+
+    #[test]
+    fn staged_and_limited_models_answer_like_unknown_ones_on_every_route() {
+        for outcome in [Outcome::ModelStaged, Outcome::ModelLimited] {
+            assert_eq!(outcome.on_entry_route(), Outcome::UnknownModel.on_entry_route());
+            assert_eq!(outcome.answers_as(), Outcome::ModelNotPermitted);
+            assert!(outcome.spec().denial);
+        }
+        assert_eq!(Outcome::ModelStaged.code(), "model_staged");
+        assert_eq!(Outcome::ModelLimited.code(), "model_limited");
     }
 
     #[test]

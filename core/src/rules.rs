@@ -53,10 +53,16 @@ pub(crate) struct RawEntry {
     /// Applications (principal indexes) the entry holds to; empty: no restriction.
     #[serde(default)]
     applications: Vec<i64>,
+    /// Principals (indexes) the entry holds to, e.g. a pilot's members; empty: no restriction.
+    #[serde(default)]
+    principals: Vec<i64>,
     #[serde(default)]
     tag: Option<String>,
     #[serde(default)]
     model: Option<i64>,
+    /// Several models (indexes) as one scope, e.g. a pilot's models.
+    #[serde(default)]
+    models: Vec<i64>,
     #[serde(default)]
     threshold_nano: Option<i64>,
     #[serde(default)]
@@ -283,6 +289,8 @@ pub fn local_midnight(tz: Tz, date: NaiveDate) -> i64 {
 pub enum Scope {
     Tag(String),
     Model(u32),
+    /// Several models counted together (a pilot's models): spend on any of them counts.
+    Models(Vec<u32>),
 }
 
 /// A notification channel.
@@ -322,6 +330,8 @@ pub struct Entry {
     pub exempt: Vec<u32>,
     /// Applications the population is held to (principal indexes); empty: no restriction.
     pub applications: Vec<u32>,
+    /// Principals the population is held to (a pilot's members); empty: no restriction.
+    pub principals: Vec<u32>,
     pub scope: Scope,
     /// Bit `m` set when the scope covers model `m`.
     covers: Vec<u64>,
@@ -363,6 +373,7 @@ impl Entry {
             list.is_empty() || value.as_ref().is_some_and(|v| list.iter().any(|x| x == v))
         };
         (self.applications.is_empty() || self.applications.contains(&principal))
+            && (self.principals.is_empty() || self.principals.contains(&principal))
             && listed(&self.tiers, &person.tier)
             && listed(&self.business_units, &person.business_unit)
             && (self.leaders.is_empty() || self.leaders.iter().any(|&l| snapshot.in_organisation_of(principal, l)))
@@ -394,6 +405,16 @@ impl Entry {
             Scope::Model(m) => {
                 out.extend_from_slice(b"{\"model\":");
                 write_str(out, models.get(*m as usize).map_or("", |m| m.name.as_str()));
+            }
+            Scope::Models(list) => {
+                out.extend_from_slice(b"{\"models\":[");
+                for (i, m) in list.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_str(out, models.get(*m as usize).map_or("", |m| m.name.as_str()));
+                }
+                out.push(b']');
             }
         }
         out.push(b'}');
@@ -447,11 +468,20 @@ fn build_entry(
         ));
         CalendarWindow::Daily
     });
-    let scope = match (raw.tag, raw.model) {
-        (Some(tag), None) if !tag.is_empty() => Scope::Tag(tag),
-        (None, Some(m)) if m >= 0 && (m as usize) < models.len() => Scope::Model(m as u32),
+    let in_range = |m: i64| m >= 0 && (m as usize) < models.len();
+    let scope = match (raw.tag, raw.model, raw.models.is_empty()) {
+        (Some(tag), None, true) if !tag.is_empty() => Scope::Tag(tag),
+        (None, Some(m), true) if in_range(m) => Scope::Model(m as u32),
+        (None, None, false) if raw.models.iter().all(|&m| in_range(m)) => {
+            let mut list: Vec<u32> = raw.models.iter().map(|&m| m as u32).collect();
+            list.sort_unstable();
+            list.dedup();
+            Scope::Models(list)
+        }
         _ => {
-            errors.push(format!("{what}: the scope is one tag or one model (index in range)"));
+            errors.push(format!(
+                "{what}: the scope is one tag, one model or a list of models (indexes in range)"
+            ));
             Scope::Tag(String::new())
         }
     };
@@ -460,6 +490,7 @@ fn build_entry(
         let covered = match &scope {
             Scope::Tag(tag) => model.tags.iter().any(|t| t == tag),
             Scope::Model(m) => *m as usize == i,
+            Scope::Models(list) => list.contains(&(i as u32)),
         };
         if covered {
             covers[i / 64] |= 1 << (i % 64);
@@ -485,6 +516,7 @@ fn build_entry(
         business_units: raw.business_units,
         exempt: people(errors, &format!("{what}.exempt"), &raw.exempt, principals),
         applications: people(errors, &format!("{what}.applications"), &raw.applications, principals),
+        principals: people(errors, &format!("{what}.principals"), &raw.principals, principals),
         scope,
         covers,
         window,
@@ -501,6 +533,7 @@ fn build_entry(
             match &scope_for_pool {
                 Scope::Tag(tag) => format!("tag:{tag}|{}", window.as_str()),
                 Scope::Model(m) => format!("model:{m}|{}", window.as_str()),
+                Scope::Models(list) => format!("models:{list:?}|{}", window.as_str()),
             }
             .as_bytes(),
         )
@@ -1552,6 +1585,71 @@ mod tests {
             let _ = std::fs::remove_file(&path);
             prop_assert_eq!((refused, d.would_deny), reference(&c));
         }
+    }
+
+    /// A scope of several models counts spend on all of them together, and a population of
+    /// principals (a pilot's members) holds only them.
+    #[test]
+    fn a_models_scope_counts_every_listed_model_and_principals_hold_only_them() {
+        let mut cfg = config();
+        cfg["principals"][1]["status"] = json!("active");
+        for g in 0..2 {
+            cfg["grants"][g]["daily_cap_nano_usd"] = json!(0);
+            cfg["grants"][g]["always_open"] = json!(true);
+        }
+        let mut other = cfg["grants"][0].clone();
+        other["principal"] = json!(1);
+        cfg["grants"].as_array_mut().unwrap().push(other);
+        cfg["rules"] = json!([{"id": "pilot:p", "weight": 1, "mode": "enforce", "entries": [
+            {"window": "monthly", "models": [1, 0], "principals": [0], "threshold_nano": 100,
+             "actions": [{"type": "block"}]}]}]);
+        let snapshot = Snapshot::from_msgpack(&encode(&cfg), PEPPER).unwrap();
+        let entry = &snapshot.rules.rules[0].entries[0];
+        assert_eq!(entry.scope, Scope::Models(vec![0, 1]));
+        assert!(entry.covers(0) && entry.covers(1) && !entry.covers(2));
+        assert!(entry.matches(&snapshot, 0) && !entry.matches(&snapshot, 1));
+        let path = std::env::temp_dir().join(format!("meshfast-rules-models-{}.seg", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let segment = Segment::create(&path, 4096, 256, 8).unwrap();
+        let month = CalendarWindow::Monthly.period(Tz::UTC, NOW);
+        let grant = |p: u32, m: u32| {
+            snapshot
+                .grants
+                .iter()
+                .position(|g| g.principal == p && g.model == m)
+                .unwrap() as u32
+        };
+        segment
+            .add(
+                snapshot.pair_key(&snapshot.grants[grant(0, 0) as usize], shm::WINDOW_MONTH, month),
+                60,
+            )
+            .unwrap();
+        let d = decide(&snapshot, &segment, 0, grant(0, 1), 30, NOW, 0);
+        assert!(d.refusal.is_none(), "60 + 30 fits under 100");
+        for lease in &d.leases {
+            segment.release(lease);
+        }
+        segment
+            .add(
+                snapshot.pair_key(&snapshot.grants[grant(0, 1) as usize], shm::WINDOW_MONTH, month),
+                40,
+            )
+            .unwrap();
+        let d = decide(&snapshot, &segment, 0, grant(0, 1), 1, NOW, 0);
+        assert!(
+            matches!(&d.refusal, Some(Refusal::Block { rule, .. }) if rule == "pilot:p"),
+            "spend on both models counts: {d:?}"
+        );
+        let d = decide(&snapshot, &segment, 1, grant(1, 0), 1_000, NOW, 0);
+        assert!(d.refusal.is_none(), "not a listed principal");
+        let _ = std::fs::remove_file(&path);
+
+        cfg["rules"][0]["entries"][0]["model"] = json!(0);
+        assert!(
+            Snapshot::from_msgpack(&encode(&cfg), PEPPER).is_err(),
+            "one scope kind per entry"
+        );
     }
 
     /// A pause begins once per person and window instance and lifts itself; a notification fires

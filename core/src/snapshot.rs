@@ -230,6 +230,13 @@ struct RawModel {
     deployments: Vec<RawDeployment>,
     #[serde(default)]
     restrictions: Option<crate::rules::RawRestrictions>,
+    /// A `limited` model's roster (principal indexes): the only callers it serves.
+    #[serde(default)]
+    roster: Vec<i64>,
+    /// The members of live authoritative pilots listing the model (principal indexes): served
+    /// whatever its release, roster or restrictions say.
+    #[serde(default)]
+    pilot_access: Vec<i64>,
 }
 
 #[derive(Deserialize)]
@@ -534,6 +541,11 @@ pub struct Model {
     pub deployments: Vec<Deployment>,
     /// Who may use the model beyond their grant.
     pub restrictions: Option<crate::rules::Restrictions>,
+    /// Where the model stands in its onboarding (staged, limited to a roster, or released).
+    pub release: Release,
+    /// Members of live authoritative pilots listing the model (sorted principal indexes): for
+    /// them the pilot decides access, over the release, the roster and the restrictions.
+    pub pilot_access: Vec<u32>,
     /// Prompt-cache shaping for this model ([`crate::translate::cache`]); breakpoints with the
     /// one-hour TTL when `cache_ttl_1h`.
     pub cache_shaping: bool,
@@ -542,7 +554,47 @@ pub struct Model {
     pub key_bytes: [u8; 16],
 }
 
+/// A model's onboarding stage (API.md "Governed lifecycle", model `status`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Served to everyone granted it (status `active`).
+    General,
+    /// Not served (status `staged`): it answers like an unknown model.
+    Staged,
+    /// Served to its roster only (sorted principal indexes; status `limited`).
+    Limited(Vec<u32>),
+}
+
+/// Why a model's access layers refuse a caller granted it (see [`Model::refuses`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    Staged,
+    /// A limited model and a caller outside its roster.
+    Limited,
+    Restricted(crate::rules::Restricted),
+}
+
 impl Model {
+    /// Why `principal` may not use the model (past the grant, blocked and retired checks), or
+    /// None. A member of a live authoritative pilot listing it always may (the pilot decides
+    /// access for its members); otherwise a staged model refuses everyone, a limited one everyone
+    /// off its roster, then its restrictions apply. Each layer only narrows the one above.
+    #[must_use]
+    pub fn refuses(&self, snapshot: &Snapshot, principal: u32) -> Option<Refused> {
+        if self.pilot_access.binary_search(&principal).is_ok() {
+            return None;
+        }
+        match &self.release {
+            Release::Staged => return Some(Refused::Staged),
+            Release::Limited(roster) if roster.binary_search(&principal).is_err() => return Some(Refused::Limited),
+            _ => {}
+        }
+        self.restrictions
+            .as_ref()
+            .and_then(|r| r.refuses(snapshot, principal))
+            .map(Refused::Restricted)
+    }
+
     /// What a call on this model through `provider` is priced at (see [`Rates`]).
     #[must_use]
     pub fn rates(&self, provider: &Provider) -> Rates {
@@ -977,6 +1029,38 @@ impl Snapshot {
                 let restrictions = m
                     .restrictions
                     .map(|r| crate::rules::Restrictions::build(e, &format!("{what}.restrictions"), r, count));
+                let listed = |e: &mut Vec<String>, field: &str, list: &[i64]| {
+                    let mut out: Vec<u32> = list
+                        .iter()
+                        .filter_map(|&p| {
+                            if p < 0 || p as usize >= count {
+                                e.push(format!("{what}.{field}: index {p} out of range (0..{count})"));
+                                None
+                            } else {
+                                Some(p as u32)
+                            }
+                        })
+                        .collect();
+                    out.sort_unstable();
+                    out.dedup();
+                    out
+                };
+                let (retired, release) = match m.status.as_str() {
+                    "active" => (false, Release::General),
+                    "retired" => (true, Release::General),
+                    "staged" => (false, Release::Staged),
+                    "limited" => (false, Release::Limited(listed(e, "roster", &m.roster))),
+                    other => {
+                        e.push(format!(
+                            "{what}: status {other:?} is not one of [\"active\", \"retired\", \"staged\", \"limited\"]"
+                        ));
+                        (true, Release::General)
+                    }
+                };
+                if !m.roster.is_empty() && !matches!(release, Release::Limited(_)) {
+                    e.push(format!("{what}: a roster needs status \"limited\""));
+                }
+                let pilot_access = listed(e, "pilot_access", &m.pilot_access);
                 let kind = ModelKind::parse(&m.kind).unwrap_or_else(|| {
                     e.push(format!(
                         "{what}: kind {:?} is not chat, embedding, image_generation or video_generation",
@@ -1034,7 +1118,9 @@ impl Snapshot {
                 deployments.sort_by_key(|d| d.priority);
                 Model {
                     provider: index(e, format_args!("{what}.provider"), m.provider, providers.len()),
-                    retired: !parse_status(e, &what, &m.status, ["active", "retired"]),
+                    retired,
+                    release,
+                    pilot_access,
                     kind,
                     created_ms: m.created_ms,
                     blocked: m.blocked,
@@ -1621,16 +1707,14 @@ impl Snapshot {
     }
 
     /// The grants a principal can see listed, sorted by model name: blocked and retired models,
-    /// and those whose restrictions refuse the principal, are left out.
+    /// and those whose access layers refuse the principal (staged, limited to a roster without
+    /// them, restricted), are left out.
     pub fn visible_grants(&self, principal: u32) -> impl Iterator<Item = (&Grant, &Model, &Provider)> {
         self.grants_by_principal.of(principal).iter().filter_map(move |&g| {
             let grant = &self.grants[g as usize];
             let model = &self.models[grant.model as usize];
-            let restricted = model
-                .restrictions
-                .as_ref()
-                .is_some_and(|r| r.refuses(self, principal).is_some());
-            (!model.blocked && !model.retired && !restricted)
+            let refused = model.refuses(self, principal).is_some();
+            (!model.blocked && !model.retired && !refused)
                 .then(|| (grant, model, &self.providers[model.provider as usize]))
         })
     }

@@ -158,6 +158,8 @@ class AdminPlane:
             lifecycle.approve(a, id, h.get("if-match"))))
         add("POST", r"/admin/changes/(?P<id>[^/]+)/reject", lambda a, s, q, b, h, id: _digested(
             lifecycle.reject(a, id, svc.decode(b or b"{}", RejectBody).comment)))
+        add("PUT", r"/admin/pilots/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
+            router.pilots.update(a.name, id, b, h.get("if-match"))))
 
         add("PUT", r"/admin/business-units/(?P<id>[^/]+)", lambda a, s, q, b, h, id: self._versioned(
             router.business_units.update(a, id, svc.decode(b, BusinessUnitBody), h.get("if-match"))))

@@ -17,6 +17,7 @@ from meshfast.admin.applications import ApplicationCreate, ApplicationService
 from meshfast.admin.business_units import BusinessUnitBody, BusinessUnitService
 from meshfast.admin.dlp import DlpService
 from meshfast.admin.issuers import IssuerCreate, IssuerService
+from meshfast.admin.pilots import PilotService
 from meshfast.admin.rules import RuleService, decode_body
 from meshfast.admin.workflows import WorkflowCreate, WorkflowService
 from meshfast.secrets import Secrets
@@ -118,6 +119,8 @@ class AdminRouter:
         add("GET", r"/admin/models", lambda a, b: self._ok(s.list_models()))
         add("GET", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._versioned(s.get_model(id)))
         add("DELETE", r"/admin/models/(?P<id>[^/]+)", lambda a, b, id: self._ok(s.delete_model(a.name, id)))
+        add("POST", r"/admin/models/(?P<id>[^/]+)/graduate",
+            lambda a, b, id: self._versioned(s.graduate_model(a.name, id)))
         add("POST", r"/admin/models/(?P<id>[^/]+)/deployments",
             lambda a, b, id: self._created(s.create_deployment(a.name, id, svc.decode(b, svc.DeploymentCreate))))
         add("GET", r"/admin/models/(?P<id>[^/]+)/deployments", lambda a, b, id: self._ok(s.list_deployments(id)))
@@ -156,6 +159,11 @@ class AdminRouter:
         add("GET", r"/admin/workflows", lambda a, b: self._ok(w.list()))
         add("GET", r"/admin/workflows/(?P<id>[^/]+)", lambda a, b, id: self._ok(w.get(id)))
         add("DELETE", r"/admin/workflows/(?P<id>[^/]+)", lambda a, b, id: self._ok(w.delete(a.name, id)))
+        self.pilots = pl = PilotService(pool, service._write)
+        add("POST", r"/admin/pilots", lambda a, b: self._versioned(pl.create(a.name, b), status=201))
+        add("GET", r"/admin/pilots", lambda a, b: self._ok(pl.list()))
+        add("GET", r"/admin/pilots/(?P<id>[^/]+)", lambda a, b, id: self._versioned(pl.get(id)))
+        add("DELETE", r"/admin/pilots/(?P<id>[^/]+)", lambda a, b, id: self._ok(pl.delete(a.name, id)))
         self.rules = r = RuleService(service)
         add("POST", r"/admin/rules/dry-run", lambda a, b: self._ok(r.dry_run(b)))
         add("POST", r"/admin/rules", lambda a, b: governed(r.create(a, b), 201, versioned=True))

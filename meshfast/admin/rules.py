@@ -21,6 +21,7 @@ import msgspec
 
 from meshfast import errors, rules, snapshot
 from meshfast.admin.changes import Outcome
+from meshfast.store import onboarding as onboarding_sql
 from meshfast.store import rules as rules_sql
 
 if TYPE_CHECKING:  # the admin service imports this module
@@ -93,9 +94,14 @@ async def known_models(conn: asyncpg.Connection) -> dict[str, str]:
 
 
 async def known_users(conn: asyncpg.Connection, body: Any) -> set[str]:
-    """Those of the user ids ``body`` names that exist."""
+    """Those of the user ids ``body`` names that exist, and its pilots that exist (marked
+    ``rules.PILOT_MARK``)."""
     wanted = rules.referenced_users(body)
-    return {row[0] for row in await conn.fetch(rules_sql.KNOWN_USERS, wanted)} if wanted else set()
+    known = {row[0] for row in await conn.fetch(rules_sql.KNOWN_USERS, wanted)} if wanted else set()
+    pilots = rules.referenced_pilots(body)
+    if pilots:
+        known |= {rules.PILOT_MARK + row[0] for row in await conn.fetch(onboarding_sql.KNOWN_PILOTS, pilots)}
+    return known
 
 
 async def stored_rules(conn: asyncpg.Connection) -> dict[str, dict[str, Any]]:
@@ -245,14 +251,16 @@ class RuleService:
             return msgspec.Raw(await asyncio.to_thread(hook, rule))
 
 
-def dry_run_hook(core: Any, config: Callable[[], snapshot.Config | None]) -> DryRun:
-    """The dry-run of a worker: its core, with the indexes of the snapshot that core has loaded."""
+def dry_run_hook(core: Any, config: Callable[[], snapshot.Config | None],
+                 pilots: Callable[[], Mapping[str, list[int]]] | None = None) -> DryRun:
+    """The dry-run of a worker: its core, with the indexes of the snapshot that core has loaded
+    (and that snapshot's live pilots' members, for ``population.pilots``)."""
 
     def run(rule: dict[str, Any]) -> bytes:
         loaded = config()
         if loaded is None:
             raise errors.DryRunUnavailable("no snapshot loaded yet")
-        return rules.dry_run(core, loaded, rule, int(time.time() * 1000))
+        return rules.dry_run(core, loaded, rule, int(time.time() * 1000), None if pilots is None else pilots())
 
     return run
 

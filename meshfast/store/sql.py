@@ -13,6 +13,10 @@ ZONE_KNOWN = "SELECT 1 FROM pg_timezone_names WHERE name = $1"
 SNAPSHOT_KILL_SWITCH = "SELECT kill_switch FROM gateway_state"
 SNAPSHOT_ENFORCE_RULES = "SELECT enforce_rules FROM gateway_state"
 SNAPSHOT_RULES = "SELECT id, body FROM rules ORDER BY id"
+SNAPSHOT_NOW = "SELECT now()"
+SNAPSHOT_PILOTS = """
+SELECT id, name, members, models, authoritative, mode, expires_at, tiers FROM pilots ORDER BY id
+"""
 SNAPSHOT_WORKFLOWS = """
 SELECT id, uid::text AS uid, limit_nano_usd, "window", principals::text AS principals FROM workflows ORDER BY id
 """
@@ -53,7 +57,8 @@ SELECT id, provider_id, name, resolved_model, kind, created_at, blocked, status,
        supports_web_search, output_media_type,
        input_price_per_1k_tokens, output_price_per_1k_tokens, cache_read_price_per_1k_tokens,
        cache_write_price_per_1k_tokens, cache_write_1h_price_per_1k_tokens,
-       long_context_threshold_tokens, long_context_prices, aliases, tags, restrictions, cache_shaping, cache_ttl
+       long_context_threshold_tokens, long_context_prices, aliases, tags, restrictions, cache_shaping, cache_ttl,
+       roster, limited_window, limited_amount_usd, limited_expires_at
 FROM models ORDER BY id
 """
 SNAPSHOT_DEPLOYMENTS = """
@@ -273,6 +278,7 @@ m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
 m.long_context_threshold_tokens, m.long_context_prices, m.price_per_second, m.max_output_tokens,
 m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio_in,
 m.supports_video_in, m.supports_web_search, m.output_media_type, m.cache_shaping, m.cache_ttl, m.restrictions,
+m.roster, m.limited_window, m.limited_amount_usd, m.limited_expires_at,
 m.version, m.created_at, m.updated_at
 """
 INSERT_MODEL = """

@@ -14,7 +14,7 @@ use crate::outcome::Outcome;
 use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
 use crate::rules::{self, Restricted};
 use crate::shm::{self, id_bytes, utc_day, utc_hour, Segment};
-use crate::snapshot::{Caller, Grant, Provider, Snapshot};
+use crate::snapshot::{Caller, Grant, Provider, Refused, Snapshot};
 use crate::translate::{self, Format};
 
 /// Seconds a client is told to wait while the kill switch is tripped (it has no known end).
@@ -252,15 +252,17 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         .filter(|(_, g, m)| req.route.admits(m.kind) && crate::snapshot::within(allowed, g.model))
     else {
         if let Route::Entry(_) | Route::OpenAiEmbeddings = req.route {
-            let known = snapshot.model_named(&p.requested_model).is_some();
-            let outcome = if known {
-                Outcome::ModelNotPermitted
-            } else {
-                Outcome::UnknownModel
+            let known = snapshot.model_named(&p.requested_model);
+            let outcome = match known {
+                Some(m) => not_granted(snapshot, m, principal),
+                None => Outcome::UnknownModel,
             };
             p.deny(outcome, None, |_| {});
         } else {
-            p.deny(Outcome::ModelNotPermitted, None, |_| {});
+            let outcome = snapshot
+                .model_named(&p.requested_model)
+                .map_or(Outcome::ModelNotPermitted, |m| not_granted(snapshot, m, principal));
+            p.deny(outcome, None, |_| {});
         }
         return p;
     };
@@ -277,15 +279,8 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
         p.deny(Outcome::ModelBlocked, None, |_| {});
         return p;
     }
-    if let Some(refused) = model.restrictions.as_ref().and_then(|r| r.refuses(snapshot, principal)) {
-        p.deny(
-            match refused {
-                Restricted::Leader => Outcome::RestrictedByLeader,
-                Restricted::BusinessUnit => Outcome::RestrictedByBusinessUnit,
-            },
-            None,
-            |_| {},
-        );
+    if let Some(refused) = model.refuses(snapshot, principal) {
+        p.deny(refused_outcome(refused), None, |_| {});
         return p;
     }
 
@@ -697,6 +692,25 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     p.rates = Some(rates);
     p.fallback = fallback;
     p
+}
+
+/// The denial of a model's access layers (the row's reason; answered like an unknown model).
+fn refused_outcome(refused: Refused) -> Outcome {
+    match refused {
+        Refused::Staged => Outcome::ModelStaged,
+        Refused::Limited => Outcome::ModelLimited,
+        Refused::Restricted(Restricted::Leader) => Outcome::RestrictedByLeader,
+        Refused::Restricted(Restricted::BusinessUnit) => Outcome::RestrictedByBusinessUnit,
+    }
+}
+
+/// Why a caller without a grant (for the route) is refused a known model: a staged model, or a
+/// limited one they are off the roster of, says so in the row (the answer is the same).
+fn not_granted(snapshot: &Snapshot, model: u32, principal: u32) -> Outcome {
+    match snapshot.models[model as usize].refuses(snapshot, principal) {
+        Some(refused @ (Refused::Staged | Refused::Limited)) => refused_outcome(refused),
+        _ => Outcome::ModelNotPermitted,
+    }
 }
 
 /// Answers a policy denial: its code, the cap or limit, when it lifts.
@@ -1185,6 +1199,53 @@ mod tests {
             prepare(&s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#)).status,
             0
         );
+    }
+
+    /// A staged model answers like an unknown one (the row says staged); a limited one serves its
+    /// roster only; members of an authoritative pilot listing the model are served over the
+    /// release, the roster and the restrictions.
+    #[test]
+    fn test_staged_and_limited_models_refuse_like_unknown_ones_and_a_pilot_decides_for_its_members() {
+        let mut config = config();
+        let proxy = |s: &Snapshot| prepare(s, None, &req(Route::Proxy, "model=gpt-b", br#"{"query":"a"}"#));
+        let body = br#"{"model":"gpt-b","messages":[{"role":"user","content":"a"}]}"#;
+        let entry = |s: &Snapshot| prepare(s, None, &req(Route::Entry(Format::OpenAiChat), "", body));
+
+        config["models"][0]["status"] = json!("staged");
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        let p = proxy(&s);
+        assert_eq!((p.status, p.deny_reason), (403, Some("model_staged")));
+        assert_eq!(p.body, b"{\"error\":\"model_not_permitted\"}\n");
+        assert_eq!((entry(&s).status, entry(&s).deny_reason), (404, Some("model_staged")));
+        assert!(s.visible_grants(0).all(|(_, m, _)| m.name != "gpt-b"));
+
+        config["models"][0]["status"] = json!("limited");
+        config["models"][0]["roster"] = json!([1]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!((entry(&s).status, entry(&s).deny_reason), (404, Some("model_limited")));
+        config["models"][0]["roster"] = json!([1, 0]);
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!(entry(&s).status, 0, "a roster member is served");
+
+        // An authoritative pilot's member: served although staged, or restricted.
+        config["models"][0]["status"] = json!("staged");
+        config["models"][0]["roster"] = json!([]);
+        config["models"][0]["pilot_access"] = json!([0]);
+        config["models"][0]["restrictions"] = json!({"business_units_open": ["nowhere"]});
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!(proxy(&s).status, 0);
+        assert!(s.visible_grants(0).any(|(_, m, _)| m.name == "gpt-b"));
+        config["models"][0]["pilot_access"] = json!([1]);
+        config["models"][0]["status"] = json!("active");
+        let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
+        assert_eq!(proxy(&s).deny_reason, Some("model_restricted_by_business_unit"));
+
+        // A roster on a model that is not limited, or a status outside the four, is refused.
+        config["models"][0]["roster"] = json!([0]);
+        assert!(Snapshot::from_msgpack(&encode(&config), PEPPER).is_err());
+        config["models"][0]["roster"] = json!([]);
+        config["models"][0]["status"] = json!("preview");
+        assert!(Snapshot::from_msgpack(&encode(&config), PEPPER).is_err());
     }
 
     #[test]

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import asyncpg
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Meta, UnsetType
 
-from meshfast import errors, rules, snapshot
+from meshfast import errors, rules, snapshot, validate
 from meshfast.admin import controls
 from meshfast.admin import rules as rule_admin
 from meshfast.admin.changes import Outcome
 from meshfast.admin.service.common import Price, ServiceBase, _body_uuid, _invalid, _price, decode, parse_uuid, row_json
+from meshfast.store import onboarding as onboarding_sql
 from meshfast.store import sql
 from meshfast.validate import Id, Int32, Label, Name, Names, Positive, Word
 from meshfast.verify import wants_verify
@@ -57,18 +59,29 @@ class ModelCreate(msgspec.Struct, forbid_unknown_fields=True):
     cache_shaping: bool = True
     cache_ttl: Literal["5m", "1h"] = "5m"
     verify: bool | None = None
+    # Onboarding (API.md "Governed lifecycle"): staged (not served) or limited (served to the
+    # roster only, under ``limited``'s cap until its expiry); see ModelUpdate. Left out: active.
+    status: Word | None = None
+    roster: Annotated[list[Id], Meta(max_length=rules.MAX_LIST)] | UnsetType = UNSET
+    limited: LimitedBody | None | UnsetType = UNSET
 
 
-MODEL_STATUSES = ("active", "blocked", "retired")
+MODEL_STATUSES = ("active", "blocked", "retired", "staged", "limited")
+# The stored status of each API status but blocked (Mesh's flag beside an active status).
+_STORED_STATUS = {"active": "active", "blocked": "active", "retired": "retired", "staged": "staged",
+                  "limited": "limited"}
+ONBOARDING_FIELDS = ("status", "roster", "limited")
 
 
 class ModelUpdate(ModelCreate, forbid_unknown_fields=True):
     """``PUT /admin/models/{id}``: the create fields (``verify`` is ignored) and, optionally, the
-    status; a body that is only ``{"status": ...}`` changes the status alone."""
+    status; a body that is only ``{"status": ...}`` changes the status alone.
 
-    # active, blocked or retired; a blocked or retired model answers as an unknown one (404) on
-    # the standard routes and 403 model_blocked on the Mesh-native ones. Left out: kept.
-    status: Word | None = None
+    ``status``: active, blocked, retired, staged or limited; a blocked or retired model answers as
+    an unknown one (404) on the standard routes and 403 model_blocked on the Mesh-native ones; a
+    staged one, and a limited one to anyone off its ``roster``, as an unknown model on every
+    route. Left out: kept. A status other than limited clears the roster and the limited cap."""
+
     # Who may see the model (leaders denied or allowed, exemptions, business units closed or
     # open); a refused caller gets the unknown model's 404. Left out: kept; null: cleared.
     restrictions: rules.RestrictionsBody | None | UnsetType = UNSET
@@ -77,21 +90,23 @@ class ModelUpdate(ModelCreate, forbid_unknown_fields=True):
 
 
 class ModelStatusBody(msgspec.Struct, forbid_unknown_fields=True):
-    """A model PUT that changes only the status or the restrictions (or both)."""
+    """A model PUT that changes only the status, the roster, the limited cap or the restrictions."""
 
     status: Word | None = None
     restrictions: rules.RestrictionsBody | None | UnsetType = UNSET
     activate_at: Word | None = None
+    roster: Annotated[list[Id], Meta(max_length=rules.MAX_LIST)] | UnsetType = UNSET
+    limited: LimitedBody | None | UnsetType = UNSET
 
 
 def decode_model_update(body: bytes) -> ModelUpdate | ModelStatusBody:
-    """A model PUT's body: the status or the restrictions alone, or the whole model (see
-    :class:`ModelUpdate`)."""
+    """A model PUT's body: the status, roster, limited cap or restrictions alone, or the whole
+    model (see :class:`ModelUpdate`)."""
     try:
         fields = msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError):
         fields = None  # the strict decode below answers the 400
-    if isinstance(fields, dict) and fields and set(fields) <= {"status", "restrictions", "activate_at"}:
+    if isinstance(fields, dict) and fields and set(fields) <= {"restrictions", "activate_at", *ONBOARDING_FIELDS}:
         return decode(body, ModelStatusBody)
     return decode(body, ModelUpdate)
 
@@ -100,16 +115,92 @@ def _status_columns(status: str) -> tuple[str, bool]:
     """The API's status as the stored ``(status, blocked)`` pair (Mesh keeps them apart)."""
     if status not in MODEL_STATUSES:
         raise errors.InvalidRequest(f"status must be one of {', '.join(MODEL_STATUSES)}")
-    return ("retired" if status == "retired" else "active"), status == "blocked"
+    return _STORED_STATUS[status], status == "blocked"
 
 
 def _model_json(row: asyncpg.Record) -> dict[str, Any]:
-    """A model as the API shows it: ``status`` is active, blocked or retired (``blocked`` stays,
-    as Mesh's flag)."""
+    """A model as the API shows it: ``status`` is active, blocked, retired, staged or limited
+    (``blocked`` stays, as Mesh's flag); ``roster`` and ``limited`` (null unless limited)."""
     out = row_json(row)
     if out.get("blocked") and out.get("status") == "active":
         out["status"] = "blocked"
+    roster = out.get("roster")
+    out["roster"] = json.loads(roster) if isinstance(roster, str) else (roster or [])
+    window, amount, expires = (out.pop(k, None) for k in ("limited_window", "limited_amount_usd",
+                                                          "limited_expires_at"))
+    out["limited"] = None if window is None and amount is None and expires is None else {
+        "window": window, "amount_usd": None if amount is None else rules.usd_text(Decimal(str(amount))),
+        "expires_at": expires}
     return out
+
+
+async def _onboarding(conn: asyncpg.Connection, mid: uuid.UUID, status: str | None,
+                      roster: list[str] | UnsetType, limited: LimitedBody | None | UnsetType) -> dict[str, Any] | None:
+    """Store a model's onboarding (status, roster, limited cap) when the body names any of them,
+    validated as a whole (400 listing every problem: unknown roster users, a roster or a cap on a
+    model that is not limited). A status other than limited clears the roster and the cap; left
+    out, each keeps its stored value. The audit detail of what changed, or None."""
+    if status is None and roster is UNSET and limited is UNSET:
+        return None
+    current = await conn.fetchrow(onboarding_sql.MODEL_ONBOARDING, mid)
+    stored = current["status"] if status is None else _STORED_STATUS[status]
+    problems: list[str] = []
+    if stored != "limited":
+        if roster is not UNSET and roster:
+            problems.append("roster: only a limited model has a roster (status \"limited\")")
+        if limited is not UNSET and limited is not None:
+            problems.append("limited: only a limited model has a limited-access cap (status \"limited\")")
+        if problems:
+            raise _invalid(problems)
+        if status is not None:
+            await conn.execute(onboarding_sql.SET_ONBOARDING, mid, stored, "[]", None, None, None)
+        return {"status": status} if status is not None else {}
+    people = (json.loads(current["roster"]) if isinstance(current["roster"], str) else list(current["roster"] or [])
+              ) if roster is UNSET else roster
+    canonical: list[str] = []
+    for i, user in enumerate(people):
+        try:
+            canonical.append(str(uuid.UUID(user)))
+        except ValueError:
+            problems.append(f"roster[{i}]: {rules.shown(user)} is not a user id")
+    known = {row[0] for row in await conn.fetch(onboarding_sql.KNOWN_PEOPLE, canonical)} if canonical else set()
+    problems.extend(f"roster: unknown user {rules.shown(u)}" for u in canonical if u not in known)
+    window, amount, expires_at = current["limited_window"], current["limited_amount_usd"], current["limited_expires_at"]
+    if limited is None:
+        window = amount = expires_at = None
+    elif limited is not UNSET:
+        window, expires_at = limited.window, limited.expires_at
+        amount = None
+        if limited.amount_usd is not None:
+            parsed = rules.threshold(str(limited.amount_usd))
+            if isinstance(parsed, str):
+                problems.append(f"limited.amount_usd: {parsed}")
+            else:
+                amount = parsed
+        if (window is None) != (limited.amount_usd is None):
+            problems.append("limited: window and amount_usd go together")
+        if expires_at is not None and not validate.EARLIEST <= expires_at <= validate.LATEST:
+            problems.append(f"limited.expires_at: must be between {validate.EARLIEST.date()} and "
+                            f"{validate.LATEST.date()}")
+    if problems:
+        raise _invalid(problems)
+    roster_ids = list(dict.fromkeys(canonical))
+    await conn.execute(onboarding_sql.SET_ONBOARDING, mid, "limited", json.dumps(roster_ids), window, amount,
+                       expires_at)
+    return {"status": "limited", "roster": roster_ids,
+            "limited": None if window is None and expires_at is None else {
+                "window": window, "amount_usd": None if amount is None else str(amount),
+                "expires_at": None if expires_at is None else expires_at.isoformat()}}
+
+
+class LimitedBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A limited model's own spend control for its roster: a block at ``amount_usd`` per
+    ``window`` on the model, and ``expires_at`` (RFC 3339 with its offset), after which the
+    roster's access ends and the model answers as staged. Each is optional."""
+
+    window: Literal["daily", "weekly", "monthly"] | None = None
+    amount_usd: Annotated[Decimal, Meta(gt=0)] | None = None
+    expires_at: Annotated[dt.datetime, Meta(tz=True)] | None = None
 
 
 def _tags(values: list[str], problems: list[str]) -> list[str]:
@@ -230,6 +321,14 @@ def _snapshot_model(body: ModelCreate) -> snapshot.Model:
     )
 
 
+async def controls_naming(conn: asyncpg.Connection, model_id: uuid.UUID, name: str) -> list[dict[str, str]]:
+    """The live controls that reference a model: rules scoping it by name, live pilots listing
+    it, live named keys held to it (workflows name no model)."""
+    return ([{"kind": "rule", "id": r[0]} for r in await conn.fetch(onboarding_sql.RULES_NAMING_MODEL, name)]
+            + [{"kind": "pilot", "id": r[0]} for r in await conn.fetch(onboarding_sql.LIVE_PILOTS_LISTING_MODEL, name)]
+            + [{"kind": "key", "id": r[0]} for r in await conn.fetch(onboarding_sql.LIVE_KEYS_HOLDING_MODEL, model_id)])
+
+
 class ModelOperations(ServiceBase):
     """Models and deployments (mixed into :class:`AdminService`)."""
 
@@ -253,12 +352,22 @@ class ModelOperations(ServiceBase):
                 raise errors.InvalidRequest("provider_not_found")
             await self._verify(provider, [body])
 
+        if body.status is not None:
+            _status_columns(body.status)
+        detail: dict[str, Any] = {"kind": body.kind}
+
         async def work(conn: asyncpg.Connection) -> uuid.UUID:
             if await conn.fetchval(sql.PROVIDER_EXISTS, provider_id) is None:
                 raise errors.InvalidRequest("provider_not_found")
-            return await insert(conn, provider_id)
+            model_id = await insert(conn, provider_id)
+            if body.status == "blocked":
+                await conn.execute(sql.SET_MODEL_STATUS, model_id, "active", True)
+            elif body.status not in (None, "active"):
+                await conn.execute(sql.SET_MODEL_STATUS, model_id, _STORED_STATUS[body.status], False)
+            detail.update(await _onboarding(conn, model_id, body.status, body.roster, body.limited) or {})
+            return model_id
 
-        model_id = await self._write(actor, "create_model", body.name, {"kind": body.kind}, work, registry=True)
+        model_id = await self._write(actor, "create_model", body.name, detail, work, registry=True)
         return await self.get_model(str(model_id))
 
     async def update_model(self, actor: Actor, model_id: str, body: ModelCreate | ModelStatusBody,
@@ -279,6 +388,7 @@ class ModelOperations(ServiceBase):
         status = getattr(body, "status", None)
         columns = None if status is None else _status_columns(status)
         restrictions = getattr(body, "restrictions", UNSET)
+        roster, limited = body.roster, body.limited
         args: tuple[Any, ...] = ()
         if isinstance(body, ModelStatusBody):
             provider_id = None
@@ -312,6 +422,7 @@ class ModelOperations(ServiceBase):
                 when = await self.lifecycle.when(conn, actor, kind, str(mid), stored, activate_at)
                 outcome.append(await self.lifecycle.decide(conn, actor, kind, str(mid), "update", stored, when))
                 detail.update(restrictions_outcome=outcome[0].status, revision=outcome[0].revision)
+            detail.update(await _onboarding(conn, mid, status, roster, limited) or {})
 
         detail: dict[str, Any] = {} if isinstance(body, ModelStatusBody) else {"kind": body.kind}
         if status is not None:
@@ -351,11 +462,33 @@ class ModelOperations(ServiceBase):
         mid = parse_uuid(model_id, errors.ModelNotFound)
 
         async def work(conn: asyncpg.Connection) -> None:
+            name = await conn.fetchval(onboarding_sql.MODEL_NAME, mid)
+            if name is None:
+                raise errors.ModelNotFound()
+            controls = await controls_naming(conn, mid, name)
+            if controls:
+                raise errors.ModelInUse(f"live controls reference the model {name!r}", controls=controls)
             if await conn.fetchval(sql.DELETE_MODEL, mid) is None:
                 raise errors.ModelNotFound()
 
         await self._write(actor, "delete_model", str(mid), {}, work, registry=True)
         return {"status": "deleted"}
+
+    async def graduate_model(self, actor: str, model_id: str) -> dict[str, Any]:
+        """``POST /admin/models/{id}/graduate``: the model becomes generally available (active),
+        its roster and limited-access cap cleared."""
+        mid = parse_uuid(model_id, errors.ModelNotFound)
+
+        async def work(conn: asyncpg.Connection) -> None:
+            row = await conn.fetchrow(onboarding_sql.MODEL_ONBOARDING, mid)
+            if row is None:
+                raise errors.ModelNotFound()
+            detail["from"] = row["status"]
+            await conn.execute(onboarding_sql.SET_ONBOARDING, mid, "active", "[]", None, None, None)
+
+        detail: dict[str, Any] = {}
+        await self._write(actor, "model.graduate", str(mid), detail, work, registry=True)
+        return await self.get_model(model_id)
 
     # deployments
 
