@@ -1067,7 +1067,7 @@
         { key: "output_price_per_1k_tokens", label: "Output / 1k", num: true },
         { key: "caps", label: "Capabilities", render: caps },
         { key: "restrictions", label: "Restrictions", render: (m) => [restrictionsText(m.restrictions),
-          revisionState(m.restrictions_revision || m) ? [" ", revisionCell(m.restrictions_revision || m)] : null] },
+          revisionState(m.restrictions_revisions) ? [" ", revisionCell(m.restrictions_revisions)] : null] },
         { key: "deployments", label: "Extra deployments", render: deployments },
         { key: "actions", label: "Actions", render: rowActions },
       ], state.models, { id: "models-table", rowData: (m) => ({ modelId: m.id, name: m.name, status: m.status || "active" }) }),
@@ -1154,8 +1154,10 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const d = formData(form);
-      const body = { status: d.status, roster: peopleIds(d.roster) };
+      // A roster and terms belong to a limited model; a staged one has neither.
+      const body = { status: d.status };
       if (d.status === "limited") {
+        body.roster = peopleIds(d.roster);
         body.limited = { window: d.window, amount_usd: d.amount_usd === "" ? null : d.amount_usd, expires_at: d.expires_at ? isoFromLocal(d.expires_at) : null };
       }
       let out;
