@@ -206,6 +206,10 @@ ROUTES: dict[tuple[str, str], str] = {
     ("DELETE", "/admin/tokens/{id}"): FILTERED,
     ("GET", "/admin/business-units"): FILTERED,
     ("GET", "/admin/business-units/{id}"): FILTERED,
+    # NOTE (merge of lc-approve): the queue answers a unit's administrator its units' changes only
+    # (meshfast.admin.changes), and only a platform administrator decides one.
+    ("GET", "/admin/changes"): FILTERED,
+    ("GET", "/admin/changes/{id}"): FILTERED,
 }
 PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/business-units/{id}")})
 # The checks that also name the audit record's unit, so they run for every actor.
