@@ -232,9 +232,9 @@
   const isPlatform = () => myRole() === "platform";
   const isUnitAdmin = () => myRole() === "business_unit";
   const myUnits = () => ((state.me && state.me.business_units) || []).map((u) => (typeof u === "string" ? u : u.name || u.id));
-  // What a business unit's administrator may open: its people, logs, rules, approvals (read-only)
-  // and units; the rest of the admin API answers it 403.
-  const UNIT_ROUTES = ["users", "logs", "rules", "approvals", "business-units", "audit"];
+  // What a business unit's administrator may open: its people (and their grants and policies),
+  // logs, rules, approvals (read-only), audit records and units; the rest answers it 403.
+  const UNIT_ROUTES = ["users", "access", "logs", "rules", "approvals", "business-units", "audit"];
   const allowed = (name) => !isUnitAdmin() || UNIT_ROUTES.includes(name);
 
   function showChrome(on) {
