@@ -7,6 +7,7 @@ tokens, refused everything platform-wide; a platform administrator still sees ev
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import csv
 import datetime as dt
@@ -17,13 +18,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from conftest import Gateway
 from test_chargeback import _ingest, _now_ms, _row
 from test_openapi import gateway_router_operations
 
+from meshfast import errors
 from meshfast.admin import scope
+from meshfast.admin.routes import Actor
 
 Json = dict[str, Any]
 PASSWORD = "correct horse battery"
@@ -265,6 +269,17 @@ def test_a_unit_administrator_sees_and_changes_only_its_people(gateway: Gateway,
     renamed = bu("PUT", f"/admin/users/{new_id}", {"display_name": "Renamed", "tier": "gold"}, {"if-match": "*"})
     assert renamed.status_code == 200 and renamed.json()["business_unit"] == x
     assert bu("POST", f"/admin/users/{new_id}/rotate-key").status_code == 200
+
+    # Named keys: its people's only.
+    key = bu("POST", f"/admin/users/{new_id}/keys", {"name": f"k-{_tag()}"})
+    assert key.status_code == 201, key.text
+    assert bu("POST", f"/admin/keys/{key.json()['id']}/rotate", {}).status_code == 200
+    assert bu("POST", f"/admin/users/{people['y1']['id']}/keys", {"name": f"k-{_tag()}"}).status_code == 403
+    their_key = gateway.admin("POST", f"/admin/users/{people['y1']['id']}/keys", {"name": f"k-{_tag()}"}).json()
+    for method, path in (("POST", f"/admin/keys/{their_key['id']}/rotate"), ("DELETE", f"/admin/keys/{their_key['id']}")):
+        r = bu(method, path, {} if method == "POST" else None)
+        assert (r.status_code, r.json()["error"]) == (403, "forbidden"), path
+    assert bu("POST", f"/admin/keys/{uuid.uuid4()}/rotate", {}).json()["error"] == "key_not_found"
     assert bu("POST", f"/admin/users/{new_id}/revoke").status_code == 200
 
     audit = bu("GET", "/admin/audit", params={"page_size": "500"}).json()["entries"]
@@ -358,7 +373,7 @@ def test_a_unit_administrator_is_refused_what_is_platform_wide(gateway: Gateway,
         ("GET", "/admin/issuers", None), ("GET", "/admin/applications", None), ("GET", "/admin/workflows", None),
         ("GET", "/admin/dlp/policies", None), ("PUT", "/admin/notifications", {}),
         ("GET", "/admin/logs/unused-tools", None), ("GET", "/admin/metrics", None),
-        ("GET", "/admin/applications", None), ("POST", f"/admin/keys/{uuid.uuid4()}/rotate", {}),
+        ("GET", "/admin/applications", None),
     ]
     for method, path, body in refused:
         r = bu(method, path, body)
@@ -428,6 +443,8 @@ def test_tokens_are_scoped_within_the_units(gateway: Gateway, org: Json) -> None
     session, x, y = org["session"], org["x"], org["y"]
     made = session("POST", "/admin/tokens", {"name": f"bu-{_tag()}"})
     assert made.status_code == 201 and made.json()["business_units"] == [x]
+    records = session("GET", "/admin/audit", params={"action": "create_admin_token"}).json()["entries"]
+    assert any(e["target"] == made.json()["name"] for e in records), "its units' records include its tokens"
     assert session("POST", "/admin/tokens", {"name": f"bu-{_tag()}", "business_units": [y]}).status_code == 403
     assert session("POST", "/admin/tokens", {"name": f"bu-{_tag()}", "is_super": True}).status_code == 403
     scoped = Caller(gateway, token=made.json()["token"])
@@ -475,3 +492,24 @@ def test_an_admin_becomes_a_unit_administrator_from_its_next_request(gateway: Ga
                           {"name": unit["name"], "timezone": "UTC", "admins": []})
         assert r.status_code == 200
         assert caller("GET", "/admin/providers").status_code == 200
+
+
+def test_a_scoped_write_rechecks_its_person_in_the_write_transaction(gateway: Gateway, org: Json) -> None:
+    """The scope check runs again in the write's transaction, under a row lock: a person moved out
+    of the actor's units between the check and the write refuses the write (403, rolled back)."""
+    actor = Actor(name="t", is_super=False, id="t", business_units=frozenset({org["x"]}))
+
+    async def go() -> None:
+        conn = await asyncpg.connect(gateway.database_url)
+        try:
+            scope._hold(actor, uuid.UUID(org["people"]["y1"]["id"]))
+            with pytest.raises(errors.Forbidden):
+                async with conn.transaction():
+                    await scope.recheck(conn)
+            scope._hold(actor, uuid.UUID(org["people"]["x1"]["id"]))
+            async with conn.transaction():
+                await scope.recheck(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())

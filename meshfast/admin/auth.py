@@ -387,7 +387,8 @@ class AdminAuth:
                 row = await conn.fetchrow(
                     admin_sql.INSERT_TOKEN, name, hash_token(token), body.is_super, actor, owner_admin_id, units)
                 await _audit(conn, actor, "create_admin_token", name,
-                             {"is_super": body.is_super, "business_units": units})
+                             {"is_super": body.is_super, "business_units": units},
+                             units[0] if units is not None and len(units) == 1 else None)
         return {**_token(row), "token": token}
 
     async def list_tokens(self) -> list[dict[str, Any]]:
@@ -440,8 +441,9 @@ async def _verify(password_hash: str, password: str) -> bool:
     return await asyncio.to_thread(check)
 
 
-async def _audit(conn: asyncpg.Connection, actor: str, action: str, target: str | None, detail: dict[str, Any]) -> None:
-    await conn.execute(sql.INSERT_AUDIT, actor, action, target, json.dumps(detail))
+async def _audit(conn: asyncpg.Connection, actor: str, action: str, target: str | None, detail: dict[str, Any],
+                 business_unit: str | None = None) -> None:
+    await conn.execute(sql.INSERT_UNIT_AUDIT, actor, action, target, json.dumps(detail), business_unit)
 
 
 def _admin(row: asyncpg.Record) -> dict[str, Any]:

@@ -143,6 +143,7 @@ _audit_unit: contextvars.ContextVar[str | None] = contextvars.ContextVar("meshfa
 def begin() -> None:
     """A request starts: no unit yet (each request is its own task; this makes it explicit)."""
     _audit_unit.set(None)
+    _held.set(None)
 
 
 def concerns(unit: str | None) -> None:
@@ -154,6 +155,30 @@ def audit_unit() -> str | None:
     return _audit_unit.get()
 
 
+# The principal a scoped actor's write was checked against, and the units it may be in: the write's
+# transaction checks it again under a row lock (:func:`recheck`), so a move out of the units
+# between the check and the write cannot let the write through.
+_held: contextvars.ContextVar[tuple[uuid.UUID, frozenset[str]] | None] = contextvars.ContextVar(
+    "meshfast_scope_held", default=None)
+
+
+def _hold(actor: Actor, principal: uuid.UUID) -> None:
+    if actor.business_units is not None:
+        _held.set((principal, actor.business_units))
+
+
+async def recheck(conn: asyncpg.Connection) -> None:
+    """In a write's transaction, after its work: the principal a scoped actor's write concerns is
+    still in its units, and stays there until the commit (403 else, and the write rolls back)."""
+    held = _held.get()
+    if held is None:
+        return
+    principal, units = held
+    row = await conn.fetchrow(units_sql.LOCK_PRINCIPAL_UNIT, principal)
+    if row is not None and row["business_unit"] not in units:
+        raise errors.Forbidden("the user is outside your business units")
+
+
 # --- the route table -------------------------------------------------------------------------
 
 # What a scoped actor may call, and the check each route's entity needs; a route not listed is
@@ -163,7 +188,8 @@ def audit_unit() -> str | None:
 OPEN, FILTERED = "open", "filtered"
 USER_READ, USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS = (
     "user_read", "user_write", "user_create", "user_update", "policy", "access")
-MODEL_UNITS, RULE_READ, RULE_WRITE, RULE_DRAFT = "model_units", "rule_read", "rule_write", "rule_draft"
+MODEL_UNITS, RULE_READ, RULE_WRITE, RULE_DRAFT, KEY_WRITE = (
+    "model_units", "rule_read", "rule_write", "rule_draft", "key_write")
 
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/admin/me"): OPEN,
@@ -181,6 +207,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("PUT", "/admin/users/{id}/expiry"): USER_WRITE,
     ("PUT", "/admin/users/{id}/key/expiry"): USER_WRITE,
     ("POST", "/admin/users/{id}/keys"): USER_WRITE,
+    ("POST", "/admin/keys/{id}/rotate"): KEY_WRITE,
+    ("DELETE", "/admin/keys/{id}"): KEY_WRITE,
     ("GET", "/admin/users/{id}/keys"): USER_READ,
     ("GET", "/admin/users/{id}/policies"): USER_READ,
     ("PUT", "/admin/users/{id}/policies/{model}"): POLICY,
@@ -213,7 +241,7 @@ ROUTES: dict[tuple[str, str], str] = {
 }
 PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/business-units/{id}")})
 # The checks that also name the audit record's unit, so they run for every actor.
-_AUDITED = frozenset({USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS, RULE_WRITE})
+_AUDITED = frozenset({USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS, RULE_WRITE, KEY_WRITE})
 
 
 def template(pattern: str) -> str:
@@ -269,6 +297,8 @@ class Guard:
             concerns(unit)
         elif kind == ACCESS:
             await self._access(actor, body)
+        elif kind == KEY_WRITE:
+            await self._key(actor, params["id"])
         elif kind in (RULE_READ, RULE_WRITE, RULE_DRAFT):
             await self._rule(actor, method, kind, params.get("id"), body)
         elif kind == MODEL_UNITS:
@@ -291,7 +321,23 @@ class Guard:
                 raise errors.Forbidden("the user is outside your business units")
             raise errors.UserNotFound()
         concerns(unit)
+        if write and found:
+            _hold(actor, uid)
         return unit
+
+    async def _key(self, actor: Actor, key_id: str) -> None:
+        """A named key is its person's (or application's): written only within the actor's units."""
+        kid = _uuid(key_id)
+        if kid is None:
+            return
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(units_sql.KEY_UNIT, kid)
+        if row is None:
+            return
+        if not in_scope(actor, row["business_unit"]):
+            raise errors.Forbidden("the key's owner is outside your business units")
+        concerns(row["business_unit"])
+        _hold(actor, row["id"])
 
     async def _moved(self, actor: Actor, unit: str | None, body: bytes) -> None:
         """A person stays in the actor's units: a new ``business_unit`` must be one of them."""
@@ -341,6 +387,8 @@ class Guard:
         if found and not in_scope(actor, unit):
             raise errors.Forbidden("the user is outside your business units")
         concerns(unit)
+        if found:
+            _hold(actor, principal)
 
     async def _rule(self, actor: Actor, method: str, kind: str, rule_id: str | None, body: bytes) -> None:
         """A rule the actor reads or writes (the stored one, and the body it sends) names only

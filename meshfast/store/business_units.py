@@ -35,6 +35,12 @@ UNITS_BY_NAMES = "SELECT name, daily_cap_lock_usd FROM business_units WHERE name
 
 # A person's (or application's) business unit; no row: no such principal.
 PRINCIPAL_UNIT = "SELECT business_unit FROM users WHERE id = $1"
+# The same in a write's transaction, held to its commit: the unit cannot change under the write.
+LOCK_PRINCIPAL_UNIT = "SELECT business_unit FROM users WHERE id = $1 FOR NO KEY UPDATE"
+# The principal a named key belongs to, and its business unit; no row: no such key.
+KEY_UNIT = """
+SELECT u.id, u.business_unit FROM mesh_api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = $1
+"""
 # A unit's lock ($1: its name); no row: no such unit.
 UNIT_LOCK = "SELECT daily_cap_lock_usd FROM business_units WHERE name = $1"
 # The daily cap a policy sets now ($1 user, $2 model); no row: the default applies.

@@ -178,6 +178,8 @@ class ServiceBase:
                 if registry:
                     await conn.execute(sql.LOCK_REGISTRY)
                 result = await work(conn)
+                # NOTE: after the work, which takes its rows' locks in its own order first.
+                await scope.recheck(conn)
                 if registry:
                     await self._check_registry(conn)
                 seq = await conn.fetchval(sql.NEXT_CONFIG_SEQ)
