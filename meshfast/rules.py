@@ -693,6 +693,9 @@ class RuleBody(msgspec.Struct, forbid_unknown_fields=True):
     entries: Annotated[list[EntryBody], Meta(min_length=1, max_length=MAX_ENTRIES)]
     weight: Annotated[int, Meta(ge=-MAX_WEIGHT, le=MAX_WEIGHT)] = 0
     mode: Literal["enforce", "shadow", "inherit"] = "inherit"
+    # Not part of the rule: when a create or PUT goes live (RFC 3339 with an offset, or
+    # "local-midnight" in the business unit's timezone); absent: at once.
+    activate_at: Annotated[str, Meta(max_length=64)] | None = None
 
 
 class RestrictionsBody(msgspec.Struct, forbid_unknown_fields=True):

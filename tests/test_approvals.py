@@ -596,3 +596,104 @@ def test_a_pending_change_expires_after_its_ttl(testserve: EmulatedProviders) ->
         rows = _audit_rows(gw, "change.expire", rule["id"])
         assert len(rows) == 1 and rows[0]["business_unit"] == unit
         assert gw.admin("GET", f"/admin/rules/{rule['id']}").status_code == 200
+
+
+def test_a_logged_in_unit_administrator_is_scoped_by_its_units(gw: Gateway, testserve: EmulatedProviders) -> None:
+    """A (non-super) admin listed for a unit, signed in with a session, is that unit's
+    administrator: its relaxing write waits (the change names the admin), its tightening applies."""
+    unit = _unit(gw)
+    email, password = f"bu-{_tag()}@example.com", "a-long-password-" + _tag()
+    made = gw.admin("POST", "/admin/admins", {"email": email, "password": password})
+    assert made.status_code == 201, made.text
+    _sql(gw, "INSERT INTO business_unit_admins (business_unit_id, admin_id) "
+             "SELECT bu.id, a.id FROM business_units bu, admins a WHERE bu.name = $1 AND a.email = $2", unit, email)
+    admin_id = _sql(gw, "SELECT id::text FROM admins WHERE email = $1", email)[0]["id"]
+    _, model = _spent_person(gw, testserve, unit)
+    rule = _block_rule(unit, model)
+    with httpx.Client(base_url=gw.base_url, timeout=10) as client:
+        for _ in range(6):
+            login = client.post("/admin/login", json={"email": email, "password": password})
+            if login.status_code != 429:
+                break
+            time.sleep(1.1)  # the per-IP login throttle
+        assert login.status_code == 200, login.text
+        csrf = {"x-csrf-token": login.json()["csrf_token"]}
+        assert client.post("/admin/rules", json=rule, headers=csrf).status_code == 201
+        pending = client.delete(f"/admin/rules/{rule['id']}", headers=csrf)
+        assert pending.status_code == 202, pending.text
+        change = gw.admin("GET", f"/admin/changes/{pending.json()['change_id']}").json()
+        assert (change["requested_by"], change["requested_by_admin_id"], change["business_unit"]) == \
+            (email, admin_id, unit)
+        own = client.post(f"/admin/changes/{change['id']}/approve", headers=csrf)
+        assert (own.status_code, own.json()["error"]) == (403, "self_approval")
+
+
+def test_a_kind_registered_later_is_governed_by_its_registration_alone(gw: Gateway) -> None:
+    """A new control kind (as pilots will be) registers load, check, apply, classify and units,
+    and the lifecycle queues, approves and schedules it with no other code: here a kind whose
+    live state is a dict, on the gateway's database."""
+    from meshfast.admin.routes import Actor
+
+    live: dict[str, Json] = {}
+
+    async def load(conn: Any, target: str) -> Json | None:
+        return live.get(target)
+
+    async def check(conn: Any, target: str, action: str, proposed: Any) -> Any:
+        if action != "delete" and not isinstance(proposed.get("members"), list):
+            raise changes.errors.InvalidRequest("members must be a list")
+        return None if action == "delete" else proposed
+
+    async def apply(conn: Any, target: str, action: str, state: Any) -> None:
+        if state is None:
+            live.pop(target, None)
+        else:
+            live[target] = state
+
+    def classify(old: Json | None, new: Json | None) -> controls.Direction:
+        # Fewer members is tighter (a cohort's access); more is relaxing.
+        return TIGHTEN if set((new or {}).get("members", ())) <= set((old or {}).get("members", ())) else RELAX
+
+    async def units(conn: Any, target: str, state: Any) -> set[str]:
+        return {"pilots-unit"}
+
+    name = f"demo-{_tag()}"
+    controls.register(controls.ControlKind(name, load, check, apply, classify, units))
+    unit_admin = Actor(name="bu@example.com", is_super=False, id="token:bu", business_units=frozenset({"pilots-unit"}))
+    platform = Actor(name="root", is_super=True, id="token:root")
+
+    async def scenario() -> None:
+        pool = await asyncpg.create_pool(gw.database_url, min_size=1, max_size=2)
+        written: list[int] = []
+
+        async def after_write(seq: int, change: str) -> None:
+            written.append(seq)
+
+        try:
+            lifecycle = changes.Lifecycle(pool, after_write)
+            live["p1"] = {"members": ["a"]}
+            grown = await lifecycle.write(unit_admin, name, "p1", "update", {"members": ["a", "b"]}, None,
+                                          audit_action="update_demo")
+            assert grown.pending and live["p1"] == {"members": ["a"]}
+            assert grown.change is not None and grown.change["business_unit"] == "pilots-unit"
+            shrunk = await lifecycle.write(unit_admin, name, "p2", "create", {"members": []}, None,
+                                           audit_action="create_demo")
+            assert shrunk.status == "enforced" and live["p2"] == {"members": []}
+            decided = await lifecycle.approve(platform, grown.change["id"], None)
+            assert decided["status"] == "applied" and live["p1"] == {"members": ["a", "b"]}
+            # (An hour ahead: the gateway's leader, which does not know this kind, leaves it alone.)
+            later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
+            scheduled = await lifecycle.write(platform, name, "p1", "update", {"members": ["a"]}, later,
+                                              audit_action="update_demo")
+            assert scheduled.status == "scheduled" and live["p1"] == {"members": ["a", "b"]}
+            states = await lifecycle.revisions(name, ["p1"])
+            assert states["p1"]["saved_revision"] == 2 and states["p1"]["enforced_revision"] == 1
+            assert states["p1"]["scheduled"]["revision"] == 2
+            assert written, "every accepted write bumped the configuration"
+        finally:
+            await pool.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        controls.KINDS.pop(name, None)

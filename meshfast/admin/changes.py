@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import msgspec
 
 from meshfast import errors, validate
 from meshfast.admin import controls
@@ -76,6 +77,12 @@ def _moment(value: dt.datetime | None) -> str | None:
 def change_digest(kind: str, target: str, action: str, body: Any, activate_at: dt.datetime | None) -> str:
     """What an approver reviews: sha256 of the canonical kind, target, action, body and activate_at."""
     return hashlib.sha256(canonical([kind, target, action, body, _moment(activate_at)]).encode()).hexdigest()
+
+
+class RejectBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /admin/changes/{id}/reject``: why (required; 400 ``comment_required`` without)."""
+
+    comment: str | None = None
 
 
 def _zone(name: str | None) -> dt.tzinfo:
@@ -182,6 +189,16 @@ def is_platform(actor: Actor) -> bool:
     return actor.is_super and not actor.scoped
 
 
+async def record_enforced(conn: asyncpg.Connection, kind: str, target: str, action: str, body: Any, by: str) -> int:
+    """A revision for a control another path wrote to its live table in this transaction (a
+    registry file): enforced at once, the previous one superseded."""
+    revision = int(await conn.fetchval(changes_sql.NEXT_REVISION, kind, target))
+    await conn.execute(changes_sql.SUPERSEDE_ENFORCED, kind, target)
+    await conn.execute(changes_sql.INSERT_REVISION, kind, target, revision, action,
+                       None if body is None else json.dumps(body), "enforced", None, None, by)
+    return revision
+
+
 # --- the lifecycle ------------------------------------------------------------------------------
 
 Rebuild = Callable[[int, str], Awaitable[None]]
@@ -253,13 +270,13 @@ class Lifecycle:
 
     async def _accept(self, conn: asyncpg.Connection, kind: ControlKind, target: str, action: str, body: Any,
                       when: dt.datetime | None, change_id: uuid.UUID | None, by: str) -> int:
-        revision = int(await conn.fetchval(changes_sql.NEXT_REVISION, kind.name, target))
-        state = "enforced" if when is None else "scheduled"
         if when is None:
             await kind.apply(conn, target, action, body)
             await conn.execute(changes_sql.SUPERSEDE_ENFORCED, kind.name, target)
+        revision = int(await conn.fetchval(changes_sql.NEXT_REVISION, kind.name, target))
         await conn.execute(changes_sql.INSERT_REVISION, kind.name, target, revision, action,
-                           None if body is None else json.dumps(body), state, when, change_id, by)
+                           None if body is None else json.dumps(body), "enforced" if when is None else "scheduled",
+                           when, change_id, by)
         return revision
 
     async def _queue(self, conn: asyncpg.Connection, actor: Actor, kind: str, target: str, action: str, body: Any,
@@ -451,8 +468,13 @@ class Lifecycle:
             async with conn.transaction():  # a savepoint: a refused apply leaves nothing behind
                 await kind.check(conn, target, row["action"], body)
                 await kind.apply(conn, target, row["action"], body)
-        except errors.MeshfastError as exc:
-            error = "; ".join(exc.extra.get("errors") or []) or exc.detail or exc.code
+        except (errors.MeshfastError, asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            # NOTE: a refusal of the database (a constraint) fails the revision too: retried, it
+            # would hold the queue of due revisions forever.
+            if isinstance(exc, errors.MeshfastError):
+                error = "; ".join(exc.extra.get("errors") or []) or exc.detail or exc.code
+            else:
+                error = str(exc)
             await conn.execute(changes_sql.FAIL_REVISION, row["kind"], target, revision, error)
             if row["change_id"] is not None:
                 await conn.execute(changes_sql.SETTLE_CHANGE, row["change_id"], "failed")

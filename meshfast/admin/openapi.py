@@ -14,14 +14,14 @@ from typing import Any
 import msgspec
 
 from meshfast import errors, rules, validate
-from meshfast.admin import applications, auth, business_units, issuers, logs, notifications, workflows
+from meshfast.admin import applications, auth, business_units, changes, issuers, logs, notifications, workflows
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
     return (getattr(svc, name, None) or getattr(notifications, name, None) or getattr(rules, name, None)
             or getattr(issuers, name, None) or getattr(workflows, name, None) or getattr(applications, name, None)
-            or getattr(business_units, name, None) or getattr(auth, name))
+            or getattr(business_units, name, None) or getattr(changes, name, None) or getattr(auth, name))
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -103,10 +103,22 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("GET", "/admin/rules/{id}", "One spend rule, with its ETag", None, 200),
     ("PUT", "/admin/rules/{id}", "Replace a spend rule (If-Match: missing 428, stale 409; the body's id, if any, "
      "is the path's; version and timestamps in the body are ignored)", "RuleBody", 200),
-    ("DELETE", "/admin/rules/{id}", "Delete a spend rule", None, 200),
+    ("DELETE", "/admin/rules/{id}", "Delete a spend rule (?activate_at= schedules it; a business-unit "
+     "administrator's delete answers 202 {change_id, status: pending})", None, 200),
     ("POST", "/admin/rules/dry-run", "A draft rule (validated, not stored) against the current counters: "
      "{affected: [{user_id, entry, action, spend_usd, threshold_usd, utilization}]}; nothing is written",
      "RuleBody", 200),
+    ("GET", "/admin/changes", "The approval queue, newest first: {changes: [{id, kind, target, action, body, "
+     "base_version, digest, status, requested_by, requested_by_admin_id, business_unit, activate_at, comment, "
+     "decided_by, created_at, decided_at, expires_at}], total, page, page_size}; a business-unit administrator "
+     "sees its units' changes only", None, 200),
+    ("GET", "/admin/changes/{id}", "One change, with its digest as the ETag", None, 200),
+    ("POST", "/admin/changes/{id}/approve", "Apply the exact change reviewed (at its activate_at when still ahead; "
+     "platform administrators only): 403 self_approval for its requester, 409 change_modified when If-Match is "
+     "not its digest, version_conflict when the control changed since, change_expired, change_not_pending",
+     None, 200),
+    ("POST", "/admin/changes/{id}/reject", "Reject a pending change, saying why (400 comment_required; platform "
+     "administrators only, 403 self_approval for its requester)", "RejectBody", 200),
     ("GET", "/admin/enforcement", "The global switch of rules in mode inherit: {enforce}", None, 200),
     ("PUT", "/admin/enforcement", "Set the global switch (rules only; per-user policies always enforce)",
      "EnforcementBody", 200),
@@ -186,6 +198,16 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
 )
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+# Writes of a control (API.md "Governed lifecycle"): a business-unit administrator's relaxing one
+# waits for approval; each takes activate_at (in the body, or the query of a DELETE).
+GOVERNED = {("POST", "/admin/rules"), ("PUT", "/admin/rules/{id}"), ("DELETE", "/admin/rules/{id}"),
+            ("PUT", "/admin/models/{id}"), ("PUT", "/admin/users/{id}/policies/{model}"),
+            ("PUT", "/admin/applications/{id}/policies/{model}")}
+_PENDING = {"description": "a business-unit administrator's relaxing write: queued for a platform administrator",
+            "content": {"application/json": {"schema": {
+                "type": "object", "required": ["change_id", "status"],
+                "properties": {"change_id": {"type": "string", "format": "uuid"}, "status": {"const": "pending"},
+                               "digest": {"type": "string"}}}}}}
 _ERRORS = {
     "400": f"{errors.InvalidRequest.code}: malformed JSON, a wrong type or an unknown field",
     "401": f"{errors.Unauthorized.code}: no valid admin token",
@@ -249,6 +271,12 @@ QUERY_PARAMETERS: dict[str, list[dict[str, Any]]] = {
                              _query("iss", _TEXT, "the issuer (RFC 9207), when it says"),
                              _query("error", _TEXT, "the issuer's refusal"),
                              _query("error_description", _TEXT, "the issuer's words on its refusal")],
+    "/admin/changes": [_query("status", {"type": "string", "enum": list(changes.STATUSES)}, "the changes' status"),
+                       _query("page", {"type": "integer", "minimum": 1, "maximum": 1_000_000}, "page number, from 1"),
+                       _query("page_size", {"type": "integer", "minimum": 1, "maximum": changes.MAX_PAGE_SIZE},
+                              "changes per page")],
+    "DELETE /admin/rules/{id}": [_query("activate_at", {"type": "string", "maxLength": 64},
+                                        'when the delete goes live: RFC 3339 with an offset, or "local-midnight"')],
     "/admin/audit": [_query("actor", _TEXT, "who acted (exact)"), _query("action", _TEXT, "what was done (exact)"),
                      _query("from", _TIME, "start (inclusive)"), _query("to", _TIME, "end (exclusive)"),
                      _query("business_unit", _TEXT, "the records of changes concerning one business unit (a "
@@ -298,6 +326,8 @@ def document() -> dict[str, Any]:
                           **{code: {"description": text, "content": {"application/json": {"schema": _ERROR}}}
                              for code, text in _ERRORS.items()}},
         }
+        if (method, path) in GOVERNED:
+            operation["responses"]["202"] = _PENDING
         if path == "/admin/metrics":
             operation["responses"][str(status)] = {"description": "Prometheus text",
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}}
@@ -314,8 +344,7 @@ def document() -> dict[str, Any]:
                 "content": {"application/json": {"schema": _ERROR}}}
         if path not in ("/admin/openapi.json", "/admin/login", "/admin/oidc/login", "/admin/oidc/callback"):
             operation["security"] = [{"bearer": []}]
-        if method == "GET":
-            params.extend(QUERY_PARAMETERS.get(path, []))
+        params.extend(QUERY_PARAMETERS.get(path if method == "GET" else f"{method} {path}", []))
         if params:
             operation["parameters"] = params
         if body:

@@ -20,7 +20,7 @@ from meshfast.admin import auth, logs, notifications, oidc, scope
 from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationUpdate
 from meshfast.admin.business_units import BusinessUnitBody
-from meshfast.admin.changes import MAX_PAGE_SIZE, Lifecycle
+from meshfast.admin.changes import MAX_PAGE_SIZE, Lifecycle, RejectBody
 from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream, governed
 from meshfast.settings import OidcSettings
 from meshfast.store import admin as admin_sql
@@ -42,12 +42,6 @@ def _keep_key(body: bytes) -> bytes:
         fields["api_key"] = ""
         return msgspec.json.encode(fields)
     return body
-
-
-class RejectBody(msgspec.Struct, forbid_unknown_fields=True):
-    """``POST /admin/changes/{id}/reject``: why (required; 400 ``comment_required`` without)."""
-
-    comment: str | None = None
 
 
 def _query(query: str | None) -> dict[str, str]:

@@ -20,7 +20,7 @@ import asyncpg
 import msgspec
 
 from meshfast import errors, rules, snapshot
-from meshfast.admin.changes import Outcome
+from meshfast.admin.changes import Outcome, record_enforced
 from meshfast.store import onboarding as onboarding_sql
 from meshfast.store import rules as rules_sql
 
@@ -268,18 +268,6 @@ def dry_run_hook(core: Any, config: Callable[[], snapshot.Config | None],
 # --- model restrictions -------------------------------------------------------------------------
 
 
-async def checked_restrictions(conn: asyncpg.Connection, value: rules.RestrictionsBody | None) -> str | None:
-    """A model PUT's restrictions as the stored JSON (None clears them), or 400 listing every problem."""
-    if value is None:
-        return None
-    raw = msgspec.to_builtins(value)
-    known = await known_users(conn, {"restrictions": raw})
-    stored, problems = rules.check_restrictions(raw, known)
-    if stored is None:
-        raise errors.InvalidRequest("; ".join(problems), errors=problems)
-    return json.dumps(stored)
-
-
 async def rename_model(conn: asyncpg.Connection, old: str, new: str) -> list[str]:
     """Rules name models by name: the stored rules whose scope names ``old`` now name ``new``
     (in the rename's transaction, under the registry lock), so a renamed model keeps its caps;
@@ -293,13 +281,9 @@ async def rename_model(conn: asyncpg.Connection, old: str, new: str) -> list[str
             entry["scope"] = {**entry["scope"], "model": new}
         if hits:
             await conn.execute(rules_sql.UPDATE_RULE, rule_id, json.dumps(body))
+            await record_enforced(conn, "rule", rule_id, "update", body, f"rename of model {old}")
             changed.append(rule_id)
     return changed
-
-
-async def set_restrictions(conn: asyncpg.Connection, model_id: uuid.UUID,
-                           value: rules.RestrictionsBody | None) -> None:
-    await conn.execute(rules_sql.SET_RESTRICTIONS, model_id, await checked_restrictions(conn, value))
 
 
 # --- registry files ------------------------------------------------------------------------------
@@ -392,18 +376,21 @@ async def plan_registry(conn: asyncpg.Connection, file_rules: list[Any], restric
 
 
 async def apply_plan(conn: asyncpg.Connection, plan: RegistryPlan, enforce_rules: bool | None,
-                     summary: dict[str, list[str]]) -> None:
-    """Write a checked plan (after the file's models, in the same transaction)."""
+                     summary: dict[str, list[str]], by: str = "registry") -> None:
+    """Write a checked plan (after the file's models, in the same transaction); each rule and
+    restrictions written is a new enforced revision (by ``by``)."""
     stored = await stored_rules(conn)
     for rule in plan.rules:
         label = f"rule {rule['id']}"
         if rule["id"] not in stored:
             await conn.execute(rules_sql.INSERT_RULE, rule["id"], json.dumps(rule))
+            await record_enforced(conn, "rule", rule["id"], "create", rule, by)
             summary["created"].append(label)
         elif stored[rule["id"]] == rule:
             summary["unchanged"].append(label)
         else:
             await conn.execute(rules_sql.UPDATE_RULE, rule["id"], json.dumps(rule))
+            await record_enforced(conn, "rule", rule["id"], "update", rule, by)
             summary["updated"].append(label)
     if plan.restrictions:
         for row in await conn.fetch(rules_sql.RESTRICTIONS_BY_NAME, list(plan.restrictions)):
@@ -411,6 +398,7 @@ async def apply_plan(conn: asyncpg.Connection, plan: RegistryPlan, enforce_rules
             if _json(row["restrictions"]) == wanted:
                 continue
             await conn.execute(rules_sql.SET_RESTRICTIONS, row["id"], None if wanted is None else json.dumps(wanted))
+            await record_enforced(conn, "restrictions", str(row["id"]), "update", wanted, by)
             label = f"model {row['name']}"
             if label in summary["unchanged"]:
                 summary["unchanged"].remove(label)

@@ -84,7 +84,7 @@ UPDATE control_revisions SET status = 'superseded' WHERE kind = $1 AND target = 
 DUE_REVISIONS = """
 SELECT kind, target, revision, action, body, change_id, created_by FROM control_revisions
 WHERE status = 'scheduled' AND activate_at <= now()
-ORDER BY activate_at, revision LIMIT 50 FOR UPDATE SKIP LOCKED
+ORDER BY activate_at, revision LIMIT 1 FOR UPDATE SKIP LOCKED
 """
 ENFORCE_REVISION = """
 UPDATE control_revisions SET status = 'enforced', enforced_at = now(), error = NULL

@@ -496,7 +496,8 @@ class RegistryOperations(ServiceBase):
                 if found:
                     raise _invalid(found)
             if plan is not None or registry.enforce_rules is not None:
-                await rule_admin.apply_plan(conn, plan or rule_admin.RegistryPlan(), registry.enforce_rules, summary)
+                await rule_admin.apply_plan(conn, plan or rule_admin.RegistryPlan(), registry.enforce_rules, summary,
+                                            actor)
             if not (summary["created"] or summary["updated"] or summary["deleted"]):
                 raise _Unchanged()
             detail.update({key: len(value) for key, value in summary.items()})
