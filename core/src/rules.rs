@@ -1,8 +1,10 @@
 //! Spend rules and model restrictions (API.md "Organisation and spend rules").
 //!
-//! A rule's entries select people (tiers, leaders, business units, minus the exempt) and a scope
-//! (a tag or one model); a call is governed by every entry whose scope covers the requested model
-//! and whose population holds the caller, in precedence order (weight, then id).
+//! A rule's entries select people (tiers, leaders, business units, applications, an explicit list of
+//! principals such as pilots' members, minus the exempt) and a scope (a tag, one model, or several
+//! models counted together such as a pilot's); a call is governed by every entry whose scope covers
+//! the requested model and whose population holds the caller, in precedence order (weight, then id).
+//! Onboarding's controls arrive as rules too (`limited:<model>`, `pilot:<id>`; meshfast.onboarding).
 //!
 //! **Spend in scope** is the sum, over the models of the scope the person holds grants to, of the
 //! person's committed spend in the window instance ([`shm::WINDOW_DAY`], `_WEEK`, `_MONTH`

@@ -14,14 +14,15 @@ from typing import Any
 import msgspec
 
 from meshfast import errors, rules, validate
-from meshfast.admin import applications, auth, business_units, changes, issuers, logs, notifications, workflows
+from meshfast.admin import applications, auth, business_units, changes, issuers, logs, notifications, pilots, workflows
 from meshfast.admin import service as svc
 
 
 def _struct(name: str) -> Any:
     return (getattr(svc, name, None) or getattr(notifications, name, None) or getattr(rules, name, None)
             or getattr(issuers, name, None) or getattr(workflows, name, None) or getattr(applications, name, None)
-            or getattr(business_units, name, None) or getattr(changes, name, None) or getattr(auth, name))
+            or getattr(business_units, name, None) or getattr(changes, name, None) or getattr(pilots, name, None)
+            or getattr(auth, name))
 
 # (method, path, summary, body struct name in the service or None, success status)
 OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
@@ -84,7 +85,18 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/models", "Create a model", "ModelCreate", 201),
     ("GET", "/admin/models", "List models", None, 200),
     ("GET", "/admin/models/{id}", "One model, with its ETag", None, 200),
-    ("DELETE", "/admin/models/{id}", "Delete a model", None, 200),
+    ("DELETE", "/admin/models/{id}", "Delete a model (409 model_in_use with controls: [{kind, id}] naming the rules "
+     "that scope it, the live pilots that list it and the live keys held to it)", None, 200),
+    ("POST", "/admin/models/{id}/graduate", "Make a staged or limited model generally available (active): its "
+     "roster and limited-access cap are cleared; audited model.graduate", None, 200),
+    ("POST", "/admin/pilots", "Create a pilot (members, models, authoritative, mode, expires_at, tiers): 201 with its "
+     "ETag; 400 invalid_pilot with errors listing every problem (unknown members or models, a member enrolled "
+     "in another live pilot, tiers sharing an amount, an empty name)", "PilotBody", 201),
+    ("GET", "/admin/pilots", "List pilots (with live: not expired)", None, 200),
+    ("GET", "/admin/pilots/{id}", "One pilot, with its ETag", None, 200),
+    ("PUT", "/admin/pilots/{id}", "Replace a pilot (If-Match: missing 428, stale 409; validated as on create)",
+     "PilotBody", 200),
+    ("DELETE", "/admin/pilots/{id}", "Delete a pilot (its rules' population.pilots then match nobody)", None, 200),
     ("POST", "/admin/models/{id}/deployments", "Add a deployment to a model", "DeploymentCreate", 201),
     ("GET", "/admin/models/{id}/deployments", "A model's deployments", None, 200),
     ("DELETE", "/admin/models/{id}/deployments/{deployment}", "Remove a deployment", None, 200),
@@ -93,9 +105,10 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("POST", "/admin/kill-switch", "Trip or reset the kill switch (super admin)", "KillSwitchBody", 200),
     ("PUT", "/admin/providers/{id}", "Update a provider (If-Match; an empty api_key keeps the key)", "ProviderCreate",
      200),
-    ("PUT", "/admin/models/{id}", "Update a model, or only its status (active, blocked, retired) and/or its "
-     "restrictions with a body {status?, restrictions?} (If-Match); restrictions name existing users by id, null "
-     "clears them, left out keeps them", "ModelUpdate", 200),
+    ("PUT", "/admin/models/{id}", "Update a model, or only its status (active, blocked, retired, staged, limited), "
+     "roster, limited-access cap and/or restrictions with a body {status?, roster?, limited?, restrictions?} "
+     "(If-Match); restrictions and the roster name existing users by id, null clears them, left out keeps them; "
+     "a status other than limited clears the roster and the cap", "ModelUpdate", 200),
     ("GET", "/admin/rules", "List spend rules (each as authored, thresholds as decimal strings, with version, "
      "created_at and updated_at)", None, 200),
     ("POST", "/admin/rules", "Create a spend rule: 201 with its ETag; 400 invalid_rule with errors listing every "

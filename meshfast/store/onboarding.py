@@ -61,3 +61,11 @@ MODEL_NAME = "SELECT name FROM models WHERE id = $1"
 MODEL_ONBOARDING = """
 SELECT status, roster, limited_window, limited_amount_usd, limited_expires_at FROM models WHERE id = $1
 """
+# A model renamed: the pilots listing it follow (as the rules scoping it do).
+RENAME_MODEL_IN_PILOTS = """
+UPDATE pilots SET models = (SELECT jsonb_agg(CASE WHEN v = $1 THEN $2 ELSE v END)
+                            FROM jsonb_array_elements_text(models) AS v),
+                  version = version + 1, updated_at = now()
+WHERE models ? $1
+RETURNING id::text
+"""

@@ -199,7 +199,7 @@ class LimitedBody(msgspec.Struct, forbid_unknown_fields=True):
     roster's access ends and the model answers as staged. Each is optional."""
 
     window: Literal["daily", "weekly", "monthly"] | None = None
-    amount_usd: Annotated[Decimal, Meta(gt=0)] | None = None
+    amount_usd: Annotated[Decimal, Meta(description="USD, > 0")] | None = None
     expires_at: Annotated[dt.datetime, Meta(tz=True)] | None = None
 
 
@@ -413,6 +413,8 @@ class ModelOperations(ServiceBase):
                 if row["name"] != args[0]:
                     # The audit row (written after this work, in its transaction) names the rules that followed.
                     detail["rules_renamed"] = await rule_admin.rename_model(conn, row["name"], args[0])
+                    renamed = await conn.fetch(onboarding_sql.RENAME_MODEL_IN_PILOTS, row["name"], args[0])
+                    detail["pilots_renamed"] = [r[0] for r in renamed]
             if columns is not None:
                 await conn.execute(sql.SET_MODEL_STATUS, mid, *columns)
             if restrictions is not UNSET:

@@ -333,7 +333,9 @@ def _provider_entry(entry: dict[str, Any], environ: Mapping[str, str]) -> _Provi
 
 def _model_entry(entry: dict[str, Any]) -> _ModelEntry:
     entry = dict(entry)
-    for refused, why in (("provider_id", "name the provider with provider"), ("verify", "files make no live calls")):
+    onboarding = "a model's onboarding goes through PUT /admin/models/{id}"
+    for refused, why in (("provider_id", "name the provider with provider"), ("verify", "files make no live calls"),
+                         ("status", onboarding), ("roster", onboarding), ("limited", onboarding)):
         if refused in entry:
             raise errors.InvalidRequest(f"{refused} is not taken in a registry file ({why})")
     provider = entry.pop("provider", None)
