@@ -231,9 +231,12 @@ class AdminAuth:
             has_password = stored != NO_PASSWORD
             checked = stored if has_password else await asyncio.to_thread(dummy_hash)
             if not await _verify(checked, body.password) or not has_password:
-                locked = claimed["failed_login_attempts"] >= LOCK_AFTER
-                reason = "no_password" if not has_password else \
-                    "bad_password_now_locked" if locked else "bad_password"
+                if not has_password:
+                    reason = "no_password"
+                elif claimed["failed_login_attempts"] >= LOCK_AFTER:
+                    reason = "bad_password_now_locked"
+                else:
+                    reason = "bad_password"
                 await _audit(conn, email, "login_failed", email, {"reason": reason, "ip": ip})
                 raise InvalidCredentials()
             async with conn.transaction():

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote_plus, urlencode, urlsplit
 
 import asyncpg
 from cryptography.exceptions import InvalidSignature
@@ -400,8 +400,8 @@ class IssuerClient:
         it refuses (an expired or replayed code: ``invalid_grant``) or gives none."""
         metadata = await self.metadata()
         s = self._settings
-        # RFC 6749 2.3.1: each part form-encoded before the Basic encoding.
-        basic = base64.b64encode(f"{quote(s.client_id, safe='')}:{quote(s.client_secret, safe='')}".encode())
+        # RFC 6749 2.3.1: each part form-urlencoded before the Basic encoding.
+        basic = base64.b64encode(f"{quote_plus(s.client_id)}:{quote_plus(s.client_secret)}".encode())
         form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
                 "code_verifier": code_verifier}
         try:
