@@ -49,8 +49,7 @@ def needs(gateway: Gateway, *routes: str) -> None:
         body = None if method in ("GET", "DELETE") else {}
         answer = gateway.client.request(method, concrete, json=body, follow_redirects=False,
                                         headers={"authorization": f"Bearer {gateway.admin_token}", "if-match": "*"})
-        code = answer.json().get("error") if answer.headers.get("content-type", "").startswith("application/json") else None
-        if answer.status_code == 405 or (answer.status_code == 404 and code == "not_found"):
+        if answer.status_code == 405 or (answer.status_code == 404 and answer.json().get("error") == "not_found"):
             missing.append(route)
     if missing:
         pytest.skip(f"the gateway has no route {', '.join(missing)} yet")
@@ -156,6 +155,8 @@ def test_a_unit_administrator_sees_only_its_scope_and_its_relaxing_change_waits(
     change was submitted for approval, and the approvals page shows it pending, read-only."""
     from playwright.sync_api import expect
 
+    # NOTE: what lies outside its scope answers 403 (the browser logs each); the pages go on without it.
+    tab.expected = {403}
     page = tab.page
     login(tab, unit["admin"], "Users & keys")
     expect(page.locator("#who")).to_contain_text("business unit administrator")
@@ -180,6 +181,7 @@ def test_a_unit_administrator_sees_only_its_scope_and_its_relaxing_change_waits(
     tab.go("rules", "Spend rules")
     rule_id = unit["rule"]["id"]
     page.get_by_role("button", name=f"Edit rule {rule_id}").click()
+    expect(page.locator("#rule-form-title")).to_have_text(f"Edit rule {rule_id}")
     page.locator("#rule-threshold").fill("40")
     page.get_by_role("button", name="Save rule").click()
     expect(page.locator("#toast")).to_have_text(re.compile(r"^Submitted for approval \(change [0-9a-f-]{36}\)\.$"))
@@ -354,6 +356,7 @@ def test_business_units_are_created_and_edited_from_the_page(tab: RefusalTab, ga
     expect(row.locator("td[data-col='daily_cap_lock_usd']")).to_contain_text("75")
     assert tab.axe() == []
     row.get_by_role("button", name=f"Edit business unit unit-{tag}").click()
+    expect(page.locator("#unit-form-title")).to_have_text(f"Edit business unit unit-{tag}")
     page.get_by_label("Time zone").fill("Asia/Tokyo")
     page.get_by_role("button", name="Save business unit").click()
     expect(row.locator("td[data-col='timezone']")).to_have_text("Asia/Tokyo")
@@ -383,9 +386,9 @@ def test_pilots_are_created_edited_and_deleted_with_the_servers_errors_listed(
     tab.go("pilots", "Pilots")
     assert tab.axe() == []
     page.get_by_label("Pilot name").fill(name)
-    page.get_by_label("Members").fill(alice["email"])
+    page.get_by_label("Members", exact=True).fill(alice["email"])
     page.locator("#pilot-models").select_option(model["name"])
-    page.get_by_label("Mode").select_option("enforce")
+    page.get_by_label("Mode", exact=True).select_option("enforce")
     page.get_by_label("Expires").fill((dt.datetime.now() + dt.timedelta(days=30)).strftime("%Y-%m-%dT%H:%M"))
     page.get_by_role("button", name="Add a tier").click()
     page.locator("#pilot-tier-0-name").fill("explorers")
@@ -407,7 +410,7 @@ def test_pilots_are_created_edited_and_deleted_with_the_servers_errors_listed(
 
     row.get_by_role("button", name=f"Edit pilot {name}").click()
     expect(page.locator("#pilot-form-title")).to_have_text(f"Edit pilot {name}")
-    page.get_by_label("Members").fill(f"{alice['email']}\n{bob['email']}")
+    page.get_by_label("Members", exact=True).fill(f"{alice['email']}\n{bob['email']}")
     page.get_by_label("Authoritative (its tiers replace the members' other rules)").check()
     page.get_by_role("button", name="Save pilot").click()
     expect(row.locator("td[data-col='members']")).to_have_text(f"{alice['email']}, {bob['email']}")

@@ -212,7 +212,9 @@
   }
 
   async function loadRegistry() {
-    const [users, models, providers] = await Promise.all([getOr("/admin/users", []), getOr("/admin/models", []), getOr("/admin/providers", [])]);
+    // NOTE: providers are platform-wide: a business unit's administrator is not asked for them (403).
+    const [users, models, providers] = await Promise.all([getOr("/admin/users", []), getOr("/admin/models", []),
+      isUnitAdmin() ? [] : getOr("/admin/providers", [])]);
     state.users = users || [];
     state.models = models || [];
     state.providers = providers || [];
