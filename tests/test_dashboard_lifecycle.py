@@ -478,8 +478,9 @@ def test_a_model_is_staged_limited_to_a_roster_and_graduated_from_the_models_pag
 
 def test_deleting_a_model_a_live_control_references_shows_the_controls(
         tab: RefusalTab, gateway: Gateway, admin: dict[str, str]) -> None:  # noqa: F811
-    """Deleting a model a live rule names is refused (409 model_in_use): the page says so and
-    names the rule; the model stays."""
+    """A model's restrictions saved for a later activation read as scheduled on the models page.
+    Deleting a model a live rule names is refused (409 model_in_use): the page says so and names
+    the rule; the model stays."""
     from playwright.sync_api import expect
 
     needs(gateway, "POST /admin/models/{id}/graduate")  # model_in_use comes with the onboarding routes
@@ -492,8 +493,18 @@ def test_deleting_a_model_a_live_control_references_shows_the_controls(
     _ok(gateway.admin("POST", "/admin/rules", {"id": rule_id, "weight": 1, "mode": "enforce", "entries": [{
         "population": {}, "scope": {"model": model["name"]}, "window": "daily", "threshold_usd": "5",
         "actions": [{"type": "block"}]}]}), 201)
+    # Its restrictions saved for later: the row says when they take effect.
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(days=3)).replace(microsecond=0).isoformat()
+    current = gateway.admin("GET", f"/admin/models/{model['id']}")
+    saved = gateway.client.put(f"/admin/models/{model['id']}", json={
+        "restrictions": {"business_units_closed": [f"closed-{tag}"]}, "activate_at": later},
+        headers={"authorization": f"Bearer {gateway.admin_token}", "if-match": current.headers["etag"]})
+    assert saved.status_code == 200, saved.text
     login(tab, admin, "Overview")
     tab.go("models", "Models")
+    revision = page.locator(f"#models-table tr[data-name='{model['name']}'] td[data-col='restrictions_revisions']")
+    expect(revision.locator("[data-revision-state]")).to_have_attribute("data-revision-state", "scheduled")
+    expect(revision).to_contain_text("scheduled for")
     page.get_by_role("button", name=f"Delete model {model['name']}").click()
     problems = page.locator("#model-problems")
     expect(problems).to_be_focused()
