@@ -125,6 +125,7 @@ def unit(gateway: Gateway) -> Json:
         "population": {"business_units": [name]}, "scope": {"model": model["name"]}, "window": "daily",
         "threshold_usd": "10", "actions": [{"type": "block"}]}]}
     _ok(gateway.admin("POST", "/admin/rules", rule), 201)
+    gateway.grant(people[0]["id"], model["id"])
     return {"unit": unit, "name": name, "admin": {"email": email, "password": PASSWORD, "id": made["id"]},
             "inside": people[:2], "outside": people[2], "model": model, "rule": rule}
 
@@ -152,7 +153,8 @@ def test_a_unit_administrator_sees_only_its_scope_and_its_relaxing_change_waits(
     """A business unit's administrator logs in: the navigation offers only its people (with
     their grants and policies), logs, rules, approvals, audit and units; every page names its scope; the users page lists its own
     people only. Raising its rule's threshold from the rules page answers 202: the page says the
-    change was submitted for approval, and the approvals page shows it pending, read-only."""
+    change was submitted for approval, and the approvals page shows it pending, read-only; so
+    does raising one of its people's daily cap on the access page."""
     from playwright.sync_api import expect
 
     # NOTE: what lies outside its scope answers 403 (the browser logs each); the pages go on without it.
@@ -172,6 +174,15 @@ def test_a_unit_administrator_sees_only_its_scope_and_its_relaxing_change_waits(
     # A page outside its scope is not offered, even by its address.
     page.goto("/dashboard#/providers")
     tab.heading("Users & keys")
+
+    # Raising a person's daily cap (below the unit's lock) waits for approval too.
+    tab.go("access", "Access & policies")
+    page.get_by_label("User", exact=True).select_option(label=unit["inside"][0]["email"])
+    page.get_by_role("button", name=f"Edit policy for {unit['model']['name']}").click()
+    page.get_by_label("Daily cap (USD)").fill("50")
+    page.get_by_role("button", name="Save policy").click()
+    expect(page.locator("#toast")).to_have_text(re.compile(r"^Submitted for approval \(change [0-9a-f-]{36}\)\.$"))
+    assert tab.axe() == []
 
     tab.go("business-units", "Business units")
     expect(page.locator(f"#units-table tr[data-name='{unit['name']}']")).to_be_visible()

@@ -1044,7 +1044,8 @@
         document.getElementById("onboarding-title").focus();
       }, "secondary", { "aria-label": `Onboarding of model ${m.name}` }),
       ["staged", "limited"].includes(m.status) ? button("Graduate", () => graduateModel(m), "", { "aria-label": `Graduate model ${m.name}` }) : null,
-      SERVICE_STATUSES.filter((x) => x !== (m.status || "active")).map((x) =>
+      // A staged or limited model goes live by graduating (which clears its roster), not by a status.
+      SERVICE_STATUSES.filter((x) => x !== (m.status || "active") && !(x === "active" && ["staged", "limited"].includes(m.status))).map((x) =>
         button({ active: "Reactivate", blocked: "Block", retired: "Retire" }[x], () => setModelStatus(m, x),
           x === "active" ? "secondary" : "danger", { "aria-label": `${{ active: "Reactivate", blocked: "Block", retired: "Retire" }[x]} model ${m.name}` })),
       button("Delete", () => deleteModel(m), "danger", { "aria-label": `Delete model ${m.name}` }));
