@@ -280,6 +280,33 @@ def test_a_platform_administrator_reviews_the_diff_refuses_an_empty_rejection_an
     tab.screenshot("lifecycle-rules-scheduled")
 
 
+def test_a_rule_saved_for_the_units_local_midnight_reads_as_scheduled(
+        tab: RefusalTab, gateway: Gateway, unit: Json, admin: dict[str, str]) -> None:  # noqa: F811
+    """The rule editor's activation choice travels with the save: a platform administrator's edit
+    set for the business unit's next local midnight is saved, not enforced, and the rule reads
+    "scheduled for" that time until then."""
+    from playwright.sync_api import expect
+
+    page = tab.page
+    rule_id = unit["rule"]["id"]
+    login(tab, admin, "Overview")
+    tab.go("rules", "Spend rules")
+    row = page.locator(f"#rules-table tr[data-rule-id='{rule_id}']")
+    expect(row.locator("td[data-col='revision'] [data-revision-state]")).to_have_attribute("data-revision-state", "live")
+    row.get_by_role("button", name=f"Edit rule {rule_id}").click()
+    expect(page.locator("#rule-form-title")).to_have_text(f"Edit rule {rule_id}")
+    page.locator("#rule-threshold").fill("5")
+    page.get_by_label("Takes effect", exact=True).select_option("local-midnight")
+    page.get_by_role("button", name="Save rule").click()
+    expect(page.locator("#toast")).to_have_text(f"Rule {rule_id} saved.")
+    cell = row.locator("td[data-col='revision']")
+    expect(cell.locator("[data-revision-state]")).to_have_attribute("data-revision-state", "scheduled")
+    expect(cell).to_contain_text("scheduled for")
+    stored = gateway.admin("GET", f"/admin/rules/{rule_id}").json()
+    assert stored["saved_revision"] != stored["enforced_revision"]
+    assert str(stored["entries"][0]["threshold_usd"]).startswith("10")
+
+
 def test_a_rejected_change_keeps_the_rule_and_shows_the_comment(
         tab: RefusalTab, gateway: Gateway, unit: Json, admin: dict[str, str]) -> None:  # noqa: F811
     """Rejecting with a comment closes the change as rejected with the comment shown, and the
