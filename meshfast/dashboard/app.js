@@ -2672,6 +2672,7 @@
         { key: "created_at", label: "Requested", render: (c) => when(c.created_at || c.requested_at) },
         { key: "kind", label: "Kind" }, { key: "action", label: "Action" },
         { key: "target", label: "Target", render: (c) => h("code", {}, changeTarget(c)) },
+        { key: "business_unit", label: "Business unit" },
         { key: "requested_by", label: "Requested by", render: (c) => c.requested_by_email || c.requested_by || "—" },
         { key: "activate_at", label: "Takes effect", render: activationText },
         { key: "status", label: "Status", render: (c) => changeBadge(c.status) },
