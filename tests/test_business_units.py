@@ -399,6 +399,7 @@ def test_a_unit_administrator_closes_a_model_only_for_its_units(gateway: Gateway
     assert put({"restrictions": {**closed, "business_units_closed": [x, y]}}).status_code == 403
     assert put({"restrictions": {**closed, "exempt": [org["people"]["x1"]["id"]]}}).status_code == 403
     assert put({"status": "blocked"}).status_code == 403
+    assert put({"restrictions": {**closed, "leader_deny": 5}}).status_code == 403
     assert put({"restrictions": {**closed, "business_units_closed": []}}).status_code == 200
 
 

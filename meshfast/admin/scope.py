@@ -257,6 +257,11 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _listed(value: list[Any] | None) -> list[str] | None:
+    """A restriction's list compared as a set of strings (null stays null)."""
+    return None if value is None else sorted({str(v).strip() for v in value})
+
+
 def _uuid(value: Any) -> uuid.UUID | None:
     try:
         return uuid.UUID(str(value)) if value is not None else None
@@ -427,7 +432,7 @@ class Guard:
                 continue
             empty: list[str] | None = None if field in rules.RESTRICTION_NULLABLE else []
             old, new = current.get(field, empty), wanted.get(field, empty)
-            if (None if old is None else sorted(map(str, old))) != (None if new is None else sorted(map(str, new))):
+            if not isinstance(new, list | None) or _listed(old) != _listed(new):
                 raise refused
         old_closed = {str(u).strip() for u in current.get("business_units_closed") or []}
         new_given = wanted.get("business_units_closed") or []
