@@ -402,7 +402,7 @@ def test_an_edited_pending_change_refuses_the_digest_reviewed_and_a_stale_one_co
         gw: Gateway, testserve: EmulatedProviders) -> None:
     """The requester's second relaxing write edits its pending change (same id, new digest):
     approving with the old digest is 409 change_modified. A change whose control was written since
-    is 409 version_conflict."""
+    is 409 version_conflict; the requester's own write that applies at once supersedes it."""
     unit = _unit(gw)
     admin = _token(gw, [unit])
     _, model = _spent_person(gw, testserve, unit)
@@ -424,6 +424,10 @@ def test_an_edited_pending_change_refuses_the_digest_reviewed_and_a_stale_one_co
     assert (conflict.status_code, conflict.json()["error"]) == (409, "version_conflict")
     assert gw.admin("GET", f"/admin/rules/{rule['id']}").json()["mode"] == "enforce"
     assert not _audit_rows(gw, "change.approve", rule["id"]), "a refused approval leaves no audit record"
+
+    tightened = _put_rule(gw, admin, rule, weight=12)  # the requester's own write that applies at once
+    assert tightened.status_code == 200, tightened.text
+    assert gw.admin("GET", f"/admin/changes/{first.json()['change_id']}").json()["status"] == "superseded"
 
 
 def test_an_approval_with_activate_at_goes_live_at_that_time_and_not_before(

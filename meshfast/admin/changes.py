@@ -155,6 +155,8 @@ class Outcome:
     unit: str | None = None
     # The control as written (stored form; None for a delete).
     body: Any = None
+    # The requester's pending changes of the control this write superseded.
+    superseded: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def pending(self) -> bool:
@@ -167,6 +169,8 @@ class Outcome:
 
     def detail(self) -> dict[str, Any]:
         out: dict[str, Any] = {"revision": self.revision}
+        if self.superseded:
+            out["superseded_changes"] = self.superseded
         if self.status == "scheduled":
             out.update(scheduled=True, activate_at=_moment(self.activate_at))
         return out
@@ -266,7 +270,11 @@ class Lifecycle:
             change = await self._queue(conn, actor, kind.name, target, action, body, fingerprint(old), when, unit)
             return Outcome("pending", activate_at=when, change=change, unit=unit, body=body)
         revision = await self._accept(conn, kind, target, action, body, when, None, actor.name)
-        return Outcome("enforced" if when is None else "scheduled", revision, when, unit=unit, body=body)
+        outcome = Outcome("enforced" if when is None else "scheduled", revision, when, unit=unit, body=body)
+        # The requester's own pending change of this control is overtaken by this write.
+        outcome.superseded = [str(r[0]) for r in await conn.fetch(changes_sql.SUPERSEDE_PENDING, kind.name, target,
+                                                                  actor.id)]
+        return outcome
 
     async def _accept(self, conn: asyncpg.Connection, kind: ControlKind, target: str, action: str, body: Any,
                       when: dt.datetime | None, change_id: uuid.UUID | None, by: str) -> int:
@@ -352,10 +360,11 @@ class Lifecycle:
         seq = None
         async with self._pool.acquire() as conn:
             async with conn.transaction():
+                # NOTE: the registry lock before the change's row, in the order a write takes them
+                # (a requester editing its change while it is approved must not deadlock).
+                await conn.execute(sql.LOCK_REGISTRY)
                 row = await self._decidable(conn, actor, cid, if_match)
                 kind = controls.kind_of(row["kind"])
-                if kind.registry:
-                    await conn.execute(sql.LOCK_REGISTRY)
                 target, action = row["target"], row["action"]
                 body = json.loads(row["body"]) if isinstance(row["body"], str) else row["body"]
                 if fingerprint(await kind.load(conn, target)) != row["base_version"]:

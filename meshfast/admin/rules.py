@@ -234,7 +234,7 @@ class RuleService:
     async def dry_run(self, body: bytes) -> msgspec.Raw:
         """What a draft rule would do now (validated as a write would be), answered by this
         worker's core from its snapshot and counters; nothing is written."""
-        draft = decode_body(body)
+        draft, _ = _activate_at(decode_body(body))  # a scheduled draft is tried as it stands
         async with self._pool.acquire() as conn:
             stored = await stored_rules(conn)
             rule_id = draft.get("id") if isinstance(draft, dict) else None

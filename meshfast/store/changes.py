@@ -43,6 +43,12 @@ UPDATE changes SET action = $2, body = $3::jsonb, base_version = $4, digest = $5
 WHERE id = $1
 RETURNING {CHANGE_COLUMNS}
 """
+# The requester's pending changes of a control it has since written with effect: superseded.
+SUPERSEDE_PENDING = """
+UPDATE changes SET status = 'superseded', decided_at = now()
+WHERE kind = $1 AND target = $2 AND requested_by_id = $3 AND status = 'pending'
+RETURNING id
+"""
 GET_CHANGE = f"SELECT {CHANGE_COLUMNS} FROM changes WHERE id = $1"
 CHANGE_FOR_UPDATE = f"SELECT {CHANGE_COLUMNS}, expires_at <= now() AS expired FROM changes WHERE id = $1 FOR UPDATE"
 DECIDE_CHANGE = f"""
