@@ -556,23 +556,18 @@ def check(body: Any, known_users: set[str] | None, known_models: set[str] | Mapp
 
 
 def referenced_pilots(body: Any) -> list[str]:
-    """The pilot ids a rule's populations name, as canonical strings."""
-    out: set[str] = set()
-    entries = body.get("entries") if isinstance(body, dict) else None
-    for entry in entries if isinstance(entries, list) else ():
-        population = entry.get("population") if isinstance(entry, dict) else None
-        listed = population.get("pilots") if isinstance(population, dict) else None
-        for item in listed if isinstance(listed, list) else ():
-            try:
-                out.add(str(uuid.UUID(item)))
-            except (ValueError, TypeError, AttributeError):
-                pass
-    return sorted(out)
+    """The pilot ids a body's populations name (a rule, or a file's rules), as canonical strings."""
+    return _referenced(body, ("pilots",))
 
 
 def referenced_users(body: Any) -> list[str]:
     """The user ids a body names (leaders, exempt users, restriction lists), as canonical strings,
     so a write checks just those against the users table."""
+    return _referenced(body, ("leaders", "exempt_users", "applications", *RESTRICTION_PEOPLE))
+
+
+def _referenced(body: Any, keys: tuple[str, ...]) -> list[str]:
+    """The ids (canonical strings) in the lists held under ``keys`` anywhere in ``body``."""
     out: set[str] = set()
     # NOTE: a walk with a depth bound (rules nest 7 deep): a body nested 900 deep decodes fine
     # but would overflow a recursive walk.
@@ -585,7 +580,7 @@ def referenced_users(body: Any) -> list[str]:
             stack.extend((v, k, depth + 1) for k, v in value.items())
         elif isinstance(value, list):
             for item in value:
-                if key in ("leaders", "exempt_users", "applications", *RESTRICTION_PEOPLE) and isinstance(item, str):
+                if key in keys and isinstance(item, str):
                     try:
                         out.add(str(uuid.UUID(item)))
                     except ValueError:

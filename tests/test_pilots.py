@@ -264,3 +264,18 @@ def test_a_renamed_model_stays_in_the_pilots_that_list_it(gw: Gateway, testserve
     renamed = f"{m['name']}-renamed"
     assert put_model(gw, m, {**body, "name": renamed}).status_code == 200
     assert gw.admin("GET", f"/admin/pilots/{pilot['id']}").json()["models"] == [renamed]
+
+
+def test_a_population_of_gone_expired_or_empty_pilots_matches_nobody() -> None:
+    """population.pilots compiles to the live pilots' members; naming only pilots that are gone or
+    expired (absent from the live map) or empty drops the entry: it never widens to everyone."""
+    from meshfast import rules
+
+    listed = "00000000-0000-4000-8000-0000000000aa"
+    entry = {"population": {"pilots": [listed]}, "scope": {"model": "m"}, "window": "daily",
+             "threshold_usd": "1", "actions": [{"type": "block"}]}
+    assert rules.entry_config(entry, {}, {"m": 0}, {}) is None
+    assert rules.entry_config(entry, {}, {"m": 0}, None) is None
+    assert rules.entry_config(entry, {}, {"m": 0}, {listed: []}) is None
+    compiled = rules.entry_config(entry, {}, {"m": 0}, {listed: [3, 1], "other": [2]})
+    assert compiled is not None and compiled.principals == [1, 3]
