@@ -26,7 +26,7 @@ import pytest
 from conftest import SESSION_ENV, Gateway, running_gateway
 
 # NOTE: the browser, the admin who logs in and the refusal-tolerant tab are the dashboard tests' own.
-from test_dashboard import Tab, admin, browser  # noqa: F401
+from test_dashboard import Tab, admin, browser, focus_by_tab  # noqa: F401
 from test_dashboard_rules import RefusalTab
 
 Json = dict[str, Any]
@@ -361,6 +361,30 @@ def test_approving_ones_own_change_is_refused_and_the_page_says_why(
     assert tab.axe() == []
     tab.screenshot("lifecycle-self-approval")
     assert gateway.admin("GET", f"/admin/changes/{change_id}").json()["status"] == "pending"
+
+
+def test_a_change_is_reviewed_and_rejected_with_the_keyboard_alone(
+        tab: RefusalTab, gateway: Gateway, unit: Json, admin: dict[str, str]) -> None:  # noqa: F811
+    """From the navigation to the rejection, with Tab, Shift+Tab, Enter and typing only: the
+    review opens with the focus on the change, and the rejection's comment and button follow."""
+    from playwright.sync_api import expect
+
+    needs(gateway, "POST /admin/changes/{id}/reject", "GET /admin/changes/{id}")
+    page = tab.page
+    change_id = relax_rule(gateway, unit, "70")
+    login(tab, admin, "Overview")
+    focus_by_tab(tab, "nav a[href='#/approvals']")
+    page.keyboard.press("Enter")
+    tab.heading("Approvals")
+    focus_by_tab(tab, f"button[aria-label='Review change {change_id}']")
+    page.keyboard.press("Enter")
+    expect(page.locator("#change-title")).to_be_focused()
+    focus_by_tab(tab, "#reject-comment")
+    page.keyboard.type("Not this month.")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    expect(page.locator("#change-detail")).to_have_attribute("data-status", "rejected")
+    assert gateway.admin("GET", f"/admin/changes/{change_id}").json()["comment"] == "Not this month."
 
 
 # --- business units ---------------------------------------------------------------------------------
