@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import SESSION_ENV, Gateway, running_gateway
+from conftest import SESSION_ENV, Gateway, running_gateway, until
 
 # NOTE: the browser, the admin who logs in and the refusal-tolerant tab are the dashboard tests' own.
 from test_dashboard import Tab, admin, browser, focus_by_tab  # noqa: F401
@@ -305,6 +305,36 @@ def test_a_rule_saved_for_the_units_local_midnight_reads_as_scheduled(
     stored = gateway.admin("GET", f"/admin/rules/{rule_id}").json()
     assert stored["saved_revision"] != stored["enforced_revision"]
     assert str(stored["entries"][0]["threshold_usd"]).startswith("10")
+
+
+def test_a_scheduled_rule_that_fails_to_activate_says_why(
+        tab: RefusalTab, gateway: Gateway, unit: Json, admin: dict[str, str]) -> None:  # noqa: F811
+    """A rule revision scheduled onto a model that is deleted before it activates fails: the rules
+    page says "activation failed" with the server's reason, beside the revision still enforced."""
+    from playwright.sync_api import expect
+
+    page = tab.page
+    tag = _tag()
+    provider = gateway.create_provider(f"doomed-p-{tag}")
+    doomed = gateway.create_model(provider["id"], f"doomed-m-{tag}")
+    rule_id = unit["rule"]["id"]
+    current = gateway.admin("GET", f"/admin/rules/{rule_id}")
+    at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3)).isoformat()
+    moved = {**unit["rule"], "entries": [{**unit["rule"]["entries"][0], "scope": {"model": doomed["name"]}}],
+             "activate_at": at}
+    scheduled = gateway.client.put(f"/admin/rules/{rule_id}", json=moved, headers={
+        "authorization": f"Bearer {gateway.admin_token}", "if-match": current.headers["etag"]})
+    assert scheduled.status_code == 200, scheduled.text
+    assert gateway.admin("DELETE", f"/admin/models/{doomed['id']}").status_code == 200
+    until(lambda: "activation_error" in gateway.admin("GET", f"/admin/rules/{rule_id}").json(), 20, "the failure")
+
+    login(tab, admin, "Overview")
+    tab.go("rules", "Spend rules")
+    cell = page.locator(f"#rules-table tr[data-rule-id='{rule_id}'] td[data-col='revision']")
+    expect(cell.locator("[data-revision-state]")).to_have_attribute("data-revision-state", "failed")
+    expect(cell).to_contain_text("activation failed:")
+    expect(cell).to_contain_text(doomed["name"])
+    tab.screenshot("lifecycle-rules-activation-failed")
 
 
 def test_a_rejected_change_keeps_the_rule_and_shows_the_comment(
