@@ -46,7 +46,7 @@ def needs(gateway: Gateway, *routes: str) -> None:
     for route in routes:
         method, path = route.split(" ", 1)
         concrete = re.sub(r"\{\w+\}", lambda _: str(uuid.uuid4()), path)
-        body = None if method in ("GET", "DELETE") else {}
+        body: Json | None = None if method in ("GET", "DELETE") else {}
         answer = gateway.client.request(method, concrete, json=body, follow_redirects=False,
                                         headers={"authorization": f"Bearer {gateway.admin_token}", "if-match": "*"})
         if answer.status_code == 405 or (answer.status_code == 404 and answer.json().get("error") == "not_found"):
