@@ -130,9 +130,13 @@ class Tab:
         self.page.on("dialog", lambda d: d.accept())
 
     def _console(self, message: Any) -> None:
-        # The page asks /admin/me to learn whether a session exists; a 401 there is the answer.
-        if message.type == "error" and "status of 401" not in message.text:
-            self.errors.append(message.text)
+        # The page asks /admin/me to learn whether a session exists; a 401 there is the answer. The
+        # login form asks /admin/oidc/login whether single sign-on is configured; a 404 is "no".
+        if message.type != "error" or "status of 401" in message.text:
+            return
+        if "status of 404" in message.text and (message.location or {}).get("url", "").endswith("/admin/oidc/login"):
+            return
+        self.errors.append(message.text)
 
     def login(self, admin: dict[str, str]) -> None:
         page = self.page

@@ -185,7 +185,8 @@
   async function act(work, success) {
     try {
       const out = await work();
-      if (success) toast(typeof success === "function" ? success(out) : success);
+      if (pendingChange(out)) toast(submittedText(out));
+      else if (success) toast(typeof success === "function" ? success(out) : success);
       return out;
     } catch (err) {
       toast(`Failed: ${err.message}`, true);
@@ -195,8 +196,25 @@
 
   function confirmed(message) { return window.confirm(message); }
 
+  // A write a business unit's administrator makes that relaxes a control is not applied: it
+  // answers 202 {change_id, status: "pending"} and waits in the approval queue.
+  const pendingChange = (out) => (out && out.status === 202 && out.data && out.data.change_id ? out.data.change_id : null);
+  const submittedText = (out) => `Submitted for approval (change ${pendingChange(out)}).`;
+
+  // GET that a scoped administrator may be refused (403): an empty answer instead.
+  async function getOr(path, fallback) {
+    try {
+      return await get(path);
+    } catch (err) {
+      if (err.status === 403 || err.status === 404) return fallback;
+      throw err;
+    }
+  }
+
   async function loadRegistry() {
-    const [users, models, providers] = await Promise.all([get("/admin/users"), get("/admin/models"), get("/admin/providers")]);
+    // NOTE: providers are platform-wide: a business unit's administrator is not asked for them (403).
+    const [users, models, providers] = await Promise.all([getOr("/admin/users", []), getOr("/admin/models", []),
+      isUnitAdmin() ? [] : getOr("/admin/providers", [])]);
     state.users = users || [];
     state.models = models || [];
     state.providers = providers || [];
@@ -210,18 +228,35 @@
 
   // --- page frame and routing ----------------------------------------------------------------
 
+  // Who is asking, from /admin/me: a platform administrator, a business unit's administrator
+  // (scoped to its units), or an administrator without unit scope.
+  const myRole = () => (state.me && state.me.role) || (state.me && state.me.is_super_admin ? "platform" : "admin");
+  const isPlatform = () => myRole() === "platform";
+  const isUnitAdmin = () => myRole() === "business_unit";
+  const myUnits = () => ((state.me && state.me.business_units) || []).map((u) => (typeof u === "string" ? u : u.name || u.id));
+  // What a business unit's administrator may open: its people (and their grants and policies),
+  // logs, rules, approvals (read-only), audit records and units; the rest answers it 403.
+  const UNIT_ROUTES = ["users", "access", "logs", "rules", "approvals", "business-units", "audit"];
+  const allowed = (name) => !isUnitAdmin() || UNIT_ROUTES.includes(name);
+
   function showChrome(on) {
     nav.hidden = !on;
     sessionBox.hidden = !on;
-    document.getElementById("who").textContent = on && state.me
-      ? `${state.me.email}${state.me.is_super_admin ? " (super admin)" : ""}` : "";
+    const role = isUnitAdmin() ? ` (business unit administrator: ${myUnits().join(", ") || "no unit"})`
+      : state.me && state.me.is_super_admin ? " (super admin)" : "";
+    document.getElementById("who").textContent = on && state.me ? `${state.me.email}${role}` : "";
+    for (const a of nav.querySelectorAll("a")) a.parentElement.hidden = !allowed(a.getAttribute("href").slice(2));
   }
 
   function page(title, ...children) {
     main.textContent = "";
     document.title = `${title} · meshfast`;
     const heading = h("h1", { tabindex: "-1" }, title);
-    append(main, [heading, ...children]);
+    // A business unit's administrator sees, on every page, whose data it is.
+    const scope = isUnitAdmin() ? h("p", { class: "scope-note", id: "scope-note" },
+      `Your scope: business unit${myUnits().length === 1 ? "" : "s"} ${myUnits().join(", ") || "(none)"}. `,
+      "You see and change only what belongs to them; changes that relax a control wait for a platform administrator's approval.") : null;
+    append(main, [heading, scope, ...children]);
     for (const a of nav.querySelectorAll("a")) {
       if (a.getAttribute("href") === `#/${currentRoute()}`) a.setAttribute("aria-current", "page");
       else a.removeAttribute("aria-current");
@@ -235,7 +270,8 @@
     overview: renderOverview, logs: renderLogs, users: renderUsers, providers: renderProviders, models: renderModels,
     access: renderAccess, rules: renderRules, notifications: renderNotifications, gateway: renderGateway,
     audit: renderAudit, admins: renderAdmins, identity: renderIdentity, workflows: renderWorkflows,
-    applications: renderApplications, dlp: renderDlp,
+    applications: renderApplications, dlp: renderDlp, approvals: renderApprovals, pilots: renderPilots,
+    "business-units": renderBusinessUnits,
   };
 
   let routing = 0;
@@ -256,8 +292,8 @@
       return;
     }
     showChrome(true);
-    if (name === "login" || !ROUTES[name]) {
-      location.replace("#/overview");
+    if (name === "login" || !ROUTES[name] || !allowed(name)) {
+      location.replace(isUnitAdmin() ? "#/users" : "#/overview");
       return;
     }
     try {
@@ -294,9 +330,9 @@
         const out = await api("POST", "/admin/login", { email, password });
         state.csrf = out.data.csrf_token;
         state.me = (await api("GET", "/admin/me")).data;
-        // Back to the page that was asked for, else the overview.
-        if (ROUTES[currentRoute()]) route();
-        else location.hash = "#/overview";
+        // Back to the page that was asked for, else the overview (a unit's administrator: its people).
+        if (ROUTES[currentRoute()] && allowed(currentRoute())) route();
+        else location.hash = isUnitAdmin() ? "#/users" : "#/overview";
       } catch (err) {
         error.textContent = err.code === "invalid_credentials" ? "Wrong email or password."
           : err.code === "account_locked" ? "This account is locked for 15 minutes after repeated failures."
@@ -305,8 +341,20 @@
     });
     main.textContent = "";
     document.title = "Log in · meshfast";
-    append(main, [h("section", { class: "login panel" }, h("h1", { id: "login-title", tabindex: "-1" }, "Log in to meshfast"), form)]);
+    const sso = h("p", { id: "sso", hidden: true }, h("a", { href: "/admin/oidc/login", id: "sso-login" }, "Sign in with SSO"));
+    append(main, [h("section", { class: "login panel" }, h("h1", { id: "login-title", tabindex: "-1" }, "Log in to meshfast"), form, sso)]);
     document.getElementById("login-email").focus();
+    ssoConfigured().then((on) => { sso.hidden = !on; });
+  }
+
+  // Single sign-on is offered when an OIDC issuer is configured: /admin/oidc/login then redirects
+  // to it (an opaque redirect here), and answers 404 when none is. Asked once per page load.
+  let ssoProbe = null;
+  function ssoConfigured() {
+    ssoProbe = ssoProbe || fetch("/admin/oidc/login", { method: "GET", redirect: "manual", credentials: "same-origin" })
+      // 302: configured; 404: not configured; 429 or 502 (throttled, issuer down): configured too.
+      .then((res) => res.type === "opaqueredirect" || [429, 502].includes(res.status), () => false);
+    return ssoProbe;
   }
 
   document.getElementById("logout").addEventListener("click", async () => {
@@ -877,7 +925,13 @@
   // --- models ----------------------------------------------------------------------------------
 
   let editingModel = null;
-  const MODEL_STATUSES = ["active", "blocked", "retired"];
+  // Onboarding: staged (served to no one), limited (to its roster only, on limited terms), then
+  // graduated to active; blocked and retired take it out of service.
+  const MODEL_STATUSES = ["staged", "limited", "active", "blocked", "retired"];
+  const SERVICE_STATUSES = ["active", "blocked", "retired"];
+  const statusClass = (status) => (status === "active" ? "ok" : status === "staged" || status === "limited" ? "warn" : "bad");
+  let editingOnboarding = null; // {entity, etag}
+  let modelProblems = null; // {title, problems}: the last refusal on the models page (a delete's 409)
 
   // Block, retire or reactivate a model: its status alone, against the ETag just read.
   async function setModelStatus(m, status) {
@@ -907,8 +961,8 @@
       field("Aliases", "aliases", { value: m ? (m.aliases || []).join(", ") : "", hint: "Comma separated" }),
       field("Tags", "tags", { value: m ? (m.tags || []).join(", ") : "", hint: "Comma separated" }),
       field("Output media type", "output_media_type", { value: m && m.output_media_type, hint: "Generation models, e.g. image/png" }),
-      m ? field("Status", "status", { kind: "select", id: "model-status", value: m.status, options: MODEL_STATUSES.map((x) => [x, x]),
-        hint: "Blocked and retired models answer callers as unknown ones" }) : null,
+      field("Status", "status", { kind: "select", id: "model-status", value: m ? m.status : "active", options: MODEL_STATUSES.map((x) => [x, x]),
+        hint: "Staged: served to no one; limited: only to its roster (set under Onboarding); blocked and retired answer callers as unknown ones" }),
       h("fieldset", {}, h("legend", {}, "Capabilities"), CAPS.map(([k, label]) => field(label, k, { kind: "checkbox", id: `model-${k}`, value: m && m[k] }))),
       h("fieldset", {}, h("legend", {}, "Prompt cache"),
         field("Shape prompts for the provider's cache", "cache_shaping", { kind: "checkbox", id: "model-cache_shaping", value: m ? m.cache_shaping !== false : true }),
@@ -928,7 +982,7 @@
       body.cache_shaping = d.cache_shaping;
       body.cache_ttl = d.cache_ttl || "5m";
       if (d.output_media_type) body.output_media_type = d.output_media_type;
-      if (m && d.status) body.status = d.status;
+      if (d.status && (m || d.status !== "active")) body.status = d.status;
       if (!m) {
         body.verify = d.verify;
         if (await act(() => api("POST", "/admin/models", body), `Model ${d.name} created.`)) rerender();
@@ -982,33 +1036,150 @@
         await rerender();
         document.getElementById("restrictions-title").focus();
       }, "secondary", { "aria-label": `Edit restrictions of model ${m.name}` }),
-      MODEL_STATUSES.filter((x) => x !== (m.status || "active")).map((x) =>
+      button("Onboarding", async () => {
+        const out = await act(() => api("GET", `/admin/models/${m.id}`));
+        if (!out) return;
+        editingOnboarding = { entity: out.data, etag: out.headers.get("etag") };
+        await rerender();
+        document.getElementById("onboarding-title").focus();
+      }, "secondary", { "aria-label": `Onboarding of model ${m.name}` }),
+      ["staged", "limited"].includes(m.status) ? button("Graduate", () => graduateModel(m), "", { "aria-label": `Graduate model ${m.name}` }) : null,
+      // A staged or limited model goes live by graduating (which clears its roster), not by a status.
+      SERVICE_STATUSES.filter((x) => x !== (m.status || "active") && !(x === "active" && ["staged", "limited"].includes(m.status))).map((x) =>
         button({ active: "Reactivate", blocked: "Block", retired: "Retire" }[x], () => setModelStatus(m, x),
           x === "active" ? "secondary" : "danger", { "aria-label": `${{ active: "Reactivate", blocked: "Block", retired: "Retire" }[x]} model ${m.name}` })),
-      button("Delete", async () => {
-        if (!confirmed(`Delete model ${m.name}?`)) return;
-        if (await act(() => api("DELETE", `/admin/models/${m.id}`), `Model ${m.name} deleted.`)) rerender();
-      }, "danger", { "aria-label": `Delete model ${m.name}` }));
+      button("Delete", () => deleteModel(m), "danger", { "aria-label": `Delete model ${m.name}` }));
+    const problemsBox = h("div", { id: "model-problems", role: "alert", tabindex: "-1", hidden: true });
+    if (modelProblems) problemList(problemsBox, modelProblems.problems, modelProblems.title);
     page("Models",
       state.providers.length === 0 ? h("p", {}, "Add a provider first: ", h("a", { href: "#/providers" }, "Providers"), ".") : null,
       editingRestrictions ? [h("h2", { id: "restrictions-title", tabindex: "-1" }, `Restrictions of model ${editingRestrictions.entity.name}`),
         h("p", { class: "muted" }, "A refused caller gets the same 404 as for an unknown model; the log row says which restriction refused."),
         restrictionsForm()] : null,
+      problemsBox,
+      editingOnboarding ? onboardingPanel() : null,
       h("h2", { id: "model-form-title" }, editingModel ? `Edit model ${editingModel.entity.name}` : "Add a model"),
       state.providers.length ? modelForm() : null,
       h("h2", {}, "Models"),
       table("Models", [
         { key: "name", label: "Name" }, { key: "provider_name", label: "Provider" }, { key: "resolved_model", label: "Resolved model" },
         { key: "kind", label: "Kind" },
-        { key: "status", label: "Status", render: (m) => h("span", { class: `badge ${m.status === "active" ? "ok" : "bad"}` }, m.status) },
+        { key: "status", label: "Status", render: (m) => h("span", { class: `badge ${statusClass(m.status)}` }, m.status) },
+        { key: "onboarding", label: "Onboarding", render: onboardingText },
         { key: "input_price_per_1k_tokens", label: "Input / 1k", num: true },
         { key: "output_price_per_1k_tokens", label: "Output / 1k", num: true },
         { key: "caps", label: "Capabilities", render: caps },
         { key: "restrictions", label: "Restrictions", render: (m) => restrictionsText(m.restrictions) },
+        { key: "restrictions_revisions", label: "Restrictions enforced", render: (m) => revisionCell(m.restrictions_revisions) },
         { key: "deployments", label: "Extra deployments", render: deployments },
         { key: "actions", label: "Actions", render: rowActions },
-      ], state.models, { id: "models-table", rowData: (m) => ({ modelId: m.id, name: m.name }) }),
+      ], state.models, { id: "models-table", rowData: (m) => ({ modelId: m.id, name: m.name, status: m.status || "active" }) }),
       state.models.length ? [h("h2", { id: "deployment-title" }, "Add a deployment (failover)"), deploymentForm()] : null);
+  }
+
+  // --- model onboarding: staged, limited to a roster, graduated ---------------------------------
+
+  function limitedText(l) {
+    if (!l) return "";
+    const parts = [];
+    if (l.amount_usd !== undefined && l.amount_usd !== null) parts.push(`$${l.amount_usd} ${l.window || ""}`.trim());
+    if (l.expires_at) parts.push(`until ${when(l.expires_at)}`);
+    return parts.join(", ");
+  }
+
+  function onboardingText(m) {
+    if (m.status === "staged") return "Staged: served to no one";
+    if (m.status !== "limited") return "—";
+    const roster = (m.roster || []).map(userLabel);
+    const terms = limitedText(m.limited);
+    return h("span", { dataset: { roster: String(roster.length) } },
+      `Limited to ${roster.length ? roster.join(", ") : "no one"}`, terms ? ` (${terms})` : "");
+  }
+
+  async function graduateModel(m) {
+    if (!confirmed(`Graduate model ${m.name}? It becomes active for everyone granted it, and its roster is cleared.`)) return;
+    modelProblems = null;
+    const out = await act(() => api("POST", `/admin/models/${m.id}/graduate`), `Model ${m.name} graduated: it is active.`);
+    if (out) {
+      if (editingOnboarding && editingOnboarding.entity.id === m.id) editingOnboarding = null;
+      rerender();
+    }
+  }
+
+  // A delete that a live control still references is refused with 409 model_in_use naming them.
+  async function deleteModel(m) {
+    if (!confirmed(`Delete model ${m.name}?`)) return;
+    try {
+      await api("DELETE", `/admin/models/${m.id}`);
+    } catch (err) {
+      if (err.status === 401) return;
+      if (err.code === "model_in_use") {
+        const controls = (err.body && (err.body.controls || err.body.references)) || [];
+        modelProblems = { title: `Model ${m.name} is in use and was not deleted: these live controls reference it. Change or remove them first.`,
+          problems: controls.length ? controls.map(controlText) : [err.message] };
+      } else {
+        modelProblems = { title: `Model ${m.name} was not deleted (${err.code}):`, problems: problemsOf(err) };
+      }
+      await rerender();
+      document.getElementById("model-problems").focus();
+      return;
+    }
+    modelProblems = null;
+    toast(`Model ${m.name} deleted.`);
+    rerender();
+  }
+
+  // A control named in a refusal: a string, or {kind, id, name}.
+  function controlText(c) {
+    if (typeof c === "string") return c;
+    if (!c || typeof c !== "object") return String(c);
+    const kind = c.kind || c.type || "control";
+    const name = c.name || c.id || c.target || "";
+    return `${kind} ${name}${c.detail ? ` (${c.detail})` : ""}`.trim();
+  }
+
+  function onboardingPanel() {
+    const m = editingOnboarding.entity;
+    const l = m.limited || {};
+    const problemsBox = h("div", { id: "onboarding-problems", role: "alert", tabindex: "-1", hidden: true });
+    const form = h("form", { class: "grid panel", id: "onboarding-form", "aria-labelledby": "onboarding-title", novalidate: true },
+      field("Onboarding status", "status", { kind: "select", id: "onboarding-status", value: ["staged", "limited"].includes(m.status) ? m.status : "limited",
+        options: [["staged", "staged (served to no one)"], ["limited", "limited (served to its roster only)"]] }),
+      field("Roster", "roster", { kind: "textarea", rows: 3, id: "onboarding-roster", value: peopleText(m.roster), hint: "People by email, one a line: who a limited model serves" }),
+      h("fieldset", {}, h("legend", {}, "Limited terms"),
+        field("Spend window", "window", { kind: "select", id: "onboarding-window", value: l.window || "daily", options: WINDOWS.map((w) => [w, w]) }),
+        field("Amount per person (USD)", "amount_usd", { id: "onboarding-amount", inputmode: "decimal", value: l.amount_usd, hint: "Empty: no amount limit" }),
+        field("Terms expire", "expires_at", { kind: "datetime-local", id: "onboarding-expires", value: l.expires_at ? localInput(new Date(l.expires_at)) : "", hint: "Empty: no expiry" })),
+      h("div", { class: "actions" },
+        h("button", { type: "submit", id: "onboarding-submit" }, "Save onboarding"),
+        button("Graduate to active", () => graduateModel(m), "", { id: "onboarding-graduate" }),
+        button("Cancel", () => { editingOnboarding = null; rerender(); }, "secondary", { id: "onboarding-cancel" })));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      // A roster and terms belong to a limited model; a staged one has neither.
+      const body = { status: d.status };
+      if (d.status === "limited") {
+        body.roster = peopleIds(d.roster);
+        body.limited = { window: d.window, amount_usd: d.amount_usd === "" ? null : d.amount_usd, expires_at: d.expires_at ? isoFromLocal(d.expires_at) : null };
+      }
+      let out;
+      try {
+        out = await api("PUT", `/admin/models/${m.id}`, body, { "if-match": editingOnboarding.etag });
+      } catch (err) {
+        if (err.status === 401) return;
+        problemList(problemsBox, problemsOf(err), `The onboarding was refused (${err.code}):`);
+        problemsBox.focus();
+        return;
+      }
+      toast(pendingChange(out) ? submittedText(out) : `Model ${m.name} is ${d.status}.`);
+      editingOnboarding = null;
+      rerender();
+    });
+    return h("section", { id: "onboarding", "aria-labelledby": "onboarding-title" },
+      h("h2", { id: "onboarding-title", tabindex: "-1" }, `Onboarding of model ${m.name}`),
+      h("p", { class: "muted" }, `Now ${m.status}. A staged model answers callers as an unknown one; a limited one serves only its roster, on its terms; graduating makes it active and clears the roster.`),
+      form, problemsBox);
   }
 
   // --- model restrictions (who may see a model) -----------------------------------------------
@@ -1046,15 +1217,16 @@
         button("Remove all restrictions", () => put(null), "danger", { id: "restrictions-clear" }),
         button("Cancel", () => { editingRestrictions = null; rerender(); }, "secondary")));
     async function put(restrictions) {
+      let out;
       try {
-        await api("PUT", `/admin/models/${m.id}`, { restrictions }, { "if-match": editingRestrictions.etag });
+        out = await api("PUT", `/admin/models/${m.id}`, { restrictions }, { "if-match": editingRestrictions.etag });
       } catch (err) {
         if (err.status === 401) return;
         problemList(problemsBox, problemsOf(err), `The restrictions were refused (${err.code}):`);
         problemsBox.focus();
         return;
       }
-      toast(restrictions ? `Restrictions of ${m.name} saved.` : `Restrictions of ${m.name} removed.`);
+      toast(pendingChange(out) ? submittedText(out) : restrictions ? `Restrictions of ${m.name} saved.` : `Restrictions of ${m.name} removed.`);
       editingRestrictions = null;
       rerender();
     }
@@ -1798,6 +1970,7 @@
     if ((p.leaders || []).length) parts.push(`the organisation of ${p.leaders.map(userLabel).join(" or ")}`);
     if ((p.business_units || []).length) parts.push(`business unit ${p.business_units.join(" or ")}`);
     if ((p.applications || []).length) parts.push(`application ${p.applications.join(" or ")}`);
+    if ((p.pilots || []).length) parts.push(`pilot ${p.pilots.join(" or ")}`);
     let text = parts.length ? parts.join(" and ") : "everyone";
     if ((p.exempt_users || []).length) text += `, except ${p.exempt_users.map(userLabel).join(", ")}`;
     return text;
@@ -1830,6 +2003,7 @@
       h("fieldset", {}, h("legend", {}, "Who"),
         field("Tiers", "tiers", { id: "rule-tiers", hint: "Comma separated; empty: every tier" }),
         field("Business units", "business_units", { id: "rule-bus", hint: "Comma separated; empty: every unit" }),
+        field("Pilots", "pilots", { id: "rule-pilots", hint: "Comma separated; empty: anyone, in a pilot or not" }),
         field("Leaders (their whole organisation)", "leaders", { kind: "textarea", id: "rule-leaders", rows: 2 }),
         field("Exempt people", "exempt_users", { kind: "textarea", id: "rule-exempt", rows: 2 }),
         h("p", { class: "muted" }, "People by email, one a line. Lists combine with AND; within a list any one matches.")),
@@ -1898,6 +2072,9 @@
     const first = Array.isArray(current.entries) && current.entries[0] && typeof current.entries[0] === "object" ? current.entries[0] : {};
     const apps = first.population && first.population.applications;
     if (apps !== undefined && apps !== null) entry.population.applications = apps;
+    // Pilots only when named, so a rule from before pilots keeps its exact shape.
+    const pilots = labelList(d.pilots);
+    if (pilots.length || (first.population && first.population.pilots !== undefined)) entry.population.pilots = pilots;
     const rule = { ...current, id: d.id, weight: Number.isFinite(weight) ? weight : d.weight, mode: d.mode, entries: [entry, ...rest] };
     textarea.value = JSON.stringify(authored(rule), null, 2);
     ruleEditor.text = textarea.value;
@@ -1917,6 +2094,7 @@
     const p = e.population || {};
     set("tiers", (p.tiers || []).join(", "));
     set("business_units", (p.business_units || []).join(", "));
+    set("pilots", (p.pilots || []).join(", "));
     set("leaders", peopleText(p.leaders));
     set("exempt_users", peopleText(p.exempt_users));
     const scope = e.scope || {};
@@ -2018,11 +2196,12 @@
 
   async function renderRules() {
     await loadRegistry();
-    const [list, enforcement] = await Promise.all([get("/admin/rules"), get("/admin/enforcement")]);
+    // NOTE: a business unit's administrator may not read or flip the global switch (403).
+    const [list, enforcement] = await Promise.all([get("/admin/rules"), getOr("/admin/enforcement", null)]);
     const rulesList = (list || []).slice().sort((a, b) => b.weight - a.weight || a.id.localeCompare(b.id));
     const measured = rulesList.length <= AUTO_UTILIZATION_RULES || utilizationWanted;
     const utilization = measured ? await ruleUtilization(rulesList) : new Map();
-    const enforce = !!enforcement.enforce;
+    const enforce = enforcement ? !!enforcement.enforce : true;
     const effective = (r) => (r.mode === "inherit" ? (enforce ? "enforce" : "shadow") : r.mode);
 
     const form = ruleForm();
@@ -2051,13 +2230,17 @@
       }
       return rule;
     };
+    const activation = h("form", { id: "rule-activation", class: "grid", "aria-label": "When the rule takes effect" }, activationFields("rule"));
+    activation.addEventListener("submit", (ev) => ev.preventDefault());
     const save = async () => {
       const rule = editorRule();
       if (!rule) return;
       const editing = ruleEditor.editing;
+      let out;
       try {
-        if (editing) await api("PUT", `/admin/rules/${encodeURIComponent(editing.id)}`, authored(rule), { "if-match": editing.etag });
-        else await api("POST", "/admin/rules", authored(rule));
+        const body = withActivation(authored(rule), activationOf(activation));
+        if (editing) out = await api("PUT", `/admin/rules/${encodeURIComponent(editing.id)}`, body, { "if-match": editing.etag });
+        else out = await api("POST", "/admin/rules", body);
       } catch (err) {
         if (err.status === 401) return;
         ruleProblems = { title: `The rule was refused (${err.code}):`, problems: problemsOf(err) };
@@ -2065,7 +2248,7 @@
         problemsBox.focus();
         return;
       }
-      toast(`Rule ${rule.id} ${editing ? "saved" : "created"}.`);
+      toast(pendingChange(out) ? submittedText(out) : `Rule ${rule.id} ${editing ? "saved" : "created"}.`);
       Object.assign(ruleEditor, { text: null, editing: null });
       ruleProblems = null;
       rerender();
@@ -2076,6 +2259,7 @@
       form, note,
       h("div", { class: "field" }, h("label", { for: "rule-json" }, "Rule as JSON"), textarea,
         h("span", { id: "rule-json-hint", class: "muted" }, "The form writes the first entry here; edit the JSON for several entries, then load it back into the form if you like.")),
+      activation,
       h("div", { class: "actions" },
         button("Load the JSON into the form", () => {
           const problems = jsonToForm(form, textarea, note);
@@ -2109,16 +2293,16 @@
       }, "danger", { "aria-label": `Delete rule ${r.id}` }));
 
     page("Spend rules",
-      h("section", { class: "panel", "aria-labelledby": "enforcement-title" },
+      !enforcement ? null : h("section", { class: "panel", "aria-labelledby": "enforcement-title" },
         h("h2", { id: "enforcement-title" }, "Enforcement (global)"),
         h("p", { id: "enforcement-state", dataset: { enforce: String(enforce) } }, enforce
           ? "Rules in mode inherit enforce: they block, pause, warn and notify."
           : "Rules in mode inherit run in shadow: their would-deny is recorded, nothing is blocked."),
         h("p", { class: "muted" }, "The switch governs rules only; per-user policies always enforce. Rules in mode enforce or shadow keep their own mode."),
-        button(enforce ? "Switch rules to shadow mode" : "Enforce rules", async () => {
+        !isUnitAdmin() ? button(enforce ? "Switch rules to shadow mode" : "Enforce rules", async () => {
           if (enforce && !confirmed("Switch every rule in mode inherit to shadow? Nothing they cover will be blocked.")) return;
           if (await act(() => api("PUT", "/admin/enforcement", { enforce: !enforce }), enforce ? "Rules are in shadow mode." : "Rules enforce.")) rerender();
-        }, enforce ? "danger" : "", { id: "enforcement-toggle" })),
+        }, enforce ? "danger" : "", { id: "enforcement-toggle" }) : null),
       h("h2", {}, "Rules"),
       h("p", { class: "muted" }, "Utilization: the people at or over a threshold of the rule now, from a dry-run of the stored rule against the current counters."),
       measured ? null : button(`Compute the utilization of all ${rulesList.length} rules`, () => { utilizationWanted = true; rerender(); }, "secondary", { id: "rules-utilization" }),
@@ -2130,6 +2314,7 @@
         { key: "entries", label: "Entries", render: (r) => h("ol", {}, (r.entries || []).map((e) => h("li", {}, entryText(e)))) },
         { key: "utilization", label: "Utilization", render: (r) => utilizationCell(utilization.get(r.id)) },
         { key: "version", label: "Version", num: true },
+        { key: "revision", label: "Enforced", render: revisionCell },
         { key: "updated_at", label: "Updated", render: (r) => when(r.updated_at) },
         { key: "actions", label: "Actions", render: rowActions },
       ], rulesList, { id: "rules-table", empty: "No rules yet.", rowData: (r) => ({ ruleId: r.id, mode: r.mode, effectiveMode: effective(r), version: String(r.version) }) }),
@@ -2225,6 +2410,461 @@
         button("Previous page", () => { deliveriesQuery.page -= 1; rerender(); }, "secondary", { disabled: out.page <= 1 }),
         h("span", {}, `Page ${out.page} of ${pages}`),
         button("Next page", () => { deliveriesQuery.page += 1; rerender(); }, "secondary", { disabled: out.page >= pages })));
+  }
+
+  // --- governed lifecycle: saved and enforced revisions, activation ---------------------------
+
+  // A control's revisions as reads show them: live (what is saved is enforced), scheduled for a
+  // time, or its activation failed.
+  function revisionState(c) {
+    if (!c || ((c.saved_revision ?? null) === null && (c.enforced_revision ?? null) === null && !c.scheduled && !c.activation_error)) return null;
+    // activation_error: {revision, error} (or its text); scheduled: {revision, activate_at} (or the time).
+    const failed = c.activation_error && typeof c.activation_error === "object" ? c.activation_error.error : c.activation_error;
+    if (failed) return { state: "failed", text: `activation failed: ${failed}` };
+    const at = c.scheduled && typeof c.scheduled === "object" ? c.scheduled.activate_at || c.scheduled.at : c.scheduled;
+    if (at) return { state: "scheduled", text: `scheduled for ${when(at)}` };
+    if (c.saved_revision !== c.enforced_revision) return { state: "pending", text: "saved, not enforced yet" };
+    return { state: "live", text: "live" };
+  }
+
+  function revisionCell(c) {
+    const r = revisionState(c);
+    if (!r) return "—";
+    const cls = r.state === "live" ? "ok" : r.state === "failed" ? "bad" : "warn";
+    return h("span", { dataset: { revisionState: r.state, saved: String(c.saved_revision ?? ""), enforced: String(c.enforced_revision ?? "") } },
+      h("span", { class: `badge ${cls}` }, r.text), " ",
+      h("span", { class: "muted" }, `saved ${c.saved_revision ?? "—"}, enforced ${c.enforced_revision ?? "none"}`));
+  }
+
+  // When a saved control takes effect: at once, at the business unit's local midnight, or at a time.
+  function activationFields(prefix) {
+    const when_ = field("Takes effect", "activate_kind", { kind: "select", id: `${prefix}-activate-kind`, value: "now",
+      options: [["now", "At once (or on approval)"], ["local-midnight", "At the business unit's next local midnight"], ["at", "At a set time"]] });
+    const at = field("Activation time", "activate_at", { kind: "datetime-local", id: `${prefix}-activate-at`, hint: "Your browser's time zone" });
+    return h("fieldset", { class: "activation" }, h("legend", {}, "Activation"), when_, at);
+  }
+  function activationOf(form) {
+    const kind = form.elements.activate_kind ? form.elements.activate_kind.value : "now";
+    if (kind === "local-midnight") return "local-midnight";
+    if (kind === "at" && form.elements.activate_at.value) return isoFromLocal(form.elements.activate_at.value);
+    return undefined;
+  }
+
+  // A control body's activate_at, when one was chosen.
+  const withActivation = (body, activateAt) => (activateAt ? { ...body, activate_at: activateAt } : body);
+
+  // --- approvals: changes business unit administrators submitted -------------------------------
+
+  const changesQuery = { status: "pending", page: 1, page_size: 25 };
+  let openChange = null; // a change id
+
+  const CHANGE_STATUSES = [["pending", "Pending"], ["approved", "Approved (scheduled)"], ["applied", "Applied"],
+    ["rejected", "Rejected"], ["failed", "Failed"], ["expired", "Expired"], ["superseded", "Superseded"], ["", "Any"]];
+  const changeBadge = (status) => h("span", { class: `badge ${["pending", "approved", "superseded", "expired"].includes(status) ? "warn" : status === "rejected" || status === "failed" ? "bad" : "ok"}` }, status);
+  const activationText = (c) => (!c.activate_at ? "On approval"
+    : c.activate_at === "local-midnight" ? "At the business unit's next local midnight" : when(c.activate_at));
+  const changeTarget = (c) => c.target_name || c.target || c.target_id || "—";
+
+  // Every leaf of a JSON value under its dotted path: {"a": {"b": [1]}} -> a.b.0 = 1.
+  function flatten(value, prefix = "", out = new Map()) {
+    if (value !== null && typeof value === "object" && !(Array.isArray(value) && value.length === 0) && Object.keys(value).length) {
+      for (const [k, v] of Object.entries(value)) flatten(v, prefix ? `${prefix}.${k}` : k, out);
+    } else if (prefix) {
+      out.set(prefix, value);
+    }
+    return out;
+  }
+  const leafText = (v) => (v === undefined ? "(absent)" : JSON.stringify(v));
+
+  // Field by field: every path in either, the current value beside the proposed one.
+  function fieldDiff(current, proposed) {
+    const a = flatten(current || {});
+    const b = flatten(proposed || {});
+    const keys = [...new Set([...b.keys(), ...a.keys()])];
+    return keys.map((k) => ({ field: k, current: a.get(k), proposed: b.get(k), changed: leafText(a.get(k)) !== leafText(b.get(k)) }));
+  }
+
+  // A line diff of two texts (longest common subsequence): [{op: " " | "-" | "+", line}].
+  function lineDiff(before, after) {
+    const a = before.split("\n");
+    const b = after.split("\n");
+    const n = a.length, m = b.length;
+    const lcs = Array.from({ length: n + 1 }, () => new Array(m + 1).fill(0));
+    for (let i = n - 1; i >= 0; i--) for (let j = m - 1; j >= 0; j--) lcs[i][j] = a[i] === b[j] ? lcs[i + 1][j + 1] + 1 : Math.max(lcs[i + 1][j], lcs[i][j + 1]);
+    const out = [];
+    let i = 0, j = 0;
+    while (i < n && j < m) {
+      if (a[i] === b[j]) { out.push({ op: " ", line: a[i] }); i++; j++; }
+      else if (lcs[i + 1][j] >= lcs[i][j + 1]) out.push({ op: "-", line: a[i++] });
+      else out.push({ op: "+", line: b[j++] });
+    }
+    while (i < n) out.push({ op: "-", line: a[i++] });
+    while (j < m) out.push({ op: "+", line: b[j++] });
+    return out;
+  }
+
+  // Read-only fields of a stored control that a proposal does not carry.
+  const CONTROL_META = ["version", "created_at", "updated_at", "saved_revision", "enforced_revision", "scheduled", "activation_error", "activate_at"];
+  const stripMeta = (c) => (c && typeof c === "object" && !Array.isArray(c) ? Object.fromEntries(Object.entries(c).filter(([k]) => !CONTROL_META.includes(k))) : c);
+
+  // What the change would replace: the server's copy when the change carries it, else the control
+  // read now from its own route.
+  async function currentOf(c) {
+    if (c.current !== undefined) return c.current;
+    if (c.before !== undefined) return c.before;
+    const kind = String(c.kind || "");
+    const target = c.target_id || c.target;
+    if (c.action === "create" || !target) return null;
+    try {
+      // A person's policy on a model: <user id>:<model id>.
+      if (kind === "policy") {
+        const [userId, modelId] = String(target).split(":");
+        const policies = (await api("GET", `/admin/users/${encodeURIComponent(userId)}/policies`, undefined, {}, true)).data || [];
+        const p = policies.find((x) => x.model_id === modelId);
+        return p ? Object.fromEntries(Object.entries(p).filter(([k]) => !["model_id", "model_name", "user_id"].includes(k))) : null;
+      }
+      if (kind === "restrictions") return (await api("GET", `/admin/models/${encodeURIComponent(target)}`, undefined, {}, true)).data.restrictions ?? null;
+      const path = kind === "rule" ? `/admin/rules/${encodeURIComponent(target)}` : kind === "pilot" ? `/admin/pilots/${encodeURIComponent(target)}` : null;
+      return path ? (await api("GET", path, undefined, {}, true)).data : null;
+    } catch {
+      return null;
+    }
+  }
+
+  function diffView(c, current) {
+    const proposed = stripMeta(c.body !== undefined ? c.body : c.proposed);
+    const base = stripMeta(current);
+    const rows = fieldDiff(base, proposed);
+    const changedCount = rows.filter((r) => r.changed).length;
+    const parts = [
+      h("p", { id: "change-diff-summary", dataset: { changed: String(changedCount) } },
+        current === null || current === undefined ? "A new control: every field is proposed." : `${changedCount} field${changedCount === 1 ? "" : "s"} would change.`),
+      table("Proposed control against the current one, field by field", [
+        { key: "field", label: "Field", render: (r) => h("code", {}, r.field) },
+        { key: "current", label: "Current", render: (r) => h("code", {}, leafText(r.current)) },
+        { key: "proposed", label: "Proposed", render: (r) => h("code", {}, leafText(r.proposed)) },
+        { key: "changed", label: "Change", render: (r) => (r.changed ? h("span", { class: "badge warn" }, "changed") : h("span", { class: "muted" }, "same")) },
+      ], rows, { id: "change-diff", empty: "The proposal is empty.", rowData: (r) => ({ field: r.field, changed: String(r.changed) }) }),
+    ];
+    if (String(c.kind) === "rule" || (proposed && Array.isArray(proposed.entries))) {
+      const lines = lineDiff(base ? JSON.stringify(base, null, 2) : "", JSON.stringify(proposed, null, 2));
+      parts.push(h("figure", { class: "line-diff" }, h("figcaption", {}, "The rule as JSON, line by line (− current, + proposed)"),
+        h("pre", { id: "change-line-diff", tabindex: "0", "aria-label": "Line diff of the rule's JSON" },
+          lines.map((l) => h("span", { class: l.op === "+" ? "add" : l.op === "-" ? "del" : "same", dataset: { op: l.op } },
+            `${l.op === " " ? " " : l.op === "-" ? "−" : "+"} ${l.line}\n`)))));
+    }
+    return parts;
+  }
+
+  async function changeDetail(id) {
+    const out = await api("GET", `/admin/changes/${encodeURIComponent(id)}`);
+    const c = out.data;
+    const digest = out.headers.get("etag") || (c.digest ? `"${c.digest}"` : null);
+    const current = await currentOf(c);
+    const problems = h("div", { id: "change-problems", role: "alert", tabindex: "-1", hidden: true });
+    const mine = state.me && [c.requested_by, c.requested_by_email].includes(state.me.email);
+    const close = () => {
+      openChange = null;
+      if (location.hash !== "#/approvals") location.hash = "#/approvals";
+      else rerender();
+    };
+    const refused = (err, what) => {
+      const text = err.code === "self_approval"
+        ? "You requested this change yourself: another platform administrator must review it (self-approval is refused)."
+        : err.code === "comment_required" ? "A comment is required to reject a change (the server refused an empty one)."
+          : err.code === "change_expired" ? "The change expired before anyone decided it; its requester must submit it again."
+            : err.code === "change_not_pending" ? "Someone decided this change already; reload it."
+              : err.status === 409 || err.status === 412
+                ? "The change or its control moved on since you opened it; reload it and review it again." : null;
+      problemList(problems, text ? [text, `Server answer: ${err.message}`] : problemsOf(err), `The ${what} was refused (${err.code}):`);
+      problems.focus();
+    };
+    let actions;
+    if (!isPlatform()) {
+      actions = h("p", { id: "change-read-only", class: "muted" }, "Read-only: a platform administrator approves or rejects this change.");
+    } else if (c.status !== "pending") {
+      actions = h("p", { id: "change-decided", class: "muted" }, `This change is ${c.status}; there is nothing to decide.`);
+    } else {
+      const comment = h("textarea", { id: "reject-comment", name: "comment", rows: 3, "aria-describedby": "reject-comment-hint" });
+      const rejectForm = h("form", { id: "reject-form", class: "panel", "aria-labelledby": "reject-title", novalidate: true },
+        h("h3", { id: "reject-title" }, "Reject"),
+        h("div", { class: "field" }, h("label", { for: "reject-comment" }, "Rejection comment (required)"), comment,
+          h("span", { id: "reject-comment-hint", class: "muted" }, "Tells the requester why; a rejection needs one.")),
+        h("div", { class: "actions" }, h("button", { type: "submit", class: "danger", id: "change-reject" }, "Reject change")));
+      rejectForm.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        if (comment.value === "") {
+          problemList(problems, ["Write a comment before rejecting: the requester sees it."], "The rejection needs a comment:");
+          comment.setAttribute("aria-invalid", "true");
+          problems.focus();
+          return;
+        }
+        comment.removeAttribute("aria-invalid");
+        try {
+          await api("POST", `/admin/changes/${encodeURIComponent(id)}/reject`, { comment: comment.value });
+        } catch (err) {
+          if (err.status !== 401) refused(err, "rejection");
+          return;
+        }
+        toast(`Change ${id} rejected.`);
+        rerender();
+      });
+      actions = [
+        mine ? h("p", { class: "error-text", id: "change-own" }, "You requested this change: the server refuses self-approval; another platform administrator must approve it.") : null,
+        h("div", { class: "actions" }, button("Approve change", async () => {
+          try {
+            await api("POST", `/admin/changes/${encodeURIComponent(id)}/approve`, undefined, digest ? { "if-match": digest } : {});
+          } catch (err) {
+            if (err.status !== 401) refused(err, "approval");
+            return;
+          }
+          toast(`Change ${id} approved.`);
+          rerender();
+        }, "", { id: "change-approve" })),
+        rejectForm,
+      ];
+    }
+    const facts = [
+      ["Status", changeBadge(c.status)], ["Kind", c.kind], ["Action", c.action], ["Target", changeTarget(c)],
+      ["Business unit", c.business_unit || "—"], ["Requested by", c.requested_by_email || c.requested_by || "—"],
+      ["Requested", when(c.created_at || c.requested_at)], ["Takes effect", activationText(c)],
+      c.decided_by ? ["Decided by", c.decided_by] : null, c.comment ? ["Comment", c.comment] : null,
+      c.activation_error ? ["Activation error", h("span", { class: "error-text" }, typeof c.activation_error === "object" ? c.activation_error.error : c.activation_error)] : null,
+      c.digest ? ["Digest", h("code", {}, c.digest)] : null,
+    ].filter(Boolean);
+    return h("section", { class: "panel", id: "change-detail", "aria-labelledby": "change-title", dataset: { changeId: c.id || id, status: c.status } },
+      h("h2", { id: "change-title", tabindex: "-1" }, `Change ${c.id || id}`),
+      h("dl", { class: "facts", id: "change-facts" }, facts.map(([k, v]) => h("div", { dataset: { fact: k } }, h("dt", {}, k), h("dd", {}, v)))),
+      h("h3", {}, "What would change"),
+      diffView(c, current),
+      actions, problems,
+      h("div", { class: "actions" }, button("Back to the queue", close, "secondary", { id: "change-close" })));
+  }
+
+  async function renderApprovals() {
+    const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("change");
+    if (wanted) openChange = wanted;
+    const params = new URLSearchParams({ page: changesQuery.page, page_size: changesQuery.page_size });
+    if (changesQuery.status) params.set("status", changesQuery.status);
+    const out = await get(`/admin/changes?${params}`);
+    const list = (Array.isArray(out) ? out : out.changes || out.items || []).slice();
+    const total = Array.isArray(out) ? list.length : out.total ?? list.length;
+    const pageSize = (out && out.page_size) || changesQuery.page_size;
+    const pageNo = (out && out.page) || changesQuery.page;
+    // Pending first, then newest first.
+    const at = (c) => Date.parse(c.created_at || c.requested_at || 0) || 0;
+    list.sort((a, b) => (a.status === "pending" ? 0 : 1) - (b.status === "pending" ? 0 : 1) || at(b) - at(a));
+    const pages = Math.max(1, Math.ceil(total / pageSize));
+    const filters = h("form", { class: "toolbar", id: "changes-filters", "aria-label": "Change filters" },
+      field("Status", "status", { kind: "select", id: "changes-status", value: changesQuery.status, options: CHANGE_STATUSES }),
+      h("button", { type: "submit", id: "changes-apply" }, "Apply filter"));
+    filters.addEventListener("submit", (ev) => { ev.preventDefault(); Object.assign(changesQuery, { status: filters.elements.status.value, page: 1 }); rerender(); });
+    const detail = openChange ? await changeDetail(openChange) : null;
+    page("Approvals",
+      h("p", {}, isPlatform()
+        ? "Changes business unit administrators made that raise or relax a control wait here; approving applies exactly the change reviewed, at its activation time."
+        : "Changes to your units' controls that wait for a platform administrator; you see them read-only."),
+      detail,
+      h("h2", {}, "Queue"),
+      filters,
+      h("p", { id: "changes-total", dataset: { total: String(total) } }, `${num(total)} change${total === 1 ? "" : "s"}.`),
+      table("Changes, pending first", [
+        { key: "created_at", label: "Requested", render: (c) => when(c.created_at || c.requested_at) },
+        { key: "kind", label: "Kind" }, { key: "action", label: "Action" },
+        { key: "target", label: "Target", render: (c) => h("code", {}, changeTarget(c)) },
+        { key: "business_unit", label: "Business unit" },
+        { key: "requested_by", label: "Requested by", render: (c) => c.requested_by_email || c.requested_by || "—" },
+        { key: "activate_at", label: "Takes effect", render: activationText },
+        { key: "status", label: "Status", render: (c) => changeBadge(c.status) },
+        { key: "actions", label: "Actions", render: (c) => button(isPlatform() && c.status === "pending" ? "Review" : "View", async () => {
+          openChange = c.id;
+          await rerender();
+          document.getElementById("change-title").focus();
+        }, "secondary", { "aria-label": `${isPlatform() && c.status === "pending" ? "Review" : "View"} change ${c.id}` }) },
+      ], list, { id: "changes-table", empty: "No change matches.", rowData: (c) => ({ changeId: c.id, status: c.status, kind: c.kind }) }),
+      h("nav", { class: "pager", "aria-label": "Change pages" },
+        button("Previous page", () => { changesQuery.page -= 1; rerender(); }, "secondary", { disabled: pageNo <= 1 }),
+        h("span", {}, `Page ${pageNo} of ${pages}`),
+        button("Next page", () => { changesQuery.page += 1; rerender(); }, "secondary", { disabled: pageNo >= pages })));
+  }
+
+  // --- pilots: cohorts of people trying models, usable in rules as population.pilots ----------
+
+  let editingPilot = null; // {entity, etag}
+  let pilotsRevised = false; // the pilots API reports saved and enforced revisions (and takes activate_at)
+  const PILOT_MODES = ["enforce", "shadow", "inherit"];
+
+  function pilotTierRow(t, i) {
+    return h("fieldset", { class: "tier-row", id: `pilot-tier-${i}` }, h("legend", {}, `Tier ${i + 1}`),
+      field("Tier name", `tier_name_${i}`, { id: `pilot-tier-${i}-name`, value: t.name }),
+      field("Amount (USD)", `tier_amount_${i}`, { id: `pilot-tier-${i}-amount`, inputmode: "decimal", value: t.amount_usd }),
+      field("Window", `tier_window_${i}`, { kind: "select", id: `pilot-tier-${i}-window`, value: t.window || "monthly", options: WINDOWS.map((w) => [w, w]) }),
+      field("Exceptions", `tier_exceptions_${i}`, { kind: "textarea", rows: 2, id: `pilot-tier-${i}-exceptions`, value: peopleText(t.exceptions), hint: "People by email, one a line" }));
+  }
+
+  function pilotForm() {
+    const p = editingPilot ? editingPilot.entity : null;
+    const problemsBox = h("div", { id: "pilot-problems", role: "alert", tabindex: "-1", hidden: true });
+    const tiersBox = h("div", { id: "pilot-tiers" });
+    const readTiers = () => [...tiersBox.querySelectorAll("fieldset.tier-row")].map((_, i) => ({
+      name: tiersBox.querySelector(`#pilot-tier-${i}-name`).value.trim(),
+      amount_usd: tiersBox.querySelector(`#pilot-tier-${i}-amount`).value.trim(),
+      window: tiersBox.querySelector(`#pilot-tier-${i}-window`).value,
+      exceptions: peopleIds(tiersBox.querySelector(`#pilot-tier-${i}-exceptions`).value),
+    }));
+    const drawTiers = (list) => {
+      tiersBox.textContent = "";
+      append(tiersBox, [list.length ? null : h("p", { class: "muted" }, "No tiers: the pilot's members follow their own rules."),
+        list.map((t, i) => [pilotTierRow(t, i), h("div", { class: "actions" }, button("Remove", () => {
+          const rest = readTiers();
+          rest.splice(i, 1);
+          drawTiers(rest);
+          addTier.focus();
+        }, "secondary", { "aria-label": `Remove tier ${i + 1}` }))])]);
+    };
+    const addTier = button("Add a tier", () => {
+      const list = [...readTiers(), { name: "", amount_usd: "", window: "monthly", exceptions: [] }];
+      drawTiers(list);
+      tiersBox.querySelector(`#pilot-tier-${list.length - 1}-name`).focus();
+    }, "secondary", { id: "pilot-tier-add" });
+    drawTiers((p && p.tiers) || []);
+    const expires = p && p.expires_at ? localInput(new Date(p.expires_at)) : "";
+    const form = h("form", { class: "grid panel", id: "pilot-form", "aria-labelledby": "pilot-form-title", novalidate: true },
+      field("Pilot name", "name", { id: "pilot-name", required: true, value: p && p.name }),
+      field("Mode", "mode", { kind: "select", id: "pilot-mode", value: p ? p.mode : "shadow", options: PILOT_MODES.map((m) => [m, m]),
+        hint: "Shadow records would-deny; inherit follows the global switch" }),
+      field("Expires", "expires_at", { kind: "datetime-local", id: "pilot-expires", value: expires, hint: "Your browser's time zone" }),
+      field("Authoritative (its tiers replace the members' other rules)", "authoritative", { kind: "checkbox", id: "pilot-authoritative", value: p && p.authoritative }),
+      field("Members", "members", { kind: "textarea", rows: 3, id: "pilot-members", value: peopleText(p && p.members), hint: "People by email, one a line" }),
+      multiPick("Models", "pilot-models", state.models.map((m) => [m.name, m.name]), p && p.models, "The models the pilot tries. Ctrl or Cmd + click chooses several."),
+      h("fieldset", { class: "wide" }, h("legend", {}, "Tiers"), tiersBox, h("div", { class: "actions" }, addTier)),
+      // NOTE: offered once pilots are under the lifecycle (their reads then carry revisions).
+      pilotsRevised ? activationFields("pilot") : null,
+      h("div", { class: "actions" },
+        h("button", { type: "submit", id: "pilot-submit" }, p ? "Save pilot" : "Create pilot"),
+        button(p ? "Cancel" : "Clear", () => { editingPilot = null; rerender(); }, "secondary", { id: "pilot-cancel" })));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = {
+        name: d.name, members: peopleIds(d.members), models: [...form.querySelector("#pilot-models").selectedOptions].map((o) => o.value),
+        authoritative: d.authoritative, mode: d.mode, expires_at: d.expires_at ? isoFromLocal(d.expires_at) : null,
+        tiers: readTiers().filter((t) => t.name || t.amount_usd),
+      };
+      let out;
+      try {
+        const payload = withActivation(body, activationOf(form));
+        out = p ? await api("PUT", `/admin/pilots/${encodeURIComponent(p.id)}`, payload, editingPilot.etag ? { "if-match": editingPilot.etag } : {})
+          : await api("POST", "/admin/pilots", payload);
+      } catch (err) {
+        if (err.status === 401) return;
+        problemList(problemsBox, problemsOf(err), `The pilot was refused (${err.code}):`);
+        problemsBox.focus();
+        return;
+      }
+      toast(pendingChange(out) ? submittedText(out) : `Pilot ${d.name} ${p ? "saved" : "created"}.`);
+      editingPilot = null;
+      rerender();
+    });
+    return [form, problemsBox];
+  }
+
+  async function renderPilots() {
+    const [out] = await Promise.all([get("/admin/pilots"), loadRegistry()]);
+    const list = Array.isArray(out) ? out : (out && (out.pilots || out.items)) || [];
+    pilotsRevised = list.some((p) => p.saved_revision !== undefined);
+    const tiersText = (p) => ((p.tiers || []).length
+      ? h("ul", {}, p.tiers.map((t) => h("li", {}, `${t.name}: $${t.amount_usd} ${t.window}${(t.exceptions || []).length ? ` (except ${t.exceptions.map(userLabel).join(", ")})` : ""}`)))
+      : "None");
+    const rowActions = (p) => h("div", { class: "actions" },
+      button("Edit", async () => {
+        const got = await act(() => api("GET", `/admin/pilots/${encodeURIComponent(p.id)}`));
+        if (!got) return;
+        editingPilot = { entity: got.data, etag: got.headers.get("etag") };
+        await rerender();
+        document.getElementById("pilot-name").focus();
+      }, "secondary", { "aria-label": `Edit pilot ${p.name}` }),
+      button("Delete", async () => {
+        if (!confirmed(`Delete pilot ${p.name}? Rules naming it stop matching its members.`)) return;
+        if (await act(() => api("DELETE", `/admin/pilots/${encodeURIComponent(p.id)}`), `Pilot ${p.name} deleted.`)) {
+          if (editingPilot && editingPilot.entity.id === p.id) editingPilot = null;
+          rerender();
+        }
+      }, "danger", { "aria-label": `Delete pilot ${p.name}` }));
+    page("Pilots",
+      h("p", {}, "A pilot is a cohort of people trying models under its own terms until it expires; rules name it in population.pilots."),
+      table("Pilots", [
+        { key: "name", label: "Name" },
+        { key: "members", label: "Members", render: (p) => (p.members || []).map(userLabel).join(", ") || "No one" },
+        { key: "models", label: "Models", render: (p) => (p.models || []).join(", ") || "—" },
+        { key: "mode", label: "Mode", render: (p) => h("span", { class: `badge ${p.mode === "enforce" ? "ok" : "warn"}` }, p.mode) },
+        { key: "authoritative", label: "Authoritative", render: (p) => (p.authoritative ? "yes" : "no") },
+        { key: "expires_at", label: "Expires", render: (p) => (p.live === false
+          ? h("span", {}, h("span", { class: "badge bad" }, "expired"), ` ${when(p.expires_at)}`) : when(p.expires_at)) },
+        { key: "tiers", label: "Tiers", render: tiersText },
+        pilotsRevised ? { key: "revision", label: "Enforced", render: revisionCell } : null,
+        { key: "actions", label: "Actions", render: rowActions },
+      ].filter(Boolean), list, { id: "pilots-table", empty: "No pilots yet.", rowData: (p) => ({ pilotId: p.id, name: p.name, mode: p.mode }) }),
+      h("h2", { id: "pilot-form-title" }, editingPilot ? `Edit pilot ${editingPilot.entity.name}` : "Create a pilot"),
+      pilotForm());
+  }
+
+  // --- business units: their time zone, administrators and cap lock -------------------------
+
+  let editingUnit = null; // {entity, etag}
+
+  async function renderBusinessUnits() {
+    const [out, admins] = await Promise.all([get("/admin/business-units"), isPlatform() ? getOr("/admin/admins", []) : Promise.resolve([])]);
+    const list = Array.isArray(out) ? out : (out && (out.business_units || out.items)) || [];
+    const adminLabel = (id) => { const a = (admins || []).find((x) => x.id === id); return a ? a.email : id; };
+    const u = editingUnit ? editingUnit.entity : null;
+    const problemsBox = h("div", { id: "unit-problems", role: "alert", tabindex: "-1", hidden: true });
+    const form = h("form", { class: "grid panel", id: "unit-form", "aria-labelledby": "unit-form-title", novalidate: true },
+      field("Unit name", "name", { id: "unit-name", required: true, value: u && u.name, hint: "As users' business_unit names it" }),
+      field("Time zone", "timezone", { id: "unit-timezone", required: true, value: u ? u.timezone : browserTz, hint: "IANA name; local midnight is computed in it" }),
+      multiPick("Administrators", "unit-admins", (admins || []).filter((a) => !a.is_super).map((a) => [a.id, a.email]), u && u.admins,
+        "They manage this unit's people, rules and overrides (platform administrators are not listed). Ctrl or Cmd + click chooses several."),
+      field("Daily cap lock (USD)", "daily_cap_lock_usd", { id: "unit-cap-lock", inputmode: "decimal", value: u && u.daily_cap_lock_usd, hint: "Empty: none. The unit's administrators cannot raise a daily cap above it" }),
+      h("div", { class: "actions" },
+        h("button", { type: "submit", id: "unit-submit" }, u ? "Save business unit" : "Create business unit"),
+        u ? button("Cancel", () => { editingUnit = null; rerender(); }, "secondary", { id: "unit-cancel" }) : null));
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const d = formData(form);
+      const body = { name: d.name, timezone: d.timezone, admins: [...form.querySelector("#unit-admins").selectedOptions].map((o) => o.value),
+        daily_cap_lock_usd: d.daily_cap_lock_usd === "" ? null : d.daily_cap_lock_usd };
+      let saved;
+      try {
+        saved = u ? await api("PUT", `/admin/business-units/${encodeURIComponent(u.id)}`, body, editingUnit.etag ? { "if-match": editingUnit.etag } : {})
+          : await api("POST", "/admin/business-units", body);
+      } catch (err) {
+        if (err.status === 401) return;
+        problemList(problemsBox, problemsOf(err), `The business unit was refused (${err.code}):`);
+        problemsBox.focus();
+        return;
+      }
+      toast(pendingChange(saved) ? submittedText(saved) : `Business unit ${d.name} ${u ? "saved" : "created"}.`);
+      editingUnit = null;
+      rerender();
+    });
+    const rowActions = (x) => (isPlatform() ? button("Edit", async () => {
+      const got = await act(() => api("GET", `/admin/business-units/${encodeURIComponent(x.id)}`));
+      if (!got) return;
+      editingUnit = { entity: got.data, etag: got.headers.get("etag") };
+      await rerender();
+      document.getElementById("unit-name").focus();
+    }, "secondary", { "aria-label": `Edit business unit ${x.name}` }) : "—");
+    page("Business units",
+      h("p", {}, isPlatform()
+        ? "Each unit has a time zone and administrators who manage only its people, rules and overrides; what they relax waits for approval."
+        : "The units you administer."),
+      table("Business units", [
+        { key: "name", label: "Name" }, { key: "timezone", label: "Time zone" },
+        { key: "admins", label: "Administrators", render: (x) => (x.admins || []).map((a) => (typeof a === "string" ? adminLabel(a) : a.email || a.id)).join(", ") || "None" },
+        { key: "daily_cap_lock_usd", label: "Daily cap lock", num: true, render: (x) => (x.daily_cap_lock_usd === null || x.daily_cap_lock_usd === undefined ? "None" : `$${x.daily_cap_lock_usd}`) },
+        { key: "actions", label: "Actions", render: rowActions },
+      ], list, { id: "units-table", empty: "No business units yet.", rowData: (x) => ({ unitId: x.id, name: x.name }) }),
+      isPlatform() ? [h("h2", { id: "unit-form-title" }, u ? `Edit business unit ${u.name}` : "Create a business unit"), form, problemsBox] : null);
   }
 
   // --- start -------------------------------------------------------------------------------------
