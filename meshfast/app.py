@@ -855,6 +855,9 @@ class App:
         if isinstance(reply.body, Stream):
             await self._admin_stream(proto, reply.status, reply.body, reply.headers)
             return
+        if reply.status == 204:  # no content: no body, no content type
+            proto.response_bytes(204, [("cache-control", "no-store"), *_SECURITY_HEADERS, *reply.headers], b"")
+            return
         headers = [("content-type", JSON), ("cache-control", "no-store"), *_SECURITY_HEADERS, *reply.headers]
         proto.response_bytes(reply.status, headers, self.admin.encode(reply) + b"\n")
 

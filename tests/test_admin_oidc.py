@@ -546,6 +546,19 @@ def test_unconfigured_oidc_routes_answer_404(gateway: Gateway) -> None:
     for path in ("/admin/oidc/login", "/admin/oidc/callback?code=x&state=y"):
         response = gateway.client.get(path)
         assert (response.status_code, response.json()) == (404, {"error": "not_found"})
+    assert gateway.client.head("/admin/oidc/login").status_code == 404
+
+
+def test_asking_whether_single_sign_on_is_offered_stores_nothing_and_spends_no_attempt(
+        oidc_gateway: Gateway) -> None:
+    """HEAD /admin/oidc/login (the dashboard's login form asks it) answers 204 with no body, again
+    and again past the login throttle's burst, and stores no attempt."""
+    before = _query(oidc_gateway, "SELECT count(*) AS n FROM admin_oidc_attempts")[0]["n"]
+    for _ in range(12):
+        answer = oidc_gateway.client.head("/admin/oidc/login")
+        assert answer.status_code == 204 and answer.content == b"" and "location" not in answer.headers
+    assert _query(oidc_gateway, "SELECT count(*) AS n FROM admin_oidc_attempts")[0]["n"] == before
+    assert oidc_gateway.client.get("/admin/oidc/login").status_code == 302, "the throttle was not spent"
 
 
 def test_issuer_settings_are_checked_at_start(monkeypatch: pytest.MonkeyPatch) -> None:

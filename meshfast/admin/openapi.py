@@ -144,6 +144,8 @@ OPERATIONS: tuple[tuple[str, str, str, str | None, int], ...] = (
     ("PUT", "/admin/enforcement", "Set the global switch (rules only; per-user policies always enforce)",
      "EnforcementBody", 200),
     ("POST", "/admin/login", "Log in: session and CSRF cookies, the CSRF token in the body", "LoginBody", 200),
+    ("HEAD", "/admin/oidc/login", "Whether admins may sign in through an OIDC issuer: 204 when one is configured, "
+     "404 otherwise (nothing is stored and no login attempt is spent; the dashboard's login form asks)", None, 204),
     ("GET", "/admin/oidc/login", "Begin an admin login through the OIDC issuer (MESHFAST_OIDC_ISSUER): 302 to its "
      "authorization endpoint (authorization code with PKCE S256), a short-lived state cookie; no credentials; "
      "throttled per address as /admin/login (429 too_many_attempts); 404 not_found when no issuer is configured; "
@@ -357,6 +359,8 @@ def document() -> dict[str, Any]:
         }
         if (method, path) in GOVERNED:
             operation["responses"]["202"] = _PENDING
+        if status == 204:
+            operation["responses"]["204"] = {"description": "no content"}
         if path == "/admin/metrics":
             operation["responses"][str(status)] = {"description": "Prometheus text",
                                                    "content": {"text/plain": {"schema": {"type": "string"}}}}

@@ -98,6 +98,9 @@ class AdminPlane:
             oidc.OidcLogin(pool, oidc_settings, hash_token, self.auth, cookie_secure)
         add = self._add
         add("GET", r"/admin/oidc/login", self._oidc_login, public=True)
+        # Whether single sign-on is offered (the dashboard's login form asks): 204, or 404 when
+        # no issuer is configured; no attempt is stored and no login throttle token is spent.
+        add("HEAD", r"/admin/oidc/login", self._oidc_offered, public=True)
         add("GET", r"/admin/oidc/callback", self._oidc_callback, public=True)
         add("GET", r"/admin/me", self._me)
         add("POST", r"/admin/logout", self._logout)
@@ -214,11 +217,12 @@ class AdminPlane:
         ``read_body(limit)`` reads anything, so a request without valid credentials costs no body
         read; a login (a route without credentials) reads at most ``MAX_LOGIN_BODY_BYTES``, the
         OIDC routes no body at all. ``scheme``: the request's (http or https)."""
-        for route_method, pattern, handler in self._public:
-            if pattern.match(path):
-                if method != route_method:
-                    raise errors.MethodNotAllowed()
-                return await handler(ip, query, headers, scheme)
+        public = [(m, h) for m, pattern, h in self._public if pattern.match(path)]
+        if public:
+            handler = next((h for m, h in public if m == method), None)
+            if handler is None:
+                raise errors.MethodNotAllowed()
+            return await handler(ip, query, headers, scheme)
         if path.rstrip("/") == "/admin/login":
             if method != "POST":
                 raise errors.MethodNotAllowed()
@@ -295,6 +299,10 @@ class AdminPlane:
         if self._oidc is None:
             raise errors.NotFound()  # no issuer configured: the routes do not exist
         return self._oidc
+
+    async def _oidc_offered(self, ip: str, query: str | None, headers: Any, scheme: str) -> Reply:
+        self._oidc_or_404()
+        return Reply(204, None)
 
     async def _oidc_login(self, ip: str, query: str | None, headers: Any, scheme: str) -> Reply:
         return await self._oidc_or_404().begin(ip, headers.get("host"), scheme)

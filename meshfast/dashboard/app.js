@@ -347,13 +347,13 @@
     ssoConfigured().then((on) => { sso.hidden = !on; });
   }
 
-  // Single sign-on is offered when an OIDC issuer is configured: /admin/oidc/login then redirects
-  // to it (an opaque redirect here), and answers 404 when none is. Asked once per page load.
+  // Single sign-on is offered when an OIDC issuer is configured: HEAD /admin/oidc/login answers
+  // 204 then and 404 when none is, storing nothing (a GET would begin a login). Asked once per
+  // page load.
   let ssoProbe = null;
   function ssoConfigured() {
-    ssoProbe = ssoProbe || fetch("/admin/oidc/login", { method: "GET", redirect: "manual", credentials: "same-origin" })
-      // 302: configured; 404: not configured; 429 or 502 (throttled, issuer down): configured too.
-      .then((res) => res.type === "opaqueredirect" || [429, 502].includes(res.status), () => false);
+    ssoProbe = ssoProbe || fetch("/admin/oidc/login", { method: "HEAD", credentials: "same-origin" })
+      .then((res) => res.status === 204, () => false);
     return ssoProbe;
   }
 
