@@ -213,6 +213,21 @@ class Gateway:
         response = self.admin("POST", "/admin/access", {"user_id": user_id, "model_id": model_id})
         assert response.status_code == 200, response.text
 
+    def query(self, statement: str, *args: Any) -> list[dict[str, Any]]:
+        """One SQL statement against the gateway's database (as its owner), its rows as dicts."""
+        import asyncio
+
+        import asyncpg
+
+        async def run() -> list[dict[str, Any]]:
+            conn = await asyncpg.connect(self.database_url)
+            try:
+                return [dict(r) for r in await conn.fetch(statement, *args)]
+            finally:
+                await conn.close()
+
+        return asyncio.run(run())
+
 
 class WorkerConnections:
     """One keep-alive HTTP/1.1 connection pinned to each worker process.

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-import asyncpg
 import httpx
 import pytest
 from conftest import SESSION_ENV, Gateway, free_port, running_gateway
@@ -187,14 +186,7 @@ def _email() -> str:
 
 
 def _query(gw: Gateway, statement: str, *args: Any) -> list[dict[str, Any]]:
-    async def run() -> list[dict[str, Any]]:
-        conn = await asyncpg.connect(gw.database_url)
-        try:
-            return [dict(r) for r in await conn.fetch(statement, *args)]
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
+    return gw.query(statement, *args)
 
 
 def _begin(client: httpx.Client) -> httpx.Response:

@@ -215,14 +215,7 @@ def gw() -> Iterator[Gateway]:
 
 
 def _sql(gw: Gateway, statement: str, *args: Any) -> list[Json]:
-    async def run() -> list[Json]:
-        conn = await asyncpg.connect(gw.database_url)
-        try:
-            return [dict(r) for r in await conn.fetch(statement, *args)]
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
+    return gw.query(statement, *args)
 
 
 def _unit(gw: Gateway, timezone: str = "UTC", lock_usd: str = "100") -> str:
@@ -553,6 +546,15 @@ def test_unscoped_writes_apply_at_once_and_activate_at_is_checked(gw: Gateway, t
     later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat().replace("+00:00", "Z")
     deleting = gw.admin("DELETE", f"/admin/rules/{rule['id']}?activate_at={later}")
     assert deleting.status_code == 200 and deleting.json()["status"] == "scheduled", deleting.text
+    # A newer write supersedes a revision still waiting: the schedule never lands on top of it.
+    assert gw.admin("GET", f"/admin/rules/{rule['id']}").json()["scheduled"] is not None
+    now = _put_rule(gw, gw.admin_token, rule, mode="enforce")
+    assert now.status_code == 200, now.text
+    read = gw.admin("GET", f"/admin/rules/{rule['id']}").json()
+    assert read.get("scheduled") is None and read["saved_revision"] == read["enforced_revision"] == 4
+    statuses = {r["revision"]: r["status"] for r in _sql(
+        gw, "SELECT revision, status FROM control_revisions WHERE kind = 'rule' AND target = $1", rule["id"])}
+    assert statuses[3] == "superseded" and statuses[4] == "enforced", statuses
 
     future = _block_rule(unit, model)
     created = _as(gw, admin, "POST", "/admin/rules", {**future, "activate_at": "local-midnight"})

@@ -563,14 +563,7 @@ def test_a_demoted_admins_platform_token_loses_platform_rights(gateway: Gateway)
     token = Caller(gateway, token=made.json()["token"])
     assert token("GET", "/admin/me").json()["is_super_admin"] is True
 
-    async def demote() -> None:
-        conn = await asyncpg.connect(gateway.database_url)
-        try:
-            await conn.execute("UPDATE admins SET is_super = false WHERE id = $1::uuid", admin["id"])
-        finally:
-            await conn.close()
-
-    asyncio.run(demote())
+    gateway.query("UPDATE admins SET is_super = false WHERE id = $1::uuid", admin["id"])
     assert token("GET", "/admin/me").json()["is_super_admin"] is False
     assert token("POST", "/admin/business-units", {"name": f"u-{_tag()}", "timezone": "UTC"}).status_code == 403
 

@@ -520,6 +520,17 @@ def test_pilots_are_created_edited_and_deleted_with_the_servers_errors_listed(
     assert stored["authoritative"] is True
     tab.screenshot("lifecycle-pilots")
 
+    # A pilot is a control like a rule: an edit saved for later reads as scheduled, not live.
+    row.get_by_role("button", name=f"Edit pilot {name}").click()
+    expect(page.locator("#pilot-form-title")).to_have_text(f"Edit pilot {name}")
+    page.get_by_label("Members", exact=True).fill(alice["email"])
+    page.locator("#pilot-activate-kind").select_option("local-midnight")
+    page.get_by_role("button", name="Save pilot").click()
+    cell = row.locator("td[data-col='revision']")
+    expect(cell.locator("[data-revision-state]")).to_have_attribute("data-revision-state", "scheduled")
+    stored = next(p for p in _pilots(gateway) if p["name"] == name)
+    assert stored["saved_revision"] != stored["enforced_revision"] and len(stored["members"]) == 2
+
     row.get_by_role("button", name=f"Delete pilot {name}").click()
     expect(row).to_have_count(0)
     assert name not in {p["name"] for p in _pilots(gateway)}

@@ -5,12 +5,10 @@ over the pilot's models together; the pilot's own shadow mode; expiry; and rules
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 import pytest
 from conftest import SESSION_ENV, EmulatedProviders, Gateway, running_gateway, until
 from conftest import tag as _tag
@@ -46,15 +44,8 @@ def _pilot(gw: Gateway, **fields: Any) -> Json:
 
 
 def _would_deny(gw: Gateway, person: Json) -> list[str | None]:
-    async def run() -> list[str | None]:
-        conn = await asyncpg.connect(gw.database_url)
-        try:
-            return [r[0] for r in await conn.fetch(
-                "SELECT would_deny FROM request_logs WHERE user_id = $1::uuid ORDER BY created_at", person["id"])]
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
+    return [r["would_deny"] for r in gw.query(
+        "SELECT would_deny FROM request_logs WHERE user_id = $1::uuid ORDER BY created_at", person["id"])]
 
 
 # --- CRUD and validation -----------------------------------------------------------------------------

@@ -289,6 +289,9 @@ class Lifecycle:
 
     async def _accept(self, conn: asyncpg.Connection, kind: ControlKind, target: str, action: str, body: Any,
                       when: dt.datetime | None, change_id: uuid.UUID | None, by: str) -> int:
+        """Stores a revision, enforced now or scheduled for ``when``; a revision still waiting is
+        superseded by it (the newest saved revision is the one that goes live)."""
+        await conn.execute(changes_sql.SUPERSEDE_SCHEDULED, kind.name, target)
         if when is None:
             await kind.apply(conn, target, action, body)
             await conn.execute(changes_sql.SUPERSEDE_ENFORCED, kind.name, target)

@@ -2691,7 +2691,6 @@
   // --- pilots: cohorts of people trying models, usable in rules as population.pilots ----------
 
   let editingPilot = null; // {entity, etag}
-  let pilotsRevised = false; // the pilots API reports saved and enforced revisions (and takes activate_at)
   const PILOT_MODES = ["enforce", "shadow", "inherit"];
 
   function pilotTierRow(t, i) {
@@ -2739,7 +2738,7 @@
       multiPick("Models", "pilot-models", state.models.map((m) => [m.name, m.name]), p && p.models, "The models the pilot tries. Ctrl or Cmd + click chooses several."),
       h("fieldset", { class: "wide" }, h("legend", {}, "Tiers"), tiersBox, h("div", { class: "actions" }, addTier)),
       // NOTE: offered once pilots are under the lifecycle (their reads then carry revisions).
-      pilotsRevised ? activationFields("pilot") : null,
+      activationFields("pilot"),
       h("div", { class: "actions" },
         h("button", { type: "submit", id: "pilot-submit" }, p ? "Save pilot" : "Create pilot"),
         button(p ? "Cancel" : "Clear", () => { editingPilot = null; rerender(); }, "secondary", { id: "pilot-cancel" })));
@@ -2772,7 +2771,6 @@
   async function renderPilots() {
     const [out] = await Promise.all([get("/admin/pilots"), loadRegistry()]);
     const list = Array.isArray(out) ? out : (out && (out.pilots || out.items)) || [];
-    pilotsRevised = list.some((p) => p.saved_revision !== undefined);
     const tiersText = (p) => ((p.tiers || []).length
       ? h("ul", {}, p.tiers.map((t) => h("li", {}, `${t.name}: $${t.amount_usd} ${t.window}${(t.exceptions || []).length ? ` (except ${t.exceptions.map(userLabel).join(", ")})` : ""}`)))
       : "None");
@@ -2802,7 +2800,7 @@
         { key: "expires_at", label: "Expires", render: (p) => (p.live === false
           ? h("span", {}, h("span", { class: "badge bad" }, "expired"), ` ${when(p.expires_at)}`) : when(p.expires_at)) },
         { key: "tiers", label: "Tiers", render: tiersText },
-        pilotsRevised ? { key: "revision", label: "Enforced", render: revisionCell } : null,
+        { key: "revision", label: "Enforced", render: revisionCell },
         { key: "actions", label: "Actions", render: rowActions },
       ].filter(Boolean), list, { id: "pilots-table", empty: "No pilots yet.", rowData: (p) => ({ pilotId: p.id, name: p.name, mode: p.mode }) }),
       h("h2", { id: "pilot-form-title" }, editingPilot ? `Edit pilot ${editingPilot.entity.name}` : "Create a pilot"),

@@ -76,6 +76,11 @@ INSERT INTO control_revisions (kind, target, revision, action, body, status, act
     enforced_at)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, CASE WHEN $6 = 'enforced' THEN now() END)
 """
+# Revisions still waiting for their time when a newer one is accepted: superseded (the newest
+# saved revision is the intent; an older schedule never lands on top of it).
+SUPERSEDE_SCHEDULED = """
+UPDATE control_revisions SET status = 'superseded' WHERE kind = $1 AND target = $2 AND status = 'scheduled'
+"""
 # The enforced revision before a new one is enforced: superseded.
 SUPERSEDE_ENFORCED = """
 UPDATE control_revisions SET status = 'superseded' WHERE kind = $1 AND target = $2 AND status = 'enforced'
