@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import SESSION_ENV, EmulatedProviders, Gateway, running_gateway, until
-from test_approvals import _as, _audit_rows, _sql, _token, _unit
+from test_approvals import _as, _audit_rows, _sql, _token, _unit, _user
 from test_onboarding import CALL_USD, model, proxy, rfc3339
 from test_registry import _apply
 
@@ -140,16 +140,6 @@ def test_pilots_are_a_registered_control_kind() -> None:
 def gw() -> Iterator[Gateway]:
     with running_gateway(2, env=ENV) as gateway:
         yield gateway
-
-
-def _user(gw: Gateway, unit: str | None) -> Json:
-    email = f"plc-{time.time_ns()}@example.com"
-    body: Json = {"email": email, "display_name": email.split("@")[0]}
-    if unit is not None:
-        body["business_unit"] = unit
-    response = gw.admin("POST", "/admin/users", body)
-    assert response.status_code == 201, response.text
-    return response.json()
 
 
 def _chat_statuses(gw: Gateway, person: Json, m: Json, n: int = 6) -> set[int]:
