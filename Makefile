@@ -44,6 +44,10 @@ run: setup ## set up and run the gateway on $(PORT) with $(WORKERS) workers
 test: setup ## set up and run every test: Rust unit tests, Python tests, benchmark gates
 	cargo test --release --locked -p meshfast-core
 	PYTHONSAFEPATH=1 $(BIN)/python -m mypy.stubtest meshfast._core
+	@# The fuzz targets' sanitizer build, niced, beside the Python tests (which mostly wait on
+	@# sockets and subprocesses); fuzz-quick below runs them once it is done (cargo's build lock).
+	@mkdir -p target; if cargo +nightly --version >/dev/null 2>&1; then \
+		(nice -n 19 $(MAKE) --no-print-directory fuzz-build > target/fuzz-build.log 2>&1 &) ; fi
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q --durations=30 tests
 	PYTHONSAFEPATH=1 $(BIN)/python -m pytest -q tests/bench --benchmark-only --benchmark-disable-gc
 	$(MAKE) instructions
@@ -87,12 +91,18 @@ FLOOR_ARGS = --workers $(WORKERS) $(if $(QUICK),--quick) $(if $(LOOP),--loop $(L
 bench-forwarder: ## build the compiled forwarder (bench/forwarder-rs: hyper, pooled client), the floor of bench-floor
 	cargo build --locked --release --manifest-path bench/forwarder-rs/Cargo.toml --target-dir target/bench-forwarder
 
+.PHONY: bench-offloop
+bench-offloop: $(BIN)/python ## build the off-loop upstream client (bench/offloop-rs, PyO3 + hyper) of bench-floor's rs-offloop target
+	PYO3_PYTHON=$(CURDIR)/$(BIN)/python cargo build --locked --release --manifest-path bench/offloop-rs/Cargo.toml --target-dir target/bench-offloop
+	mkdir -p target/bench-offloop/py && cp target/bench-offloop/release/liboffloop_rs.so target/bench-offloop/py/.tmp.so \
+		&& mv target/bench-offloop/py/.tmp.so target/bench-offloop/py/offloop_rs.abi3.so
+
 .PHONY: bench-loops
 bench-loops: $(BIN)/python ## rloop into target/bench-loops for bench-floor --loop rloop (not a dependency; uvloop is one)
 	$(BIN)/pip install -q --target target/bench-loops $(BENCH_LOOPS)
 
 .PHONY: bench-floor
-bench-floor: setup bench-forwarder ## side by side on nginx: direct, compiled/Python forwarders, hello, meshfast (QUICK=1 LOOP= TASK_IMPL= RUNTIME_MODE=)
+bench-floor: setup bench-forwarder bench-offloop ## side by side on nginx: direct, compiled/Python forwarders, hello, meshfast (QUICK=1 LOOP= TASK_IMPL= RUNTIME_MODE=)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	@command -v nginx >/dev/null || { echo "nginx missing: apt-get install -y nginx"; exit 1; }
 	$(if $(filter rloop,$(LOOP)),$(MAKE) --no-print-directory bench-loops)
@@ -153,6 +163,10 @@ build-bench: $(BIN)/python ## build the core with the fat-LTO bench profile for 
 WHEEL_TARGETS ?= x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu
 WHEEL_TOOLS = ziglang==0.17.1 auditwheel==6.8.2 twine==7.0.0
 
+.PHONY: print-wheel-tools
+print-wheel-tools:
+	@echo $(WHEEL_TOOLS)
+
 .PHONY: wheel
 wheel: $(BIN)/python ## dist/: an abi3 manylinux_2_28 wheel per WHEEL_TARGETS (x86_64, aarch64; maturin + zig) and the sdist, checked by auditwheel and twine
 	$(BIN)/pip install -q $(WHEEL_TOOLS)
@@ -169,6 +183,10 @@ wheel: $(BIN)/python ## dist/: an abi3 manylinux_2_28 wheel per WHEEL_TARGETS (x
 .PHONY: wheel-smoke
 wheel-smoke: ## the x86_64 wheel (built here) in a clean virtualenv outside the repository: install, serve the demo, one call (CI)
 	$(MAKE) --no-print-directory wheel WHEEL_TARGETS=x86_64-unknown-linux-gnu
+	$(MAKE) --no-print-directory wheel-smoke-built
+
+.PHONY: wheel-smoke-built
+wheel-smoke-built: ## wheel-smoke on the x86_64 wheel already in dist/ (CI builds it beside the tests)
 	$(BIN)/python server/wheel_smoke.py dist/meshfast-*-manylinux_2_28_x86_64.whl
 
 .PHONY: lint
@@ -196,12 +214,12 @@ soak: ## a million mixed requests, worker RSS sampled every second: the leak rat
 	$(BIN)/python bench/soak.py --requests 1000000 --workers $(WORKERS)
 
 .PHONY: paper
-paper: setup bench-forwarder ## every paper scenario (~28 min on 2 cores), figures, paper/meshfast.pdf (needs wrk, node, npm)
+paper: setup bench-forwarder bench-offloop ## every paper scenario (~28 min on 2 cores), figures, paper/meshfast.pdf (needs wrk, node, npm)
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python bench/paper.py --workers $(WORKERS)
 
 .PHONY: paper-quick
-paper-quick: bench-forwarder ## the paper pipeline shortened (~5 min); outputs in bench/results/tmp/paper-quick/
+paper-quick: bench-forwarder bench-offloop ## the paper pipeline shortened (~5 min); outputs in bench/results/tmp/paper-quick/
 	@command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 	$(BIN)/python bench/paper.py --quick --workers $(WORKERS) --run-dir bench/results/tmp/paper-quick
 
@@ -218,6 +236,12 @@ fuzz: ## libFuzzer on the core's parsers (nightly + cargo-fuzz), FUZZ_SECONDS ea
 	@command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 	cd core && for t in $(FUZZ_TARGETS); do \
 		cargo +nightly fuzz run -O $$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; done
+
+.PHONY: fuzz-build
+fuzz-build: ## build the fuzz targets (nightly, address sanitizer, as `fuzz` runs them) without running them
+	@cargo +nightly --version >/dev/null 2>&1 || { echo "fuzz-build: needs a nightly toolchain"; exit 1; }
+	@command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+	cd core && cargo +nightly fuzz build -O
 
 .PHONY: fuzz-admin
 fuzz-admin: ## schemathesis on the admin API, FUZZ_EXAMPLES per operation (default 300; CI runs 15); FUZZ_SEED repeats a run

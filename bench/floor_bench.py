@@ -10,6 +10,12 @@ targets, each with `--workers` workers:
   `--workers` Tokio threads), path and body streamed through;
 - `py-aiohttp`: the bare Python forwarder (`bench/forwarder_app.py`: Granian RSGI + aiohttp);
 - `py-native`: the same forwarder on meshfast's own upstream client (`meshfast.http1`);
+- `py-offloop`: the same forwarder with the upstream exchange off the event loop (a thread per
+  exchange, blocking keep-alive sockets, one hand-off back to the loop per answer): what moving the
+  upstream I/O into a runtime of its own buys a Python-served request, measured rather than assumed;
+- `rs-offloop`: the same, compiled (`bench/offloop-rs`: hyper on a Tokio runtime of its own, finished
+  answers handed back through one descriptor the loop watches, no GIL taken off the loop): the shape
+  of the upstream exchange in the core's own runtime, one hand-off per response;
   (the three forwarders stream the upstream's bytes back unparsed);
 - `hello`: Granian hello world (`bench/hello_app.py`, no upstream call);
 - `meshfast-chat`: meshfast `POST /v1/chat/completions`, not streamed (the upstream stream aggregated
@@ -71,6 +77,7 @@ from bench.harness import BenchError, Server
 RESULTS_DIR = ROOT / "bench" / "results"
 FORWARDER_RS = ROOT / "target" / "bench-forwarder" / "release" / "forwarder-rs"
 LOOPS_DIR = ROOT / "target" / "bench-loops"
+OFFLOOP_DIR = ROOT / "target" / "bench-offloop" / "py"  # `make bench-offloop`
 READY_TIMEOUT_S = 30.0
 
 UPSTREAM_KEY = "floor-key"
@@ -104,7 +111,8 @@ GOAL_RPS_OVER_PY = 1.5
 GOAL_RPS_OVER_COMPILED = 0.5
 GOAL_CPU_US = 70.0
 
-TARGETS = ("direct", "compiled", "py-aiohttp", "py-native", "hello", "meshfast-chat", "meshfast-proxy")
+TARGETS = ("direct", "compiled", "py-aiohttp", "py-native", "py-offloop", "rs-offloop", "hello", "meshfast-chat",
+           "meshfast-proxy")
 MESHFAST_TARGETS = ("meshfast-chat", "meshfast-proxy")
 
 NOTE = (
@@ -189,8 +197,8 @@ def start_stack(args, work_dir: Path) -> FloorStack:
     st = FloorStack()
     env = server_env(args)
     py = sys.executable
-    ports = {name: harness.free_port() for name in ("upstream", "compiled", "py-aiohttp", "py-native", "hello",
-                                                    "meshfast")}
+    ports = {name: harness.free_port() for name in ("upstream", "compiled", "py-aiohttp", "py-native", "py-offloop",
+                                                    "rs-offloop", "hello", "meshfast")}
     st.urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     upstream = st.urls["upstream"]
     conf = work_dir / "nginx.conf"
@@ -202,9 +210,13 @@ def start_stack(args, work_dir: Path) -> FloorStack:
     granian = [py, "-m", "granian", "--interface", "rsgi", "--workers", str(args.workers), "--host", "127.0.0.1",
                *granian_flags(args)]
     fw_env = dict(env, FORWARDER_UPSTREAM=f"{upstream}/sse/v1/chat/completions", FORWARDER_API_KEY=UPSTREAM_KEY)
-    for name, client in (("py-aiohttp", "aiohttp"), ("py-native", "native")):
+    for name, client in (("py-aiohttp", "aiohttp"), ("py-native", "native"), ("py-offloop", "thread"),
+                         ("rs-offloop", "rs")):
+        client_env = dict(fw_env, FORWARDER_CLIENT=client)
+        if client == "rs":
+            client_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(OFFLOOP_DIR), env.get("PYTHONPATH")) if p)
         st.extra[name] = Server(name, [*granian, "--port", str(ports[name]), "bench.forwarder_app:app"],
-                                dict(fw_env, FORWARDER_CLIENT=client), work_dir / f"{name}.log")
+                                client_env, work_dir / f"{name}.log")
     st.extra["hello"] = Server("hello", [*granian, "--port", str(ports["hello"]), "bench.hello_app:app"], env,
                                work_dir / "hello.log")
     if not args.no_meshfast:
@@ -331,6 +343,10 @@ def build_targets(st: FloorStack) -> dict[str, loadgen.Target]:
                            pb.PROXY_BODY, SSE_END),
         "py-native": post("py-native", f"{st.urls['py-native']}/v1/proxy?model=b-anthropic", json_ct,
                           pb.PROXY_BODY, SSE_END),
+        "py-offloop": post("py-offloop", f"{st.urls['py-offloop']}/v1/proxy?model=b-anthropic", json_ct,
+                           pb.PROXY_BODY, SSE_END),
+        "rs-offloop": post("rs-offloop", f"{st.urls['rs-offloop']}/v1/proxy?model=b-anthropic", json_ct,
+                           pb.PROXY_BODY, SSE_END),
         "hello": post("hello", f"{st.urls['hello']}/v1/proxy?model=hello", json_ct, pb.PROXY_BODY,
                       b"message_stop"),
         "meshfast-chat": post("meshfast-chat", f"{st.meshfast_url}/v1/chat/completions", auth,
@@ -523,7 +539,8 @@ def runtime_label(doc: dict) -> str:
 
 def print_compare(paths: list[Path]) -> None:
     """One line per run (`make bench-runtimes`): meshfast and the baselines under each runtime."""
-    cols = ("py-aiohttp", "py-native", "hello", "meshfast-chat", "meshfast-proxy")
+    cols = ("py-aiohttp", "py-native", "py-offloop", "rs-offloop", "hello", "meshfast-chat",
+           "meshfast-proxy")
     print("added p50 / p99 at one connection (us), req/s at wrk -c64, worker CPU per call (us); "
           "other% = busiest wrk phase's CPU share used outside the bench")
     print(f"{'runtime':<24}{'other%':>7}  " + "".join(f"{c:>26}" for c in cols) + f"{'compiled':>22}")
@@ -608,6 +625,8 @@ def check_tools(args) -> list[str]:
     missing = [f"{tool} missing: apt-get install -y {tool}" for tool in ("wrk", "nginx") if not shutil.which(tool)]
     if not args.forwarder_rs.exists():
         missing.append(f"{args.forwarder_rs} missing: make bench-forwarder")
+    if not (OFFLOOP_DIR / "offloop_rs.abi3.so").exists():
+        missing.append(f"{OFFLOOP_DIR / 'offloop_rs.abi3.so'} missing: make bench-offloop")
     if args.loop in ("uvloop", "rloop") and not _loop_version(args.loop):
         missing.append(f"{args.loop} missing in {LOOPS_DIR}: make bench-loops")
     return missing

@@ -33,10 +33,13 @@ from _common import COLORS, load, missing, save, update_summary  # noqa: E402
 
 floor = load("floor")
 rows = (floor or {}).get("summary") or {}
-TARGETS = ["compiled", "py-aiohttp", "py-native", "hello", "meshfast-chat", "meshfast-proxy"]
-LABELS = {"compiled": "compiled", "py-aiohttp": "py+aiohttp", "py-native": "py+own client", "hello": "hello",
+TARGETS = ["compiled", "py-aiohttp", "py-native", "py-offloop", "rs-offloop", "hello", "meshfast-chat",
+           "meshfast-proxy"]
+LABELS = {"compiled": "compiled", "py-aiohttp": "py+aiohttp", "py-native": "py+own client",
+          "py-offloop": "py+threads I/O", "rs-offloop": "py+compiled I/O", "hello": "hello",
           "meshfast-chat": "meshfast chat", "meshfast-proxy": "meshfast proxy"}
 TINT = {"compiled": "#59a14f", "py-aiohttp": COLORS["forwarder"], "py-native": COLORS["forwarder-native"],
+        "py-offloop": "#b07aa1", "rs-offloop": "#ff9da7",
         "hello": COLORS["hello"], "meshfast-chat": COLORS["meshfast"], "meshfast-proxy": "#a0cbe8"}
 present = [t for t in TARGETS if t in rows]
 fig, axes = plt.subplots(1, 3, figsize=(8.4, 3.0))
