@@ -1,5 +1,5 @@
 """SQL the app runs, as named constants with ``$n`` parameters. Each constant is the text PostgreSQL
-receives, spacing included (``noqa: W291``: a line of the statement ends in a space)."""
+receives: constant text, its columns written out."""
 
 # --- configuration propagation -------------------------------------------------------------
 
@@ -147,27 +147,28 @@ WHERE user_id = $1 AND status = 'active' AND name IS NULL
 INSERT_NAMED_KEY = """
 INSERT INTO mesh_api_keys AS k (user_id, key_hash, key_prefix, name, expires_at, models)
 VALUES ($1, $2, $3, $4, $5, $6::uuid[])
-RETURNING 
+RETURNING
 k.id, k.user_id, k.name, k.key_prefix, k.status, k.expires_at, k.models::text[] AS models, k.replaced_by,
 k.created_at, k.revoked_at
-
-"""  # noqa: W291
+"""
 LIST_USER_KEYS = """
-SELECT 
+SELECT
 k.id, k.user_id, k.name, k.key_prefix, k.status, k.expires_at, k.models::text[] AS models, k.replaced_by,
 k.created_at, k.revoked_at
- FROM mesh_api_keys k WHERE k.user_id = $1 ORDER BY k.created_at DESC, k.id
-"""  # noqa: W291
+FROM mesh_api_keys k WHERE k.user_id = $1 ORDER BY k.created_at DESC, k.id
+"""
 # A person's row held while their keys change (NO KEY UPDATE: inserts that reference the person,
 # such as spend checkpoints, are not held up by it).
 LOCK_USER = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
 # The same, of a principal of one kind ($2: 'user' or 'application').
 LOCK_PRINCIPAL = "SELECT id FROM users WHERE id = $1 AND kind = $2 FOR NO KEY UPDATE"
 KEY_OWNER = "SELECT user_id FROM mesh_api_keys WHERE id = $1"
-KEY_FOR_UPDATE = """SELECT 
+KEY_FOR_UPDATE = """
+SELECT
 k.id, k.user_id, k.name, k.key_prefix, k.status, k.expires_at, k.models::text[] AS models, k.replaced_by,
 k.created_at, k.revoked_at
- FROM mesh_api_keys k WHERE k.id = $1 FOR UPDATE"""  # noqa: W291
+FROM mesh_api_keys k WHERE k.id = $1 FOR UPDATE
+"""
 # A key rotated away from: replaced now; it works for the overlap (never past its own expiry),
 # or stops at once without one.
 RETIRE_KEY = """
@@ -223,11 +224,10 @@ UPDATE mesh_api_keys SET expires_at = $2
 WHERE user_id = $1 AND status = 'active' AND name IS NULL AND replaced_by IS NULL RETURNING id
 """
 LIST_USERS = """
-SELECT 
+SELECT
 u.id, u.email, u.display_name, u.manager_id, mgr.email AS manager_email, u.business_unit, u.tier, u.status,
 u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status,
 k.expires_at AS key_expires_at
-
 FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
@@ -236,13 +236,12 @@ LEFT JOIN LATERAL (
 ) k ON true
 WHERE u.kind = 'user'
 ORDER BY u.created_at DESC
-"""  # noqa: W291
+"""
 GET_USER = """
-SELECT 
+SELECT
 u.id, u.email, u.display_name, u.manager_id, mgr.email AS manager_email, u.business_unit, u.tier, u.status,
 u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status,
 k.expires_at AS key_expires_at
-
 FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
@@ -250,7 +249,7 @@ LEFT JOIN LATERAL (
     WHERE user_id = u.id AND name IS NULL ORDER BY (status = 'active') DESC, created_at DESC LIMIT 1
 ) k ON true
 WHERE u.id = $1 AND u.kind = 'user'
-"""  # noqa: W291
+"""
 
 # --- providers and models --------------------------------------------------------------------
 
@@ -259,22 +258,25 @@ INSERT INTO providers (id, name, family, base_url, encrypted_api_key, key_nonce,
     max_outbound_rps, max_concurrent_upstream, max_calls_per_hour, retry_enabled, max_retries,
     retry_backoff_ms, log_requests, supports_web_search, settings)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16::jsonb)
-RETURNING 
+RETURNING
 id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
 retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
 created_at, updated_at
-
-"""  # noqa: W291
-LIST_PROVIDERS = """SELECT 
+"""
+LIST_PROVIDERS = """
+SELECT
 id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
 retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
 created_at, updated_at
- FROM providers ORDER BY created_at DESC"""  # noqa: W291
-GET_PROVIDER = """SELECT 
+FROM providers ORDER BY created_at DESC
+"""
+GET_PROVIDER = """
+SELECT
 id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
 retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
 created_at, updated_at
- FROM providers WHERE id = $1"""  # noqa: W291
+FROM providers WHERE id = $1
+"""
 PROVIDER_FOR_SNAPSHOT = """
 SELECT id, name, family, base_url, encrypted_api_key, key_nonce, local, max_outbound_rps,
        max_concurrent_upstream, max_calls_per_hour, retry_enabled, max_retries, retry_backoff_ms,
@@ -298,7 +300,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, $15,
 RETURNING id
 """
 LIST_MODELS = """
-SELECT 
+SELECT
 m.id, m.provider_id, p.name AS provider_name, m.name, m.resolved_model, m.kind, m.status, m.blocked,
 m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_per_1k_tokens,
 m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
@@ -307,9 +309,10 @@ m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio
 m.supports_video_in, m.supports_web_search, m.output_media_type, m.cache_shaping, m.cache_ttl, m.restrictions,
 m.roster, m.limited_window, m.limited_amount_usd, m.limited_expires_at,
 m.version, m.created_at, m.updated_at
- FROM models m JOIN providers p ON p.id = m.provider_id ORDER BY m.created_at DESC
-"""  # noqa: W291
-GET_MODEL = """SELECT 
+FROM models m JOIN providers p ON p.id = m.provider_id ORDER BY m.created_at DESC
+"""
+GET_MODEL = """
+SELECT
 m.id, m.provider_id, p.name AS provider_name, m.name, m.resolved_model, m.kind, m.status, m.blocked,
 m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_per_1k_tokens,
 m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
@@ -318,7 +321,8 @@ m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio
 m.supports_video_in, m.supports_web_search, m.output_media_type, m.cache_shaping, m.cache_ttl, m.restrictions,
 m.roster, m.limited_window, m.limited_amount_usd, m.limited_expires_at,
 m.version, m.created_at, m.updated_at
- FROM models m JOIN providers p ON p.id = m.provider_id WHERE m.id = $1"""  # noqa: W291
+FROM models m JOIN providers p ON p.id = m.provider_id WHERE m.id = $1
+"""
 DELETE_MODEL = "DELETE FROM models WHERE id = $1 RETURNING id"
 MODEL_ID_BY_NAME = "SELECT id FROM models WHERE name = $1"
 UPDATE_MODEL = """
@@ -343,12 +347,11 @@ UPDATE providers SET family = $2, base_url = $3, encrypted_api_key = $4, key_non
     max_retries = $11, retry_backoff_ms = $12, log_requests = $13, supports_web_search = $14,
     settings = $15::jsonb, version = version + 1, updated_at = now()
 WHERE id = $1
-RETURNING 
+RETURNING
 id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
 retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
 created_at, updated_at
-
-"""  # noqa: W291
+"""
 
 INSERT_DEPLOYMENT = """
 INSERT INTO model_deployments (model_id, provider_id, resolved_model, region, priority)
@@ -363,26 +366,26 @@ ON CONFLICT (model_id, provider_id, resolved_model) DO UPDATE SET
 RETURNING id
 """
 GET_DEPLOYMENT = """
-SELECT 
+SELECT
 d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
 d.created_at
- FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+FROM model_deployments d JOIN providers p ON p.id = d.provider_id
 WHERE d.id = $1
-"""  # noqa: W291
+"""
 LIST_DEPLOYMENTS = """
-SELECT 
+SELECT
 d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
 d.created_at
- FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+FROM model_deployments d JOIN providers p ON p.id = d.provider_id
 WHERE d.model_id = $1 ORDER BY d.priority, d.created_at, d.id
-"""  # noqa: W291
+"""
 LIST_ALL_DEPLOYMENTS = """
-SELECT 
+SELECT
 d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
 d.created_at
- FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+FROM model_deployments d JOIN providers p ON p.id = d.provider_id
 ORDER BY d.model_id, d.priority, d.created_at, d.id
-"""  # noqa: W291
+"""
 DELETE_DEPLOYMENT = "DELETE FROM model_deployments WHERE id = $1 AND model_id = $2 RETURNING id"
 DELETE_OTHER_DEPLOYMENTS = "DELETE FROM model_deployments WHERE model_id = $1 AND NOT (id = ANY($2::uuid[]))"
 PROVIDER_EXISTS = "SELECT 1 FROM providers WHERE id = $1"
