@@ -745,14 +745,21 @@ class App:
             self._in_flight.discard(task)
 
     async def _websocket(self, scope: Any, proto: Any) -> None:
-        """``GET /v1/realtime`` (meshfast.realtime); any other WebSocket is a 404."""
-        if scope.path != "/v1/realtime" or self.data is None:
+        """A WebSocket upgrade: the route table's websocket rows (below the class); a path with
+        none is a 404."""
+        methods = _WEBSOCKET.get(scope.path)
+        endpoint = None if methods is None else methods.get(scope.method) or methods.get(ANY)
+        if endpoint is None or self.data is None:
             proto.close(404)
             return
         if self._draining or self._busy():
             # NOTE: a new session goes to another worker or instance.
             proto.close(503)
             return
+        await endpoint.handler(self, scope, proto, scope.path, scope.method)
+
+    async def _realtime(self, scope: Any, proto: Any, path: str, method: str) -> None:
+        """``GET /v1/realtime`` (meshfast.realtime)."""
         try:
             await realtime.serve(self.data, scope, proto, self._sessions)
         except Exception:
@@ -954,22 +961,26 @@ class App:
 
 # --- the route table --------------------------------------------------------------------------
 #
-# Every HTTP route of the edge, one row each: (method, path) for an exact path, (method, matcher)
-# for a path pattern. ANY answers every method (the handler answers 405 itself where it has to).
-# Exact rows are looked up first (one dict lookup), then the patterns in order; an exact row for
-# one method does not hide a pattern for another (``POST /admin/openapi.json`` is the admin
-# plane's). Nothing matched is a 404.
+# Every route of the edge, one row each: (method, path) for an exact path, (method, matcher) for a
+# path pattern. ANY answers every method (the handler answers 405 itself where it has to). Exact
+# rows are looked up first (one dict lookup), then the patterns in order; an exact row for one
+# method does not hide a pattern for another (``POST /admin/openapi.json`` is the admin plane's).
+# Nothing matched is a 404.
 #
 # A route's kind decides what happens before its handler, in this order:
-#   "data"   a data-plane POST (DataPlane.handle, in the row's wire format): it authenticates and
-#            checks the worker's request limit itself, after the key, so a bad key is always a 401
-#            and costs no slot;
-#   "edge"   everything else, and a path matched by no row: a quick 503 server_busy past the
-#            request limit, else the handler;
-#   "probe"  answered even past the limit (health checks).
+#   "data"       a data-plane POST (DataPlane.handle, in the row's wire format): it authenticates
+#                and checks the worker's request limit itself, after the key, so a bad key is
+#                always a 401 and costs no slot;
+#   "edge"       everything else over HTTP, and a path matched by no row: a quick 503 server_busy
+#                past the request limit, else the handler;
+#   "probe"      answered even past the limit (health checks);
+#   "websocket"  a WebSocket upgrade (an exact row; its method is the handshake's GET), reached
+#                only over the WebSocket protocol, as an HTTP request is only over HTTP: closed
+#                with 503 while the worker drains or past the request limit (a new session goes
+#                elsewhere), else the handler. An upgrade matched by no row is closed with 404.
 
 ANY = "*"
-RouteKind: TypeAlias = Literal["data", "edge", "probe"]
+RouteKind: TypeAlias = Literal["data", "edge", "probe", "websocket"]
 Handler: TypeAlias = Callable[[App, Any, Any, str, str], Awaitable[None]]
 # What a path pattern reads from the path, for a data route: (model, stream), as Gemini's path
 # names them (DataPlane.handle's arguments); _NO_ARGS elsewhere.
@@ -1028,6 +1039,8 @@ _ROUTES: dict[tuple[str, str], Endpoint] = {
     ("GET", "/.well-known/jwks.json"): _edge(App._jwks_document),
     (ANY, "/healthz"): Endpoint("probe", App._healthz),
     (ANY, "/readyz"): Endpoint("probe", App._readyz),
+    # Realtime sessions (meshfast.realtime).
+    ("GET", "/v1/realtime"): Endpoint("websocket", App._realtime),
 }
 _PATTERNS: tuple[tuple[str, Matcher, Endpoint], ...] = (
     # models/{model}:generateContent (or :streamGenerateContent) under /v1beta or /v1.
@@ -1037,14 +1050,17 @@ _PATTERNS: tuple[tuple[str, Matcher, Endpoint], ...] = (
 )
 
 
-def _by_path(routes: dict[tuple[str, str], Endpoint]) -> dict[str, dict[str, Endpoint]]:
-    """The dispatcher's form of the exact rows: path -> method -> endpoint."""
+def _by_path(routes: dict[tuple[str, str], Endpoint], websocket: bool) -> dict[str, dict[str, Endpoint]]:
+    """The dispatcher's form of one protocol's exact rows (the WebSocket rows, or the others):
+    path -> method -> endpoint."""
     by_path: dict[str, dict[str, Endpoint]] = {}
     for (method, path), endpoint in routes.items():
-        by_path.setdefault(path, {})[method] = endpoint
+        if (endpoint.kind == "websocket") == websocket:
+            by_path.setdefault(path, {})[method] = endpoint
     return by_path
 
 
-_EXACT = _by_path(_ROUTES)
+_EXACT = _by_path(_ROUTES, websocket=False)
+_WEBSOCKET = _by_path(_ROUTES, websocket=True)
 
 app = App()

@@ -71,7 +71,7 @@ def gateway_router_operations() -> set[tuple[str, str]]:
     for module in (routes, plane):
         source = Path(module.__file__).read_text().replace('admin_id + "', 'r"/admin/admins/(?P<id>[^/]+)')
         for method, pattern in re.findall(r'add\("([A-Z]+)", r"([^"]+)"', source):
-            out.add((method, re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", pattern)))
+            out.add((method, re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", pattern).replace("\\.", ".")))
     return out
 
 

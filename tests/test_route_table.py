@@ -14,16 +14,20 @@ from meshfast import app as app_module
 
 
 class Scope:
-    def __init__(self, method: str, path: str, query: str = "") -> None:
-        self.proto, self.method, self.path, self.query_string, self.headers = "http", method, path, query, {}
+    def __init__(self, method: str, path: str, query: str = "", proto: str = "http") -> None:
+        self.proto, self.method, self.path, self.query_string, self.headers = proto, method, path, query, {}
 
 
 class Proto:
     def __init__(self) -> None:
         self.responses: list[tuple[int, dict[str, str], bytes]] = []
+        self.closed: list[int] = []
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         self.responses.append((status, dict(headers), body))
+
+    def close(self, status: int) -> None:
+        self.closed.append(status)
 
 
 class Data:
@@ -114,3 +118,43 @@ def test_the_dashboard_is_served_under_its_prefix() -> None:
     for path in ("/dashboard", "/dashboard/"):
         [(status, headers, _)] = _serve("GET", path)[1].responses
         assert status == 200 and headers["content-type"].startswith("text/html")
+
+
+def _upgrade(path: str, monkeypatch: pytest.MonkeyPatch, busy: bool = False,
+             draining: bool = False) -> tuple[list[str], Proto]:
+    """A WebSocket upgrade to ``path``: the paths realtime sessions were served on, and the transport."""
+    served: list[str] = []
+
+    async def serve(data: Any, scope: Any, proto: Any, sessions: Any) -> None:
+        served.append(scope.path)
+
+    monkeypatch.setattr(app_module.realtime, "serve", serve)
+    app = app_module.App()
+    proto = Proto()
+    app.data = Data()  # type: ignore[assignment]
+    app._draining = draining
+    if busy:
+        app._limit = -1  # past it with nothing in flight: an upgrade is not a task the worker counts
+    asyncio.run(app.__rsgi__(Scope("GET", path, proto="ws"), proto))
+    return served, proto
+
+
+def test_the_realtime_row_answers_only_a_websocket_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
+    served, proto = _upgrade("/v1/realtime", monkeypatch)
+    assert served == ["/v1/realtime"] and not proto.closed and not proto.responses
+    # Over HTTP the path is no route.
+    [(status, _, body)] = _serve("GET", "/v1/realtime")[1].responses
+    assert status == 404 and body == b'{"error":"not_found"}\n'
+
+
+@pytest.mark.parametrize("path", ["/v1/elsewhere", "/v1/realtime/", "/healthz", "/admin/users", "/v1/proxy", "/"])
+def test_an_upgrade_to_any_other_path_is_closed_with_a_404(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for busy in (False, True):
+        served, proto = _upgrade(path, monkeypatch, busy=busy)
+        assert not served and proto.closed == [404] and not proto.responses
+
+
+def test_a_draining_or_busy_worker_closes_a_new_session_with_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    for busy, draining in ((True, False), (False, True)):
+        served, proto = _upgrade("/v1/realtime", monkeypatch, busy=busy, draining=draining)
+        assert not served and proto.closed == [503] and not proto.responses

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +20,7 @@ from meshfast.admin import service as svc
 from meshfast.admin.applications import ApplicationUpdate
 from meshfast.admin.business_units import BusinessUnitBody
 from meshfast.admin.changes import MAX_PAGE_SIZE, Lifecycle, RejectBody
+from meshfast.admin.paths import PathTable
 from meshfast.admin.routes import Actor, AdminRouter, Reply, Stream, governed
 from meshfast.settings import OidcSettings
 from meshfast.store import admin as admin_sql
@@ -91,9 +91,11 @@ class AdminPlane:
         self._hash_token = hash_token
         self._status = status
         self._secure = cookie_secure
-        self._routes: list[tuple[str, re.Pattern[str], Handler, bool, str]] = []
+        # handler(actor, session, query, body, headers, **params), and whether only a platform
+        # administrator may call it (meshfast.admin.paths: the first route added wins).
+        self._routes: PathTable[tuple[Handler, bool]] = PathTable()
         # Routes without credentials (beside /admin/login): handler(ip, query, headers, scheme).
-        self._public: list[tuple[str, re.Pattern[str], Handler]] = []
+        self._public: PathTable[Handler] = PathTable()
         self._oidc = None if oidc_settings is None else \
             oidc.OidcLogin(pool, oidc_settings, hash_token, self.auth, cookie_secure)
         add = self._add
@@ -124,7 +126,7 @@ class AdminPlane:
             lambda c: logs.list_logs(c, logs.Query(q, scope=a.business_units))))
         add("GET", r"/admin/logs/summary", lambda a, s, q, b, h: self._query(
             lambda c: logs.summary(c, logs.Query(q, summary=True, scope=a.business_units))))
-        add("GET", r"/admin/logs/export.csv", lambda a, s, q, b, h: self._export(q, a.business_units))
+        add("GET", r"/admin/logs/export\.csv", lambda a, s, q, b, h: self._export(q, a.business_units))
         add("GET", r"/admin/logs/unused-tools",
             lambda a, s, q, b, h: self._query(lambda c: logs.unused_tools(c, logs.Query(q))))
         add("GET", r"/admin/audit", lambda a, s, q, b, h: self._query(lambda c: logs.audit(c, q, a.business_units)))
@@ -166,10 +168,9 @@ class AdminPlane:
     def _add(self, method: str, pattern: str, handler: Handler, super_only: bool = False,
              public: bool = False) -> None:
         if public:
-            self._public.append((method, re.compile(pattern + r"/?\Z"), handler))
+            self._public.add(method, pattern, handler)
         else:
-            self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, super_only,
-                                 scope.template(pattern)))
+            self._routes.add(method, pattern, (handler, super_only))
 
     @staticmethod
     async def _ok(work: Awaitable[Any]) -> Reply:
@@ -217,12 +218,11 @@ class AdminPlane:
         ``read_body(limit)`` reads anything, so a request without valid credentials costs no body
         read; a login (a route without credentials) reads at most ``MAX_LOGIN_BODY_BYTES``, the
         OIDC routes no body at all. ``scheme``: the request's (http or https)."""
-        public = [(m, h) for m, pattern, h in self._public if pattern.match(path)]
-        if public:
-            handler = next((h for m, h in public if m == method), None)
-            if handler is None:
+        public, _, known = self._public.lookup(method, path)
+        if known:
+            if public is None:
                 raise errors.MethodNotAllowed()
-            return await handler(ip, query, headers, scheme)
+            return await public.value(ip, query, headers, scheme)
         if path.rstrip("/") == "/admin/login":
             if method != "POST":
                 raise errors.MethodNotAllowed()
@@ -234,16 +234,12 @@ class AdminPlane:
         actor, session = await self.actor(headers, method)
         scope.begin()
         body = await read_body(self._max_body_bytes)
-        matched = False
-        for route_method, pattern, handler, super_only, route in self._routes:
-            match = pattern.match(path) if route_method == method else None
-            if match is None:
-                matched = matched or pattern.match(path) is not None
-                continue
+        row, params, matched = self._routes.lookup(method, path)
+        if row is not None:
+            handler, super_only = row.value
             if super_only and not actor.is_super:
                 raise errors.Forbidden()
-            params = match.groupdict()
-            await self.router.scope.check(actor, method, route, params, body)
+            await self.router.scope.check(actor, method, row.template, params, body)
             return await handler(actor, session, query, body, headers, **params)
         key = headers.get("idempotency-key")
         if method == "POST" and key:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from meshfast.admin.applications import ApplicationCreate, ApplicationService
 from meshfast.admin.business_units import BusinessUnitBody, BusinessUnitService
 from meshfast.admin.dlp import DlpService
 from meshfast.admin.issuers import IssuerCreate, IssuerService
+from meshfast.admin.paths import PathTable
 from meshfast.admin.pilots import PilotService
 from meshfast.admin.rules import RuleService, decode_body
 from meshfast.admin.workflows import WorkflowCreate, WorkflowService
@@ -86,7 +86,8 @@ class AdminRouter:
         self._secrets = secrets
         self.service = service
         s = service
-        self._routes: list[tuple[str, re.Pattern[str], Handler, str]] = []
+        # handler(actor, body, **params) (meshfast.admin.paths: the first route added wins).
+        self._routes: PathTable[Handler] = PathTable()
         # Who may call which route, on which people, rules and models (meshfast.admin.scope).
         self.scope = scope.Guard(pool, service)
         add = self._add
@@ -210,7 +211,7 @@ class AdminRouter:
         return [rule for rule in await self.rules.list() if scope.rule_in_scope(actor, rule)]
 
     def _add(self, method: str, pattern: str, handler: Handler) -> None:
-        self._routes.append((method, re.compile(pattern + r"/?\Z"), handler, scope.template(pattern)))
+        self._routes.add(method, pattern, handler)
 
     @staticmethod
     async def _ok(work: Awaitable[Any]) -> Reply:
@@ -233,17 +234,10 @@ class AdminRouter:
     async def dispatch(self, method: str, path: str, body: bytes, actor: Actor) -> Reply:
         """Routes a configuration request of ``actor``, authenticated by :mod:`meshfast.admin.plane`
         (on every request, from its headers: no cache outlives a revocation)."""
-        matched_path = False
-        for route_method, pattern, handler, route in self._routes:
-            match = pattern.match(path)
-            if match is None:
-                continue
-            matched_path = True
-            if route_method != method:
-                continue
-            params = match.groupdict()
-            await self.scope.check(actor, method, route, params, body)
-            return await handler(actor, body, **params)
+        row, params, matched_path = self._routes.lookup(method, path)
+        if row is not None:
+            await self.scope.check(actor, method, row.template, params, body)
+            return await row.value(actor, body, **params)
         if matched_path:
             raise errors.MethodNotAllowed()
         raise errors.NotFound()

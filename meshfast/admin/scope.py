@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
-import re
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -263,7 +262,8 @@ async def recheck(conn: asyncpg.Connection) -> None:
 # What a scoped actor may call, and the check each route's entity needs; a route not listed is
 # 403 for a scoped actor. ``open``: nothing to check; ``filtered``: the handler answers only what
 # is in scope; the others name the check in :meth:`Guard.check`. PLATFORM_ONLY routes need a
-# platform administrator whoever asks.
+# platform administrator whoever asks. Keyed by method and path as the routers' tables spell it
+# (meshfast.admin.paths: ``/admin/users/{id}``).
 OPEN, FILTERED = "open", "filtered"
 USER_READ, USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS = (
     "user_read", "user_write", "user_create", "user_update", "policy", "access")
@@ -342,11 +342,6 @@ PLATFORM_ONLY = frozenset({("POST", "/admin/business-units"), ("PUT", "/admin/bu
 _AUDITED = frozenset({USER_WRITE, USER_CREATE, USER_UPDATE, POLICY, ACCESS, RULE_WRITE, KEY_WRITE, USER_ROTATE,
                       USER_EXPIRY, KEY_EXPIRY})
 _USER_WRITES = frozenset({USER_WRITE, USER_UPDATE, POLICY, USER_ROTATE, USER_EXPIRY, KEY_EXPIRY})
-
-
-def template(pattern: str) -> str:
-    """A route's regular expression as the table spells it (``(?P<id>[^/]+)`` -> ``{id}``)."""
-    return re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", pattern)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -1,14 +1,18 @@
 """Business units and their administrators (meshfast/admin/business_units.py), as named
 constants with ``$n`` parameters."""
 
-_COLUMNS = """
-b.id, b.name, b.timezone, b.daily_cap_lock_usd, b.version, b.created_at, b.updated_at,
-ARRAY(SELECT ba.admin_id::text FROM business_unit_admins ba WHERE ba.business_unit_id = b.id
-      ORDER BY ba.admin_id) AS admins
+LIST_UNITS = """
+SELECT b.id, b.name, b.timezone, b.daily_cap_lock_usd, b.version, b.created_at, b.updated_at,
+    ARRAY(SELECT ba.admin_id::text FROM business_unit_admins ba WHERE ba.business_unit_id = b.id
+          ORDER BY ba.admin_id) AS admins
+FROM business_units b ORDER BY b.name
 """
-
-LIST_UNITS = "SELECT " + _COLUMNS + " FROM business_units b ORDER BY b.name"
-GET_UNIT = "SELECT " + _COLUMNS + " FROM business_units b WHERE b.id = $1"
+GET_UNIT = """
+SELECT b.id, b.name, b.timezone, b.daily_cap_lock_usd, b.version, b.created_at, b.updated_at,
+    ARRAY(SELECT ba.admin_id::text FROM business_unit_admins ba WHERE ba.business_unit_id = b.id
+          ORDER BY ba.admin_id) AS admins
+FROM business_units b WHERE b.id = $1
+"""
 UNIT_FOR_UPDATE = "SELECT id, name, version FROM business_units WHERE id = $1 FOR UPDATE"
 INSERT_UNIT = """
 INSERT INTO business_units (name, timezone, daily_cap_lock_usd) VALUES ($1, $2, $3) RETURNING id

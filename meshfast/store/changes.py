@@ -14,15 +14,12 @@ INSERT INTO admin_audit_log (actor, action, target, detail, business_unit) VALUE
 
 # --- the queue -------------------------------------------------------------------------------
 
-CHANGE_COLUMNS = """
-id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
-requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at
-"""
-INSERT_CHANGE = f"""
+INSERT_CHANGE = """
 INSERT INTO changes (kind, target, action, body, base_version, digest, requested_by, requested_by_id,
     requested_by_admin_id, business_unit, activate_at, expires_at)
 VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, now() + make_interval(secs => $12))
-RETURNING {CHANGE_COLUMNS}
+RETURNING id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
+    requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at
 """
 # The requester's pending change of the same control: a new submission edits it (new digest).
 PENDING_CHANGE_OF = """
@@ -30,11 +27,12 @@ SELECT id FROM changes
 WHERE kind = $1 AND target = $2 AND requested_by_id = $3 AND status = 'pending'
 ORDER BY created_at DESC LIMIT 1 FOR UPDATE
 """
-REVISE_CHANGE = f"""
+REVISE_CHANGE = """
 UPDATE changes SET action = $2, body = $3::jsonb, base_version = $4, digest = $5, activate_at = $6,
     business_unit = $7, created_at = now(), expires_at = now() + make_interval(secs => $8)
 WHERE id = $1
-RETURNING {CHANGE_COLUMNS}
+RETURNING id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
+    requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at
 """
 # The requester's pending changes of a control it has since written with effect: superseded.
 SUPERSEDE_PENDING = """
@@ -42,16 +40,28 @@ UPDATE changes SET status = 'superseded', decided_at = now()
 WHERE kind = $1 AND target = $2 AND requested_by_id = $3 AND status = 'pending'
 RETURNING id
 """
-GET_CHANGE = f"SELECT {CHANGE_COLUMNS} FROM changes WHERE id = $1"
-CHANGE_FOR_UPDATE = f"SELECT {CHANGE_COLUMNS}, expires_at <= now() AS expired FROM changes WHERE id = $1 FOR UPDATE"
-DECIDE_CHANGE = f"""
+GET_CHANGE = """
+SELECT id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
+    requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at
+FROM changes WHERE id = $1
+"""
+CHANGE_FOR_UPDATE = """
+SELECT id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
+    requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at,
+    expires_at <= now() AS expired
+FROM changes WHERE id = $1 FOR UPDATE
+"""
+DECIDE_CHANGE = """
 UPDATE changes SET status = $2, decided_by = $3, comment = COALESCE($4, comment), decided_at = now()
 WHERE id = $1
-RETURNING {CHANGE_COLUMNS}
+RETURNING id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
+    requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at
 """
 # Filters: $1 status (NULL: any), $2 the caller's units (NULL: every change), $3 limit, $4 offset.
-LIST_CHANGES = f"""
-SELECT {CHANGE_COLUMNS} FROM changes
+LIST_CHANGES = """
+SELECT id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
+    requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at
+FROM changes
 WHERE ($1::text IS NULL OR status = $1) AND ($2::text[] IS NULL OR business_unit = ANY($2))
 ORDER BY created_at DESC, id LIMIT $3 OFFSET $4
 """
@@ -59,11 +69,12 @@ COUNT_CHANGES = """
 SELECT count(*) FROM changes
 WHERE ($1::text IS NULL OR status = $1) AND ($2::text[] IS NULL OR business_unit = ANY($2))
 """
-EXPIRE_CHANGES = f"""
+EXPIRE_CHANGES = """
 UPDATE changes SET status = 'expired', decided_at = now()
 WHERE id IN (SELECT id FROM changes WHERE status = 'pending' AND expires_at <= now()
              ORDER BY expires_at LIMIT 100 FOR UPDATE SKIP LOCKED)
-RETURNING {CHANGE_COLUMNS}
+RETURNING id, kind, target, action, body, base_version, digest, status, requested_by, requested_by_id,
+    requested_by_admin_id, business_unit, activate_at, comment, decided_by, created_at, decided_at, expires_at
 """
 
 # --- revisions -------------------------------------------------------------------------------

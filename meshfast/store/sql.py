@@ -1,4 +1,5 @@
-"""SQL the app runs, as named constants with ``$n`` parameters."""
+"""SQL the app runs, as named constants with ``$n`` parameters. Each constant is the text PostgreSQL
+receives: constant text, its columns written out."""
 
 # --- configuration propagation -------------------------------------------------------------
 
@@ -143,17 +144,18 @@ REVOKE_PRIMARY_KEYS = """
 UPDATE mesh_api_keys SET status = 'revoked', revoked_at = now()
 WHERE user_id = $1 AND status = 'active' AND name IS NULL
 """
-KEY_COLUMNS = """
+INSERT_NAMED_KEY = """
+INSERT INTO mesh_api_keys AS k (user_id, key_hash, key_prefix, name, expires_at, models)
+VALUES ($1, $2, $3, $4, $5, $6::uuid[])
+RETURNING
 k.id, k.user_id, k.name, k.key_prefix, k.status, k.expires_at, k.models::text[] AS models, k.replaced_by,
 k.created_at, k.revoked_at
 """
-INSERT_NAMED_KEY = f"""
-INSERT INTO mesh_api_keys AS k (user_id, key_hash, key_prefix, name, expires_at, models)
-VALUES ($1, $2, $3, $4, $5, $6::uuid[])
-RETURNING {KEY_COLUMNS}
-"""
-LIST_USER_KEYS = f"""
-SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.user_id = $1 ORDER BY k.created_at DESC, k.id
+LIST_USER_KEYS = """
+SELECT
+k.id, k.user_id, k.name, k.key_prefix, k.status, k.expires_at, k.models::text[] AS models, k.replaced_by,
+k.created_at, k.revoked_at
+FROM mesh_api_keys k WHERE k.user_id = $1 ORDER BY k.created_at DESC, k.id
 """
 # A person's row held while their keys change (NO KEY UPDATE: inserts that reference the person,
 # such as spend checkpoints, are not held up by it).
@@ -161,7 +163,12 @@ LOCK_USER = "SELECT id FROM users WHERE id = $1 FOR NO KEY UPDATE"
 # The same, of a principal of one kind ($2: 'user' or 'application').
 LOCK_PRINCIPAL = "SELECT id FROM users WHERE id = $1 AND kind = $2 FOR NO KEY UPDATE"
 KEY_OWNER = "SELECT user_id FROM mesh_api_keys WHERE id = $1"
-KEY_FOR_UPDATE = f"SELECT {KEY_COLUMNS} FROM mesh_api_keys k WHERE k.id = $1 FOR UPDATE"
+KEY_FOR_UPDATE = """
+SELECT
+k.id, k.user_id, k.name, k.key_prefix, k.status, k.expires_at, k.models::text[] AS models, k.replaced_by,
+k.created_at, k.revoked_at
+FROM mesh_api_keys k WHERE k.id = $1 FOR UPDATE
+"""
 # A key rotated away from: replaced now; it works for the overlap (never past its own expiry),
 # or stops at once without one.
 RETIRE_KEY = """
@@ -208,11 +215,6 @@ UPDATE users SET display_name = $2, manager_id = $3, business_unit = $4, tier = 
     version = version + 1, updated_at = now()
 WHERE id = $1
 """
-USER_COLUMNS = """
-u.id, u.email, u.display_name, u.manager_id, mgr.email AS manager_email, u.business_unit, u.tier, u.status,
-u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status,
-k.expires_at AS key_expires_at
-"""
 SET_USER_EXPIRY = """
 UPDATE users SET expires_at = $2, version = version + 1, updated_at = now() WHERE id = $1 AND kind = 'user'
 RETURNING id
@@ -221,8 +223,11 @@ SET_KEY_EXPIRY = """
 UPDATE mesh_api_keys SET expires_at = $2
 WHERE user_id = $1 AND status = 'active' AND name IS NULL AND replaced_by IS NULL RETURNING id
 """
-LIST_USERS = f"""
-SELECT {USER_COLUMNS}
+LIST_USERS = """
+SELECT
+u.id, u.email, u.display_name, u.manager_id, mgr.email AS manager_email, u.business_unit, u.tier, u.status,
+u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status,
+k.expires_at AS key_expires_at
 FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
@@ -232,8 +237,11 @@ LEFT JOIN LATERAL (
 WHERE u.kind = 'user'
 ORDER BY u.created_at DESC
 """
-GET_USER = f"""
-SELECT {USER_COLUMNS}
+GET_USER = """
+SELECT
+u.id, u.email, u.display_name, u.manager_id, mgr.email AS manager_email, u.business_unit, u.tier, u.status,
+u.expires_at, u.version, u.created_at, u.updated_at, k.key_prefix, k.status AS key_status,
+k.expires_at AS key_expires_at
 FROM users u
 LEFT JOIN users mgr ON mgr.id = u.manager_id
 LEFT JOIN LATERAL (
@@ -245,20 +253,30 @@ WHERE u.id = $1 AND u.kind = 'user'
 
 # --- providers and models --------------------------------------------------------------------
 
-PROVIDER_COLUMNS = """
-id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
-retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
-created_at, updated_at
-"""
-INSERT_PROVIDER = f"""
+INSERT_PROVIDER = """
 INSERT INTO providers (id, name, family, base_url, encrypted_api_key, key_nonce, local,
     max_outbound_rps, max_concurrent_upstream, max_calls_per_hour, retry_enabled, max_retries,
     retry_backoff_ms, log_requests, supports_web_search, settings)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16::jsonb)
-RETURNING {PROVIDER_COLUMNS}
+RETURNING
+id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
+retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
+created_at, updated_at
 """
-LIST_PROVIDERS = f"SELECT {PROVIDER_COLUMNS} FROM providers ORDER BY created_at DESC"
-GET_PROVIDER = f"SELECT {PROVIDER_COLUMNS} FROM providers WHERE id = $1"
+LIST_PROVIDERS = """
+SELECT
+id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
+retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
+created_at, updated_at
+FROM providers ORDER BY created_at DESC
+"""
+GET_PROVIDER = """
+SELECT
+id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
+retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
+created_at, updated_at
+FROM providers WHERE id = $1
+"""
 PROVIDER_FOR_SNAPSHOT = """
 SELECT id, name, family, base_url, encrypted_api_key, key_nonce, local, max_outbound_rps,
        max_concurrent_upstream, max_calls_per_hour, retry_enabled, max_retries, retry_backoff_ms,
@@ -271,16 +289,6 @@ DELETE_PROVIDER = "DELETE FROM providers WHERE id = $1 RETURNING id"
 # validates is the registry it commits: no two writes can add clashing aliases side by side.
 LOCK_REGISTRY = "SELECT pg_advisory_xact_lock(7164805235869627511)"
 
-MODEL_COLUMNS = """
-m.id, m.provider_id, p.name AS provider_name, m.name, m.resolved_model, m.kind, m.status, m.blocked,
-m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_per_1k_tokens,
-m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
-m.long_context_threshold_tokens, m.long_context_prices, m.price_per_second, m.max_output_tokens,
-m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio_in,
-m.supports_video_in, m.supports_web_search, m.output_media_type, m.cache_shaping, m.cache_ttl, m.restrictions,
-m.roster, m.limited_window, m.limited_amount_usd, m.limited_expires_at,
-m.version, m.created_at, m.updated_at
-"""
 INSERT_MODEL = """
 INSERT INTO models (provider_id, name, resolved_model, kind, input_price_per_1k_tokens,
     output_price_per_1k_tokens, cache_read_price_per_1k_tokens, cache_write_price_per_1k_tokens,
@@ -291,10 +299,30 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, $15,
     $20, $21, $22, $23)
 RETURNING id
 """
-LIST_MODELS = f"""
-SELECT {MODEL_COLUMNS} FROM models m JOIN providers p ON p.id = m.provider_id ORDER BY m.created_at DESC
+LIST_MODELS = """
+SELECT
+m.id, m.provider_id, p.name AS provider_name, m.name, m.resolved_model, m.kind, m.status, m.blocked,
+m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_per_1k_tokens,
+m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
+m.long_context_threshold_tokens, m.long_context_prices, m.price_per_second, m.max_output_tokens,
+m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio_in,
+m.supports_video_in, m.supports_web_search, m.output_media_type, m.cache_shaping, m.cache_ttl, m.restrictions,
+m.roster, m.limited_window, m.limited_amount_usd, m.limited_expires_at,
+m.version, m.created_at, m.updated_at
+FROM models m JOIN providers p ON p.id = m.provider_id ORDER BY m.created_at DESC
 """
-GET_MODEL = f"SELECT {MODEL_COLUMNS} FROM models m JOIN providers p ON p.id = m.provider_id WHERE m.id = $1"
+GET_MODEL = """
+SELECT
+m.id, m.provider_id, p.name AS provider_name, m.name, m.resolved_model, m.kind, m.status, m.blocked,
+m.input_price_per_1k_tokens, m.output_price_per_1k_tokens, m.cache_read_price_per_1k_tokens,
+m.cache_write_price_per_1k_tokens, m.cache_write_1h_price_per_1k_tokens,
+m.long_context_threshold_tokens, m.long_context_prices, m.price_per_second, m.max_output_tokens,
+m.aliases, m.tags, m.supports_image_in, m.supports_document_in, m.supports_audio_in,
+m.supports_video_in, m.supports_web_search, m.output_media_type, m.cache_shaping, m.cache_ttl, m.restrictions,
+m.roster, m.limited_window, m.limited_amount_usd, m.limited_expires_at,
+m.version, m.created_at, m.updated_at
+FROM models m JOIN providers p ON p.id = m.provider_id WHERE m.id = $1
+"""
 DELETE_MODEL = "DELETE FROM models WHERE id = $1 RETURNING id"
 MODEL_ID_BY_NAME = "SELECT id FROM models WHERE name = $1"
 UPDATE_MODEL = """
@@ -313,19 +341,18 @@ SET_MODEL_STATUS = """
 UPDATE models SET status = $2, blocked = $3, version = version + 1, updated_at = now() WHERE id = $1
 """
 PROVIDER_ID_BY_NAME = "SELECT id FROM providers WHERE name = $1"
-UPDATE_PROVIDER = f"""
+UPDATE_PROVIDER = """
 UPDATE providers SET family = $2, base_url = $3, encrypted_api_key = $4, key_nonce = $5, local = $6,
     max_outbound_rps = $7, max_concurrent_upstream = $8, max_calls_per_hour = $9, retry_enabled = $10,
     max_retries = $11, retry_backoff_ms = $12, log_requests = $13, supports_web_search = $14,
     settings = $15::jsonb, version = version + 1, updated_at = now()
 WHERE id = $1
-RETURNING {PROVIDER_COLUMNS}
+RETURNING
+id, name, family, base_url, local, max_outbound_rps, max_concurrent_upstream, max_calls_per_hour,
+retry_enabled, max_retries, retry_backoff_ms, log_requests, supports_web_search, settings, version,
+created_at, updated_at
 """
 
-DEPLOYMENT_COLUMNS = """
-d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
-d.created_at
-"""
 INSERT_DEPLOYMENT = """
 INSERT INTO model_deployments (model_id, provider_id, resolved_model, region, priority)
 VALUES ($1, $2, $3, $4, $5)
@@ -338,16 +365,25 @@ ON CONFLICT (model_id, provider_id, resolved_model) DO UPDATE SET
     region = EXCLUDED.region, priority = EXCLUDED.priority
 RETURNING id
 """
-GET_DEPLOYMENT = f"""
-SELECT {DEPLOYMENT_COLUMNS} FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+GET_DEPLOYMENT = """
+SELECT
+d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
+d.created_at
+FROM model_deployments d JOIN providers p ON p.id = d.provider_id
 WHERE d.id = $1
 """
-LIST_DEPLOYMENTS = f"""
-SELECT {DEPLOYMENT_COLUMNS} FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+LIST_DEPLOYMENTS = """
+SELECT
+d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
+d.created_at
+FROM model_deployments d JOIN providers p ON p.id = d.provider_id
 WHERE d.model_id = $1 ORDER BY d.priority, d.created_at, d.id
 """
-LIST_ALL_DEPLOYMENTS = f"""
-SELECT {DEPLOYMENT_COLUMNS} FROM model_deployments d JOIN providers p ON p.id = d.provider_id
+LIST_ALL_DEPLOYMENTS = """
+SELECT
+d.id, d.model_id, d.provider_id, p.name AS provider_name, d.resolved_model, d.region, d.priority,
+d.created_at
+FROM model_deployments d JOIN providers p ON p.id = d.provider_id
 ORDER BY d.model_id, d.priority, d.created_at, d.id
 """
 DELETE_DEPLOYMENT = "DELETE FROM model_deployments WHERE id = $1 AND model_id = $2 RETURNING id"
