@@ -58,7 +58,7 @@ HOUR_MS = 3_600_000
 EPOCH = dt.date(1970, 1, 1)
 
 
-# The rules' calendar (the same arithmetic as the core's rules::CalendarWindow).
+# The rules' calendar (the same arithmetic as the core's ruleset::CalendarWindow).
 def local_date(now_ms: int, tz: str | None = None) -> dt.date:
     zone = zoneinfo.ZoneInfo(tz or calendar_tz())
     return dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).astimezone(zone).date()

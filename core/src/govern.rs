@@ -7,8 +7,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::Result;
-use crate::rules::{Event, Watch};
-use crate::shm::{self, Lease, Segment};
+use crate::shm::{self, sum, Lease, Segment};
 
 /// How long a call refused a concurrency slot waits before trying again (no release time is
 /// known; a release in the same process wakes it earlier, in Python).
@@ -54,6 +53,65 @@ impl LeaseWant {
             from_day: 0,
             to_day: 0,
         }
+    }
+}
+
+/// What a rule did to a person (a row's event; the `rule_events` outbox's natural key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub rule_id: String,
+    pub entry: u32,
+    /// `notify` or `pause`.
+    pub action: &'static str,
+    /// `webhook` or `email` for `notify`; empty for `pause`.
+    pub channel: &'static str,
+    pub window: &'static str,
+    pub window_start_ms: i64,
+    pub threshold_nano: i64,
+    pub spend_nano: i64,
+    /// JSON object text.
+    pub detail: String,
+}
+
+/// A notify entry to check once the call settled: fires when the spend in scope is at or over
+/// the threshold and nobody fired it in this window instance yet.
+///
+/// The flag is one slot per person and entry (whatever the window), holding `window start + 1`
+/// of the last instance it fired in: the table does not grow a key per window instance.
+#[derive(Clone, Debug)]
+pub struct Watch {
+    pub(crate) keys: Vec<u128>,
+    pub(crate) flag: u128,
+    pub(crate) window_start: i64,
+    pub(crate) threshold: i64,
+    /// The events to emit, spend filled in when fired.
+    pub(crate) events: Vec<Event>,
+}
+
+impl Watch {
+    /// The events, once, when the spend in scope reached the threshold.
+    #[must_use]
+    pub fn check(&self, segment: &Segment) -> Vec<Event> {
+        let spend = sum(segment, &self.keys);
+        self.fire(segment, spend)
+    }
+
+    pub(crate) fn fire(&self, segment: &Segment, spend: i64) -> Vec<Event> {
+        let mark = self.window_start.saturating_add(1);
+        let before = segment.get(self.flag);
+        if spend < self.threshold
+            || before >= mark
+            || !matches!(segment.replace(self.flag, before, mark), Ok(b) if b == before)
+        {
+            return Vec::new();
+        }
+        self.events
+            .iter()
+            .map(|e| Event {
+                spend_nano: spend,
+                ..e.clone()
+            })
+            .collect()
     }
 }
 

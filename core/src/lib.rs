@@ -21,6 +21,7 @@ pub mod pricing;
 pub mod provider;
 pub mod redact;
 pub mod rules;
+pub mod ruleset;
 pub mod schema;
 pub mod shm;
 pub mod signals;

@@ -177,7 +177,7 @@ pub const RULE_OWN: u8 = 16;
 pub const RULE_MINUTE_CALLS: u8 = 17;
 pub const RULE_MINUTE_TOKENS: u8 = 18;
 /// nano-USD spent (and reserved) under one registered workflow's budget in one window instance
-/// (`a` zero, `b` the workflow's id bytes, period the window's, as [`crate::rules::CalendarWindow`]).
+/// (`a` zero, `b` the workflow's id bytes, period the window's, as [`crate::ruleset::CalendarWindow`]).
 pub const WORKFLOW_SPEND: u8 = 19;
 
 /// Slot kind: the instance's place in a cluster ([`cluster_key`]): `epoch << 8 | state`, state 0
@@ -358,6 +358,11 @@ impl<T: CounterRead + ?Sized> CounterRead for std::sync::Arc<T> {
     fn counter(&self, key: u128) -> i64 {
         (**self).counter(key)
     }
+}
+
+/// The sum of the counters at `keys`.
+pub(crate) fn sum(counters: &impl CounterRead, keys: &[u128]) -> i64 {
+    keys.iter().map(|&k| counters.counter(k)).sum()
 }
 
 /// A reservation against a counter, recorded in the segment's lease table.

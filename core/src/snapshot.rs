@@ -12,6 +12,7 @@ use crate::jwt::{Identity, Issuer, TokenCache, TokenError};
 use crate::keyindex::{Digest, KeyIndex};
 use crate::pricing::{LongContext, Prices, Rates};
 use crate::provider::{Family, GenericTemplates, Plan};
+use crate::ruleset::people;
 use crate::shm::{id_bytes, KeyTemplate, CALLS_HOUR, PROVIDER_CALLS_HOUR, SPEND_DAY};
 
 #[derive(Deserialize)]
@@ -33,7 +34,7 @@ struct RawConfig {
     #[serde(default)]
     grant_table: Option<RawGrantTable>,
     #[serde(default)]
-    rules: Vec<crate::rules::RawRule>,
+    rules: Vec<crate::ruleset::RawRule>,
     #[serde(default = "yes")]
     enforce_rules: bool,
     #[serde(default)]
@@ -71,7 +72,7 @@ pub struct Workflow {
     /// The row's UUID (the counters' and the database's name for it).
     pub uid: String,
     pub limit_nano: i64,
-    pub window: crate::rules::CalendarWindow,
+    pub window: crate::ruleset::CalendarWindow,
     /// Who may charge it (`None`: anyone): principal indexes (sorted) and business units.
     pub principals: Option<(Vec<u32>, Vec<String>)>,
     pub key: KeyTemplate,
@@ -229,7 +230,7 @@ struct RawModel {
     #[serde(default)]
     deployments: Vec<RawDeployment>,
     #[serde(default)]
-    restrictions: Option<crate::rules::RawRestrictions>,
+    restrictions: Option<RawRestrictions>,
     /// A `limited` model's roster (principal indexes): the only callers it serves.
     #[serde(default)]
     roster: Vec<i64>,
@@ -237,6 +238,20 @@ struct RawModel {
     /// whatever its release, roster or restrictions say.
     #[serde(default)]
     pilot_access: Vec<i64>,
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct RawRestrictions {
+    #[serde(default)]
+    leader_deny: Vec<i64>,
+    #[serde(default)]
+    leader_allow: Option<Vec<i64>>,
+    #[serde(default)]
+    exempt: Vec<i64>,
+    #[serde(default)]
+    business_units_closed: Vec<String>,
+    #[serde(default)]
+    business_units_open: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -540,7 +555,7 @@ pub struct Model {
     /// fails over to the first once.
     pub deployments: Vec<Deployment>,
     /// Who may use the model beyond their grant.
-    pub restrictions: Option<crate::rules::Restrictions>,
+    pub restrictions: Option<Restrictions>,
     /// Where the model stands in its onboarding (staged, limited to a roster, or released).
     pub release: Release,
     /// Members of live authoritative pilots listing the model (sorted principal indexes): for
@@ -571,7 +586,70 @@ pub enum Refused {
     Staged,
     /// A limited model and a caller outside its roster.
     Limited,
-    Restricted(crate::rules::Restricted),
+    Restricted(Restricted),
+}
+
+/// Who may use a model beyond their grant (API.md `PUT /admin/models/{id}` `restrictions`).
+#[derive(Clone, Debug, Default)]
+pub struct Restrictions {
+    pub leader_deny: Vec<u32>,
+    pub leader_allow: Option<Vec<u32>>,
+    pub exempt: Vec<u32>,
+    pub business_units_closed: Vec<String>,
+    pub business_units_open: Option<Vec<String>>,
+}
+
+/// Which layer of a model's restrictions refused a caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restricted {
+    Leader,
+    BusinessUnit,
+}
+
+impl Restrictions {
+    pub(crate) fn build(errors: &mut Vec<String>, what: &str, raw: RawRestrictions, principals: usize) -> Self {
+        Self {
+            leader_deny: people(errors, &format!("{what}.leader_deny"), &raw.leader_deny, principals),
+            leader_allow: raw
+                .leader_allow
+                .map(|l| people(errors, &format!("{what}.leader_allow"), &l, principals)),
+            exempt: people(errors, &format!("{what}.exempt"), &raw.exempt, principals),
+            business_units_closed: raw.business_units_closed,
+            business_units_open: raw.business_units_open,
+        }
+    }
+
+    /// Why `principal` may not use the model, or None. The exempt always may; then a closed
+    /// business unit, one outside the open list, a denied leader's organisation, or being outside
+    /// every allowed leader's organisation refuses.
+    #[must_use]
+    pub fn refuses(&self, snapshot: &Snapshot, principal: u32) -> Option<Restricted> {
+        if self.exempt.contains(&principal) {
+            return None;
+        }
+        let unit = snapshot.principals[principal as usize].business_unit.as_deref();
+        if unit.is_some_and(|u| self.business_units_closed.iter().any(|c| c == u)) {
+            return Some(Restricted::BusinessUnit);
+        }
+        if let Some(open) = &self.business_units_open {
+            if !unit.is_some_and(|u| open.iter().any(|o| o == u)) {
+                return Some(Restricted::BusinessUnit);
+            }
+        }
+        if self
+            .leader_deny
+            .iter()
+            .any(|&l| snapshot.in_organisation_of(principal, l))
+        {
+            return Some(Restricted::Leader);
+        }
+        if let Some(allow) = &self.leader_allow {
+            if !allow.iter().any(|&l| snapshot.in_organisation_of(principal, l)) {
+                return Some(Restricted::Leader);
+            }
+        }
+        None
+    }
 }
 
 impl Model {
@@ -660,7 +738,7 @@ pub struct Snapshot {
     pub models: Arc<Vec<Model>>,
     pub grants: Arc<Vec<Grant>>,
     /// Spend rules, in precedence order.
-    pub rules: Arc<crate::rules::Rules>,
+    pub rules: Arc<crate::ruleset::Rules>,
     /// Per principal, its grant indexes sorted by model name.
     grants_by_principal: Arc<GrantIndex>,
     key_index: Arc<KeyIndex>,
@@ -1028,7 +1106,7 @@ impl Snapshot {
                 let what = format!("models[{i}] ({:?})", m.name);
                 let restrictions = m
                     .restrictions
-                    .map(|r| crate::rules::Restrictions::build(e, &format!("{what}.restrictions"), r, count));
+                    .map(|r| Restrictions::build(e, &format!("{what}.restrictions"), r, count));
                 let listed = |e: &mut Vec<String>, field: &str, list: &[i64]| {
                     let mut out: Vec<u32> = list
                         .iter()
@@ -1232,13 +1310,13 @@ impl Snapshot {
             }
         }
 
-        let rules = crate::rules::Rules::build(
+        let rules = crate::ruleset::Rules::build(
             e,
             raw.rules,
             raw.enforce_rules,
             raw.calendar_tz.as_deref().unwrap_or("UTC"),
             principals.len(),
-            &models,
+            &models.iter().map(|m| m.tags.as_slice()).collect::<Vec<_>>(),
         );
 
         let mut issuer_by_name = HashMap::new();
@@ -1278,9 +1356,9 @@ impl Snapshot {
                 if w.limit_nano <= 0 {
                     e.push(format!("{what}: limit must be positive"));
                 }
-                let window = crate::rules::CalendarWindow::parse(&w.window).unwrap_or_else(|| {
+                let window = crate::ruleset::CalendarWindow::parse(&w.window).unwrap_or_else(|| {
                     e.push(format!("{what}: window {:?} is not daily, weekly or monthly", w.window));
-                    crate::rules::CalendarWindow::Daily
+                    crate::ruleset::CalendarWindow::Daily
                 });
                 let principals = w.principals.map(|people| {
                     let mut people: Vec<u32> = people
@@ -1424,7 +1502,7 @@ impl Snapshot {
         #[derive(Deserialize)]
         struct RawRules {
             #[serde(default)]
-            rules: Vec<crate::rules::RawRule>,
+            rules: Vec<crate::ruleset::RawRule>,
             #[serde(default = "yes")]
             enforce_rules: bool,
             #[serde(default)]
@@ -1433,13 +1511,13 @@ impl Snapshot {
         let raw: RawRules =
             rmp_serde::from_slice(rules).map_err(|e| Error::Snapshot(vec![format!("rules do not decode: {e}")]))?;
         let mut errors = Vec::new();
-        let rules = crate::rules::Rules::build(
+        let rules = crate::ruleset::Rules::build(
             &mut errors,
             raw.rules,
             raw.enforce_rules,
             raw.calendar_tz.as_deref().unwrap_or("UTC"),
             self.principals.len(),
-            &self.models,
+            &self.models.iter().map(|m| m.tags.as_slice()).collect::<Vec<_>>(),
         );
         if !errors.is_empty() {
             return Err(Error::Snapshot(errors));

@@ -12,9 +12,10 @@ use crate::jwt::TokenError;
 use crate::keyindex::extract_token;
 use crate::outcome::Outcome;
 use crate::policy::{self, next_utc_hour, next_utc_midnight, Counters, Denial};
-use crate::rules::{self, Restricted};
+use crate::rules;
+use crate::ruleset::local_date;
 use crate::shm::{self, id_bytes, utc_day, utc_hour, Segment};
-use crate::snapshot::{Caller, Grant, Provider, Refused, Snapshot};
+use crate::snapshot::{Caller, Grant, Provider, Refused, Restricted, Snapshot};
 use crate::translate::{self, Format};
 
 /// Seconds a client is told to wait while the kill switch is tripped (it has no known end).
@@ -535,7 +536,7 @@ pub fn prepare(snapshot: &Snapshot, segment: Option<&Arc<Segment>>, req: &Reques
     let mut workflow_limit = None;
     if let (Some(wf), Some(segment)) = (workflow, segment) {
         let tz = snapshot.rules.tz;
-        let period = wf.window.period_of(rules::local_date(tz, req.now_ms));
+        let period = wf.window.period_of(local_date(tz, req.now_ms));
         let key = wf.key.at(period);
         let (_, reset_at_ms) = wf.window.bounds(tz, period);
         let leased = (mode != 0).then(|| segment.get(shm::ceiling_key(key, mode)));
@@ -1108,7 +1109,7 @@ mod tests {
             {"window": "monthly", "tag": "fam", "threshold_nano": 200_000, "actions": [{"type": "block"}]}]}]);
         let s = Snapshot::from_msgpack(&encode(&config), PEPPER).unwrap();
         let (path, seg) = segment("rulefork");
-        let month = crate::rules::CalendarWindow::Monthly.period(chrono_tz::UTC, NOON_WED);
+        let month = crate::ruleset::CalendarWindow::Monthly.period(chrono_tz::UTC, NOON_WED);
         let committed = |seg: &Segment| -> i64 {
             [0, 3]
                 .iter()

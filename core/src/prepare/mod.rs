@@ -183,7 +183,7 @@ pub struct Prepared {
     /// A shadow rule that would have refused the call (its id).
     pub would_deny: Option<String>,
     /// What rules did at the decision (a pause that began, a block's notification).
-    pub events: Vec<crate::rules::Event>,
+    pub events: Vec<crate::govern::Event>,
     /// The caller's organisation at call time (the row keeps it).
     pub business_unit: Option<String>,
     pub manager_id: Option<String>,
