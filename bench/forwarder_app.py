@@ -200,28 +200,26 @@ class ForwarderApp:
             status, content_type, answer = await future
         finally:
             self.rs_waiting.pop(ident, None)
-        if not 200 <= status < 300:
-            proto.response_bytes(502, _JSON_HEADERS, _BAD_GATEWAY)
-            return
-        transport = proto.response_stream(200, [("content-type", content_type)])
-        try:
-            await transport.send_bytes(answer)
-        except ProtocolClosed:
-            pass
+        await _send_whole(proto, status, content_type, answer)
 
     async def _forward_thread(self, proto, body: bytes) -> None:
         assert self.pool is not None and self.thread_client is not None
         loop = asyncio.get_running_loop()
         status, content_type, answer = await loop.run_in_executor(self.pool, self.thread_client.exchange, body)
-        if status >= 300:
-            proto.response_bytes(502, _JSON_HEADERS, _BAD_GATEWAY)
-            return
-        # One write, as the loop's own client makes of an answer that arrives in one read.
-        transport = proto.response_stream(200, [("content-type", content_type)])
-        try:
-            await transport.send_bytes(answer)
-        except ProtocolClosed:
-            pass
+        await _send_whole(proto, status, content_type, answer)
+
+
+async def _send_whole(proto, status: int, content_type: str, answer: bytes) -> None:
+    """An off-loop exchange's answer (status 0: none came), streamed back in one write, as the loop's
+    own client makes of an answer that arrives in one read."""
+    if not 200 <= status < 300:
+        proto.response_bytes(502, _JSON_HEADERS, _BAD_GATEWAY)
+        return
+    transport = proto.response_stream(200, [("content-type", content_type)])
+    try:
+        await transport.send_bytes(answer)
+    except ProtocolClosed:
+        pass
 
 
 THREADS = 64  # wrk's connections in the floor bench: no call waits for a thread
