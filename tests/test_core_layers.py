@@ -17,8 +17,8 @@ ROOTS = {"lib", "bindings"}
 _PATH = re.compile(r"crate::([a-z_0-9]+)")
 
 
-def _module(path: Path) -> str:
-    return path.relative_to(SRC).parts[0].removesuffix(".rs")
+def _module(path: Path, src: Path) -> str:
+    return path.relative_to(src).parts[0].removesuffix(".rs")
 
 
 def _code(text: str) -> str:
@@ -31,7 +31,7 @@ def _code(text: str) -> str:
 def dependencies(src: Path = SRC) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in src.rglob("*.rs"):
-        name = _module(path)
+        name = _module(path, src)
         if name in ROOTS:
             continue
         uses = graph.setdefault(name, set())
