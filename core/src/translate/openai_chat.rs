@@ -13,6 +13,8 @@
 //! `web_search_options` (web search is the proxy route's governed flag) and the deprecated
 //! `functions`/`function_call`.
 
+use std::borrow::Cow;
+
 use serde_json::{json, Map, Value};
 
 use super::stream::{BlockKind, Delta, Event};
@@ -583,6 +585,43 @@ enum OpenKind {
     Call,
 }
 
+/// A chunk of the shape nearly every chunk of a chat stream has: text deltas and a finish reason,
+/// with no usage, tool call or error. [`StreamDecoder::event`] reads it without building a
+/// `Value` tree; a chunk that does not fit (a field of another type, a duplicate key, any of the
+/// three) is read by [`StreamDecoder::event_value`], the reference, whose answer is the same for
+/// every chunk this one reads (a property test holds them together).
+#[derive(serde::Deserialize)]
+struct FastChunk<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<FastChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct FastChoice<'a> {
+    #[serde(borrow, default)]
+    delta: Option<FastDelta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct FastDelta<'a> {
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+}
+
 impl StreamDecoder {
     pub(crate) fn event(&mut self, data: &str, out: &mut Vec<Event>) -> Result<(), String> {
         if data.trim() == "[DONE]" {
@@ -590,6 +629,63 @@ impl StreamDecoder {
             out.push(Event::End);
             return Ok(());
         }
+        // NOTE: an `error` key is an error event even when null, which an optional field cannot
+        // tell from its absence: a chunk that holds the text `"error"` anywhere takes the reference.
+        if memchr::memmem::find(data.as_bytes(), b"\"error\"").is_none() {
+            if let Ok(chunk) = serde_json::from_str::<FastChunk<'_>>(data) {
+                let plain = chunk.usage.is_none()
+                    && chunk
+                        .choices
+                        .iter()
+                        .flatten()
+                        .all(|c| c.delta.as_ref().is_none_or(|d| d.tool_calls.is_none()));
+                if plain {
+                    self.fast(chunk, out);
+                    return Ok(());
+                }
+            }
+        }
+        self.event_value(data, out)
+    }
+
+    /// [`FastChunk`]'s events: what [`Self::event_value`] makes of the same chunk.
+    fn fast(&mut self, chunk: FastChunk<'_>, out: &mut Vec<Event>) {
+        if !self.started {
+            self.started = true;
+            out.push(Event::Start {
+                id: chunk.id.map(Cow::into_owned).unwrap_or_default(),
+                model: chunk.model.map(Cow::into_owned).unwrap_or_default(),
+            });
+        }
+        let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else {
+            return;
+        };
+        if let Some(delta) = choice.delta {
+            if let Some(text) = delta.reasoning_content.filter(|s| !s.is_empty()) {
+                let index = self.ensure(OpenKind::Thinking, out);
+                out.push(Event::Delta {
+                    index,
+                    delta: Delta::Thinking(text.into_owned()),
+                });
+            }
+            for text in [delta.content, delta.refusal].into_iter().flatten() {
+                if !text.is_empty() {
+                    let index = self.ensure(OpenKind::Text, out);
+                    out.push(Event::Delta {
+                        index,
+                        delta: Delta::Text(text.into_owned()),
+                    });
+                }
+            }
+        }
+        if let Some(reason) = choice.finish_reason {
+            self.close(out);
+            out.push(Event::Finish(decode_stop(&reason)));
+        }
+    }
+
+    /// Any chunk, read as a `Value` tree: the reference for [`Self::fast`].
+    pub(crate) fn event_value(&mut self, data: &str, out: &mut Vec<Event>) -> Result<(), String> {
         let chunk: Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
         let chunk = object(&chunk, "chunk")?;
         if let Some(error) = chunk.get("error") {
@@ -881,6 +977,157 @@ pub(crate) fn write_error(out: &mut Vec<u8>, status: u16, code: &str, message: &
 mod tests {
     use super::super::{decode_request, decode_response, encode_request, Format, Image, Tool};
     use super::*;
+
+    mod fast_chunks {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A JSON value for a field: absent (None), null, a string (with escapes and non-ASCII
+        /// now and then), or something of another type.
+        fn field() -> impl Strategy<Value = Option<String>> {
+            prop_oneof![
+                3 => Just(None),
+                1 => Just(Some("null".to_owned())),
+                4 => "[a-z \\\\\"é\u{1F600}]{0,6}".prop_map(|t| Some(serde_json::to_string(&t).unwrap())),
+                1 => Just(Some(r#""\ud83d\ude00 a\nb""#.to_owned())),
+                1 => Just(Some(r#""\ud800""#.to_owned())),
+                1 => prop_oneof![Just("5"), Just("[]"), Just("{}"), Just("true"), Just("[{}]")].prop_map(|v| Some(v.to_owned())),
+            ]
+        }
+
+        fn reason() -> impl Strategy<Value = Option<String>> {
+            prop_oneof![
+                3 => Just(None),
+                1 => Just(Some("null".to_owned())),
+                2 => prop_oneof![Just("stop"), Just("length"), Just("tool_calls"), Just("content_filter"), Just("x")]
+                    .prop_map(|r| Some(format!("\"{r}\""))),
+                1 => Just(Some("7".to_owned())),
+            ]
+        }
+
+        fn object(fields: Vec<(&'static str, Option<String>)>, extra: bool, duplicate: bool) -> String {
+            let mut parts: Vec<String> = fields
+                .iter()
+                .filter_map(|(k, v)| v.as_ref().map(|v| format!("\"{k}\":{v}")))
+                .collect();
+            if extra {
+                parts.push(r#""role":"assistant""#.to_owned());
+            }
+            if duplicate {
+                if let Some(first) = parts.first().cloned() {
+                    parts.push(first);
+                }
+            }
+            format!("{{{}}}", parts.join(","))
+        }
+
+        fn delta() -> impl Strategy<Value = Option<String>> {
+            let tool_calls = prop_oneof![
+                4 => Just(None),
+                1 => Just(Some("null".to_owned())),
+                1 => Just(Some(r#"[{"index":0,"id":"call_1","function":{"name":"f","arguments":"{}"}}]"#.to_owned())),
+            ];
+            let body = (
+                field(),
+                field(),
+                field(),
+                tool_calls,
+                any::<bool>(),
+                prop::bool::weighted(0.05),
+            )
+                .prop_map(|(reasoning, content, refusal, tools, extra, duplicate)| {
+                    object(
+                        vec![
+                            ("reasoning_content", reasoning),
+                            ("content", content),
+                            ("refusal", refusal),
+                            ("tool_calls", tools),
+                        ],
+                        extra,
+                        duplicate,
+                    )
+                });
+            prop_oneof![1 => Just(None), 1 => Just(Some("null".to_owned())), 1 => Just(Some("\"x\"".to_owned())), 8 => body.prop_map(Some)]
+        }
+
+        fn choice() -> impl Strategy<Value = String> {
+            prop_oneof![
+                8 => (delta(), reason(), prop::bool::weighted(0.05))
+                    .prop_map(|(d, r, dup)| object(vec![("delta", d), ("finish_reason", r)], false, dup)),
+                1 => Just("5".to_owned()),
+                1 => Just("null".to_owned()),
+            ]
+        }
+
+        fn chunk() -> impl Strategy<Value = String> {
+            let choices = prop_oneof![
+                1 => Just(None),
+                1 => Just(Some("null".to_owned())),
+                1 => Just(Some("{}".to_owned())),
+                8 => proptest::collection::vec(choice(), 0..3).prop_map(|c| Some(format!("[{}]", c.join(",")))),
+            ];
+            let usage = prop_oneof![
+                6 => Just(None),
+                2 => Just(Some("null".to_owned())),
+                2 => Just(Some(r#"{"prompt_tokens":8,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":2}}"#.to_owned())),
+                1 => Just(Some("3".to_owned())),
+            ];
+            let error = prop_oneof![8 => Just(None), 1 => Just(Some("null".to_owned())), 1 => Just(Some(r#"{"message":"boom"}"#.to_owned()))];
+            (
+                field(),
+                field(),
+                choices,
+                usage,
+                error,
+                any::<bool>(),
+                prop::bool::weighted(0.05),
+            )
+                .prop_map(|(id, model, choices, usage, error, extra, dup)| {
+                    object(
+                        vec![
+                            ("id", id),
+                            ("model", model),
+                            ("choices", choices),
+                            ("usage", usage),
+                            ("error", error),
+                        ],
+                        extra,
+                        dup,
+                    )
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+            /// A stream of chunks decodes to the same events (and the same errors, at the same
+            /// chunk) through the fast path as through the `Value` reference alone.
+            #[test]
+            fn prop_fast_chunks_match_the_value_reference(chunks in proptest::collection::vec(chunk(), 1..8), done in any::<bool>()) {
+                let (mut fast, mut reference) = (StreamDecoder::default(), StreamDecoder::default());
+                let (mut got, mut want) = (Vec::new(), Vec::new());
+                for data in chunks.iter().map(String::as_str).chain(done.then_some("[DONE]")) {
+                    let a = fast.event(data, &mut got);
+                    let b = if data == "[DONE]" { reference.event(data, &mut want) } else { reference.event_value(data, &mut want) };
+                    prop_assert_eq!(&a, &b, "chunk {}", data);
+                    prop_assert_eq!(&got, &want, "chunk {}", data);
+                }
+            }
+        }
+
+        #[test]
+        fn the_common_chunk_takes_the_fast_path_and_the_others_do_not() {
+            let plain = r#"{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}"#;
+            assert!(serde_json::from_str::<FastChunk<'_>>(plain).is_ok_and(|c| c.usage.is_none()));
+            let usage = r#"{"id":"c","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}"#;
+            assert!(serde_json::from_str::<FastChunk<'_>>(usage).is_ok_and(|c| c.usage.is_some()));
+            let (mut d, mut out) = (StreamDecoder::default(), Vec::new());
+            d.event(plain, &mut out).unwrap();
+            d.event(usage, &mut out).unwrap();
+            d.event(r#"{"error":null}"#, &mut out).unwrap();
+            assert!(matches!(out.last(), Some(Event::Error(e)) if e == "null"));
+            assert!(out.iter().any(|e| matches!(e, Event::Usage(u) if u.output_tokens == 4)));
+        }
+    }
 
     /// A request as openai-python sends it for a tool-using, image-bearing conversation.
     const SDK_REQUEST: &str = r#"{
