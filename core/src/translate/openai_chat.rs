@@ -15,6 +15,8 @@
 
 use std::borrow::Cow;
 
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::stream::{BlockKind, Delta, Event};
@@ -587,39 +589,123 @@ enum OpenKind {
 
 /// A chunk of the shape nearly every chunk of a chat stream has: text deltas and a finish reason,
 /// with no usage, tool call or error. [`StreamDecoder::event`] reads it without building a
-/// `Value` tree; a chunk that does not fit (a field of another type, a duplicate key, any of the
-/// three) is read by [`StreamDecoder::event_value`], the reference, whose answer is the same for
-/// every chunk this one reads (a property test holds them together).
+/// `Value` tree. A chunk that does not fit goes to [`StreamDecoder::event_value`], the
+/// reference, which gives the same answer for every chunk this one reads (a property test holds
+/// them together). Not fitting means a field of another type, a duplicate key, any of the three,
+/// or what [`fast_candidate`] turns away.
 #[derive(serde::Deserialize)]
 struct FastChunk<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<Text<'a>>,
     #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    model: Option<Text<'a>>,
     #[serde(borrow, default)]
-    choices: Option<Vec<FastChoice<'a>>>,
+    choices: Option<Vec<Obj<FastChoice<'a>>>>,
     #[serde(default)]
-    usage: Option<serde::de::IgnoredAny>,
+    usage: Option<IgnoredAny>,
+    // NOTE: an `error` key is an error event even when null, which an `Option` cannot tell
+    // from its absence.
+    #[serde(default, deserialize_with = "present")]
+    error: bool,
 }
 
 #[derive(serde::Deserialize)]
 struct FastChoice<'a> {
     #[serde(borrow, default)]
-    delta: Option<FastDelta<'a>>,
+    delta: Option<Obj<FastDelta<'a>>>,
     #[serde(borrow, default)]
-    finish_reason: Option<Cow<'a, str>>,
+    finish_reason: Option<Text<'a>>,
 }
 
 #[derive(serde::Deserialize)]
 struct FastDelta<'a> {
     #[serde(borrow, default)]
-    reasoning_content: Option<Cow<'a, str>>,
+    reasoning_content: Option<Text<'a>>,
     #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
+    content: Option<Text<'a>>,
     #[serde(borrow, default)]
-    refusal: Option<Cow<'a, str>>,
+    refusal: Option<Text<'a>>,
     #[serde(default)]
-    tool_calls: Option<serde::de::IgnoredAny>,
+    tool_calls: Option<IgnoredAny>,
+}
+
+/// A string field, borrowed from the chunk when it holds no escape.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Cow<'de, str>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Cow::Borrowed(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v))
+            }
+        }
+        deserializer.deserialize_str(Visit).map(Text)
+    }
+}
+
+/// A struct read only from a JSON object: a derived struct also takes an array (its fields in
+/// order), which the reference refuses.
+struct Obj<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData)).map(Obj)
+    }
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    IgnoredAny::deserialize(deserializer).map(|_| true)
+}
+
+/// Whether a chunk may take the fast path. The fields it does not read are skipped unchecked
+/// (serde's `IgnoredAny`), where the reference parses them whole and refuses the chunk for what
+/// skipping lets through: an escape that is not a character (a lone surrogate), a number out of
+/// range, nesting past its limit. A chunk with any `\u` escape, an exponent or a run of 300
+/// digits, or more than 100 brackets, takes the reference.
+fn fast_candidate(data: &str) -> bool {
+    let bytes = data.as_bytes();
+    let exponent = |i: usize| i > 0 && (bytes[i - 1].is_ascii_digit() || bytes[i - 1] == b'.');
+    memchr::memmem::find(bytes, b"\\u").is_none()
+        && !memchr::memchr2_iter(b'e', b'E', bytes).any(exponent)
+        && (bytes.len() <= 100 || memchr::memchr2_iter(b'{', b'[', bytes).nth(100).is_none())
+        && (bytes.len() < 300 || !bytes.split(|b| !b.is_ascii_digit()).any(|run| run.len() >= 300))
+}
+
+/// The chunk as a [`FastChunk`], when it is one the fast path reads (else the reference does).
+fn fast_parse(data: &str) -> Option<FastChunk<'_>> {
+    if !fast_candidate(data) {
+        return None;
+    }
+    let Obj(chunk) = serde_json::from_str::<Obj<FastChunk<'_>>>(data).ok()?;
+    let plain = !chunk.error
+        && chunk.usage.is_none()
+        && chunk
+            .choices
+            .iter()
+            .flatten()
+            .all(|c| c.0.delta.as_ref().is_none_or(|d| d.0.tool_calls.is_none()));
+    plain.then_some(chunk)
 }
 
 impl StreamDecoder {
@@ -629,21 +715,9 @@ impl StreamDecoder {
             out.push(Event::End);
             return Ok(());
         }
-        // NOTE: an `error` key is an error event even when null, which an optional field cannot
-        // tell from its absence: a chunk that holds the text `"error"` anywhere takes the reference.
-        if memchr::memmem::find(data.as_bytes(), b"\"error\"").is_none() {
-            if let Ok(chunk) = serde_json::from_str::<FastChunk<'_>>(data) {
-                let plain = chunk.usage.is_none()
-                    && chunk
-                        .choices
-                        .iter()
-                        .flatten()
-                        .all(|c| c.delta.as_ref().is_none_or(|d| d.tool_calls.is_none()));
-                if plain {
-                    self.fast(chunk, out);
-                    return Ok(());
-                }
-            }
+        if let Some(chunk) = fast_parse(data) {
+            self.fast(chunk, out);
+            return Ok(());
         }
         self.event_value(data, out)
     }
@@ -653,22 +727,22 @@ impl StreamDecoder {
         if !self.started {
             self.started = true;
             out.push(Event::Start {
-                id: chunk.id.map(Cow::into_owned).unwrap_or_default(),
-                model: chunk.model.map(Cow::into_owned).unwrap_or_default(),
+                id: chunk.id.map(|t| t.0.into_owned()).unwrap_or_default(),
+                model: chunk.model.map(|t| t.0.into_owned()).unwrap_or_default(),
             });
         }
-        let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) else {
+        let Some(Obj(choice)) = chunk.choices.and_then(|c| c.into_iter().next()) else {
             return;
         };
-        if let Some(delta) = choice.delta {
-            if let Some(text) = delta.reasoning_content.filter(|s| !s.is_empty()) {
+        if let Some(Obj(delta)) = choice.delta {
+            if let Some(Text(text)) = delta.reasoning_content.filter(|s| !s.0.is_empty()) {
                 let index = self.ensure(OpenKind::Thinking, out);
                 out.push(Event::Delta {
                     index,
                     delta: Delta::Thinking(text.into_owned()),
                 });
             }
-            for text in [delta.content, delta.refusal].into_iter().flatten() {
+            for Text(text) in [delta.content, delta.refusal].into_iter().flatten() {
                 if !text.is_empty() {
                     let index = self.ensure(OpenKind::Text, out);
                     out.push(Event::Delta {
@@ -678,7 +752,7 @@ impl StreamDecoder {
                 }
             }
         }
-        if let Some(reason) = choice.finish_reason {
+        if let Some(Text(reason)) = choice.finish_reason {
             self.close(out);
             out.push(Event::Finish(decode_stop(&reason)));
         }
@@ -1005,13 +1079,34 @@ mod tests {
             ]
         }
 
-        fn object(fields: Vec<(&'static str, Option<String>)>, extra: bool, duplicate: bool) -> String {
+        /// An unknown field the decoder does not read: usually plain, now and then something the
+        /// reference refuses (a lone surrogate, a number out of range, nesting past its limit)
+        /// or accepts only just (an exponent, an escaped key naming a known field).
+        fn unknown() -> impl Strategy<Value = String> {
+            prop_oneof![
+                8 => Just(r#""role":"assistant""#.to_owned()),
+                2 => Just(r#""logprobs":null,"index":0,"created":1700000000"#.to_owned()),
+                1 => Just(r#""x":"\ud800""#.to_owned()),
+                1 => Just(r#""x":{"\udc00":1}"#.to_owned()),
+                1 => Just(r#""x":1e400"#.to_owned()),
+                1 => Just(r#""x":1.5E3"#.to_owned()),
+                1 => Just(format!(r#""x":{}"#, "9".repeat(400))),
+                1 => Just(format!(r#""x":{}{}"#, "[".repeat(130), "]".repeat(130))),
+                1 => Just(format!(r#""x":{}{}"#, "[".repeat(60), "]".repeat(60))),
+                1 => Just(r#""\u0065rror":{"message":"overloaded"}"#.to_owned()),
+                1 => Just(r#""erro\u0072":null"#.to_owned()),
+                1 => Just(r#""c\u006fntent":"hi""#.to_owned()),
+                1 => Just(r#""x":"caf\u00e9""#.to_owned()),
+            ]
+        }
+
+        fn object(fields: Vec<(&'static str, Option<String>)>, extra: Option<String>, duplicate: bool) -> String {
             let mut parts: Vec<String> = fields
                 .iter()
                 .filter_map(|(k, v)| v.as_ref().map(|v| format!("\"{k}\":{v}")))
                 .collect();
-            if extra {
-                parts.push(r#""role":"assistant""#.to_owned());
+            if let Some(extra) = extra {
+                parts.push(extra);
             }
             if duplicate {
                 if let Some(first) = parts.first().cloned() {
@@ -1032,7 +1127,7 @@ mod tests {
                 field(),
                 field(),
                 tool_calls,
-                any::<bool>(),
+                prop::option::weighted(0.5, unknown()),
                 prop::bool::weighted(0.05),
             )
                 .prop_map(|(reasoning, content, refusal, tools, extra, duplicate)| {
@@ -1047,14 +1142,21 @@ mod tests {
                         duplicate,
                     )
                 });
-            prop_oneof![1 => Just(None), 1 => Just(Some("null".to_owned())), 1 => Just(Some("\"x\"".to_owned())), 8 => body.prop_map(Some)]
+            prop_oneof![
+                1 => Just(None),
+                1 => Just(Some("null".to_owned())),
+                1 => Just(Some("\"x\"".to_owned())),
+                1 => Just(Some(r#"[null,"hi"]"#.to_owned())),
+                8 => body.prop_map(Some),
+            ]
         }
 
         fn choice() -> impl Strategy<Value = String> {
             prop_oneof![
-                8 => (delta(), reason(), prop::bool::weighted(0.05))
-                    .prop_map(|(d, r, dup)| object(vec![("delta", d), ("finish_reason", r)], false, dup)),
+                8 => (delta(), reason(), prop::option::weighted(0.3, unknown()), prop::bool::weighted(0.05))
+                    .prop_map(|(d, r, extra, dup)| object(vec![("delta", d), ("finish_reason", r)], extra, dup)),
                 1 => Just("5".to_owned()),
+                1 => Just(r#"[null,"stop"]"#.to_owned()),
                 1 => Just("null".to_owned()),
             ]
         }
@@ -1073,13 +1175,13 @@ mod tests {
                 1 => Just(Some("3".to_owned())),
             ];
             let error = prop_oneof![8 => Just(None), 1 => Just(Some("null".to_owned())), 1 => Just(Some(r#"{"message":"boom"}"#.to_owned()))];
-            (
+            let object_chunk = (
                 field(),
                 field(),
                 choices,
                 usage,
                 error,
-                any::<bool>(),
+                prop::option::weighted(0.5, unknown()),
                 prop::bool::weighted(0.05),
             )
                 .prop_map(|(id, model, choices, usage, error, extra, dup)| {
@@ -1094,7 +1196,13 @@ mod tests {
                         extra,
                         dup,
                     )
-                })
+                });
+            prop_oneof![
+                20 => object_chunk,
+                1 => Just("[]".to_owned()),
+                1 => Just(r#"["c","m",[{"delta":{"content":"hi"}}]]"#.to_owned()),
+                1 => Just("5".to_owned()),
+            ]
         }
 
         proptest! {
@@ -1116,10 +1224,25 @@ mod tests {
 
         #[test]
         fn the_common_chunk_takes_the_fast_path_and_the_others_do_not() {
-            let plain = r#"{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}"#;
-            assert!(serde_json::from_str::<FastChunk<'_>>(plain).is_ok_and(|c| c.usage.is_none()));
+            let plain = r#"{"id":"c","object":"chat.completion.chunk","created":1700000000,"model":"m","system_fingerprint":"fp","choices":[{"index":0,"delta":{"content":"Hi\n"},"logprobs":null,"finish_reason":null}],"usage":null}"#;
+            let chunk = fast_parse(plain).expect("the common chunk takes the fast path");
+            // Borrowed when it holds no escape.
+            assert!(matches!(chunk.model, Some(Text(Cow::Borrowed("m")))));
+            for other in [
+                r#"{"id":"c","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#,
+                r#"{"error":null}"#,
+                r#"{"\u0065rror":{"message":"overloaded"}}"#,
+                r#"{"choices":[{"delta":{"content":"hi"}}],"x":"\ud800"}"#,
+                r#"{"x":1e400}"#,
+                "[]",
+                r#"{"choices":[[null,"stop"]]}"#,
+                r#"{"choices":[{"delta":[null,"hi"]}]}"#,
+                r#"{"id":"a","id":"b"}"#,
+            ] {
+                assert!(fast_parse(other).is_none(), "{other}");
+            }
             let usage = r#"{"id":"c","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}"#;
-            assert!(serde_json::from_str::<FastChunk<'_>>(usage).is_ok_and(|c| c.usage.is_some()));
             let (mut d, mut out) = (StreamDecoder::default(), Vec::new());
             d.event(plain, &mut out).unwrap();
             d.event(usage, &mut out).unwrap();
