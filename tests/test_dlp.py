@@ -127,6 +127,9 @@ def test_block_refuses_before_the_provider_and_redact_rewrites_what_goes_upstrea
     assert ok.status_code == 200, ok.text
     assert IBAN not in _seen(testserve, "dummy-chat")
 
+    # NOTE: the proxy calls' rows last: the earlier calls' rows alone can already make four.
+    gateway.fetch_rows("request_id", [proxy.headers["x-request-id"], ok.headers["x-request-id"]], at_least=2,
+                       timeout_s=10)
     rows = {r["request_id"]: r for r in gateway.fetch_rows("model_name", [chat["name"], claude["name"]],
                                                             at_least=4, timeout_s=10)}
     blocked_row = rows[proxy.headers["x-request-id"]]
